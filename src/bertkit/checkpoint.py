@@ -1,0 +1,286 @@
+"""Hugging Face-format checkpoints: load any BERT folder into a bertkit model, save one back.
+
+This is the only file that knows Hugging Face's parameter names.
+"""
+from __future__ import annotations
+
+from .errors import BertkitError
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import BertConfig, ConfigError
+from .model import HEADS, BertModel, init_weights
+
+log = logging.getLogger("bertkit")
+
+
+class CheckpointError(BertkitError, ValueError):
+    """A checkpoint folder is missing, unreadable or does not match the model; the message says which."""
+
+
+# Hugging Face name (without the 'bert.' prefix for encoder weights) -> bertkit name.
+_ENCODER_MAP = [
+    (r"embeddings\.word_embeddings\.", "embeddings.word."),
+    (r"embeddings\.position_embeddings\.", "embeddings.position."),
+    (r"embeddings\.token_type_embeddings\.", "embeddings.segment."),
+    (r"embeddings\.LayerNorm\.", "embeddings.norm."),
+    (r"encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.", r"blocks.\1.attn.\2."),
+    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"blocks.\1.attn.out."),
+    (r"encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"blocks.\1.norm1."),
+    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.", r"blocks.\1.mlp.up."),
+    (r"encoder\.layer\.(\d+)\.output\.dense\.", r"blocks.\1.mlp.down."),
+    (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"blocks.\1.norm2."),
+    (r"pooler\.dense\.", "pooler."),
+]
+_HEAD_MAP = [
+    (r"cls\.predictions\.transform\.dense\.", "mlm.dense."),
+    (r"cls\.predictions\.transform\.LayerNorm\.", "mlm.norm."),
+    (r"cls\.predictions\.bias", "mlm.bias"),
+    (r"cls\.seq_relationship\.", "nsp."),
+    (r"classifier\.", "classifier."),
+    (r"qa_outputs\.", "qa."),
+]
+# Names that carry no information of their own (tied copies, buffers).
+_IGNORED = re.compile(r"(^|\.)embeddings\.position_ids$|^cls\.predictions\.decoder\.(weight|bias)$"
+                      r"|^cls\.predictions\.decoder\.weight$")
+
+ARCHITECTURES = {
+    "encoder": "BertModel", "pretraining": "BertForPreTraining", "masked_lm": "BertForMaskedLM",
+    "sequence_classification": "BertForSequenceClassification",
+    "token_classification": "BertForTokenClassification",
+    "question_answering": "BertForQuestionAnswering", "multiple_choice": "BertForMultipleChoice",
+}
+HEAD_OF_ARCHITECTURE = {v: k for k, v in ARCHITECTURES.items()}
+# which head weights each head owns (bertkit names, without the 'bert.' encoder)
+_HEAD_PREFIXES = {"pretraining": ("mlm.", "nsp."), "masked_lm": ("mlm.",),
+                  "sequence_classification": ("classifier.",), "token_classification": ("classifier.",),
+                  "question_answering": ("qa.",), "multiple_choice": ("classifier.",), "encoder": ()}
+
+
+def _rename(hf_name: str) -> str | None:
+    """HF name -> bertkit name ('bert.'-prefixed for the encoder), or None if not a BERT weight."""
+    name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", hf_name)
+    name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+    if name.startswith("bert."):
+        name = name[5:]
+    for pat, rep in _ENCODER_MAP:
+        if re.match(pat, name):
+            return "bert." + re.sub(pat, rep, name, count=1)
+    for pat, rep in _HEAD_MAP:
+        if re.match(pat, name):
+            return re.sub(pat, rep, name, count=1)
+    return None
+
+
+def _hf_name(name: str, bare: bool) -> str:
+    """bertkit name -> HF name (inverse of _rename)."""
+    for pat, rep in _HEAD_MAP:
+        plain = rep.replace("\\", "")
+        if name.startswith(plain):
+            return pat.replace("\\", "") + name[len(plain):]
+    assert name.startswith("bert."), name
+    inner = name[5:]
+    inverse = [
+        (r"embeddings\.word\.", "embeddings.word_embeddings."),
+        (r"embeddings\.position\.", "embeddings.position_embeddings."),
+        (r"embeddings\.segment\.", "embeddings.token_type_embeddings."),
+        (r"embeddings\.norm\.", "embeddings.LayerNorm."),
+        (r"blocks\.(\d+)\.attn\.(query|key|value)\.", r"encoder.layer.\1.attention.self.\2."),
+        (r"blocks\.(\d+)\.attn\.out\.", r"encoder.layer.\1.attention.output.dense."),
+        (r"blocks\.(\d+)\.norm1\.", r"encoder.layer.\1.attention.output.LayerNorm."),
+        (r"blocks\.(\d+)\.mlp\.up\.", r"encoder.layer.\1.intermediate.dense."),
+        (r"blocks\.(\d+)\.mlp\.down\.", r"encoder.layer.\1.output.dense."),
+        (r"blocks\.(\d+)\.norm2\.", r"encoder.layer.\1.output.LayerNorm."),
+        (r"pooler\.", "pooler.dense."),
+    ]
+    for pat, rep in inverse:
+        if re.match(pat, inner):
+            inner = re.sub(pat, rep, inner, count=1)
+            break
+    return inner if bare else "bert." + inner
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a checkpoint folder: model.safetensors (or shards), else pytorch_model.bin (weights only)."""
+    st = path / "model.safetensors"
+    index = path / "model.safetensors.index.json"
+    binf = path / "pytorch_model.bin"
+    try:
+        if st.is_file():
+            from safetensors.torch import load_file
+            return load_file(str(st))
+        if index.is_file():
+            from safetensors.torch import load_file
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            sd: dict[str, torch.Tensor] = {}
+            for f in files:
+                sd.update(load_file(str(path / f)))
+            return sd
+        if binf.is_file():
+            return torch.load(str(binf), map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt file, pickle with code, ...
+        raise CheckpointError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    raise CheckpointError(f"{path}: no model.safetensors or pytorch_model.bin (not a checkpoint folder)")
+
+
+def read_config(path: Path) -> tuple[BertConfig, dict[str, Any]]:
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory" if path.exists() else f"{path}: no such directory")
+    cj = path / "config.json"
+    if not cj.is_file():
+        raise CheckpointError(f"{path}: no config.json (not a checkpoint folder)")
+    try:
+        raw = json.loads(cj.read_text(encoding="utf-8"))
+        return BertConfig.from_hf_dict(raw, source=str(cj)), raw
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cj}: not valid JSON ({e})") from None
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def heads_in(state_names: set[str]) -> list[str]:
+    """Which heads a set of (bertkit) weight names carries."""
+    found = []
+    if any(n.startswith("mlm.") for n in state_names):
+        found.append("masked_lm")
+    if any(n.startswith("nsp.") for n in state_names):
+        found.append("nsp")
+    if any(n.startswith("classifier.") for n in state_names):
+        found.append("classifier")
+    if any(n.startswith("qa.") for n in state_names):
+        found.append("question_answering")
+    return found
+
+
+def build(head: str, cfg: BertConfig, **head_args: Any) -> nn.Module:
+    """A freshly initialised model for `head` ('encoder' = bare BertModel)."""
+    if head == "encoder":
+        return init_weights(BertModel(cfg, add_pooler=head_args.get("add_pooler", True)), cfg)
+    if head not in HEADS:
+        raise CheckpointError(f"unknown head {head!r}; choose from encoder, {', '.join(HEADS)}")
+    return init_weights(HEADS[head](cfg, **head_args), cfg)
+
+
+def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = False,
+               **head_args: Any) -> nn.Module:
+    """Load a Hugging Face BERT folder as bertkit `head` (default: the head its config names).
+
+    Weights of other heads are ignored; encoder weights that are missing, unknown or of the
+    wrong shape are one CheckpointError listing them. A head the checkpoint lacks is an error
+    unless `new_head_ok` (fine-tuning), in which case it is freshly initialised.
+    """
+    path = Path(path)
+    cfg, raw = read_config(path)
+    sd = read_state_dict(path)
+    renamed: dict[str, torch.Tensor] = {}
+    unknown: list[str] = []
+    for k, v in sd.items():
+        if _IGNORED.search(k):
+            continue
+        new = _rename(k)
+        if new is None:
+            unknown.append(k)
+        else:
+            renamed[new] = v
+    if unknown:
+        raise CheckpointError(f"{path}: unexpected weights not part of a BERT model: {', '.join(sorted(unknown)[:20])}"
+                              + (f" (+{len(unknown) - 20} more)" if len(unknown) > 20 else ""))
+    if head is None:
+        archs = raw.get("architectures") or ["BertModel"]
+        head = HEAD_OF_ARCHITECTURE.get(archs[0], "encoder")
+    if head in ("sequence_classification", "token_classification") and "num_labels" not in head_args:
+        if "classifier.weight" in renamed:
+            head_args["num_labels"] = renamed["classifier.weight"].shape[0]
+        elif raw.get("id2label"):
+            head_args["num_labels"] = len(raw["id2label"])
+    if head == "sequence_classification" and "problem" not in head_args:
+        pt = raw.get("problem_type")
+        head_args["problem"] = {"regression": "regression", "multi_label_classification": "multi_label"}.get(pt)
+    if head == "pretraining" and "nsp" not in head_args:
+        head_args["nsp"] = "nsp.weight" in renamed or not any(n.startswith("mlm.") for n in renamed)
+    has_pooler = "bert.pooler.weight" in renamed
+    if head == "encoder":
+        head_args.setdefault("add_pooler", has_pooler)
+    model = build(head, cfg, **head_args)
+    target = {n: t for n, t in model.state_dict().items()}
+    if head == "encoder":  # bare BertModel: our names have no 'bert.' prefix
+        renamed = {k[5:]: v for k, v in renamed.items() if k.startswith("bert.")}
+    _check_and_load(model, target, renamed, path, head, new_head_ok)
+    model.config.extra = {k: v for k, v in cfg.extra.items()}
+    model.hf_config = raw  # id2label etc. for callers
+    return model
+
+
+def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, head: str, new_head_ok: bool) -> None:
+    owned = _HEAD_PREFIXES[head]
+    tied = {"mlm.decoder.weight", "bert.embeddings.word.weight", "embeddings.word.weight"}
+    missing_encoder, missing_head, shapes = [], [], []
+    for name, t in target.items():
+        if name == "mlm.decoder.weight":
+            continue
+        if name not in renamed:
+            is_head = name.startswith(owned) if owned else False
+            is_pooler = name.endswith("pooler.weight") or name.endswith("pooler.bias")
+            (missing_head if (is_head or is_pooler) else missing_encoder).append(name)
+        elif tuple(renamed[name].shape) != tuple(t.shape):
+            shapes.append(f"{_hf_name(name, head == 'encoder') if name not in tied else name}: "
+                          f"checkpoint {tuple(renamed[name].shape)} vs config {tuple(t.shape)}")
+    word = "embeddings.word.weight" if head == "encoder" else "bert.embeddings.word.weight"
+    if word in renamed and renamed[word].shape[0] != model.config.vocab_size:
+        raise CheckpointError(f"{path}: vocab_size in config.json is {model.config.vocab_size} but the "
+                              f"word embedding has {renamed[word].shape[0]} rows")
+    if shapes:
+        raise CheckpointError(f"{path}: weights of the wrong shape for config.json: " + "; ".join(shapes[:10]))
+    if missing_encoder:
+        names = [_hf_name(n, head == "encoder") for n in missing_encoder]
+        raise CheckpointError(f"{path}: missing encoder weights: {', '.join(names[:10])}"
+                              + (f" (+{len(names) - 10} more)" if len(names) > 10 else ""))
+    if missing_head:
+        names = [_hf_name(n, head == "encoder") for n in missing_head]
+        if not new_head_ok:
+            raise CheckpointError(f"{path}: has no weights for the {head} head ({', '.join(names)}); "
+                                  f"it holds: {', '.join(heads_in(set(renamed))) or 'the encoder only'}")
+        log.info("%s: new %s head weights initialised: %s", path, head, ", ".join(names))
+    with torch.no_grad():
+        for name, t in target.items():
+            if name in renamed and name != "mlm.decoder.weight":
+                t.copy_(renamed[name])
+
+
+def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] | None = None) -> None:
+    """Write config.json + model.safetensors that transformers loads for the matching BertFor* class."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    head = getattr(model, "head", "encoder")
+    bare = head == "encoder"
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name == "mlm.decoder.weight":   # tied to the word embeddings; HF re-ties it on load
+            continue
+        tensors[_hf_name(name, bare)] = t.detach().to("cpu").contiguous()
+    more: dict[str, Any] = dict(extra_config or {})
+    if head in ("sequence_classification", "token_classification"):
+        n = model.num_labels
+        id2label = more.pop("id2label", None) or model.config.extra.get("id2label") or {str(i): f"LABEL_{i}" for i in range(n)}
+        id2label = {str(k): v for k, v in id2label.items()}
+        more["id2label"] = id2label
+        more["label2id"] = {v: int(k) for k, v in id2label.items()}
+        if head == "sequence_classification":
+            more["problem_type"] = {"regression": "regression", "multi_label": "multi_label_classification"}.get(
+                model.problem, "single_label_classification")
+    cfg_dict = model.config.to_hf_dict(architectures=[ARCHITECTURES[head]], **more)
+    for k in ("num_labels", "transformers_version", "_name_or_path"):
+        cfg_dict.pop(k, None)
+    tmp = path / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(path / "model.safetensors")
+    (path / "config.json").write_text(json.dumps(cfg_dict, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -1,0 +1,90 @@
+"""The `bertkit` command: one table of subcommands.
+
+Each entry names the module that defines the subcommand: `setup(parser)` adds its options and
+`run(args) -> int` does the work (a thin layer over the Python API). Modules are imported only
+when their command runs, so `bertkit --help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+# name -> (module under bertkit.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info":       ("basic",    "show a checkpoint's config, parameters, heads and tokenizer casing"),
+    "tokenize":   ("basic",    "encode texts or pairs to JSONL (ids, segment ids, tokens, offsets)"),
+    "embed":      ("basic",    "sentence or token embeddings (cls / mean / none pooling)"),
+    "fill-mask":  ("basic",    "top-k predictions for each [MASK] in a text"),
+    "tokenizer":  ("data",     "train a WordPiece vocabulary, or measure one on your text (train / stats)"),
+    "prepare":    ("data",     "raw text -> sharded pre-training instances (NSP pairs, masking)"),
+    "data":       ("data",     "inspect prepared data (stats / show)"),
+    "pretrain":   ("pretrain", "pre-train with MLM (+NSP) on one CPU, one GPU or many (torchrun)"),
+    "quickstart": ("pretrain", "train a tokenizer, prepare data and pre-train a tiny BERT in minutes"),
+    "finetune":   ("finetune", "fine-tune a task head (GLUE, NER, SQuAD, SWAG, your CSV/JSONL)"),
+    "evaluate":   ("finetune", "evaluate a fine-tuned checkpoint on a task's data"),
+    "predict":    ("finetune", "run any head on JSONL input, JSONL out"),
+    "score":      ("finetune", "official metrics from prediction and reference files"),
+    "serve":      ("serve",    "HTTP API with dynamic batching (embed, classify, fill-mask, ner, qa)"),
+    "export":     ("serve",    "export to ONNX (parity-checked, optional int8)"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: tokenize, prepare, "
+                                     "pre-train, fine-tune, evaluate, serve.")
+    parser.add_argument("--version", action="version", version=f"bertkit {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and full tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if only is None or name == only:
+            mod = importlib.import_module(f"bertkit.commands.{module}")
+            getattr(mod, "setup_" + name.replace("-", "_"))(p)
+    return parser
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=command if command in COMMANDS else None)
+    args = parser.parse_args(argv)
+    verbose = args.verbose or os.environ.get("BERTKIT_DEBUG") == "1"
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(levelname)s: %(message)s" if verbose else "%(message)s")
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2 if args.command is None else 0
+    from .errors import BertkitError
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("bertkit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `bertkit ... | head`
+        return 0
+    except (BertkitError, FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        if verbose:
+            raise
+        msg = str(e) if isinstance(e, BertkitError) else _os_error_message(e)
+        print(f"bertkit {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+
+
+def _os_error_message(e: Exception) -> str:
+    if isinstance(e, UnicodeDecodeError):
+        return f"input is not valid UTF-8 (byte {e.start}): {e.reason}"
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.filename}: {e.strerror}"
+    return str(e)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

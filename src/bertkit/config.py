@@ -1,0 +1,182 @@
+"""BertConfig: the architecture as a typed dataclass, read from and written to HF `config.json`.
+
+Only the fields that change the computation live here. Hugging Face keys that do not
+(`use_cache`, `gradient_checkpointing`, ...) are kept in `extra` so a round trip loses nothing.
+"""
+from __future__ import annotations
+
+from .errors import BertkitError
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
+
+
+class ConfigError(BertkitError, ValueError):
+    """A configuration value or key is wrong; the message names it."""
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    """Rows of the word-embedding table (= WordPiece vocabulary size)."""
+    hidden_size: int = 768
+    """Width C of every token state."""
+    num_layers: int = 12
+    """Number of encoder blocks L."""
+    num_heads: int = 12
+    """Attention heads A; hidden_size must be divisible by it."""
+    intermediate_size: int = 3072
+    """Width of the feed-forward layer (4C in the paper)."""
+    hidden_act: str = "gelu"
+    """Feed-forward activation: 'gelu' (exact erf), 'gelu_new' (tanh approximation), 'relu', ..."""
+    hidden_dropout: float = 0.1
+    """Dropout on embeddings and on each residual branch."""
+    attention_dropout: float = 0.1
+    """Dropout on attention probabilities."""
+    max_position_embeddings: int = 512
+    """Longest sequence the position table covers."""
+    type_vocab_size: int = 2
+    """Number of segment (token type) ids."""
+    layer_norm_eps: float = 1e-12
+    """LayerNorm epsilon."""
+    initializer_range: float = 0.02
+    """Std of the normal initialisation of weights."""
+    pad_token_id: int = 0
+    """Id of [PAD]; its embedding row starts at zero."""
+    causal: bool = False
+    """Attention pattern: False = bidirectional (BERT), True = causal (left-to-right, for comparison)."""
+    classifier_dropout: float | None = None
+    """Dropout before task heads; None = hidden_dropout (as in Hugging Face)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Hugging Face config keys that do not change the computation (kept for the round trip)."""
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; use one of {ACTIVATIONS}")
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    # ---- Hugging Face config.json ------------------------------------------------------------
+    def to_hf_dict(self, architectures: list[str] | None = None, **more: Any) -> dict[str, Any]:
+        d: dict[str, Any] = dict(self.extra)
+        d.update({
+            "model_type": "bert",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "intermediate_size": self.intermediate_size,
+            "hidden_act": self.hidden_act,
+            "hidden_dropout_prob": self.hidden_dropout,
+            "attention_probs_dropout_prob": self.attention_dropout,
+            "max_position_embeddings": self.max_position_embeddings,
+            "type_vocab_size": self.type_vocab_size,
+            "layer_norm_eps": self.layer_norm_eps,
+            "initializer_range": self.initializer_range,
+            "pad_token_id": self.pad_token_id,
+            "position_embedding_type": "absolute",
+            "classifier_dropout": self.classifier_dropout,
+        })
+        if self.causal:
+            d["bertkit_causal"] = True
+        else:
+            d.pop("bertkit_causal", None)
+        if architectures:
+            d["architectures"] = architectures
+        d.update(more)
+        return d
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "BertConfig":
+        if d.get("model_type", "bert") not in ("bert",):
+            raise ConfigError(f"{source}: model_type is {d.get('model_type')!r}, bertkit loads 'bert' models")
+        pet = d.get("position_embedding_type", "absolute")
+        if pet not in (None, "absolute"):
+            raise ConfigError(f"{source}: position_embedding_type {pet!r} is not supported (only 'absolute')")
+        if d.get("is_decoder") or d.get("add_cross_attention"):
+            raise ConfigError(f"{source}: decoder / cross-attention BERT variants are not supported")
+        mapping = {
+            "vocab_size": "vocab_size", "hidden_size": "hidden_size",
+            "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+            "intermediate_size": "intermediate_size", "hidden_act": "hidden_act",
+            "hidden_dropout_prob": "hidden_dropout", "attention_probs_dropout_prob": "attention_dropout",
+            "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
+            "layer_norm_eps": "layer_norm_eps", "initializer_range": "initializer_range",
+            "pad_token_id": "pad_token_id", "classifier_dropout": "classifier_dropout",
+        }
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for k, v in d.items():
+            if k in mapping:
+                if v is not None or k == "classifier_dropout":
+                    kwargs[mapping[k]] = v
+            elif k == "bertkit_causal":
+                kwargs["causal"] = bool(v)
+            elif k not in ("model_type", "position_embedding_type"):
+                extra[k] = v
+        if isinstance(kwargs.get("hidden_act"), str):
+            kwargs["hidden_act"] = kwargs["hidden_act"].lower()
+        elif "hidden_act" in kwargs:
+            raise ConfigError(f"{source}: hidden_act must be a string, got {kwargs['hidden_act']!r}")
+        try:
+            return cls(**kwargs, extra=extra)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> "BertConfig":
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path}: expected a JSON object")
+        return cls.from_hf_dict(d, source=str(path))
+
+    def replace(self, **changes: Any) -> "BertConfig":
+        known = {f.name for f in fields(self)}
+        for k in changes:
+            if k not in known:
+                hint = difflib.get_close_matches(k, known, n=1)
+                raise ConfigError(f"unknown BertConfig field {k!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+        return dataclasses.replace(self, **changes)
+
+
+# The paper's sizes (Devlin et al. 2019) and the small ones of Turc et al. 2019: layers/hidden/heads,
+# intermediate = 4 x hidden.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny":   dict(num_layers=2,  hidden_size=128,  num_heads=2,  intermediate_size=512),
+    "mini":   dict(num_layers=4,  hidden_size=256,  num_heads=4,  intermediate_size=1024),
+    "small":  dict(num_layers=4,  hidden_size=512,  num_heads=8,  intermediate_size=2048),
+    "medium": dict(num_layers=8,  hidden_size=512,  num_heads=8,  intermediate_size=2048),
+    "base":   dict(num_layers=12, hidden_size=768,  num_heads=12, intermediate_size=3072),
+    "large":  dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
+}
+
+
+def preset(name: str, **overrides: Any) -> BertConfig:
+    """A BertConfig for one of PRESETS, with any field overridden."""
+    if name not in PRESETS:
+        hint = difflib.get_close_matches(name, PRESETS, n=1)
+        raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}"
+                          + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    return BertConfig(**{**PRESETS[name], **overrides})

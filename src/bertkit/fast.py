@@ -1,0 +1,98 @@
+"""The one speed boundary: padding-free (packed) batches and the attention that runs on them.
+
+A padded batch (B, T) with attention mask becomes the N real tokens back to back, plus
+`cu_seqlens` (B+1,), the offsets where each sequence starts. Linear layers, LayerNorm and the
+FFN then run on N tokens instead of B*T (on a ragged batch that is 40% less work); attention is
+the only operation that needs to know where sequences start and end:
+
+  * CUDA, fp16/bf16, with torch's variable-length flash attention: `varlen_attn` on (N, H, D);
+  * otherwise (CPU, fp32, older torch): the N tokens are scattered into a (B, T_max, H, D)
+    buffer - T_max the longest sequence of this batch, not the padded width - SDPA runs with a
+    key mask, and the real rows are gathered back. The scatter/gather costs a few copies of
+    (N, C); attention itself is small next to the linear layers.
+Both are numerically the padded path: tests compare them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+try:  # torch >= 2.10 ships variable-length flash attention
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except Exception:  # pragma: no cover - older torch
+    _varlen_attn = None
+
+
+@dataclass
+class Packed:
+    """Where each sequence of a packed batch lives."""
+    cu_seqlens: Tensor      # (B+1,) int32: sequence b is tokens cu_seqlens[b]:cu_seqlens[b+1]
+    max_seqlen: int         # longest sequence in the batch
+    indices: Tensor         # (N,) int64: position of each packed token in the flattened (B, T) batch
+    batch_size: int
+    padded_len: int         # T of the padded batch the tokens came from
+    pad_indices: Tensor     # (N,) int64: position of each packed token in a (B, max_seqlen) buffer
+    key_mask: Tensor        # (B, max_seqlen) bool: real tokens of that buffer
+
+
+def packing(attention_mask: Tensor) -> Packed:
+    """The Packed layout of a right- or left-padded (B, T) mask (1 = real token)."""
+    mask = attention_mask.bool()
+    B, T = mask.shape
+    seqlens = mask.sum(1, dtype=torch.int32)
+    indices = mask.flatten().nonzero().flatten()
+    cu = F.pad(seqlens.cumsum(0, dtype=torch.int32), (1, 0))
+    max_len = int(seqlens.max()) if B else 0
+    # rank of each real token inside its sequence -> its slot in the (B, max_len) buffer
+    rank = mask.long().cumsum(1) - 1                                   # (B, T)
+    slot = torch.arange(B, device=mask.device)[:, None] * max_len + rank
+    pad_indices = slot.flatten()[indices]
+    key_mask = torch.arange(max_len, device=mask.device)[None, :] < seqlens[:, None]
+    return Packed(cu, max_len, indices, B, T, pad_indices, key_mask)
+
+
+def pack(input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None,
+         labels: Tensor | None = None) -> tuple[dict, Packed]:
+    """(B, T) tensors -> packed (N,) tensors with per-sequence position ids, and the layout."""
+    p = packing(attention_mask)
+    flat = lambda t: t.flatten()[p.indices]
+    positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)      # counts real tokens only
+    batch = {"input_ids": flat(input_ids), "position_ids": flat(positions),
+             "token_type_ids": flat(token_type_ids) if token_type_ids is not None
+             else torch.zeros_like(flat(input_ids))}
+    if labels is not None:
+        batch["labels"] = flat(labels)
+    return batch, p
+
+
+def unpack(x: Tensor, p: Packed, fill: float = 0.0) -> Tensor:
+    """(N, ...) -> (B, T, ...) at the original padded positions, `fill` elsewhere."""
+    out = x.new_full((p.batch_size * p.padded_len, *x.shape[1:]), fill)
+    out[p.indices] = x
+    return out.view(p.batch_size, p.padded_len, *x.shape[1:])
+
+
+def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = False,
+                     dropout_p: float = 0.0) -> Tensor:
+    """Attention of (N, H, D) queries/keys/values within each sequence of the batch -> (N, H, D)."""
+    if (_varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and dropout_p == 0.0):
+        return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
+                            window_size=(-1, 0) if causal else (-1, -1))
+    N, H, D = q.shape
+    B, L = p.batch_size, p.max_seqlen
+
+    def to_buffer(t: Tensor) -> Tensor:                                # (N, H, D) -> (B, H, L, D)
+        buf = t.new_zeros(B * L, H, D)
+        buf[p.pad_indices] = t
+        return buf.view(B, L, H, D).transpose(1, 2)
+
+    allowed = p.key_mask[:, None, None, :]                              # (B, 1, 1, L)
+    if causal:
+        allowed = allowed & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    y = F.scaled_dot_product_attention(to_buffer(q), to_buffer(k), to_buffer(v),
+                                       attn_mask=allowed, dropout_p=dropout_p)
+    return y.transpose(1, 2).reshape(B * L, H, D)[p.pad_indices]        # (N, H, D)

@@ -1,0 +1,342 @@
+"""BERT (Devlin et al., 2019): the whole forward pass, one screen per idea.
+
+Shape letters used in comments:
+  B batch, T tokens per sequence, C hidden size, H heads, D head dim (C = H*D),
+  N non-padding tokens of a packed batch, K answer choices, V vocabulary, M masked positions.
+
+Two layouts flow through the same blocks:
+  * padded: x is (B, T, C) and `layout` is the (B, T) attention mask (1 = real token) or None;
+  * packed: x is (N, C), all real tokens of the batch back to back, and `layout` is a
+    `fast.Packed` (cumulative sequence lengths). Only attention needs to know which one it
+    is; that single boundary is `fast.packed_attention`. Everything else is per token.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import BertConfig
+from .fast import Packed, packed_attention
+
+
+def activation(name: str):
+    if name == "gelu":
+        return F.gelu                                      # exact: x * Phi(x)
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return lambda x: F.gelu(x, approximate="tanh")     # tanh approximation
+    return {"relu": F.relu, "silu": F.silu, "swish": F.silu, "tanh": torch.tanh}[name]
+
+
+class Embeddings(nn.Module):
+    """e_i = E_token(x_i) + E_segment(s_i) + E_position(i), then LayerNorm and dropout."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.segment = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> Tensor:
+        x = self.word(input_ids) + self.segment(token_type_ids) + self.position(position_ids)
+        return self.drop(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention, softmax(QK^T / sqrt(D)) V, then a projection."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        C = cfg.hidden_size
+        self.num_heads, self.causal, self.dropout = cfg.num_heads, cfg.causal, cfg.attention_dropout
+        self.query, self.key, self.value = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
+        self.out = nn.Linear(C, C)
+
+    def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
+        H, p = self.num_heads, self.dropout if self.training else 0.0
+        split = lambda t: t.unflatten(-1, (H, -1))         # (..., C) -> (..., H, D)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        if isinstance(layout, Packed):                     # (N, H, D): the padding-free path
+            y = packed_attention(q, k, v, layout, causal=self.causal, dropout_p=p)
+        else:                                              # (B, T, H, D) -> (B, H, T, D)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias(layout, q, self.causal),
+                                               dropout_p=p, is_causal=self.causal and layout is None)
+            y = y.transpose(1, 2)                          # (B, T, H, D)
+        return self.out(y.flatten(-2))                     # (..., C)
+
+
+def attention_bias(mask: Tensor | None, q: Tensor, causal: bool) -> Tensor | None:
+    """(B, T) padding mask -> boolean (B, 1, T|1, T) 'may attend' mask for SDPA (None = all)."""
+    if mask is None:
+        return None
+    allowed = mask.bool()[:, None, None, :]                # keys that are real tokens
+    if causal:
+        T = mask.shape[1]
+        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+    return allowed
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W_2 act(W_1 x + b_1) + b_2, with W_1: C -> 4C."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.act = activation(cfg.hidden_act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class Block(nn.Module):
+    """A post-LN Transformer encoder block."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.attn, self.norm1 = SelfAttention(cfg), nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlp, self.norm2 = FeedForward(cfg), nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
+        x = self.norm1(x + self.drop(self.attn(x, layout)))
+        x = self.norm2(x + self.drop(self.mlp(x)))
+        return x
+
+
+class BertModel(nn.Module):
+    """The encoder: embeddings, L blocks and (optionally) the pooler, tanh(W h_[CLS] + b)."""
+
+    def __init__(self, cfg: BertConfig, add_pooler: bool = True):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = Embeddings(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if add_pooler else None
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                packed: Packed | None = None, all_layers: bool = False) -> Tensor | list[Tensor]:
+        """Padded: input_ids (B, T) -> (B, T, C). Packed: input_ids (N,) with `packed` -> (N, C).
+
+        all_layers=True returns the embedding output and every block's output (L+1 tensors).
+        """
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if position_ids is None:
+            if packed is not None:
+                raise ValueError("a packed batch needs explicit position_ids (see fast.pack)")
+            T = input_ids.shape[-1]
+            if T > self.config.max_position_embeddings:
+                raise ValueError(f"sequence of {T} tokens is longer than max_position_embeddings "
+                                 f"({self.config.max_position_embeddings}); truncate the input")
+            position_ids = torch.arange(T, device=input_ids.device).expand_as(input_ids)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        layout = packed if packed is not None else attention_mask
+        states = [x]
+        for block in self.blocks:
+            x = block(x, layout)
+            if all_layers:
+                states.append(x)
+        return states if all_layers else x
+
+    def pool(self, hidden: Tensor, packed: Packed | None = None) -> Tensor:
+        """The [CLS] state of each sequence through dense + tanh: (B, C)."""
+        if self.pooler is None:
+            raise ValueError("this model was built without a pooler")
+        first = hidden[packed.cu_seqlens[:-1].long()] if packed is not None else hidden[:, 0]
+        return torch.tanh(self.pooler(first))
+
+
+class MaskedLMHead(nn.Module):
+    """p(x_i | x_\\M) = softmax(E LayerNorm(act(W h_i)) + b): the decoder is tied to the word embeddings E."""
+
+    def __init__(self, cfg: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.act = activation(cfg.hidden_act)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.decoder = word_embeddings                     # tied weights: (V, C)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, hidden: Tensor, labels: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        logits = F.linear(self.norm(self.act(self.dense(hidden))), self.decoder.weight, self.bias)  # (..., V)
+        loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten()) if labels is not None else None
+        return logits, loss
+
+
+def select_masked(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Keep only the positions with a label (!= -100): (..., C) -> (M, C), labels -> (M,).
+
+    Running the vocabulary projection on M masked tokens instead of every token is most of
+    the pre-training speed-up (the (B*T, V) logits tensor is never built)."""
+    keep = (labels != -100).flatten()
+    return hidden.flatten(0, -2)[keep], labels.flatten()[keep]
+
+
+def classification_loss(logits: Tensor, labels: Tensor, problem: str) -> Tensor:
+    if problem == "regression":
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    if problem == "multi_label":
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
+
+
+class BertForPreTraining(nn.Module):
+    """L = L_MLM + L_NSP. With mlm_labels given, the MLM head runs on the labelled positions only."""
+
+    head = "pretraining"
+
+    def __init__(self, cfg: BertConfig, nsp: bool = True):
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg, add_pooler=nsp)
+        self.mlm = MaskedLMHead(cfg, self.bert.embeddings.word)
+        self.nsp = nn.Linear(cfg.hidden_size, 2) if nsp else None
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, mlm_labels: Tensor | None = None,
+                nsp_labels: Tensor | None = None, packed: Packed | None = None, position_ids=None) -> dict:
+        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
+        out: dict = {}
+        if mlm_labels is not None:
+            h_masked, targets = select_masked(h, mlm_labels)                  # (M, C), (M,)
+            out["mlm_logits"], out["mlm_loss"] = self.mlm(h_masked, targets)  # (M, V)
+            out["mlm_targets"] = targets
+        else:
+            out["mlm_logits"], _ = self.mlm(h)                                # (B, T, V)
+        if self.nsp is not None:
+            out["nsp_logits"] = self.nsp(self.bert.pool(h, packed))           # (B, 2)
+            if nsp_labels is not None:
+                out["nsp_loss"] = F.cross_entropy(out["nsp_logits"].float(), nsp_labels)
+        if "mlm_loss" in out:
+            out["loss"] = out["mlm_loss"] + out.get("nsp_loss", 0.0)
+        return out
+
+
+class BertForMaskedLM(BertForPreTraining):
+    """The MLM objective alone (no pooler, no NSP head), as in Hugging Face's BertForMaskedLM."""
+
+    head = "masked_lm"
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__(cfg, nsp=False)
+
+
+class BertForSequenceClassification(nn.Module):
+    """softmax(W tanh(pooled [CLS]) ); num_labels=1 is regression (MSE), as for STS-B."""
+
+    head = "sequence_classification"
+
+    def __init__(self, cfg: BertConfig, num_labels: int = 2, problem: str | None = None):
+        super().__init__()
+        self.config, self.num_labels = cfg, num_labels
+        self.problem = problem or ("regression" if num_labels == 1 else "single_label")
+        self.bert = BertModel(cfg)
+        self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                packed: Packed | None = None, position_ids=None) -> tuple[Tensor, Tensor | None]:
+        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
+        logits = self.classifier(self.drop(self.bert.pool(h, packed)))       # (B, num_labels)
+        return logits, classification_loss(logits, labels, self.problem) if labels is not None else None
+
+
+class BertForTokenClassification(nn.Module):
+    """A label per token: W h_i (NER). Labels of -100 (later sub-words, specials) are ignored."""
+
+    head = "token_classification"
+
+    def __init__(self, cfg: BertConfig, num_labels: int = 2):
+        super().__init__()
+        self.config, self.num_labels = cfg, num_labels
+        self.bert = BertModel(cfg, add_pooler=False)
+        self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                packed: Packed | None = None, position_ids=None) -> tuple[Tensor, Tensor | None]:
+        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
+        logits = self.classifier(self.drop(h))                                # (B, T, num_labels)
+        return logits, classification_loss(logits, labels, "single_label") if labels is not None else None
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Extractive QA: a start and an end logit per token, S.h_i and E.h_i."""
+
+    head = "question_answering"
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg, add_pooler=False)
+        self.qa = nn.Linear(cfg.hidden_size, 2)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
+                end_positions=None, position_ids=None) -> tuple[tuple[Tensor, Tensor], Tensor | None]:
+        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids)
+        start, end = self.qa(h).unbind(-1)                                    # (B, T) each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            T = start.shape[1]                    # positions outside the window are ignored
+            loss = (F.cross_entropy(start.float(), start_positions.clamp(0, T), ignore_index=T)
+                    + F.cross_entropy(end.float(), end_positions.clamp(0, T), ignore_index=T)) / 2
+        return (start, end), loss
+
+
+class BertForMultipleChoice(nn.Module):
+    """One score per (context, choice) pair from the pooled [CLS]; softmax over the K choices."""
+
+    head = "multiple_choice"
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg)
+        self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
+        self.classifier = nn.Linear(cfg.hidden_size, 1)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                position_ids=None) -> tuple[Tensor, Tensor | None]:
+        B, K = input_ids.shape[:2]
+        flat = lambda t: t.flatten(0, 1) if t is not None else None          # (B, K, T) -> (B*K, T)
+        h = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask), flat(position_ids))
+        logits = self.classifier(self.drop(self.bert.pool(h))).view(B, K)     # (B, K)
+        return logits, F.cross_entropy(logits.float(), labels) if labels is not None else None
+
+
+HEADS = {cls.head: cls for cls in (BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+                                   BertForTokenClassification, BertForQuestionAnswering,
+                                   BertForMultipleChoice)}
+
+
+def init_weights(model: nn.Module, cfg: BertConfig) -> nn.Module:
+    """normal(0, initializer_range) for weights, zeros for biases, ones for LayerNorm scales."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=cfg.initializer_range)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=cfg.initializer_range)
+            if m.padding_idx is not None:
+                m.weight.data[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    for m in model.modules():
+        if isinstance(m, MaskedLMHead):
+            nn.init.zeros_(m.bias)
+    return model
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+__all__ = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
+           "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice", "HEADS",
+           "init_weights", "num_parameters", "select_masked"]

@@ -1,0 +1,332 @@
+"""WordPiece tokenization with BERT's rules, as a `tokenizers` pipeline.
+
+  normalizer     BertNormalizer: clean text (drop control chars, whitespace -> ' '), put spaces
+                 around CJK characters, lower-case and strip accents when uncased
+  pre-tokenizer  BertPreTokenizer: split on whitespace and on every punctuation character
+  model          WordPiece: greedy longest-match-first, '##' continuation, [UNK] for words
+                 over 100 characters or with no match
+  post-processor done here in Python: [CLS] A [SEP] (B [SEP]) with segment ids, and a
+                 longest-first truncation that counts every token it cuts
+
+The same vocabulary and casing give the same ids as Hugging Face's BertTokenizer.
+"""
+from __future__ import annotations
+
+from .errors import BertkitError
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+log = logging.getLogger("bertkit")
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class TokenizerError(BertkitError, ValueError):
+    """The tokenizer files are missing or inconsistent; the message names the file."""
+
+
+@dataclass
+class Encoding:
+    """One encoded text or text pair."""
+    input_ids: list[int]
+    token_type_ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]            # character span in its own text; (0, 0) for specials
+    special_tokens_mask: list[int]            # 1 for [CLS]/[SEP]
+    word_ids: list[int | None]                # index of the word (pre-token) each piece came from
+    sequence_ids: list[int | None]            # 0 for A, 1 for B, None for specials
+    truncated: int = 0                        # tokens cut by truncation
+
+    @property
+    def attention_mask(self) -> list[int]:
+        return [1] * len(self.input_ids)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class TruncationStats:
+    inputs: int = 0
+    truncated_inputs: int = 0
+    tokens_cut: int = 0
+    warned: bool = field(default=False, repr=False)
+
+
+class Tokenizer:
+    """A BERT WordPiece tokenizer. Build with `Tokenizer.from_dir`, `from_vocab` or `train`."""
+
+    def __init__(self, vocab: dict[str, int], lowercase: bool = True, strip_accents: bool | None = None,
+                 chinese_chars: bool = True, name: str = ""):
+        from tokenizers import Tokenizer as RustTokenizer, AddedToken, models, normalizers, pre_tokenizers, decoders
+
+        missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+        if missing:
+            raise TokenizerError(f"{name or 'vocabulary'}: missing special tokens {missing}")
+        self.vocab, self.lowercase, self.strip_accents, self.chinese_chars = vocab, lowercase, strip_accents, chinese_chars
+        self.name = name
+        backend = RustTokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+        backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=chinese_chars,
+                                                        strip_accents=strip_accents, lowercase=lowercase)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece(prefix="##")
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+        self.backend = backend
+        self.inv_vocab = {i: t for t, i in vocab.items()}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (vocab[t] for t in SPECIAL_TOKENS)
+        self.special_ids = {self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id}
+        self.stats = TruncationStats()
+
+    # ---- loading and saving ------------------------------------------------------------------
+    @classmethod
+    def from_vocab(cls, vocab_file: str | Path, lowercase: bool = True, **kw) -> "Tokenizer":
+        return cls(read_vocab(Path(vocab_file)), lowercase=lowercase, name=str(vocab_file), **kw)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "Tokenizer":
+        """Load from a folder with `vocab.txt` or `tokenizer.json` (casing from `tokenizer_config.json`)."""
+        path = Path(path)
+        if path.is_file() and path.name == "vocab.txt":
+            return cls.from_vocab(path)
+        if not path.is_dir():
+            raise TokenizerError(f"{path}: not a directory with vocab.txt or tokenizer.json")
+        settings: dict = {}
+        tj = path / "tokenizer.json"
+        vocab = None
+        if (path / "vocab.txt").is_file():
+            vocab = read_vocab(path / "vocab.txt")
+        if tj.is_file():
+            try:
+                d = json.loads(tj.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise TokenizerError(f"{tj}: not valid JSON ({e})") from None
+            model = d.get("model") or {}
+            if vocab is None:
+                if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+                    raise TokenizerError(f"{tj}: not a WordPiece tokenizer")
+                vocab = {str(k): int(v) for k, v in model["vocab"].items()}
+            norm = d.get("normalizer") or {}
+            if norm.get("type") == "BertNormalizer":
+                settings = {"lowercase": norm.get("lowercase", True), "strip_accents": norm.get("strip_accents"),
+                            "chinese_chars": norm.get("handle_chinese_chars", True)}
+        if vocab is None:
+            raise TokenizerError(f"{path}: no vocab.txt or tokenizer.json (not a tokenizer folder)")
+        tc = path / "tokenizer_config.json"
+        if tc.is_file():
+            try:
+                c = json.loads(tc.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise TokenizerError(f"{tc}: not valid JSON ({e})") from None
+            if "do_lower_case" in c:
+                settings["lowercase"] = bool(c["do_lower_case"])
+            if "strip_accents" in c:
+                settings["strip_accents"] = c["strip_accents"]
+            if "tokenize_chinese_chars" in c:
+                settings["chinese_chars"] = bool(c["tokenize_chinese_chars"])
+        return cls(vocab, name=str(path), **settings)
+
+    @classmethod
+    def train(cls, files: Sequence[str | Path], vocab_size: int = 30522, lowercase: bool = True,
+              min_frequency: int = 2, limit_alphabet: int = 1000, show_progress: bool = False) -> "Tokenizer":
+        """Learn a WordPiece vocabulary from text files (plain or .gz) with BERT's special tokens."""
+        from tokenizers import Tokenizer as RustTokenizer, models, normalizers, pre_tokenizers, trainers
+
+        backend = RustTokenizer(models.WordPiece(unk_token="[UNK]"))
+        backend.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                            special_tokens=list(SPECIAL_TOKENS), limit_alphabet=limit_alphabet,
+                                            continuing_subword_prefix="##", show_progress=show_progress)
+        backend.train_from_iterator(_iter_lines(files), trainer=trainer)
+        return cls(backend.get_vocab(), lowercase=lowercase, name="trained")
+
+    def save(self, path: str | Path) -> None:
+        """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        ordered = sorted(self.vocab.items(), key=lambda kv: kv[1])
+        (path / "vocab.txt").write_text("".join(t + "\n" for t, _ in ordered), encoding="utf-8")
+        from tokenizers import processors
+        backend = self.backend
+        backend.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", self.cls_id), ("[SEP]", self.sep_id)])
+        backend.save(str(path / "tokenizer.json"))
+        backend.post_processor = None
+        (path / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
+            "strip_accents": self.strip_accents, "tokenize_chinese_chars": self.chinese_chars,
+            "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+            "mask_token": "[MASK]", "model_max_length": 512}, indent=2) + "\n", encoding="utf-8")
+        (path / "special_tokens_map.json").write_text(json.dumps({
+            "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+            "mask_token": "[MASK]"}, indent=2) + "\n", encoding="utf-8")
+
+    @property
+    def vocab_size(self) -> int:
+        return max(self.vocab.values()) + 1
+
+    def fingerprint(self) -> str:
+        """sha256 of the vocabulary and the normalisation settings (to check data against a tokenizer)."""
+        h = hashlib.sha256()
+        for t, i in sorted(self.vocab.items(), key=lambda kv: kv[1]):
+            h.update(f"{i}\t{t}\n".encode("utf-8"))
+        h.update(f"lower={self.lowercase};accents={self.strip_accents};cjk={self.chinese_chars}".encode())
+        return h.hexdigest()
+
+    # ---- encoding ----------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[str]:
+        return self.backend.encode(text, add_special_tokens=False).tokens
+
+    def encode_ids(self, texts: list[str]) -> list[list[int]]:
+        """Word-piece ids of many texts, no special tokens, no truncation (fast, multi-threaded)."""
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def encode(self, text: str, pair: str | None = None, max_length: int | None = None) -> Encoding:
+        return self.encode_batch([text], [pair] if pair is not None else None, max_length)[0]
+
+    def encode_batch(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None,
+                     max_length: int | None = None) -> list[Encoding]:
+        """[CLS] A [SEP] (B [SEP]); longest-first truncation to max_length, counted in `self.stats`."""
+        a = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        b = self.backend.encode_batch([p or "" for p in pairs], add_special_tokens=False) if pairs is not None else None
+        out = []
+        for i, ea in enumerate(a):
+            eb = b[i] if b is not None and pairs[i] is not None else None
+            out.append(self._assemble(ea, eb, max_length))
+        return out
+
+    def encode_words(self, words: Sequence[str], max_length: int | None = None,
+                     pair: str | None = None) -> Encoding:
+        """Encode text already split into words (NER): word_ids index `words`."""
+        ea = self.backend.encode(list(words), is_pretokenized=True, add_special_tokens=False)
+        eb = self.backend.encode(pair, add_special_tokens=False) if pair is not None else None
+        return self._assemble(ea, eb, max_length)
+
+    def _assemble(self, ea, eb, max_length: int | None) -> Encoding:
+        na, nb = len(ea.ids), len(eb.ids) if eb is not None else 0
+        keep_a, keep_b, cut = na, nb, 0
+        if max_length is not None:
+            budget = max_length - (3 if eb is not None else 2)
+            if budget < 0:
+                raise ValueError(f"max_length {max_length} leaves no room for the special tokens")
+            if na + nb > budget:
+                keep_a, keep_b = longest_first(na, nb, budget)
+                cut = na + nb - keep_a - keep_b
+        self.stats.inputs += 1
+        if cut:
+            self.stats.truncated_inputs += 1
+            self.stats.tokens_cut += cut
+            if not self.stats.warned:
+                self.stats.warned = True
+                log.warning("truncating inputs longer than %d tokens (first one lost %d tokens); "
+                            "counts are in tokenizer.stats", max_length, cut)
+        ids = [self.cls_id, *ea.ids[:keep_a], self.sep_id]
+        tokens = ["[CLS]", *ea.tokens[:keep_a], "[SEP]"]
+        offsets = [(0, 0), *ea.offsets[:keep_a], (0, 0)]
+        words = [None, *ea.word_ids[:keep_a], None]
+        seq = [None, *([0] * keep_a), None]
+        types = [0] * (keep_a + 2)
+        if eb is not None:
+            ids += [*eb.ids[:keep_b], self.sep_id]
+            tokens += [*eb.tokens[:keep_b], "[SEP]"]
+            offsets += [*eb.offsets[:keep_b], (0, 0)]
+            words += [*eb.word_ids[:keep_b], None]
+            seq += [*([1] * keep_b), None]
+            types += [1] * (keep_b + 1)
+        special = [1 if s is None else 0 for s in seq]
+        return Encoding(ids, types, tokens, [tuple(o) for o in offsets], special, words, seq, cut)
+
+    def pad(self, encodings: Sequence[Encoding], pad_to_multiple_of: int | None = None,
+            device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+        """Right-pad a list of encodings into (B, T) tensors: input_ids, token_type_ids, attention_mask."""
+        T = max((len(e) for e in encodings), default=0)
+        if pad_to_multiple_of:
+            T = -(-T // pad_to_multiple_of) * pad_to_multiple_of
+        B = len(encodings)
+        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
+        types = torch.zeros((B, T), dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        for i, e in enumerate(encodings):
+            n = len(e)
+            ids[i, :n] = torch.tensor(e.input_ids)
+            types[i, :n] = torch.tensor(e.token_type_ids)
+            mask[i, :n] = 1
+        batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+        return {k: v.to(device) for k, v in batch.items()} if device is not None else batch
+
+    def __call__(self, texts: Sequence[str] | str, pairs=None, max_length: int | None = 512) -> dict[str, torch.Tensor]:
+        if isinstance(texts, str):
+            texts, pairs = [texts], ([pairs] if isinstance(pairs, str) else pairs)
+        return self.pad(self.encode_batch(texts, pairs, max_length))
+
+    # ---- decoding ----------------------------------------------------------------------------
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.inv_vocab.get(int(i), "[UNK]") for i in ids]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.vocab.get(token)
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        ids = [int(i) for i in ids if not (skip_special_tokens and int(i) in self.special_ids - {self.unk_id})]
+        return self.backend.decode(ids, skip_special_tokens=False)
+
+
+def longest_first(na: int, nb: int, budget: int) -> tuple[int, int]:
+    """Lengths kept when one token at a time is cut from the longer side (B on ties), as BERT does."""
+    if na + nb <= budget:
+        return na, nb
+    if nb == 0:
+        return budget, 0
+    lo, hi = min(na, nb), max(na, nb)
+    if hi - (na + nb - budget) >= lo:              # only the longer side needs cutting
+        keep_long = hi - (na + nb - budget)
+        return (keep_long, nb) if na > nb else (na, keep_long)
+    # both shrink to ~budget/2; on ties B loses first, so A keeps the extra token
+    return (budget + 1) // 2, budget // 2
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise TokenizerError(f"{path}: no such file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TokenizerError(f"{path}: not valid UTF-8 at byte {e.start}") from None
+    vocab: dict[str, int] = {}
+    for i, line in enumerate(text.split("\n")):
+        tok = line.rstrip("\r")
+        if tok == "" and i == len(text.split("\n")) - 1:
+            break
+        if tok in vocab:  # HF keeps the last index for a repeated token; so do we
+            log.warning("%s:%d: token %r repeated", path, i + 1, tok)
+        vocab[tok] = i
+    if not vocab:
+        raise TokenizerError(f"{path}: empty vocabulary")
+    return vocab
+
+
+def _iter_lines(files: Sequence[str | Path], batch: int = 1000):
+    import gzip
+    for f in files:
+        f = Path(f)
+        opener = gzip.open if f.suffix == ".gz" else open
+        with opener(f, "rt", encoding="utf-8", errors="replace") as fh:
+            buf = []
+            for line in fh:
+                if line.strip():
+                    buf.append(line)
+                    if len(buf) >= batch:
+                        yield buf
+                        buf = []
+            if buf:
+                yield buf
