@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune":   ("finetune", "fine-tune a task head (GLUE, NER, SQuAD, SWAG, your CSV/JSONL)"),
     "evaluate":   ("finetune", "evaluate a fine-tuned checkpoint on a task's data"),
     "predict":    ("finetune", "run any head on JSONL input, JSONL out"),
-    "score":      ("finetune", "official metrics from prediction and reference files"),
+    "score":      ("score",    "official metrics from prediction and reference files"),
     "serve":      ("serve",    "HTTP API with dynamic batching (embed, classify, fill-mask, ner, qa)"),
     "export":     ("serve",    "export to ONNX (parity-checked, optional int8)"),
 }
