@@ -1,0 +1,153 @@
+"""Optimisers and the learning-rate schedule, as plain functions.
+
+* `param_groups(model, weight_decay)`: weight decay on weight matrices and embeddings only,
+  never on biases or LayerNorm parameters (google-research/bert `optimization.py`).
+* `build_optimizer(model, name, lr, ...)`: 'adamw' (torch AdamW, bias-corrected, eps 1e-8 as in
+  Hugging Face), 'adamw_google' (Adam *without* bias correction, eps 1e-6, decoupled decay: the
+  optimizer BERT was trained with) and 'lamb' (You et al. 2019, layer-wise trust ratio, as used by
+  NVIDIA for large batches).
+* `lr_at(step, total_steps, warmup_steps, peak_lr, schedule)`: the learning rate as a pure
+  function of progress; `step` may be a float (a time budget keys it to elapsed seconds).
+
+The training loop sets `group["lr"] = lr_at(...)` before each update; there is no scheduler
+object whose state could be lost on resume.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .errors import BertkitError
+
+OPTIMIZERS = ("adamw", "adamw_google", "lamb")
+SCHEDULES = ("linear", "constant", "cosine")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: parameters with weight decay, and biases + LayerNorm parameters without.
+
+    Tied parameters (the MLM decoder is the word embedding) appear once."""
+    no_decay: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            no_decay.update(id(p) for p in module.parameters(recurse=False))
+    decay, rest, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if id(p) in no_decay or name.endswith("bias") or p.ndim < 2:
+            rest.append(p)
+        else:
+            decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
+                    betas: tuple[float, float] = (0.9, 0.999), eps: float | None = None) -> torch.optim.Optimizer:
+    """An optimizer over `param_groups(model, weight_decay)`.
+
+    eps defaults to 1e-8 for 'adamw' (torch / Hugging Face) and 1e-6 for 'adamw_google' and 'lamb'
+    (google-research/bert, NVIDIA)."""
+    groups = param_groups(model, weight_decay)
+    betas = (float(betas[0]), float(betas[1]))
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8 if eps is None else eps,
+                                 weight_decay=weight_decay)
+    if name == "adamw_google":
+        return AdamWGoogle(groups, lr=lr, betas=betas, eps=1e-6 if eps is None else eps, weight_decay=weight_decay)
+    if name == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=1e-6 if eps is None else eps, weight_decay=weight_decay)
+    raise BertkitError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+class AdamWGoogle(torch.optim.Optimizer):
+    """Adam without bias correction and with decoupled weight decay (google-research/bert):
+
+        m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
+        p <- p - lr * (m / (sqrt(v) + eps) + wd * p)
+    """
+
+    def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            ms, vs = zip(*(_moments(self.state[p], p) for p in params))
+            torch._foreach_lerp_(ms, grads, 1 - b1)                         # m = b1 m + (1-b1) g
+            torch._foreach_mul_(vs, b2)
+            torch._foreach_addcmul_(vs, grads, grads, value=1 - b2)         # v = b2 v + (1-b2) g^2
+            denom = torch._foreach_add(torch._foreach_sqrt(vs), group["eps"])
+            update = torch._foreach_div(ms, denom)
+            if group["weight_decay"]:
+                torch._foreach_add_(update, params, alpha=group["weight_decay"])
+            torch._foreach_add_(params, update, alpha=-group["lr"])
+        return loss
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019): the bias-corrected Adam update plus decoupled decay, scaled per
+    parameter tensor by the trust ratio ||p|| / ||update|| (1 where either norm is zero)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                m, v = _moments(state, p)
+                state["step"] = state.get("step", 0) + 1
+                t = state["step"]
+                m.lerp_(p.grad, 1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                update = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
+def _moments(state: dict, p: Tensor) -> tuple[Tensor, Tensor]:
+    if "exp_avg" not in state:
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return state["exp_avg"], state["exp_avg_sq"]
+
+
+def lr_at(step: float, total_steps: float, warmup_steps: float, peak_lr: float,
+          schedule: str = "linear", end_lr: float = 0.0) -> float:
+    """The learning rate for update number `step` (0-based), a pure function.
+
+    Warm-up rises linearly from 0 to `peak_lr` over `warmup_steps` (lr = peak * step / warmup,
+    as Hugging Face's `get_linear_schedule_with_warmup` and Google's optimization.py), then:
+    'linear' decays linearly to `end_lr` at `total_steps`, 'cosine' follows half a cosine to
+    `end_lr`, 'constant' stays at `peak_lr`. Arguments may be floats (seconds of a time budget)."""
+    if schedule not in SCHEDULES:
+        raise BertkitError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if warmup_steps > 0 and step < warmup_steps:
+        return peak_lr * step / warmup_steps
+    if schedule == "constant":
+        return peak_lr
+    span = max(total_steps - warmup_steps, 1e-12)
+    progress = min(max((step - warmup_steps) / span, 0.0), 1.0)
+    if schedule == "linear":
+        return end_lr + (peak_lr - end_lr) * (1.0 - progress)
+    return end_lr + (peak_lr - end_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
