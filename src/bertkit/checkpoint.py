@@ -85,8 +85,7 @@ def _hf_name(name: str, bare: bool) -> str:
         plain = rep.replace("\\", "")
         if name.startswith(plain):
             return pat.replace("\\", "") + name[len(plain):]
-    assert name.startswith("bert."), name
-    inner = name[5:]
+    inner = name[5:] if name.startswith("bert.") else name   # a bare BertModel has no prefix
     inverse = [
         (r"embeddings\.word\.", "embeddings.word_embeddings."),
         (r"embeddings\.position\.", "embeddings.position_embeddings."),
@@ -193,8 +192,13 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
         raise CheckpointError(f"{path}: unexpected weights not part of a BERT model: {', '.join(sorted(unknown)[:20])}"
                               + (f" (+{len(unknown) - 20} more)" if len(unknown) > 20 else ""))
     if head is None:
-        archs = raw.get("architectures") or ["BertModel"]
-        head = HEAD_OF_ARCHITECTURE.get(archs[0], "encoder")
+        archs = raw.get("architectures")
+        if archs:
+            head = HEAD_OF_ARCHITECTURE.get(archs[0], "encoder")
+        else:  # no architectures in config.json: go by the weights present
+            found = heads_in(set(renamed))
+            head = ("pretraining" if "nsp" in found and "masked_lm" in found else "masked_lm" if "masked_lm" in found
+                    else "question_answering" if "question_answering" in found else "encoder")
     if head in ("sequence_classification", "token_classification") and "num_labels" not in head_args:
         if "classifier.weight" in renamed:
             head_args["num_labels"] = renamed["classifier.weight"].shape[0]

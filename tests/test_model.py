@@ -1,0 +1,274 @@
+"""Parity with Hugging Face transformers is the specification."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import bertkit
+from bertkit.checkpoint import CheckpointError, load_model, save_model
+from bertkit.config import BertConfig, ConfigError, preset
+from bertkit.fast import pack, unpack
+from bertkit.model import BertForPreTraining, BertModel, init_weights
+
+from conftest import hf_tiny_config
+
+transformers = pytest.importorskip("transformers")
+torch.manual_seed(0)
+
+
+def random_batch(B=4, T=13, vocab=1000, seed=0, pairs=True):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (B, T), generator=g)
+    lengths = torch.tensor([T, T - 4, 5, T - 1][:B])
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    types = ((torch.arange(T)[None] >= (lengths[:, None] // 2)) & mask.bool()).long() if pairs else torch.zeros_like(ids)
+    ids = ids * mask
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+
+def test_minilm_hidden_states_equal_transformers(minilm):
+    tok = bertkit.load_tokenizer(minilm)
+    ours = load_model(minilm).eval()
+    ref = transformers.BertModel.from_pretrained(minilm, attn_implementation="sdpa").eval()
+    texts = ["The quick brown fox jumps over the lazy dog.", "Hello there!", "Short."]
+    pairs = ["A second segment that is rather longer than the first one.", "General Kenobi.", "x"]
+    batch = tok(texts, pairs)
+    assert batch["attention_mask"].min() == 0  # really padded
+    with torch.no_grad():
+        h = ours(**batch)
+        r = ref(**batch)
+    mask = batch["attention_mask"].bool()
+    assert (h - r.last_hidden_state)[mask].abs().max() < 1e-5
+    assert (ours.pool(h) - r.pooler_output).abs().max() < 1e-5
+    # reference values from BASELINES.md (single sentence)
+    with torch.no_grad():
+        single = ours(**tok(["The quick brown fox jumps over the lazy dog."]))
+    expected = torch.tensor([0.046444, 0.338062, 0.208205, 0.646797, -0.195709])
+    assert torch.allclose(single[0, 0, :5], expected, atol=1e-5)
+
+
+def test_packed_path_equals_padded(minilm):
+    tok = bertkit.load_tokenizer(minilm)
+    model = load_model(minilm).eval()
+    batch = tok(["one", "a sentence of medium length here", "and a much longer sentence " * 4], ["b", None, "c"][:0] or None)
+    with torch.no_grad():
+        padded = model(**batch)
+        flat, layout = pack(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        packed = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
+    mask = batch["attention_mask"].bool()
+    assert packed.shape == (int(mask.sum()), 384)
+    assert (unpack(packed, layout) - padded)[mask].abs().max() < 1e-5
+    assert (model.pool(packed, layout) - model.pool(padded)).abs().max() < 1e-5
+
+
+HEAD_CASES = [
+    ("BertModel", "encoder", {}),
+    ("BertForPreTraining", "pretraining", {}),
+    ("BertForMaskedLM", "masked_lm", {}),
+    ("BertForSequenceClassification", "sequence_classification", {"num_labels": 3}),
+    ("BertForSequenceClassification", "sequence_classification", {"num_labels": 1}),
+    ("BertForTokenClassification", "token_classification", {"num_labels": 5}),
+    ("BertForQuestionAnswering", "question_answering", {}),
+    ("BertForMultipleChoice", "multiple_choice", {}),
+]
+
+
+def _hf_outputs(name, hf, batch):
+    if name == "BertForMultipleChoice":
+        mc = {k: torch.stack([v, v.roll(1, 0)]) for k, v in batch.items()}  # (2, K=4, T)
+        return hf(**mc).logits, mc
+    out = hf(**batch)
+    if name == "BertModel":
+        return (out.last_hidden_state, out.pooler_output), batch
+    if name == "BertForPreTraining":
+        return (out.prediction_logits, out.seq_relationship_logits), batch
+    if name == "BertForQuestionAnswering":
+        return (out.start_logits, out.end_logits), batch
+    return out.logits, batch
+
+
+def _our_outputs(name, model, batch):
+    if name == "BertModel":
+        h = model(**batch)
+        return (h, model.pool(h))
+    if name == "BertForPreTraining":
+        o = model(**batch)
+        return (o["mlm_logits"], o["nsp_logits"])
+    if name == "BertForMaskedLM":
+        return model(**batch)["mlm_logits"]
+    if name == "BertForQuestionAnswering":
+        return model(**batch)[0]
+    return model(**batch)[0]
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu", "relu"])
+@pytest.mark.parametrize("name,head,args", HEAD_CASES)
+def test_every_head_equals_transformers(tmp_path, name, head, args, act):
+    if act != "gelu_new" and name not in ("BertForPreTraining", "BertForSequenceClassification"):
+        pytest.skip("activations are covered on two heads")
+    torch.manual_seed(1)
+    hf = getattr(transformers, name)(hf_tiny_config(hidden_act=act, **args)).eval()
+    hf.save_pretrained(tmp_path)
+    ours = load_model(tmp_path).eval()
+    assert ours.config.hidden_act == act
+    batch = random_batch()
+    with torch.no_grad():
+        ref, fed = _hf_outputs(name, hf, batch)
+        got = _our_outputs(name, ours, fed)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    got = got if isinstance(got, tuple) else (got,)
+    mask = batch["attention_mask"].bool()
+    for r, g in zip(ref, got):
+        assert r.shape == g.shape
+        if r.dim() >= 2 and r.shape[:2] == mask.shape:
+            r, g = r[mask], g[mask]
+        assert (r - g).abs().max() < 1e-5, name
+
+
+@pytest.mark.parametrize("name,head,args", HEAD_CASES)
+def test_transformers_loads_what_bertkit_saves(tmp_path, name, head, args):
+    cfg = BertConfig(vocab_size=1000, hidden_size=48, num_layers=3, num_heads=3, intermediate_size=100,
+                     hidden_act="gelu_new", max_position_embeddings=64)
+    model = bertkit.checkpoint.build(head, cfg, **args).eval()
+    save_model(model, tmp_path)
+    hf, info = getattr(transformers, name).from_pretrained(tmp_path, output_loading_info=True)
+    hf.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    batch = random_batch()
+    with torch.no_grad():
+        ref, fed = _hf_outputs(name, hf, batch)
+        got = _our_outputs(name, model, fed)
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    got = got if isinstance(got, tuple) else (got,)
+    for r, g in zip(ref, got):
+        assert (r - g).abs().max() < 1e-5
+    # and back again: bertkit loads its own folder as the same head
+    again = load_model(tmp_path)
+    assert type(again) is type(model)
+
+
+def test_minilm_round_trip_through_bertkit(tmp_path, minilm):
+    model = load_model(minilm)
+    save_model(model, tmp_path)
+    hf, info = transformers.BertModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    ref = transformers.BertModel.from_pretrained(minilm)
+    for (k, a), (_, b) in zip(sorted(hf.state_dict().items()), sorted(ref.state_dict().items())):
+        assert torch.equal(a, b), k
+
+
+def test_old_gamma_beta_names_and_pytorch_bin(tmp_path):
+    torch.manual_seed(2)
+    hf = transformers.BertForPreTraining(hf_tiny_config()).eval()
+    sd = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+          for k, v in hf.state_dict().items()}
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    ours = load_model(tmp_path).eval()
+    batch = random_batch()
+    with torch.no_grad():
+        assert (ours(**batch)["nsp_logits"] - hf(**batch).seq_relationship_logits).abs().max() < 1e-5
+
+
+def test_pickled_code_is_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+    torch.save({"x": Evil()}, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps(hf_tiny_config().to_dict()))
+    with pytest.raises(CheckpointError, match="cannot read weights"):
+        load_model(tmp_path)
+
+
+def test_mismatches_are_one_clear_error(tmp_path):
+    hf = transformers.BertModel(hf_tiny_config())
+    hf.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    # wrong vocab size in config
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "vocab_size": 999}))
+    with pytest.raises(CheckpointError, match="vocab_size in config.json is 999 but the word embedding has 1000"):
+        load_model(tmp_path)
+    # wrong hidden size -> shapes listed by HF name
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 64}))
+    with pytest.raises(CheckpointError, match=r"encoder.layer.0.intermediate.dense.weight: checkpoint \(100, 48\)"):
+        load_model(tmp_path)
+    # more layers than the checkpoint has -> missing names listed
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 4}))
+    with pytest.raises(CheckpointError, match=r"missing encoder weights: encoder.layer.3"):
+        load_model(tmp_path)
+    # asking for a head the checkpoint does not have
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="no weights for the masked_lm head"):
+        load_model(tmp_path, head="masked_lm")
+    assert load_model(tmp_path, head="sequence_classification", new_head_ok=True, num_labels=2).num_labels == 2
+    # unknown tensors
+    from safetensors.torch import load_file, save_file
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    sd["encoder.extra.weight"] = torch.zeros(2)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="unexpected weights.*encoder.extra.weight"):
+        load_model(tmp_path)
+    # not a checkpoint at all
+    with pytest.raises(CheckpointError, match="no config.json"):
+        load_model(tmp_path / "..")
+    with pytest.raises(CheckpointError, match="no such directory"):
+        load_model(tmp_path / "nope")
+
+
+def test_positions_beyond_max_are_a_clear_error():
+    model = BertModel(BertConfig(vocab_size=100, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                                 max_position_embeddings=8))
+    with pytest.raises(ValueError, match="longer than max_position_embeddings"):
+        model(torch.ones(1, 9, dtype=torch.long))
+
+
+def test_causal_switch_contract():
+    """Changing right-hand context changes a left token's state under bidirectional attention, not under causal."""
+    for causal in (False, True):
+        torch.manual_seed(0)
+        cfg = preset("tiny", vocab_size=200, causal=causal, hidden_dropout=0.0, attention_dropout=0.0)
+        model = init_weights(BertModel(cfg), cfg).eval()
+        a = torch.tensor([[2, 10, 11, 12, 13, 3]])
+        b = a.clone()
+        b[0, 4] = 99                                       # change the right-hand context of token 1
+        mask = torch.ones_like(a)
+        with torch.no_grad():
+            ha, hb = model(a, attention_mask=mask), model(b, attention_mask=mask)
+            # the packed path obeys the same pattern
+            flat, layout = pack(b, mask)
+            hp = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
+        changed = (ha[0, 1] - hb[0, 1]).abs().max().item()
+        assert (changed > 1e-4) if not causal else (changed < 1e-6), (causal, changed)
+        assert (hp - hb[0]).abs().max() < 1e-5
+
+
+def test_config_round_trip_and_errors():
+    cfg = preset("mini", hidden_act="gelu_new")
+    again = BertConfig.from_hf_dict(cfg.to_hf_dict())
+    assert again == cfg
+    with pytest.raises(ConfigError, match="divisible"):
+        BertConfig(hidden_size=50, num_heads=3)
+    with pytest.raises(ConfigError, match="did you mean 'num_layers'"):
+        cfg.replace(num_layer=3)
+    with pytest.raises(ConfigError, match="relative_key"):
+        BertConfig.from_hf_dict({"position_embedding_type": "relative_key"})
+    with pytest.raises(ConfigError, match="unknown preset"):
+        preset("huge")
+
+
+def test_mlm_loss_only_on_masked_positions():
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=300)
+    model = init_weights(BertForPreTraining(cfg), cfg).eval()
+    batch = random_batch(vocab=300)
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[0, 3], labels[2, 1] = 17, 42
+    with torch.no_grad():
+        out = model(**batch, mlm_labels=labels, nsp_labels=torch.tensor([0, 1, 0, 1]))
+        full = model(**batch)["mlm_logits"]
+    assert out["mlm_logits"].shape == (2, 300)
+    assert torch.allclose(out["mlm_logits"], full[labels != -100], atol=1e-5)
+    ref = torch.nn.functional.cross_entropy(full[labels != -100], labels[labels != -100])
+    assert torch.allclose(out["mlm_loss"], ref, atol=1e-5)
