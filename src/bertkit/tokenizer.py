@@ -280,17 +280,21 @@ class Tokenizer:
 
 
 def longest_first(na: int, nb: int, budget: int) -> tuple[int, int]:
-    """Lengths kept when one token at a time is cut from the longer side (B on ties), as BERT does."""
+    """Lengths of A and B kept by Hugging Face's longest-first truncation of a pair to `budget` tokens.
+
+    The shorter side keeps min(its length, budget // 2) and the longer side the rest; on a tie A keeps
+    budget // 2. (google-research/bert's run_classifier and transformers' BertTokenizerLegacy cut one
+    token at a time from the longer side, B on ties: with an odd budget the two differ by one token.)
+    """
     if na + nb <= budget:
         return na, nb
-    if nb == 0:
-        return budget, 0
-    lo, hi = min(na, nb), max(na, nb)
-    if hi - (na + nb - budget) >= lo:              # only the longer side needs cutting
-        keep_long = hi - (na + nb - budget)
-        return (keep_long, nb) if na > nb else (na, keep_long)
-    # both shrink to ~budget/2; on ties B loses first, so A keeps the extra token
-    return (budget + 1) // 2, budget // 2
+    if na < nb:
+        keep_a = min(na, budget // 2)
+        return keep_a, budget - keep_a
+    if nb < na:
+        keep_b = min(nb, budget // 2)
+        return budget - keep_b, keep_b
+    return budget // 2, budget - budget // 2
 
 
 def read_vocab(path: Path) -> dict[str, int]:

@@ -1,0 +1,144 @@
+"""Tokenizer ids equal Hugging Face's BertTokenizer (Rust) and the original pure-Python rules."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from bertkit.tokenizer import Tokenizer, TokenizerError, longest_first
+
+transformers = pytest.importorskip("transformers")
+HARD = [json.loads(line) for line in (Path(__file__).parent / "data" / "tokenizer_hard_cases.jsonl")
+        .read_text(encoding="utf-8").split("\n") if line]
+
+
+def _legacy_class():
+    return getattr(transformers, "BertTokenizerLegacy", None)
+
+
+def _cased_dir(tmp_path, minilm):
+    """A cased tokenizer folder: the real vocab plus a few cased entries, do_lower_case false."""
+    vocab = (minilm / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    vocab += ["Hello", "Paris", "France", "Zoë", "##É", "Crème"]
+    d = tmp_path / "cased"
+    d.mkdir()
+    (d / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (d / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False, "tokenizer_class": "BertTokenizer"}))
+    return d
+
+
+@pytest.mark.parametrize("cased", [False, True])
+def test_ids_equal_transformers_on_hard_cases(minilm, tmp_path, cased):
+    folder = _cased_dir(tmp_path, minilm) if cased else minilm
+    ours = Tokenizer.from_dir(folder)
+    assert ours.lowercase is (not cased)
+    refs = [transformers.BertTokenizer.from_pretrained(folder)]
+    if _legacy_class() is not None:
+        refs.append(_legacy_class().from_pretrained(folder))
+    for case in HARD:
+        text, pair = case["text"], case.get("text_pair")
+        enc = ours.encode(text, pair)
+        for ref in refs:
+            r = ref(text, pair, return_token_type_ids=True) if pair is not None else ref(text, return_token_type_ids=True)
+            assert enc.input_ids == r["input_ids"], (type(ref).__name__, text)
+            assert enc.token_type_ids == r["token_type_ids"], (type(ref).__name__, text)
+
+
+@pytest.mark.parametrize("max_length", [8, 16, 33])
+def test_truncation_equals_transformers_and_is_counted(minilm, max_length, caplog):
+    ours = Tokenizer.from_dir(minilm)
+    ref = transformers.BertTokenizer.from_pretrained(minilm)
+    with caplog.at_level(logging.WARNING, logger="bertkit"):
+        for case in HARD:
+            text, pair = case["text"], case.get("text_pair")
+            enc = ours.encode(text, pair, max_length=max_length)
+            kw = dict(truncation="longest_first", max_length=max_length)
+            r = ref(text, pair, **kw) if pair is not None else ref(text, **kw)
+            assert enc.input_ids == r["input_ids"], text
+            full = ours.encode(text, pair)
+            assert enc.truncated == len(full) - len(enc)
+    assert ours.stats.truncated_inputs > 0 and ours.stats.tokens_cut > 0
+    assert sum("truncating" in r.message for r in caplog.records) == 1      # warned once
+
+
+def test_longest_first_rule():
+    assert longest_first(10, 2, 8) == (6, 2)
+    assert longest_first(2, 10, 8) == (2, 6)
+    assert longest_first(10, 10, 8) == (4, 4)
+    assert longest_first(10, 10, 7) == (3, 4)          # HF: on a tie A keeps budget // 2
+    assert longest_first(7, 12, 5) == (2, 3)
+    assert longest_first(5, 0, 3) == (3, 0)
+    assert longest_first(3, 3, 10) == (3, 3)
+
+
+def test_offsets_special_mask_and_words(minilm):
+    tok = Tokenizer.from_dir(minilm)
+    text = "Crème brûlée, naïve!"
+    enc = tok.encode(text, "second part")
+    ref = transformers.BertTokenizer.from_pretrained(minilm)(text, "second part", return_offsets_mapping=True,
+                                                                return_special_tokens_mask=True)
+    assert enc.offsets == [tuple(o) for o in ref["offset_mapping"]]
+    assert enc.special_tokens_mask == ref["special_tokens_mask"]
+    assert enc.tokens[0] == "[CLS]" and enc.tokens.count("[SEP]") == 2
+    word0 = [i for i, w in enumerate(enc.word_ids) if w == 0 and enc.sequence_ids[i] == 0]
+    assert text[enc.offsets[word0[0]][0]:enc.offsets[word0[-1]][1]] == "Crème"     # offsets index the raw text
+    assert enc.word_ids[0] is None and enc.word_ids[1] == 0
+
+
+def test_words_encoding_for_ner(minilm):
+    tok = Tokenizer.from_dir(minilm)
+    enc = tok.encode_words(["EU", "rejects", "German", "call"])
+    ref = transformers.BertTokenizer.from_pretrained(minilm)(["EU", "rejects", "German", "call"], is_split_into_words=True)
+    assert enc.input_ids == ref["input_ids"]
+    assert enc.word_ids == ref.word_ids()
+
+
+def test_tokenizer_json_only_folder_and_save_round_trip(minilm, tmp_path):
+    only_json = tmp_path / "json"
+    only_json.mkdir()
+    (only_json / "tokenizer.json").write_bytes((minilm / "tokenizer.json").read_bytes())
+    a, b = Tokenizer.from_dir(minilm), Tokenizer.from_dir(only_json)
+    assert a.vocab == b.vocab and a.fingerprint() == b.fingerprint()
+    saved = tmp_path / "saved"
+    a.save(saved)
+    c = Tokenizer.from_dir(saved)
+    assert c.fingerprint() == a.fingerprint()
+    ref = transformers.BertTokenizer.from_pretrained(saved)
+    for case in HARD[:10]:
+        assert c.encode(case["text"]).input_ids == ref(case["text"])["input_ids"]
+    # the saved tokenizer.json has no stray padding/truncation: long texts come back whole
+    long = "word " * 300
+    assert len(c.encode(long)) == 302
+
+
+def test_pad_and_call(minilm):
+    tok = Tokenizer.from_dir(minilm)
+    batch = tok(["a b c", "a"], ["d", "e f"])
+    assert batch["input_ids"].shape == (2, 7)
+    assert batch["attention_mask"].tolist() == [[1] * 7, [1, 1, 1, 1, 1, 1, 0]]
+    assert batch["token_type_ids"][1].tolist() == [0, 0, 0, 1, 1, 1, 0]
+
+
+def test_bad_tokenizer_folders(tmp_path):
+    with pytest.raises(TokenizerError, match="not a directory"):
+        Tokenizer.from_dir(tmp_path / "missing")
+    with pytest.raises(TokenizerError, match="no vocab.txt or tokenizer.json"):
+        Tokenizer.from_dir(tmp_path)
+    (tmp_path / "vocab.txt").write_text("a\nb\n")
+    with pytest.raises(TokenizerError, match="missing special tokens"):
+        Tokenizer.from_dir(tmp_path)
+    (tmp_path / "vocab.txt").write_bytes(b"\xff\xfe[PAD]\n")
+    with pytest.raises(TokenizerError, match="not valid UTF-8"):
+        Tokenizer.from_dir(tmp_path)
+
+
+def test_train_small_vocab(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat\nthe dog sat on the log\n" * 50, encoding="utf-8")
+    tok = Tokenizer.train([corpus], vocab_size=60, min_frequency=1)
+    assert all(t in tok.vocab for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"))
+    tok.save(tmp_path / "tok")
+    ref = transformers.BertTokenizer.from_pretrained(tmp_path / "tok")
+    assert Tokenizer.from_dir(tmp_path / "tok").encode("the cat sat").input_ids == ref("the cat sat")["input_ids"]
