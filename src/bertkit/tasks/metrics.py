@@ -1,0 +1,331 @@
+"""The official metrics of GLUE, CoNLL-2003, SQuAD v1.1/v2.0 and SWAG, as plain functions.
+
+Each one computes exactly what the reference does (pure Python/numpy, no scikit-learn, scipy
+or seqeval at run time; the tests check them against those libraries and against faithful
+copies of the official SQuAD scripts):
+
+  accuracy           share of exact matches                        (SST-2, MNLI, QNLI, RTE, WNLI, SWAG)
+  f1_binary          F1 of the positive class, sklearn's f1_score  (MRPC, QQP)
+  matthews_corrcoef  sklearn's matthews_corrcoef (multi-class form) (CoLA)
+  pearson_spearman   scipy's pearsonr and spearmanr (average ranks) (STS-B)
+  conll_f1           entity-level micro F1 = seqeval's default (conlleval) mode, per-type scores too
+  squad_v1           evaluate-v1.1.py: EM and token F1 (0-100), max over the gold answers
+  squad_v2           evaluate-v2.0.py: exact/f1, HasAns_*/NoAns_*, best_exact/best_f1 and thresholds
+
+Arguments go references first, predictions second (as scikit-learn's ``y_true, y_pred``).
+"""
+from __future__ import annotations
+
+import collections
+import re
+import string
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import BertkitError
+
+
+class MetricError(BertkitError, ValueError):
+    """References and predictions that cannot be scored together (lengths, missing ids)."""
+
+
+def _check_lengths(y_true: Sequence, y_pred: Sequence) -> None:
+    if len(y_true) != len(y_pred):
+        raise MetricError(f"{len(y_true)} references but {len(y_pred)} predictions")
+    if len(y_true) == 0:
+        raise MetricError("nothing to score: no references")
+
+
+# ---- classification and regression --------------------------------------------------------------
+def accuracy(y_true: Sequence, y_pred: Sequence) -> float:
+    """Share of predictions equal to their reference."""
+    _check_lengths(y_true, y_pred)
+    return sum(t == p for t, p in zip(y_true, y_pred)) / len(y_true)
+
+
+def f1_binary(y_true: Sequence, y_pred: Sequence, pos_label: Any = 1) -> float:
+    """F1 of the positive class: 2·TP / (2·TP + FP + FN), 0.0 when there is no positive at all
+    (scikit-learn's ``f1_score(average='binary')`` with its default ``zero_division``)."""
+    _check_lengths(y_true, y_pred)
+    tp = sum(t == pos_label and p == pos_label for t, p in zip(y_true, y_pred))
+    true_sum = sum(t == pos_label for t in y_true)
+    pred_sum = sum(p == pos_label for p in y_pred)
+    denom = float(true_sum) + float(pred_sum)
+    return 2.0 * tp / denom if denom else 0.0
+
+
+def matthews_corrcoef(y_true: Sequence, y_pred: Sequence) -> float:
+    """Matthews correlation in its multi-class form (Gorodkin 2004), as scikit-learn computes it;
+    0.0 when either side is constant."""
+    _check_lengths(y_true, y_pred)
+    classes = sorted(set(y_true) | set(y_pred), key=lambda v: (str(type(v)), v))
+    index = {c: i for i, c in enumerate(classes)}
+    C = np.zeros((len(classes), len(classes)), dtype=np.int64)    # rows: true, columns: predicted
+    for t, p in zip(y_true, y_pred):
+        C[index[t], index[p]] += 1
+    t_sum = C.sum(axis=1, dtype=np.float64)
+    p_sum = C.sum(axis=0, dtype=np.float64)
+    n_correct = np.trace(C, dtype=np.float64)
+    n = p_sum.sum()
+    cov_ytyp = n_correct * n - np.dot(t_sum, p_sum)
+    cov_ypyp = n ** 2 - np.dot(p_sum, p_sum)
+    cov_ytyt = n ** 2 - np.dot(t_sum, t_sum)
+    if cov_ypyp * cov_ytyt == 0:
+        return 0.0
+    return float(cov_ytyp / np.sqrt(cov_ytyt * cov_ypyp))
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    # scipy.stats.pearsonr: centre, scale each side to unit norm, dot product, clip to [-1, 1]
+    xm, ym = x - x.mean(), y - y.mean()
+    nx, ny = np.linalg.norm(xm), np.linalg.norm(ym)
+    if nx == 0 or ny == 0:
+        return float("nan")                       # a constant input: the correlation is undefined
+    return float(np.clip(np.dot(xm / nx, ym / ny), -1.0, 1.0))
+
+
+def _rank(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties get the average of their ranks (scipy.stats.rankdata 'average')."""
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    starts = np.r_[True, xs[1:] != xs[:-1]]                      # first element of each run of ties
+    run = np.cumsum(starts) - 1
+    first = np.flatnonzero(starts)
+    counts = np.diff(np.r_[first, len(x)])
+    avg = first + (counts + 1) / 2.0                             # mean of ranks first+1 .. first+count
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = avg[run]
+    return ranks
+
+
+def pearson_spearman(y_true: Sequence[float], y_pred: Sequence[float]) -> dict[str, float]:
+    """Pearson and Spearman correlation (STS-B), and their mean as GLUE's leaderboard reports it."""
+    _check_lengths(y_true, y_pred)
+    x = np.asarray(y_true, dtype=np.float64)
+    y = np.asarray(y_pred, dtype=np.float64)
+    p = _pearson(x, y)
+    s = _pearson(_rank(x), _rank(y))
+    return {"pearson": p, "spearman": s, "corr": (p + s) / 2}
+
+
+# ---- CoNLL entity F1 (seqeval default mode = conlleval) ------------------------------------------
+def get_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
+    """(type, first, last) of each chunk in one tag sequence, with conlleval's lenient rules.
+
+    A chunk starts at B-/S- (and at I-/E- after O or after a chunk of another type, which is how
+    IOB1 and broken BIO are read); it ends before O, B-, S-, a change of type, and after E-/S-.
+    So IOB1, BIO (IOB2) and IOBES all decode as seqeval's default mode decodes them."""
+    chunks = []
+    prev_tag, prev_type, begin = "O", "", 0
+    for i, chunk in enumerate(list(tags) + ["O"]):
+        tag = chunk[0]
+        type_ = chunk[1:].split("-", maxsplit=1)[-1] or "_"
+        if _end_of_chunk(prev_tag, tag, prev_type, type_):
+            chunks.append((prev_type, begin, i - 1))
+        if _start_of_chunk(prev_tag, tag, prev_type, type_):
+            begin = i
+        prev_tag, prev_type = tag, type_
+    return chunks
+
+
+def _end_of_chunk(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
+    return (prev_tag in ("E", "S")
+            or (prev_tag in ("B", "I") and tag in ("B", "S", "O"))
+            or (prev_tag not in ("O", ".") and prev_type != type_))
+
+
+def _start_of_chunk(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
+    return (tag in ("B", "S")
+            or (prev_tag in ("E", "S", "O") and tag in ("E", "I"))
+            or (tag not in ("O", ".") and prev_type != type_))
+
+
+def _prf(tp: int, n_pred: int, n_true: int) -> tuple[float, float, float]:
+    precision = tp / n_pred if n_pred else 0.0
+    recall = tp / n_true if n_true else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
+
+
+def conll_f1(y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """Entity-level micro precision/recall/F1 over sentences of tags, and the same per entity type.
+
+    As seqeval's default mode (and conlleval): sentences are joined with an O between them, an
+    entity counts when type, first and last word all match. Returns ``{"precision", "recall",
+    "f1", "accuracy" (token level), "per_type": {type: {"precision", "recall", "f1", "support"}}}``.
+    """
+    if len(y_true) != len(y_pred):
+        raise MetricError(f"{len(y_true)} reference sentences but {len(y_pred)} predicted")
+    for i, (t, p) in enumerate(zip(y_true, y_pred)):
+        if len(t) != len(p):
+            raise MetricError(f"sentence {i}: {len(t)} reference tags but {len(p)} predicted")
+    flat_true = [tag for sent in y_true for tag in [*sent, "O"]]
+    flat_pred = [tag for sent in y_pred for tag in [*sent, "O"]]
+    true_ents: dict[str, set] = collections.defaultdict(set)
+    pred_ents: dict[str, set] = collections.defaultdict(set)
+    for type_, b, e in get_entities(flat_true):
+        true_ents[type_].add((b, e))
+    for type_, b, e in get_entities(flat_pred):
+        pred_ents[type_].add((b, e))
+    per_type, tp_all, pred_all, true_all = {}, 0, 0, 0
+    for type_ in sorted(set(true_ents) | set(pred_ents)):
+        tp = len(true_ents[type_] & pred_ents[type_])
+        n_pred, n_true = len(pred_ents[type_]), len(true_ents[type_])
+        p, r, f = _prf(tp, n_pred, n_true)
+        per_type[type_] = {"precision": p, "recall": r, "f1": f, "support": n_true}
+        tp_all, pred_all, true_all = tp_all + tp, pred_all + n_pred, true_all + n_true
+    p, r, f = _prf(tp_all, pred_all, true_all)
+    n_tokens = sum(len(s) for s in y_true)
+    correct = sum(a == b for t, q in zip(y_true, y_pred) for a, b in zip(t, q))
+    return {"precision": p, "recall": r, "f1": f, "accuracy": correct / n_tokens if n_tokens else 0.0,
+            "per_type": per_type}
+
+
+# ---- SQuAD (the official evaluate-v1.1.py / evaluate-v2.0.py) -------------------------------------
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(s: str) -> str:
+    """Lower-case, drop punctuation, drop the articles a/an/the, collapse whitespace."""
+    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def squad_exact(gold: str, pred: str) -> int:
+    return int(normalize_answer(gold) == normalize_answer(pred))
+
+
+def squad_token_f1(gold: str, pred: str) -> float:
+    """Token-level F1 of two answers (v2.0 form: two empty answers agree with F1 1)."""
+    gold_toks = normalize_answer(gold).split() if gold else []
+    pred_toks = normalize_answer(pred).split() if pred else []
+    if not gold_toks or not pred_toks:
+        return float(gold_toks == pred_toks)
+    common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_toks), same / len(gold_toks)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_golds(references: Any) -> dict[str, list[str]]:
+    """{question id: [gold answer texts]} from a SQuAD JSON (the dict with "data", or its list of
+    articles) or from such a mapping already; question order is kept."""
+    if isinstance(references, Mapping) and "data" in references:
+        references = references["data"]
+    if isinstance(references, Mapping):
+        return {str(k): list(v) for k, v in references.items()}
+    golds: dict[str, list[str]] = {}
+    for article in references:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                golds[qa["id"]] = [a["text"] for a in qa.get("answers", [])]
+    return golds
+
+
+def squad_v1(references: Any, predictions: Mapping[str, str]) -> dict[str, float]:
+    """evaluate-v1.1.py: {"exact_match", "f1"} in 0-100; a question with no prediction scores 0."""
+    golds = squad_golds(references)
+    if not golds:
+        raise MetricError("nothing to score: no questions in the references")
+    em = f1 = 0.0
+    missing = 0
+    for qid, answers in golds.items():
+        if qid not in predictions:
+            missing += 1
+            continue
+        pred = predictions[qid]
+        # v1.1's F1 is 0 when no token is shared, so an empty gold or prediction scores 0 there
+        em += max(normalize_answer(pred) == normalize_answer(g) for g in answers) if answers else 0
+        f1 += max(_v1_f1(g, pred) for g in answers) if answers else 0
+    total = len(golds)
+    out = {"exact_match": 100.0 * em / total, "f1": 100.0 * f1 / total, "total": total}
+    if missing:
+        out["unanswered"] = missing
+    return out
+
+
+def _v1_f1(gold: str, pred: str) -> float:
+    pred_toks, gold_toks = normalize_answer(pred).split(), normalize_answer(gold).split()
+    common = collections.Counter(pred_toks) & collections.Counter(gold_toks)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_toks), same / len(gold_toks)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_v2(references: Any, predictions: Mapping[str, str], na_probs: Mapping[str, float] | None = None,
+             na_prob_thresh: float = 1.0) -> dict[str, float]:
+    """evaluate-v2.0.py: exact, f1, total, HasAns_*/NoAns_* and, given the per-question null odds
+    (``na_probs``), best_exact/best_f1 with the thresholds that reach them.
+
+    As in the official script, a question whose null odds exceed ``na_prob_thresh`` counts as
+    answered "no answer"; the references' empty-after-normalisation answers count as no answer.
+    Every question needs a prediction (the official script fails otherwise)."""
+    golds = squad_golds(references)
+    if not golds:
+        raise MetricError("nothing to score: no questions in the references")
+    missing = [q for q in golds if q not in predictions]
+    if missing:
+        raise MetricError(f"{len(missing)} of {len(golds)} questions have no prediction (first: "
+                          f"{missing[0]!r}); SQuAD 2.0 scores every question")
+    has_ans = {q: bool(a) for q, a in golds.items()}
+    explicit_odds = na_probs is not None
+    if na_probs is None:
+        na_probs = {k: 0.0 for k in predictions}
+    else:
+        lacking = [q for q in golds if q not in na_probs]
+        if lacking:
+            raise MetricError(f"{len(lacking)} questions have no null odds (first: {lacking[0]!r})")
+    exact_raw, f1_raw = {}, {}
+    for qid, answers in golds.items():
+        gold = [a for a in answers if normalize_answer(a)] or [""]
+        pred = predictions[qid]
+        exact_raw[qid] = max(squad_exact(a, pred) for a in gold)
+        f1_raw[qid] = max(squad_token_f1(a, pred) for a in gold)
+
+    def thresholded(scores: dict) -> dict:
+        return {q: float(not has_ans[q]) if na_probs[q] > na_prob_thresh else s for q, s in scores.items()}
+
+    exact, f1 = thresholded(exact_raw), thresholded(f1_raw)
+
+    def summary(qids: list[str]) -> dict:
+        return {"exact": 100.0 * sum(exact[q] for q in qids) / len(qids),
+                "f1": 100.0 * sum(f1[q] for q in qids) / len(qids), "total": len(qids)}
+
+    out = summary(list(exact))
+    for prefix, qids in (("HasAns", [q for q in golds if has_ans[q]]), ("NoAns", [q for q in golds if not has_ans[q]])):
+        if qids:
+            out.update({f"{prefix}_{k}": v for k, v in summary(qids).items()})
+    if explicit_odds:
+        out["best_exact"], out["best_exact_thresh"] = best_threshold(predictions, exact_raw, na_probs, has_ans)
+        out["best_f1"], out["best_f1_thresh"] = best_threshold(predictions, f1_raw, na_probs, has_ans)
+    return out
+
+
+def best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float], na_probs: Mapping[str, float],
+                   has_ans: Mapping[str, bool]) -> tuple[float, float]:
+    """The official find_best_thresh: sweep questions by increasing null odds, answering "no
+    answer" above the threshold; return (best score in 0-100, its threshold)."""
+    cur = best = sum(1 for q in has_ans if not has_ans[q])
+    thresh = 0.0
+    for qid in sorted(na_probs, key=lambda k: na_probs[k]):
+        if qid not in scores:
+            continue
+        if has_ans[qid]:
+            diff = scores[qid]
+        else:
+            diff = -1 if predictions[qid] else 0
+        cur += diff
+        if cur > best:
+            best, thresh = cur, na_probs[qid]
+    return 100.0 * best / len(scores), thresh
+
+
+__all__ = ["MetricError", "accuracy", "f1_binary", "matthews_corrcoef", "pearson_spearman", "get_entities",
+           "conll_f1", "normalize_answer", "squad_exact", "squad_token_f1", "squad_golds", "squad_v1",
+           "squad_v2", "best_threshold"]
