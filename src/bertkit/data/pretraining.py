@@ -1,0 +1,237 @@
+"""Prepared pre-training data on disk, read with zero copies.
+
+On-disk format (written by `bertkit prepare`, see `bertkit.data.prepare`):
+
+  OUT/meta.json               max_seq_length, nsp (bool), masking ('static'|'dynamic'), masking_config,
+                              vocab_size, special_ids, tokenizer_hash, token_dtype, counts, shards
+                              (names, in order), shard_instances, seed, command line, ...
+                              (a cluster run with --num-shards N writes meta-IIIII-of-NNNNN.json per
+                              machine instead; copy the folders together and they read as one)
+  OUT/tokenizer/              the tokenizer the data was made with (vocab.txt, tokenizer.json, ...)
+  OUT/shard-CCCCC/            one per input chunk C, written to a temporary folder then renamed
+                              (a partial shard never looks complete):
+      input_ids.npy           all instances' ids concatenated, incl. [CLS]/[SEP] (uint16 when the
+                              vocabulary fits, else int32); static masking: ids *after* masking
+      offsets.npy             int64 (n + 1): instance i is input_ids[offsets[i]:offsets[i+1]]
+      b_start.npy             int32 (n): index of the first token of segment B (token type 1 from
+                              there on); equal to the length for a single segment
+      nsp_labels.npy          int8 (n): 0 is-next, 1 random next, -1 no NSP
+      short.npy               uint8 (n): 1 when the instance came from a short target length
+      masked_lm_offsets.npy   static only: int64 (n + 1) into the next two arrays
+      masked_lm_positions.npy static only: int32, positions within the instance (sorted)
+      masked_lm_ids.npy       static only: the original ids at those positions
+      shard.json              this shard's counts and the hashes resume checks
+
+API:
+  open_dataset(path) -> PretrainingData
+  len(ds); ds.meta; ds.shard_paths
+  ds[i] -> {"index": i, "input_ids": int64 (L,), "token_type_ids": int64 (L,), "nsp_label": int,
+            + static: "masked_lm_positions": int64 (M,), "masked_lm_ids": int64 (M,)}
+  ds.subset(indices); ds.for_rank(rank, world_size, equal=True): each rank its own shards when
+  there are at least world_size shards, else a strided slice of instances; `equal` trims every rank
+  to the same count so DDP ranks run the same number of steps. Subsets keep global indices in
+  `ds[i]["index"]`, so dynamic masks (a function of seed, epoch, index) do not depend on the split.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import BertkitError
+
+ARRAYS = ("input_ids", "offsets", "b_start", "nsp_labels", "short")
+STATIC_ARRAYS = ("masked_lm_offsets", "masked_lm_positions", "masked_lm_ids")
+FORMAT_VERSION = 1
+
+
+class DataError(BertkitError):
+    """Prepared data is missing, partial or inconsistent; the message names the file."""
+
+
+def shard_name(chunk_index: int) -> str:
+    return f"shard-{chunk_index:05d}"
+
+
+def write_shard(out_dir: Path, name: str, arrays: dict[str, np.ndarray], info: dict) -> Path:
+    """Write a shard atomically: into a temporary folder, then one rename."""
+    final = Path(out_dir) / name
+    tmp = Path(out_dir) / f".{name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for key, arr in arrays.items():
+        np.save(tmp / f"{key}.npy", arr, allow_pickle=False)
+    (tmp / "shard.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    if final.exists():                       # an older shard being replaced (resume with new input)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    return final
+
+
+def read_shard_info(path: Path) -> dict | None:
+    """The shard's info, or None when the shard is absent or incomplete."""
+    f = Path(path) / "shard.json"
+    if not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def load_meta(path: Path) -> dict:
+    """meta.json, or the per-machine metas of a --num-shards run merged into one."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"{path}: not a prepared data folder (run `bertkit prepare --out {path}`)")
+    f = path / "meta.json"
+    if f.is_file():
+        return json.loads(f.read_text())
+    parts = sorted(path.glob("meta-*-of-*.json"))
+    if not parts:
+        partial = sorted(p.name for p in path.glob("shard-*"))
+        hint = f" ({len(partial)} shards so far: rerun the same prepare command to finish)" if partial else ""
+        raise DataError(f"{path}: no meta.json, the data is not complete{hint}")
+    metas = [json.loads(p.read_text()) for p in parts]
+    n = metas[0].get("num_shards", 1)
+    have = {m.get("shard_index") for m in metas}
+    if len(have) != n:
+        missing = sorted(set(range(n)) - have)
+        raise DataError(f"{path}: parts {missing} of {n} are missing (meta-*-of-{n:05d}.json)")
+    for m, p in zip(metas, parts):
+        if m["tokenizer_hash"] != metas[0]["tokenizer_hash"] or m["config_hash"] != metas[0]["config_hash"]:
+            raise DataError(f"{p}: made with a different tokenizer or configuration than {parts[0].name}")
+    meta = dict(metas[0])
+    pairs = sorted((s, c) for m in metas for s, c in zip(m["shards"], m["shard_instances"]))
+    meta["shards"], meta["shard_instances"] = [s for s, _ in pairs], [c for _, c in pairs]
+    counts: dict[str, Any] = {}
+    for m in metas:
+        for k, v in m.get("counts", {}).items():
+            if isinstance(v, (int, float)):
+                counts[k] = counts.get(k, 0) + v
+    meta["counts"] = counts
+    meta["num_shards"], meta["shard_index"] = 1, 0
+    return meta
+
+
+class PretrainingData:
+    """All instances of a prepared folder. Arrays are numpy memmaps, opened when first read."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.meta = load_meta(self.path)
+        self.shard_paths = [self.path / s for s in self.meta["shards"]]
+        for p in self.shard_paths:
+            if read_shard_info(p) is None:
+                raise DataError(f"{p}: shard missing or incomplete (rerun prepare with the same options)")
+        self.static = self.meta.get("masking") == "static"
+        counts = np.asarray(self.meta["shard_instances"], dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._open: dict[int, dict[str, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def shard_range(self, s: int) -> range:
+        return range(int(self._starts[s]), int(self._starts[s + 1]))
+
+    def _shard(self, s: int) -> dict[str, np.ndarray]:
+        arrays = self._open.get(s)
+        if arrays is None:
+            names = ARRAYS + (STATIC_ARRAYS if self.static else ())
+            arrays = {k: np.load(self.shard_paths[s] / f"{k}.npy", mmap_mode="r") for k in names}
+            self._open[s] = arrays
+        return arrays
+
+    def __getitem__(self, i: int) -> dict:
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"instance {i} out of range ({len(self)} instances)")
+        s = int(np.searchsorted(self._starts, i, side="right") - 1)
+        a, j = self._shard(s), i - int(self._starts[s])
+        lo, hi = int(a["offsets"][j]), int(a["offsets"][j + 1])
+        ids = np.asarray(a["input_ids"][lo:hi], dtype=np.int64)
+        types = np.zeros(hi - lo, dtype=np.int64)
+        types[int(a["b_start"][j]):] = 1
+        out = {"index": i, "input_ids": ids, "token_type_ids": types, "nsp_label": int(a["nsp_labels"][j])}
+        if self.static:
+            mlo, mhi = int(a["masked_lm_offsets"][j]), int(a["masked_lm_offsets"][j + 1])
+            out["masked_lm_positions"] = np.asarray(a["masked_lm_positions"][mlo:mhi], dtype=np.int64)
+            out["masked_lm_ids"] = np.asarray(a["masked_lm_ids"][mlo:mhi], dtype=np.int64)
+        return out
+
+    def lengths(self) -> np.ndarray:
+        """Length of every instance (int64, from the offsets only)."""
+        return np.concatenate([np.diff(np.asarray(self._shard(s)["offsets"])) for s in range(len(self.shard_paths))]) \
+            if self.shard_paths else np.zeros(0, dtype=np.int64)
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> "Subset":
+        return Subset(self, np.asarray(indices, dtype=np.int64))
+
+    def for_rank(self, rank: int, world_size: int, equal: bool = True) -> "Subset":
+        """This rank's instances: whole shards when there are >= world_size shards, else every
+        world_size-th instance. `equal` trims all ranks to the smallest rank's count."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} not in [0, {world_size})")
+        n_shards = len(self.shard_paths)
+        if n_shards >= world_size:
+            per_rank = [np.concatenate([np.arange(self._starts[s], self._starts[s + 1])
+                                        for s in range(r, n_shards, world_size)]) for r in range(world_size)]
+        else:
+            per_rank = [np.arange(r, len(self), world_size) for r in range(world_size)]
+        mine = per_rank[rank]
+        if equal:
+            mine = mine[: min(len(p) for p in per_rank)]
+        return Subset(self, mine.astype(np.int64))
+
+    def token_info(self):
+        """Ids the masker needs, from the tokenizer saved with the data (falls back on meta.json)."""
+        from .masking import TokenInfo
+        vocab = self.path / "tokenizer" / "vocab.txt"
+        if vocab.is_file():
+            tokens = vocab.read_text(encoding="utf-8").split("\n")
+            return TokenInfo.from_vocab({t: i for i, t in enumerate(tokens[:self.meta["vocab_size"]])})
+        return TokenInfo.of(self.meta)
+
+    def tokenizer(self):
+        """The bertkit Tokenizer the data was made with."""
+        from ..tokenizer import Tokenizer
+        return Tokenizer.from_dir(self.path / "tokenizer")
+
+
+class Subset:
+    """A view on some instances of a PretrainingData; `ds[i]["index"]` stays the global index."""
+
+    def __init__(self, base: PretrainingData, indices: np.ndarray):
+        self.base, self.indices = base, indices
+        self.meta, self.shard_paths = base.meta, base.shard_paths
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.base[int(self.indices[i])]
+
+    def subset(self, indices) -> "Subset":
+        return Subset(self.base, self.indices[np.asarray(indices, dtype=np.int64)])
+
+    def for_rank(self, rank: int, world_size: int, equal: bool = True) -> "Subset":
+        n = len(self.indices)
+        per = [len(range(r, n, world_size)) for r in range(world_size)]
+        mine = self.indices[rank::world_size]
+        return Subset(self.base, mine[: min(per)] if equal else mine)
+
+    def token_info(self):
+        return self.base.token_info()
+
+
+def open_dataset(path: str | Path) -> PretrainingData:
+    """Open a folder written by `bertkit prepare` (meta.json + shards) without copying it."""
+    return PretrainingData(path)
