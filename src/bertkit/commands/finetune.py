@@ -1,0 +1,311 @@
+"""`bertkit finetune`, `bertkit evaluate`, `bertkit predict`: thin layers over `bertkit.finetune`."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+from ..errors import BertkitError
+
+log = logging.getLogger("bertkit")
+
+
+def _column_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("your own data (--task classify / regress / tokens)")
+    g.add_argument("--text-column", dest="text_column", help="column or JSON key with the text (default text)")
+    g.add_argument("--pair-column", dest="pair_column", help="column with the second text of a pair")
+    g.add_argument("--label-column", dest="label_column", help="column with the label or score (default label)")
+    g.add_argument("--id-column", dest="id_column", help="column with an id (default: 0-based row index)")
+    g.add_argument("--tokens-column", dest="tokens_column", help="JSONL key with the list of words (tokens)")
+    g.add_argument("--tags-column", dest="tags_column", help="JSONL key with the list of tags (tokens)")
+    g.add_argument("--format", choices=("csv", "tsv", "jsonl", "conll"), help="file format (default: from the name)")
+
+
+COLUMN_ARGS = ("text_column", "pair_column", "label_column", "id_column", "tokens_column", "tags_column", "format")
+
+
+# ---- finetune -----------------------------------------------------------------------------------
+def setup_finetune(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("example: bertkit finetune --task sst2 --data ../shared/data/glue/SST-2 --model MODEL_DIR "
+                "--out runs/sst2   |   bertkit finetune configs/finetune/sst2_minilm.yaml --seed 1")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("config", nargs="?", help="YAML file of FinetuneConfig values (options below override it)")
+    p.add_argument("--task", help="sst2, mrpc, stsb, cola, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003, squad, "
+                                  "squad2, swag; or classify / regress / tokens for your own files")
+    p.add_argument("--data", help="folder with the task's files as distributed (train.tsv, dev.tsv, ...)")
+    p.add_argument("--train-file", dest="train_file", help="training file (instead of --data)")
+    p.add_argument("--dev-file", dest="dev_file", help="dev file to choose the best checkpoint on")
+    p.add_argument("--model", help="pre-trained checkpoint folder (Hugging Face format, with tokenizer)")
+    p.add_argument("--out", help="output folder (the best checkpoint on dev + run card + metrics)")
+    p.add_argument("--init", choices=("pretrained", "random"), help="'random': same shape, random weights (a baseline)")
+    p.add_argument("--max-length", dest="max_length", type=int, help="tokens per input (default 128)")
+    p.add_argument("--stride", type=int, help="overlap of sliding windows over long inputs (default: the task's)")
+    p.add_argument("--batch-size", dest="batch_size", type=int, help="default 32")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5; paper 2e-5..5e-5)")
+    p.add_argument("--epochs", type=float, help="default 3")
+    p.add_argument("--warmup", type=float, help="fraction (< 1) or number of warm-up updates (default 0.1)")
+    p.add_argument("--weight-decay", dest="weight_decay", type=float)
+    p.add_argument("--optimizer", choices=("adamw", "adamw_google", "lamb"))
+    p.add_argument("--seed", type=int)
+    p.add_argument("--train-limit", dest="train_limit", type=int, help="use the first N training examples")
+    p.add_argument("--dev-limit", dest="dev_limit", type=int, help="use the first N dev examples")
+    p.add_argument("--eval-every", dest="eval_every", type=int, help="also evaluate every N updates")
+    p.add_argument("--freeze", action="store_const", const=True, help="frozen-encoder probe: train the head only")
+    p.add_argument("--probe-layers", dest="probe_layers", type=int,
+                   help="with --freeze: concatenate the last K layers (paper's feature-based NER: 4)")
+    p.add_argument("--no-packed", dest="packed", action="store_const", const=False,
+                   help="padded batches instead of padding-free ones")
+    p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_const", const=True,
+                   help="skip (and count) malformed rows instead of stopping at the first")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False)
+    p.add_argument("--grid", action="store_true",
+                   help="the paper's grid: batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}; best on dev")
+    _column_options(p)
+    p.set_defaults(run=run_finetune)
+
+
+def finetune_config(args: argparse.Namespace):
+    from ..finetune import FinetuneConfig
+    from ..runconfig import RunConfigError, from_dict
+
+    data: dict = {}
+    source = "options"
+    if args.config:
+        import yaml
+        try:
+            data = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise BertkitError(f"{args.config}: no such config file") from None
+        except yaml.YAMLError as e:
+            raise BertkitError(f"{args.config}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise BertkitError(f"{args.config}: expected a mapping of FinetuneConfig keys")
+        source = args.config
+    for key in ("task", "data", "train_file", "dev_file", "model", "out", "init", "max_length", "stride",
+                "batch_size", "lr", "epochs", "warmup", "weight_decay", "optimizer", "seed", "train_limit",
+                "dev_limit", "eval_every", "freeze", "probe_layers", "packed", "skip_bad_rows", "threads",
+                "progress", *COLUMN_ARGS):
+        value = getattr(args, key, None)
+        if value is not None:
+            data[key] = value
+    try:
+        cfg = from_dict(FinetuneConfig, data, source)
+    except RunConfigError as e:
+        raise BertkitError(str(e)) from None
+    if not cfg.model:
+        raise BertkitError("give --model DIR (a pre-trained checkpoint folder) or `model:` in the config")
+    return cfg
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    from ..finetune import finetune, grid
+
+    cfg = finetune_config(args)
+    command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.grid:
+        summary = grid(cfg, command)
+        print(json.dumps(summary["best"]))
+    else:
+        result = finetune(cfg, command)
+        print(json.dumps({"task": result["task"], "out": cfg.out, "best_step": result["best_step"],
+                          "dev": {k: v for k, v in (result["dev"] or {}).items() if not isinstance(v, dict)}}))
+    return 0
+
+
+# ---- evaluate -----------------------------------------------------------------------------------
+def setup_evaluate(p: argparse.ArgumentParser) -> None:
+    p.epilog = "example: bertkit evaluate --model runs/sst2 --data ../shared/data/glue/SST-2/dev.tsv.gz"
+    p.add_argument("--model", required=True, help="fine-tuned checkpoint folder")
+    p.add_argument("--task", help="task (default: the one the checkpoint was fine-tuned on)")
+    p.add_argument("--data", required=True, help="a data file with references, or a task folder (see --split)")
+    p.add_argument("--split", default="dev", help="split to read when --data is a folder (default dev)")
+    p.add_argument("--max-length", dest="max_length", type=int, help="default: the fine-tuning length")
+    p.add_argument("--stride", type=int)
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
+    p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_true")
+    p.add_argument("--predictions", help="also write {id, prediction} JSONL here (input to `bertkit score`)")
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument("--threads", type=int)
+    _column_options(p)
+    p.set_defaults(run=run_evaluate)
+
+
+def load_for_inference(model_dir: str, task_name: str | None, args: argparse.Namespace):
+    """(model, tokenizer, task, labels, config.json) of a checkpoint."""
+    from ..finetune import load_finetuned, resolve_task, task_of_checkpoint
+    from ..tokenizer import Tokenizer
+
+    model, raw = load_finetuned(model_dir)
+    model.eval()
+    columns = {k: getattr(args, k) for k in COLUMN_ARGS if getattr(args, k, None) is not None}
+    task = resolve_task(task_name, columns) if task_name else task_of_checkpoint(raw)
+    if task is None:
+        task = default_task(model.head, raw)
+    if task is not None and task.head != model.head:
+        raise BertkitError(f"{model_dir}: a {model.head} checkpoint cannot run task {task.name} ({task.head})")
+    id2label = raw.get("id2label") or {}
+    labels = [id2label[k] for k in sorted(id2label, key=int)] if id2label and model.head in (
+        "sequence_classification", "token_classification") and getattr(model, "num_labels", 2) > 1 else None
+    if model.head == "sequence_classification" and getattr(model, "problem", None) == "regression":
+        labels = None
+    return model, Tokenizer.from_dir(model_dir), task, labels, raw
+
+
+def default_task(head: str, raw: dict):
+    """The task for a checkpoint that does not name one (trained elsewhere)."""
+    from ..finetune import resolve_task
+    from ..tasks import get_task
+
+    if head == "sequence_classification":
+        return resolve_task("regress" if raw.get("problem_type") == "regression" else "classify")
+    if head == "token_classification":
+        return resolve_task("tokens")
+    if head == "question_answering":
+        return get_task("squad")
+    if head == "multiple_choice":
+        return get_task("swag")
+    return None
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    import torch
+    from ..finetune import check_references, evaluate, write_predictions
+    from ..tasks import BadRows
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer, task, labels, raw = load_for_inference(args.model, args.task, args)
+    if task is None:
+        raise BertkitError(f"{args.model}: a {model.head} checkpoint has no task to evaluate; give --task")
+    path = task.split_path(args.data, args.split)
+    bad = BadRows(skip=args.skip_bad_rows)
+    examples = task.read(path, bad)
+    check_references(task, examples, labels, str(path))
+    max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
+    stride = args.stride if args.stride is not None else task.stride
+    feats = task.featurize(examples, tokenizer, labels, max_length=max_length, stride=stride)
+    scores, predictions = evaluate(model, task, examples, feats, labels, args.batch_size)
+    if args.predictions:
+        write_predictions(predictions, Path(args.predictions))
+    flat = {k: v for k, v in scores.items() if not isinstance(v, dict)}
+    result = {"task": task.name, "data": str(path), "examples": len(examples), **flat}
+    if bad.count:
+        result["skipped_rows"] = bad.count
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{task.name} on {path} ({len(examples)} examples" +
+              (f", {bad.count} bad rows skipped" if bad.count else "") + ")")
+        for k, v in flat.items():
+            print(f"  {k:16s} {v:.4f}" if isinstance(v, float) else f"  {k:16s} {v}")
+    return 0
+
+
+# ---- predict ------------------------------------------------------------------------------------
+def setup_predict(p: argparse.ArgumentParser) -> None:
+    p.epilog = ('input lines: classification {"text": .., "text_pair": ..}; NER {"tokens": [..]} or {"text": ..}; '
+                'QA {"question": .., "context": ..}; masked LM {"text": "paris is the [MASK] of france."}')
+    p.add_argument("input", help="JSONL file, one input per line ('-' = stdin)")
+    p.add_argument("--model", required=True, help="checkpoint folder (any head)")
+    p.add_argument("--task", help="task whose input format and post-processing to use (default: the checkpoint's)")
+    p.add_argument("--out", help="output JSONL (default stdout)")
+    p.add_argument("--max-length", dest="max_length", type=int)
+    p.add_argument("--stride", type=int)
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
+    p.add_argument("--top-k", dest="top_k", type=int, default=5, help="masked LM: candidates per [MASK]")
+    p.add_argument("--threads", type=int)
+    _column_options(p)
+    p.set_defaults(run=run_predict)
+
+
+def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
+    from ..tasks import DataError
+
+    f = sys.stdin if path == "-" else open(path, encoding="utf-8-sig")
+    rows = []
+    with f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object")
+            rows.append((f"{path}:{lineno}", obj))
+    if not rows:
+        raise DataError(f"{path}: no input lines (empty file)")
+    return rows
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    import torch
+    from ..finetune import predict_features
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = read_jsonl_inputs(args.input)
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        for record in predict_rows(args, rows):
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    finally:
+        if args.out:
+            out.close()
+    return 0
+
+
+def predict_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list[dict]:
+    from ..checkpoint import read_config
+    from ..finetune import predict_features
+
+    _, raw = read_config(Path(args.model))
+    archs = raw.get("architectures") or ["BertModel"]
+    if archs[0] in ("BertForMaskedLM", "BertForPreTraining"):
+        return fill_mask_rows(args, rows)
+    model, tokenizer, task, labels, raw = load_for_inference(args.model, args.task, args)
+    if task is None or task.parse is None:
+        raise BertkitError(f"{args.model}: `predict` needs a task head (got {model.head}); "
+                           "use `bertkit embed` for a bare encoder")
+    examples = []
+    for i, (where, obj) in enumerate(rows):
+        ex = task.parse(obj, where)
+        if not ex.id:
+            ex.id = str(i)
+        examples.append(ex)
+    ids = [ex.id for ex in examples]
+    if len(set(ids)) != len(ids):
+        raise BertkitError(f"{args.input}: ids must be unique")
+    max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
+    stride = args.stride if args.stride is not None else task.stride
+    feats = task.featurize(examples, tokenizer, labels, max_length=max_length, stride=stride)
+    outputs = predict_features(model, task, feats, args.batch_size)
+    predictions = task.postprocess(outputs, feats, examples, labels)
+    extra: dict = {}
+    if model.head == "sequence_classification" and labels is not None:
+        from ..tasks.glue import class_probabilities
+        extra = {k: {"scores": v} for k, v in class_probabilities(outputs, feats, examples, labels).items()}
+    if model.head == "token_classification":
+        extra = {ex.id: {"words": ex.words} for ex in examples}
+    return [{"id": ex.id, "prediction": predictions[ex.id], **extra.get(ex.id, {})} for ex in examples]
+
+
+def fill_mask_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list[dict]:
+    """Masked-LM checkpoints: the top-k words for each [MASK] (via `bertkit.infer.Predictor`)."""
+    from ..infer import Predictor
+    from ..tasks import DataError
+
+    texts = []
+    for where, obj in rows:
+        if not isinstance(obj.get("text"), str):
+            raise DataError(f"{where}: needs a \"text\" field with a [MASK]")
+        texts.append(obj["text"])
+    predictor = Predictor.from_dir(args.model, threads=args.threads, max_length=args.max_length)
+    results = predictor.fill_mask(texts, top_k=args.top_k, batch_size=args.batch_size)
+    return [{"id": str(obj.get("id", i)), "prediction": [c[0]["token"] for c in res], "candidates": res}
+            for i, ((_, obj), res) in enumerate(zip(rows, results))]

@@ -1,0 +1,512 @@
+"""Fine-tuning: one pre-trained encoder, one small task head, the paper's recipe (section 4).
+
+The loop has the pre-training loop's shape - explicit phases you can read top to bottom:
+
+    setup      read train/dev files through the task, label names from the training data,
+               load the checkpoint with a new head (or random weights of the same shape)
+    step       packed (padding-free) batches on heads that take them, AdamW over
+               `optim.param_groups`, lr from the pure `optim.lr_at`, global-norm clipping
+    evaluate   on the dev file at every epoch end (and every `eval_every` updates)
+    checkpoint the best model on dev (task's main metric) is written as a Hugging Face folder:
+               config.json with id2label + model.safetensors + tokenizer + finetune.yaml +
+               run_card.{md,json} + metrics.json (+ metrics.jsonl, dev_predictions.jsonl)
+
+`grid()` runs the paper's hyper-parameter grid (batch {16, 32} x lr {5e-5, 3e-5, 2e-5} x
+epochs {2, 3, 4}) and keeps the best run on dev. `freeze=True` trains a probe on the frozen
+encoder; with `probe_layers=4` its features are the concatenated last four layers (the paper's
+feature-based NER, section 5.4, with a linear classifier instead of the BiLSTM).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .errors import BertkitError
+from .tasks import BadRows, DataError, Task, check_labels, get_task
+
+log = logging.getLogger("bertkit")
+
+
+@dataclass
+class FinetuneConfig:
+    task: str = "sst2"
+    """Task name (sst2, mrpc, stsb, cola, qqp, mnli, qnli, rte, wnli, conll2003, squad, swag) or
+    your own data: classify, regress, tokens (see `columns`)."""
+    model: str = ""
+    """Pre-trained checkpoint folder (Hugging Face format; its tokenizer is used)."""
+    out: str = "runs/finetune"
+    """Output folder: the best checkpoint on dev, with its tokenizer, run card and metrics."""
+    data: str | None = None
+    """Folder with the task's files as distributed (train.tsv, dev.tsv, ... or .gz)."""
+    train_file: str | None = None
+    """Training file (overrides `data`)."""
+    dev_file: str | None = None
+    """Dev file used to pick the best checkpoint (overrides `data`); none = keep the last."""
+    text_column: str = "text"
+    """classify/regress: the column (CSV/TSV header name or JSONL key) holding the text."""
+    pair_column: str | None = None
+    """classify/regress: the second text of a pair (None = single texts)."""
+    label_column: str = "label"
+    """classify/regress: the class name or score."""
+    id_column: str | None = None
+    """Your data's id column (None = the 0-based row index)."""
+    tokens_column: str = "tokens"
+    """tokens (JSONL): the list of words."""
+    tags_column: str = "tags"
+    """tokens (JSONL): the list of tags, one per word."""
+    format: str | None = None
+    """Your data's format: csv, tsv, jsonl or conll (None = from the file name)."""
+    init: str = "pretrained"
+    """'pretrained' (the checkpoint's weights) or 'random' (same shape, freshly initialised: a baseline)."""
+    max_length: int = 128
+    stride: int | None = None
+    """Overlap between sliding windows over long inputs (None = the task's default)."""
+    batch_size: int = 32
+    lr: float = 5e-5
+    epochs: float = 3.0
+    warmup: float = 0.1
+    """Warm-up as a fraction of the updates (< 1) or a number of updates."""
+    weight_decay: float = 0.01
+    optimizer: str = "adamw"
+    clip_norm: float = 1.0
+    seed: int = 0
+    train_limit: int | None = None
+    """Use only the first N training examples (for CPU budgets; say so when reporting)."""
+    dev_limit: int | None = None
+    eval_every: int = 0
+    """Also evaluate every N updates (0 = at epoch ends only)."""
+    freeze: bool = False
+    """Frozen-feature probe: only the head trains."""
+    probe_layers: int = 1
+    """With freeze: concatenate the last K layers as features (paper: 4)."""
+    packed: bool = True
+    """Padding-free batches (`bertkit.fast.pack`) on heads that accept them."""
+    skip_bad_rows: bool = False
+    threads: int = 0
+    """torch CPU threads (0 = default)."""
+    log_every: int = 20
+    progress: bool = True
+    eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.init not in ("pretrained", "random"):
+            raise BertkitError(f"init: {self.init!r} is not 'pretrained' or 'random'")
+        for key in ("batch_size", "max_length", "probe_layers", "log_every", "eval_batch_size"):
+            if getattr(self, key) < 1:
+                raise BertkitError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.lr <= 0 or self.epochs <= 0:
+            raise BertkitError("lr and epochs must be positive")
+
+
+# ---- setup --------------------------------------------------------------------------------------
+CUSTOM = ("classify", "regress", "tokens")
+COLUMN_KEYS = ("text_column", "pair_column", "label_column", "id_column", "tokens_column", "tags_column", "format")
+
+
+def columns_of(cfg: FinetuneConfig) -> dict:
+    return {k: getattr(cfg, k) for k in COLUMN_KEYS}
+
+
+def resolve_task(name: str, columns: dict | None = None) -> Task:
+    """A task from the table, or classify/regress/tokens over your own columns."""
+    if name in CUSTOM:
+        from .tasks.custom import custom_task
+        return custom_task(name, **(columns or {}))
+    return get_task(name)
+
+
+def task_record(task: Task, cfg: FinetuneConfig) -> dict:
+    """What a checkpoint stores to rebuild its task (config.json key `bertkit_task`)."""
+    if cfg.task in CUSTOM:
+        return {"name": cfg.task, "columns": columns_of(cfg)}
+    return {"name": task.name}
+
+
+def task_of_checkpoint(raw: dict) -> Task | None:
+    """The task a fine-tuned checkpoint was trained on (None for checkpoints from elsewhere)."""
+    rec = raw.get("bertkit_task")
+    if not isinstance(rec, dict) or "name" not in rec:
+        return None
+    return resolve_task(rec["name"], rec.get("columns"))
+
+
+def read_split(task: Task, cfg: FinetuneConfig, split: str) -> tuple[list, Path] | tuple[None, None]:
+    explicit = cfg.train_file if split == "train" else cfg.dev_file
+    if explicit is None and cfg.data is None:
+        if split == "train":
+            raise BertkitError("give --data DIR or --train-file FILE")
+        return None, None
+    try:
+        path = Path(explicit) if explicit is not None else task.split_path(cfg.data, split)
+    except DataError:
+        if split == "dev":
+            log.warning("no dev file for %s in %s: keeping the last checkpoint", task.name, cfg.data)
+            return None, None
+        raise
+    bad = BadRows(skip=cfg.skip_bad_rows)
+    examples = task.read(path, bad)
+    limit = cfg.train_limit if split == "train" else cfg.dev_limit
+    if limit:
+        examples = examples[:limit]
+    log.info("%s: %d %s examples%s", path, len(examples), split, f" ({bad.count} bad rows skipped)" if bad.count else "")
+    return examples, path
+
+
+def build_model(task: Task, cfg: FinetuneConfig, labels: Sequence[str] | None) -> nn.Module:
+    from .checkpoint import build, load_model, read_config
+
+    args = task.head_args(labels)
+    if cfg.init == "random":
+        config, _ = read_config(Path(cfg.model))
+        model = build(task.head, config, **args)
+    else:
+        model = load_model(cfg.model, head=task.head, new_head_ok=True, **args)
+    if cfg.freeze:
+        model = Probe(model, cfg.probe_layers)
+    return model
+
+
+class Probe(nn.Module):
+    """A head on a frozen encoder; features = the last `layers` layers concatenated (per token,
+    or at [CLS] for sequence tasks; with layers=1 a sequence task uses the frozen pooler)."""
+
+    def __init__(self, model: nn.Module, layers: int = 1):
+        super().__init__()
+        if model.head not in ("sequence_classification", "token_classification"):
+            raise BertkitError(f"freeze/probe mode supports classification and tagging heads, not {model.head}")
+        self.model, self.layers = model, layers
+        self.head, self.config = model.head, model.config
+        for p in model.bert.parameters():
+            p.requires_grad_(False)
+        if layers > 1:
+            model.classifier = nn.Linear(layers * model.config.hidden_size, model.num_labels)
+            nn.init.normal_(model.classifier.weight, std=model.config.initializer_range)
+            nn.init.zeros_(model.classifier.bias)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, packed=None,
+                position_ids=None):
+        m = self.model
+        m.bert.eval()                                             # frozen: no dropout in the encoder
+        with torch.no_grad():
+            states = m.bert(input_ids, token_type_ids, attention_mask, position_ids, packed, all_layers=True)
+            h = torch.cat(states[-self.layers:], dim=-1)          # (..., K*C)
+            if m.head == "sequence_classification":
+                if self.layers == 1:
+                    h = m.bert.pool(h, packed)                    # (B, C)
+                else:
+                    h = h[packed.cu_seqlens[:-1].long()] if packed is not None else h[:, 0]
+        logits = m.classifier(m.drop(h))
+        if labels is None:
+            return logits, None
+        from .model import classification_loss
+        problem = m.problem if m.head == "sequence_classification" else "single_label"
+        return logits, classification_loss(logits, labels, problem)
+
+
+# ---- batches ------------------------------------------------------------------------------------
+def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bool, with_targets: bool):
+    """Collate, run the model (packed where the head allows), return (out, loss, batch, layout)."""
+    from .fast import pack
+
+    batch = task.collate(features)
+    if not with_targets:
+        for key in ("labels", "start_positions", "end_positions"):
+            batch.pop(key, None)
+    head = getattr(model, "head", "")
+    if packed and task.packed and head in ("sequence_classification", "token_classification"):
+        per_token = head == "token_classification"
+        flat, layout = pack(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                            labels=batch.get("labels") if per_token else None)
+        kwargs = dict(input_ids=flat["input_ids"], token_type_ids=flat["token_type_ids"],
+                      position_ids=flat["position_ids"], packed=layout)
+        if "labels" in batch:
+            kwargs["labels"] = flat["labels"] if per_token else batch["labels"]
+        out, loss = model(**kwargs)
+        return out, loss, batch, layout
+    out, loss = model(**batch)
+    return out, loss, batch, None
+
+
+def split_outputs(head: str, out, batch: dict, layout) -> list:
+    """A batch's head outputs -> one numpy array per feature, trimmed to its real length."""
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    if head == "token_classification":
+        if layout is not None:
+            pieces = out.float().split([int(n) for n in lengths])
+            return [p.detach().numpy() for p in pieces]
+        return [out[b, :int(n)].float().detach().numpy() for b, n in enumerate(lengths)]
+    if head == "question_answering":
+        start, end = out
+        return [(start[b, :int(n)].float().detach().numpy(), end[b, :int(n)].float().detach().numpy())
+                for b, n in enumerate(lengths)]
+    return [row.float().detach().numpy() for row in out]
+
+
+def feature_length(f: dict) -> int:
+    ids = f["input_ids"]
+    return sum(len(r) for r in ids) if ids and isinstance(ids[0], list) else len(ids)
+
+
+@torch.no_grad()
+def predict_features(model: nn.Module, task: Task, features: Sequence[dict], batch_size: int = 64,
+                     packed: bool = True, progress: bool = False, desc: str = "predict") -> list:
+    """Head outputs for every feature (in the given order), batched by similar length."""
+    from tqdm.auto import tqdm
+
+    model.eval()
+    order = sorted(range(len(features)), key=lambda i: feature_length(features[i]))
+    outputs: list = [None] * len(features)
+    chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for chunk in tqdm(chunks, desc=desc, disable=not progress, leave=False):
+        out, _, batch, layout = run_batch(model, task, [features[i] for i in chunk], packed, with_targets=False)
+        for i, o in zip(chunk, split_outputs(model.head, out, batch, layout)):
+            outputs[i] = o
+    return outputs
+
+
+def evaluate(model: nn.Module, task: Task, examples: list, features: list, labels, batch_size: int = 64,
+             packed: bool = True, progress: bool = False) -> tuple[dict, dict]:
+    """(metrics, predictions) of `model` on examples that carry references."""
+    outputs = predict_features(model, task, features, batch_size, packed, progress, desc="evaluate")
+    predictions = task.postprocess(outputs, features, examples, labels)
+    return task.metrics(predictions, examples), predictions
+
+
+def check_references(task: Task, examples: list, labels, where: str) -> None:
+    """An evaluation label or tag the model was not trained with is an error."""
+    if labels is None:
+        return
+    if task.head == "token_classification":
+        from .tasks.ner import check_tags
+        check_tags(examples, labels)
+    else:
+        check_labels(examples, labels, where)
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
+    """Fine-tune `cfg.model` on `cfg.task`; returns the metrics written to `out/metrics.json`."""
+    from .optim import build_optimizer, lr_at
+    from .runlog import MetricsLog, hardware, write_run_card
+    from .runconfig import save_config
+    from .tokenizer import Tokenizer
+    from tqdm.auto import tqdm
+
+    t_start = time.time()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # setup
+    task = resolve_task(cfg.task, columns_of(cfg))
+    train_examples, train_path = read_split(task, cfg, "train")
+    dev_examples, dev_path = read_split(task, cfg, "dev")
+    labels = task.labels(train_examples)
+    if labels is not None and len(labels) < 2 and task.problem != "regression":
+        raise DataError(f"{train_path}: training data has only {len(labels)} label ({', '.join(labels)}); "
+                        f"a classifier needs two or more")
+    if dev_examples is not None:
+        check_references(task, dev_examples, labels, str(dev_path))
+    tokenizer = Tokenizer.from_dir(cfg.model)
+    stride = cfg.stride if cfg.stride is not None else task.stride
+    train_feats = task.featurize(train_examples, tokenizer, labels, max_length=cfg.max_length, stride=stride,
+                                 train=True)
+    dev_feats = (task.featurize(dev_examples, tokenizer, labels, max_length=cfg.max_length, stride=stride)
+                 if dev_examples is not None else None)
+    model = build_model(task, cfg, labels)
+    model.train()
+    optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
+    total = max(1, round(steps_per_epoch * cfg.epochs))
+    warmup = cfg.warmup * total if cfg.warmup < 1 else cfg.warmup
+    save_config(cfg, out / "finetune.yaml")
+    metrics_log = MetricsLog(out / "metrics.jsonl")
+    log.info("%s: %d train features, %d updates (%d per epoch), %s init, lr %g, batch %d",
+             task.name, len(train_feats), total, steps_per_epoch, cfg.init, cfg.lr, cfg.batch_size)
+
+    # step / evaluate / checkpoint
+    state = {"best": None, "best_metrics": None, "best_step": None, "history": []}
+    rng = random.Random(cfg.seed)
+    step, epoch, tokens, t_train = 0, 0, 0, time.time()
+    bar = tqdm(total=total, desc=f"finetune {task.name}", disable=not cfg.progress, dynamic_ncols=True)
+    while step < total:
+        order = list(range(len(train_feats)))
+        rng.shuffle(order)
+        for start in range(0, len(order), cfg.batch_size):
+            if step >= total:
+                break
+            lr = lr_at(step, total, warmup, cfg.lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            model.train()
+            feats = [train_feats[i] for i in order[start:start + cfg.batch_size]]
+            _, loss, batch, _ = run_batch(model, task, feats, cfg.packed, with_targets=True)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.clip_norm:
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip_norm)
+            optimizer.step()
+            step += 1
+            tokens += int(batch["attention_mask"].sum())
+            bar.update(1)
+            if not math.isfinite(loss.item()):
+                raise BertkitError(f"loss is {loss.item()} at update {step}; lower the learning rate")
+            if step % cfg.log_every == 0 or step == total:
+                rate = tokens / max(time.time() - t_train, 1e-9)
+                metrics_log.write({"step": step, "epoch": round(step / steps_per_epoch, 3), "loss": loss.item(),
+                                   "lr": lr, "tokens_per_s": round(rate, 1)})
+                bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{rate:.0f}")
+            end_of_epoch = step % steps_per_epoch == 0 or step == total
+            if dev_feats is not None and (end_of_epoch or (cfg.eval_every and step % cfg.eval_every == 0)):
+                _evaluate_and_keep(model, task, cfg, dev_examples, dev_feats, labels, step, steps_per_epoch,
+                                   state, metrics_log, tokenizer, out)
+        epoch += 1
+    bar.close()
+    if dev_feats is None:
+        save_finetuned(model, tokenizer, out, task, cfg, labels)
+        state["best_step"] = step
+    train_time = time.time() - t_train
+    result = {"task": task.name, "main_metric": task.main_metric, "best_step": state["best_step"],
+              "updates": total, "epochs": cfg.epochs, "train_examples": len(train_examples),
+              "train_features": len(train_feats), "dev_examples": len(dev_examples or []),
+              "dev": _plain(state["best_metrics"]), "history": state["history"],
+              "train_time_s": round(train_time, 1), "wall_time_s": round(time.time() - t_start, 1),
+              "tokens_per_s": round(tokens / max(train_time, 1e-9), 1), "init": cfg.init,
+              "train_file": str(train_path), "dev_file": str(dev_path) if dev_path else None}
+    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    card = {"name": f"finetune {task.name}", "command": command, "model": cfg.model, "init": cfg.init,
+            "task": task.name, "labels": labels, "seed": cfg.seed, "peak_lr": cfg.lr, "optimizer": cfg.optimizer,
+            "global_batch": cfg.batch_size, "updates": total, "packed": cfg.packed, "precision": "fp32",
+            "data": f"{train_path} ({len(train_examples)} examples), dev {dev_path}",
+            "wall_time_s": result["wall_time_s"], "tokens_per_s": result["tokens_per_s"],
+            "final_eval": {k: v for k, v in _plain(state["best_metrics"] or {}).items() if not isinstance(v, dict)},
+            "hardware": hardware()}
+    write_run_card(out, card)
+    log.info("%s: best %s on dev %s at update %s; checkpoint in %s", task.name, task.main_metric,
+             _fmt_metric((state["best_metrics"] or {}).get(task.main_metric)), state["best_step"], out)
+    return result
+
+
+def _evaluate_and_keep(model, task, cfg, dev_examples, dev_feats, labels, step, steps_per_epoch, state,
+                       metrics_log, tokenizer, out) -> None:
+    scores, predictions = evaluate(model, task, dev_examples, dev_feats, labels, cfg.eval_batch_size, cfg.packed)
+    main = scores[task.main_metric]
+    record = {"step": step, "epoch": round(step / steps_per_epoch, 3),
+              **{f"dev_{k}": v for k, v in _plain(scores).items() if not isinstance(v, dict)}}
+    metrics_log.write(record)
+    state["history"].append(record)
+    log.info("update %d: dev %s", step, ", ".join(f"{k} {_fmt_metric(v)}" for k, v in scores.items()
+                                                   if not isinstance(v, dict)))
+    if state["best"] is None or main > state["best"]:
+        state.update(best=main, best_metrics=scores, best_step=step)
+        save_finetuned(model, tokenizer, out, task, cfg, labels)
+        write_predictions(predictions, out / "dev_predictions.jsonl")
+
+
+def save_finetuned(model: nn.Module, tokenizer, out: Path, task: Task, cfg: FinetuneConfig, labels) -> None:
+    """HF checkpoint (+ id2label, task, probe layers) and the tokenizer into `out`."""
+    from .checkpoint import save_model
+
+    inner = model.model if isinstance(model, Probe) else model
+    extra: dict[str, Any] = {"bertkit_task": task_record(task, cfg),
+                             "bertkit_max_length": cfg.max_length}
+    if labels is not None:
+        extra["id2label"] = {str(i): name for i, name in enumerate(labels)}
+    if isinstance(model, Probe) and model.layers > 1:
+        extra["bertkit_probe_layers"] = model.layers
+    save_model(inner, out, extra_config=extra)
+    tokenizer.save(out)
+
+
+def load_finetuned(path: str | Path) -> tuple[nn.Module, dict]:
+    """A fine-tuned checkpoint (any HF BERT head folder) and its config.json as a dict."""
+    from .checkpoint import load_model, read_config, read_state_dict
+
+    path = Path(path)
+    _, raw = read_config(path)
+    layers = int(raw.get("bertkit_probe_layers", 1))
+    if layers == 1:
+        return load_model(path), raw
+    head = {"BertForTokenClassification": "token_classification"}.get((raw.get("architectures") or [""])[0],
+                                                                        "sequence_classification")
+    n = len(raw.get("id2label") or {})
+    from .checkpoint import build
+    encoder = load_model(path, head="encoder")
+    inner = build(head, encoder.config, num_labels=n)
+    inner.bert.load_state_dict(encoder.state_dict(), strict=False)
+    probe = Probe(inner, layers)
+    sd = read_state_dict(path)
+    probe.model.classifier.load_state_dict({"weight": sd["classifier.weight"], "bias": sd["classifier.bias"]})
+    probe.hf_config = raw
+    return probe.eval(), raw
+
+
+def write_predictions(predictions: dict, path: Path, extra: dict | None = None) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for pid, pred in predictions.items():
+            row = {"id": pid, "prediction": pred}
+            if extra and pid in extra:
+                row.update(extra[pid])
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _plain(x):
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return x
+
+
+def _fmt_metric(v) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+# ---- the paper's grid ---------------------------------------------------------------------------
+PAPER_GRID = {"batch_size": (16, 32), "lr": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
+
+
+def grid(cfg: FinetuneConfig, command: str = "", space: dict | None = None) -> dict:
+    """Every combination of `space` (default: the paper's 18) into out/grid/<name>; the best run on
+    dev (task's main metric) is copied to `out`. Returns a summary (also out/grid.json)."""
+    import dataclasses
+    import itertools
+
+    space = space or PAPER_GRID
+    out = Path(cfg.out)
+    runs = []
+    keys = list(space)
+    for values in itertools.product(*(space[k] for k in keys)):
+        setting = dict(zip(keys, values))
+        name = "_".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in setting.items())
+        run_cfg = dataclasses.replace(cfg, out=str(out / "grid" / name), **setting)
+        result = finetune(run_cfg, command=command + f"  # grid run {name}")
+        main = (result["dev"] or {}).get(result["main_metric"])
+        runs.append({"name": name, **setting, result["main_metric"]: main})
+        log.info("grid %s: dev %s %s", name, result["main_metric"], _fmt_metric(main))
+    scored = [r for r in runs if r[result["main_metric"]] is not None]
+    if not scored:
+        raise BertkitError("grid search needs a dev file to choose the best run")
+    best = max(scored, key=lambda r: r[result["main_metric"]])
+    src = out / "grid" / best["name"]
+    for item in src.iterdir():
+        if item.is_file():
+            shutil.copy2(item, out / item.name)
+    summary = {"main_metric": result["main_metric"], "best": best, "runs": runs}
+    (out / "grid.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary

@@ -1,0 +1,188 @@
+"""Your own data: text(-pair) classification, regression and token classification.
+
+    bertkit finetune --task classify --train-file train.csv --dev-file dev.csv \\
+        --text-column review --label-column stars --model DIR --out runs/reviews
+
+* classify / regress: CSV (header line, RFC 4180 quoting), TSV (header line, split on tabs) or
+  JSONL (one object per line). Columns by name: text, optional pair, label (a class name, or a
+  number for regress), optional id (default: the 0-based index of the data row, header excluded).
+* tokens: JSONL with a list of words and a list of tags per line, or a CoNLL column file.
+
+Metrics: accuracy and macro F1 (classify; F1 of the positive class too when the labels are
+0/1), Pearson/Spearman (regress), entity-level F1 (tokens).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from . import BadRows, DataError, Task, open_text, require_examples
+from .glue import (TextExample, class_probabilities, featurize_classification, labels_from, parse_text,
+                   postprocess_classification)
+from .ner import (TAG, TaggedExample, featurize_tokens, labels_from as tag_labels, ner_metrics, parse_words,
+                  postprocess_tokens, read_conll)
+
+FORMATS = ("csv", "tsv", "jsonl", "conll")
+
+
+def guess_format(path: Path, fmt: str | None) -> str:
+    if fmt:
+        if fmt not in FORMATS:
+            raise DataError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+        return fmt
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    for suffix, kind in ((".csv", "csv"), (".tsv", "tsv"), (".jsonl", "jsonl"), (".json", "jsonl"),
+                         (".conll", "conll"), (".txt", "conll")):
+        if name.endswith(suffix):
+            return kind
+    raise DataError(f"{path}: cannot tell the format from the name; give --format csv/tsv/jsonl/conll")
+
+
+def _rows(path: Path, fmt: str, bad: BadRows):
+    """(line number, {column: value}) for each data row of a CSV, TSV or JSONL file."""
+    with open_text(path) as f:
+        if fmt == "jsonl":
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    bad(path, lineno, f"not valid JSON ({e.msg})")
+                    continue
+                if not isinstance(obj, dict):
+                    bad(path, lineno, "expected a JSON object")
+                    continue
+                yield lineno, obj
+            return
+        reader = csv.reader(f) if fmt == "csv" else (line.rstrip("\r\n").split("\t") for line in f)
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}: empty file")
+        for n, row in enumerate(reader):
+            lineno = (reader.line_num if fmt == "csv" else n + 2)
+            if not row or row == [""]:
+                continue
+            if len(row) != len(header):
+                bad(path, lineno, f"expected {len(header)} columns ({', '.join(header)}), found {len(row)}")
+                continue
+            yield lineno, dict(zip(header, row))
+
+
+def read_texts(path: str | Path, bad: BadRows | None, text_column: str, pair_column: str | None,
+               label_column: str, id_column: str | None, fmt: str | None, regression: bool) -> list[TextExample]:
+    bad = bad or BadRows()
+    path = Path(path)
+    fmt = guess_format(path, fmt)
+    examples = []
+    for index, (lineno, row) in enumerate(_rows(path, fmt, bad)):
+        missing = [c for c in (text_column, pair_column) if c is not None and c not in row]
+        if missing:
+            bad(path, lineno, f"no {missing[0]!r} field (has: {', '.join(map(str, row))})")
+            continue
+        text, pair = row[text_column], row[pair_column] if pair_column else None
+        if not isinstance(text, str) or not text.strip():
+            bad(path, lineno, f"empty or non-text {text_column!r}")
+            continue
+        label = row.get(label_column)
+        if label is not None:
+            if isinstance(label, str):
+                label = label.strip()
+            if label == "":
+                bad(path, lineno, f"missing {label_column!r}")
+                continue
+            if regression:
+                try:
+                    label = float(label)
+                    if not math.isfinite(label):
+                        raise ValueError
+                except (TypeError, ValueError):
+                    bad(path, lineno, f"{label_column} {label!r} is not a number")
+                    continue
+            else:
+                label = str(label)
+        ex_id = str(row[id_column]) if id_column and id_column in row else str(index)
+        examples.append(TextExample(ex_id, text, pair, label, f"{path}:{lineno}"))
+    if bad.skip:
+        bad.report(path)
+    return require_examples(examples, path)
+
+
+def read_tagged(path: str | Path, bad: BadRows | None, tokens_column: str, tags_column: str,
+                id_column: str | None, fmt: str | None) -> list[TaggedExample]:
+    bad = bad or BadRows()
+    path = Path(path)
+    fmt = guess_format(path, fmt)
+    if fmt == "conll":
+        return read_conll(path, bad)
+    if fmt != "jsonl":
+        raise DataError(f"{path}: token classification reads JSONL or CoNLL columns, not {fmt}")
+    examples = []
+    for index, (lineno, row) in enumerate(_rows(path, fmt, bad)):
+        words, tags = row.get(tokens_column), row.get(tags_column)
+        if not isinstance(words, list) or not words:
+            bad(path, lineno, f"{tokens_column!r} must be a non-empty list of words")
+            continue
+        if tags is not None:
+            if not isinstance(tags, list) or len(tags) != len(words):
+                bad(path, lineno, f"{tags_column!r} must be a list with one tag per word ({len(words)})")
+                continue
+            wrong = next((t for t in tags if not isinstance(t, str) or not TAG.match(t)), None)
+            if wrong is not None:
+                bad(path, lineno, f"tag {wrong!r} is not O or B-/I-/E-/S-TYPE")
+                continue
+        ex_id = str(row[id_column]) if id_column and id_column in row else str(index)
+        examples.append(TaggedExample(ex_id, [str(w) for w in words], tags, f"{path}:{lineno}"))
+    if bad.skip:
+        bad.report(path)
+    return require_examples(examples, path)
+
+
+def classify_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict:
+    from . import metrics as M
+
+    ref = [str(ex.label) for ex in examples]
+    pred = [str(predictions[ex.id]) for ex in examples]
+    classes = sorted(set(ref) | set(pred))
+    out = {"accuracy": M.accuracy(ref, pred),
+           "macro_f1": sum(M.f1_binary(ref, pred, pos_label=c) for c in classes) / len(classes)}
+    if set(classes) <= {"0", "1"}:
+        out["f1"] = M.f1_binary(ref, pred, pos_label="1")
+    return out
+
+
+def regress_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict:
+    from . import metrics as M
+
+    return M.pearson_spearman([float(ex.label) for ex in examples], [float(predictions[ex.id]) for ex in examples])
+
+
+def custom_task(kind: str, text_column: str = "text", pair_column: str | None = None, label_column: str = "label",
+                id_column: str | None = None, tokens_column: str = "tokens", tags_column: str = "tags",
+                format: str | None = None) -> Task:
+    """A `Task` over your own files; `kind` is classify, regress or tokens."""
+    files = {"train": "train." + (format or "jsonl"), "dev": "dev." + (format or "jsonl")}
+    if kind == "tokens":
+        return Task(name="tokens", head="token_classification", files=files,
+                    read=lambda path, bad=None: read_tagged(path, bad, tokens_column, tags_column, id_column, format),
+                    featurize=featurize_tokens, postprocess=postprocess_tokens, metrics=ner_metrics,
+                    main_metric="f1", labels=tag_labels, parse=parse_words, stride=32,
+                    description="token classification of your own JSONL/CoNLL data")
+    if kind not in ("classify", "regress"):
+        raise DataError(f"unknown custom task {kind!r}: classify, regress or tokens")
+    regression = kind == "regress"
+    return Task(name=kind, head="sequence_classification", files=files,
+                read=lambda path, bad=None: read_texts(path, bad, text_column, pair_column, label_column,
+                                                       id_column, format, regression),
+                featurize=featurize_classification, postprocess=postprocess_classification,
+                metrics=regress_metrics if regression else classify_metrics,
+                main_metric="spearman" if regression else "accuracy",
+                labels=(lambda ex: None) if regression else labels_from, parse=parse_text,
+                problem="regression" if regression else "single_label", stride=64,
+                description=f"{kind} your own CSV/TSV/JSONL data")
+
+
+__all__ = ["custom_task", "read_texts", "read_tagged", "class_probabilities"]

@@ -1,0 +1,281 @@
+"""The nine GLUE tasks, read exactly as distributed (tab-separated, GLUE's headers and columns).
+
+Each task is a `Spec` of column names (which column is the text, the pair, the label, the id)
+plus the official metrics. Rows are split on tabs only - GLUE's files contain quote characters
+that are part of the text (the official readers use `quotechar=None`). Test files (no label
+column) read fine; their examples have `label=None`.
+
+Sentence-level classification (and regression, STS-B) is shared with `bertkit.tasks.custom`:
+`featurize_classification` builds [CLS] A [SEP] (B [SEP]) features with sliding windows over
+inputs longer than `max_length` (when a stride is given; otherwise longest-first truncation,
+counted and logged), `postprocess_classification` averages a long input's window logits.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import BadRows, DataError, Task, open_text, require_examples
+
+log = logging.getLogger("bertkit")
+
+
+@dataclass
+class TextExample:
+    """A sentence (or sentence pair) with a class name or a score."""
+    id: str
+    text: str
+    pair: str | None = None
+    label: str | float | None = None
+    where: str | None = None     # file:line, for error messages
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Where a GLUE file keeps its fields (by header name; `columns` for files without a header)."""
+    text: str
+    pair: str | None
+    label: str
+    id: str | None = None
+    labels: tuple[str, ...] | None = None   # allowed class names; None = regression
+    columns: tuple[str, ...] | None = None  # for files without a header line (CoLA)
+    label_last: bool = False                # MNLI: gold_label is the last column
+
+
+def read_glue(path: str | Path, spec: Spec, bad: BadRows | None = None) -> list[TextExample]:
+    """Rows of a GLUE TSV file -> examples; problems go to `bad` (raises by default)."""
+    bad = bad or BadRows()
+    examples: list[TextExample] = []
+    with open_text(path) as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    first = lines[0].rstrip("\r").split("\t") if lines else []
+    if spec.columns is not None and not (first and first[0] in ("index", "id")):
+        header, start = list(spec.columns), 0          # CoLA train/dev: no header line
+    else:
+        header, start = first, 1
+    col = {name: i for i, name in enumerate(header)}
+    for name in (spec.text, spec.pair):
+        if name is not None and name not in col:
+            raise DataError(f"{path}:1: no {name!r} column in the header ({', '.join(header)}); "
+                            f"is this the right task's file?")
+    has_label = spec.label in col
+    for n, raw in enumerate(lines[start:]):
+        lineno = n + start + 1
+        row = raw.rstrip("\r").split("\t")
+        if len(row) != len(header):
+            bad(path, lineno, f"expected {len(header)} tab-separated columns ({', '.join(header)}), found {len(row)}")
+            continue
+        text = row[col[spec.text]]
+        pair = row[col[spec.pair]] if spec.pair else None
+        if not text.strip() or (pair is not None and not pair.strip()):
+            bad(path, lineno, f"empty {spec.text if not text.strip() else spec.pair}")
+            continue
+        label: str | float | None = None
+        if has_label:
+            label = row[-1] if spec.label_last else row[col[spec.label]]
+            label = label.strip()
+            if label == "":
+                bad(path, lineno, f"missing {spec.label}")
+                continue
+            if spec.labels is None:
+                try:
+                    label = float(label)
+                    if not math.isfinite(label):
+                        raise ValueError
+                except ValueError:
+                    bad(path, lineno, f"{spec.label} {label!r} is not a number")
+                    continue
+            elif label not in spec.labels:
+                bad(path, lineno, f"unknown {spec.label} {label!r} (expected {' or '.join(spec.labels)})")
+                continue
+        ex_id = row[col[spec.id]] if spec.id in col else str(n)
+        examples.append(TextExample(ex_id, text, pair, label, f"{path}:{lineno}"))
+    if bad.skip:
+        bad.report(path)
+    return require_examples(examples, path)
+
+
+# ---- features -----------------------------------------------------------------------------------
+def windows(n: int, size: int, overlap: int) -> list[tuple[int, int]]:
+    """Spans [start, end) of length <= size covering range(n), consecutive spans overlapping by `overlap`."""
+    if n <= size:
+        return [(0, n)]
+    step = max(size - overlap, 1)
+    spans, start = [], 0
+    while True:
+        end = min(start + size, n)
+        spans.append((start, end))
+        if end == n:
+            return spans
+        start += step
+
+
+def featurize_classification(examples: Sequence[TextExample], tokenizer, labels: Sequence[str] | None,
+                             max_length: int = 128, stride: int | None = None, train: bool = False) -> list[dict]:
+    """[CLS] A [SEP] (B [SEP]) features. A label index (or float score when labels is None).
+
+    Longer than max_length: with `stride` (overlap in tokens) the longer side is cut into
+    overlapping windows (the shorter side, capped at half the budget, repeated in each) and
+    their logits are averaged in `postprocess_classification`; without it, longest-first
+    truncation (counted in tokenizer.stats)."""
+    from ..tokenizer import longest_first
+
+    index = {name: i for i, name in enumerate(labels)} if labels is not None else None
+    ids_a = tokenizer.encode_ids([ex.text for ex in examples])
+    pairs = [i for i, ex in enumerate(examples) if ex.pair is not None]
+    ids_b: list[list[int] | None] = [None] * len(examples)
+    for i, ids in zip(pairs, tokenizer.encode_ids([examples[i].pair for i in pairs])):
+        ids_b[i] = ids
+    cls, sep = tokenizer.cls_id, tokenizer.sep_id
+    feats, truncated, cut = [], 0, 0
+    for i, ex in enumerate(examples):
+        a, b = ids_a[i], ids_b[i]
+        budget = max_length - (3 if b is not None else 2)
+        target = None
+        if ex.label is not None:
+            target = float(ex.label) if index is None else index[ex.label]
+        nb = len(b) if b is not None else 0
+        if len(a) + nb <= budget or stride is None:
+            keep_a, keep_b = longest_first(len(a), nb, budget)
+            if keep_a + keep_b < len(a) + nb:
+                truncated += 1
+                cut += len(a) + nb - keep_a - keep_b
+            parts = [(a[:keep_a], b[:keep_b] if b is not None else None)]
+        elif b is None or len(a) >= nb:              # slide over A (B capped at half the budget)
+            b_kept = b[:min(nb, budget // 2)] if b is not None else None
+            room = budget - (len(b_kept) if b_kept is not None else 0)
+            parts = [(a[s:e], b_kept) for s, e in windows(len(a), room, min(stride, room - 1))]
+        else:                                        # slide over B
+            a_kept = a[:min(len(a), budget // 2)]
+            room = budget - len(a_kept)
+            parts = [(a_kept, b[s:e]) for s, e in windows(nb, room, min(stride, room - 1))]
+        for pa, pb in parts:
+            ids = [cls, *pa, sep] + ([*pb, sep] if pb is not None else [])
+            types = [0] * (len(pa) + 2) + ([1] * (len(pb) + 1) if pb is not None else [])
+            feats.append({"input_ids": ids, "token_type_ids": types, "example_index": i, "labels": target})
+    if truncated:
+        log.warning("truncated %d of %d inputs to %d tokens (%d tokens cut); give a stride to use "
+                    "sliding windows instead", truncated, len(examples), max_length, cut)
+        tokenizer.stats.truncated_inputs += truncated
+        tokenizer.stats.tokens_cut += cut
+    tokenizer.stats.inputs += len(examples)
+    return feats
+
+
+def postprocess_classification(outputs: Sequence[np.ndarray], features: Sequence[dict],
+                               examples: Sequence[TextExample], labels: Sequence[str] | None) -> dict:
+    """Average each example's window logits; the arg-max label name (or the score, regression)."""
+    sums: dict[int, np.ndarray] = {}
+    counts: dict[int, int] = {}
+    for out, f in zip(outputs, features):
+        i = f["example_index"]
+        sums[i] = sums.get(i, 0) + np.asarray(out, dtype=np.float64)
+        counts[i] = counts.get(i, 0) + 1
+    preds = {}
+    for i, total in sums.items():
+        mean = total / counts[i]
+        preds[examples[i].id] = float(mean[0]) if labels is None else labels[int(mean.argmax())]
+    return preds
+
+
+def class_probabilities(outputs, features, examples, labels) -> dict:
+    """{id: {label: probability}} from averaged logits (used by `bertkit predict`)."""
+    sums: dict[int, np.ndarray] = {}
+    counts: dict[int, int] = {}
+    for out, f in zip(outputs, features):
+        i = f["example_index"]
+        sums[i] = sums.get(i, 0) + np.asarray(out, dtype=np.float64)
+        counts[i] = counts.get(i, 0) + 1
+    result = {}
+    for i, total in sums.items():
+        z = total / counts[i]
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        result[examples[i].id] = {name: round(float(q), 6) for name, q in zip(labels, p)}
+    return result
+
+
+def labels_from(examples: Sequence[TextExample]) -> list[str]:
+    return sorted({ex.label for ex in examples if ex.label is not None})
+
+
+def parse_text(obj: dict, where: str) -> TextExample:
+    """A `bertkit predict` line: {"text": .., "text_pair": ..} (also "sentence", "sentence1/2"), optional "id"."""
+    text = obj.get("text", obj.get("sentence", obj.get("sentence1")))
+    pair = obj.get("text_pair", obj.get("pair", obj.get("sentence2")))
+    if not isinstance(text, str) or not text.strip():
+        raise DataError(f"{where}: needs a non-empty \"text\" field")
+    if pair is not None and not isinstance(pair, str):
+        raise DataError(f"{where}: \"text_pair\" must be a string")
+    return TextExample(str(obj.get("id", "")), text, pair, None, where)
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+def _paired(predictions: dict, examples: Sequence[TextExample]) -> tuple[list, list]:
+    missing = [ex.id for ex in examples if ex.id not in predictions]
+    if missing:
+        raise DataError(f"no prediction for {len(missing)} examples (first id {missing[0]!r})")
+    return [predictions[ex.id] for ex in examples], [ex.label for ex in examples]
+
+
+def _metrics(kind: str):
+    def compute(predictions: dict, examples: Sequence[TextExample]) -> dict:
+        from . import metrics as M
+
+        pred, ref = _paired(predictions, examples)
+        if kind == "pearson":
+            return M.pearson_spearman([float(r) for r in ref], [float(p) for p in pred])
+        pred, ref = [str(p) for p in pred], [str(r) for r in ref]
+        out = {"accuracy": M.accuracy(ref, pred)}
+        if kind == "f1":
+            out["f1"] = M.f1_binary(ref, pred, pos_label="1")
+        if kind == "mcc":
+            out["mcc"] = M.matthews_corrcoef(ref, pred)
+        return out
+    return compute
+
+
+def _task(name: str, spec: Spec, kind: str, main: str, description: str, **files: str) -> Task:
+    return Task(name=name, head="sequence_classification", description=description,
+                read=lambda path, bad=None: read_glue(path, spec, bad),
+                featurize=featurize_classification, postprocess=postprocess_classification,
+                metrics=_metrics(kind), main_metric=main,
+                labels=(lambda ex: labels_from(ex)) if spec.labels is not None else (lambda ex: None),
+                parse=parse_text, problem="regression" if spec.labels is None else "single_label",
+                files=files or {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}, stride=64)
+
+
+BINARY = ("0", "1")
+NLI = ("contradiction", "entailment", "neutral")
+ENTAIL = ("entailment", "not_entailment")
+
+COLA = _task("cola", Spec("sentence", None, "label", labels=BINARY,
+                          columns=("source", "label", "orig_label", "sentence")),
+             "mcc", "mcc", "CoLA: is the sentence grammatical? (Matthews correlation)")
+SST2 = _task("sst2", Spec("sentence", None, "label", labels=BINARY), "accuracy", "accuracy",
+             "SST-2: sentiment of a movie-review sentence (accuracy)")
+MRPC = _task("mrpc", Spec("#1 String", "#2 String", "Quality", labels=BINARY), "f1", "f1",
+             "MRPC: are the two sentences paraphrases? (F1 of class 1, accuracy)")
+STSB = _task("stsb", Spec("sentence1", "sentence2", "score", id="index"), "pearson", "spearman",
+             "STS-B: similarity score 0-5 (Pearson, Spearman)")
+QQP = _task("qqp", Spec("question1", "question2", "is_duplicate", id="id", labels=BINARY), "f1", "f1",
+            "QQP: are the two questions duplicates? (F1 of class 1, accuracy)")
+MNLI = _task("mnli", Spec("sentence1", "sentence2", "gold_label", id="index", labels=NLI, label_last=True),
+             "accuracy", "accuracy", "MNLI matched: entailment / neutral / contradiction (accuracy)",
+             train="train.tsv", dev="dev_matched.tsv", test="test_matched.tsv")
+MNLI_MM = _task("mnli-mm", Spec("sentence1", "sentence2", "gold_label", id="index", labels=NLI, label_last=True),
+                "accuracy", "accuracy", "MNLI mismatched (accuracy)",
+                train="train.tsv", dev="dev_mismatched.tsv", test="test_mismatched.tsv")
+QNLI = _task("qnli", Spec("question", "sentence", "label", id="index", labels=ENTAIL), "accuracy", "accuracy",
+             "QNLI: does the sentence answer the question? (accuracy)")
+RTE = _task("rte", Spec("sentence1", "sentence2", "label", id="index", labels=ENTAIL), "accuracy", "accuracy",
+            "RTE: textual entailment (accuracy)")
+WNLI = _task("wnli", Spec("sentence1", "sentence2", "label", id="index", labels=BINARY), "accuracy", "accuracy",
+             "WNLI: Winograd NLI (accuracy)")
