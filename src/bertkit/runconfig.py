@@ -1,0 +1,299 @@
+"""Run configuration: typed dataclasses, values only, read from YAML plus `--section.key=value`.
+
+    cfg = load_config(PretrainConfig, "configs/pretrain/mini.yaml", ["--train.max_steps=100"])
+    save_config(cfg, run_dir / "config.yaml")        # the resolved config of every run
+
+Unknown keys are an error naming the file (or option) and the closest known key; values are
+checked against the field's type. `PretrainConfig` is the configuration of `bertkit pretrain`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import BertkitError
+
+
+class RunConfigError(BertkitError, ValueError):
+    """A configuration file or override is wrong; the message names the key."""
+
+
+# ---- the configuration of `bertkit pretrain` --------------------------------------------------
+@dataclass
+class ModelSection:
+    preset: str = "mini"
+    """Architecture preset (tiny, mini, small, medium, base, large); the fields below override it."""
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    intermediate_size: int | None = None
+    max_position_embeddings: int = 512
+    hidden_act: str = "gelu"
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    init_from: str | None = None
+    """An HF/bertkit checkpoint folder to continue pre-training from (instead of random init)."""
+
+
+@dataclass
+class DataSection:
+    path: str = ""
+    """Folder written by `bertkit prepare` (phase 1, e.g. length 128). Its tokenizer is used."""
+    long_path: str | None = None
+    """Prepared data for the paper's second phase (length 512); None = one phase."""
+    eval_path: str | None = None
+    """Held-out prepared data; None = hold out the last `eval_instances` instances of `path`."""
+    eval_instances: int = 256
+    """Size of the held-out slice used for periodic evaluation (0 = no evaluation)."""
+    mask_mode: str = "token"
+    """Dynamic masking: 'token' (BERT), 'whole_word' or 'span'. New masks every epoch, a pure
+    function of (seed, epoch, index). Data prepared with static masks uses its stored masks."""
+    mask_prob: float = 0.15
+    """Share of the maskable tokens selected for prediction."""
+    max_predictions: int = 20
+    """Cap on predictions per sequence (google-research/bert max_predictions_per_seq; 80 at length 512)."""
+    long_max_predictions: int = 80
+    """The cap in the long phase."""
+
+
+@dataclass
+class TrainSection:
+    max_steps: int = 1000
+    """Optimizer updates (with a time budget: an upper bound)."""
+    budget: str | None = None
+    """Wall-time budget such as '30m', '2h', '90s'; the learning-rate schedule then follows
+    elapsed time instead of steps (Cramming, Geiping & Goldstein 2022)."""
+    batch_size: int = 32
+    """Sequences per device per micro-batch. Global batch = batch_size x grad_accum x world size."""
+    grad_accum: int = 1
+    long_batch_size: int | None = None
+    """Per-device micro-batch of the long phase (None = batch_size // 4)."""
+    long_fraction: float = 0.1
+    """Fraction of the run spent in the long phase when `data.long_path` is set (paper: 0.1)."""
+    nsp: bool = True
+    """Train the next-sentence-prediction head too (the paper's objective); False = MLM only."""
+    seed: int = 0
+    precision: str = "auto"
+    """'auto' (bf16 autocast on CUDA with bf16 support, else fp32), 'fp32', 'bf16' or 'fp16' (with a scaler)."""
+    packed: str = "auto"
+    """Padding-free encoder path: 'auto' (packed on GPU, padded on CPU - measured faster
+    there, see benchmarks/pretrain_vs_hf.py), 'true' or 'false'."""
+    compile: bool = False
+    """torch.compile the model."""
+    clip_norm: float = 1.0
+    """Global gradient-norm clipping (0 = off)."""
+    log_every: int = 10
+    eval_every: int = 200
+    """Evaluate on the held-out slice every N updates (0 = only at the end)."""
+    checkpoint_every: int = 500
+    """Save a checkpoint every N updates (0 = off); one is always saved at the end."""
+    checkpoint_minutes: float = 0.0
+    """Also save when this many minutes passed since the last checkpoint (0 = off)."""
+    keep_checkpoints: int = 2
+    """Keep the last K checkpoints."""
+    max_bad_steps: int = 20
+    """Stop (with a checkpoint) after this many non-finite losses in a row."""
+    distributed: str = "ddp"
+    """Under torchrun: 'ddp' or 'fsdp' (fully sharded, for large models)."""
+    num_threads: int = 0
+    """CPU threads for torch (0 = torch's default)."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files (needs the tensorboard package)."""
+    progress: bool = True
+    """Show a progress bar (rank 0)."""
+
+
+@dataclass
+class OptimSection:
+    name: str = "adamw"
+    """'adamw', 'adamw_google' (no bias correction, eps 1e-6) or 'lamb'."""
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float | None = None
+    """None = 1e-8 for adamw, 1e-6 for adamw_google and lamb."""
+    warmup: float = 0.01
+    """Warm-up: a fraction of the run if < 1 (of steps, or of the time budget), else a number of updates."""
+    schedule: str = "linear"
+    """'linear' decay to end_lr, 'cosine' or 'constant'."""
+    end_lr: float = 0.0
+
+
+@dataclass
+class PretrainConfig:
+    out: str = "runs/pretrain"
+    """Run folder: config.yaml, metrics.jsonl, checkpoints/, run_card.{md,json}, curves.png."""
+    resume: bool = False
+    """Continue from the latest valid checkpoint in `out` (corrupt ones are skipped)."""
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+
+    def __post_init__(self) -> None:
+        choices = {"train.precision": (self.train.precision, ("auto", "fp32", "bf16", "fp16")),
+                   "train.packed": (str(self.train.packed).lower(), ("auto", "true", "false")),
+                   "train.distributed": (self.train.distributed, ("ddp", "fsdp")),
+                   "data.mask_mode": (self.data.mask_mode, ("token", "whole_word", "span")),
+                   "optim.name": (self.optim.name, ("adamw", "adamw_google", "lamb")),
+                   "optim.schedule": (self.optim.schedule, ("linear", "cosine", "constant"))}
+        for key, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise RunConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+        for key in ("max_steps", "batch_size", "grad_accum", "keep_checkpoints", "log_every"):
+            if getattr(self.train, key) < 1:
+                raise RunConfigError(f"train.{key} must be >= 1, got {getattr(self.train, key)}")
+        if not 0 <= self.train.long_fraction < 1:
+            raise RunConfigError(f"train.long_fraction must be in [0, 1), got {self.train.long_fraction}")
+        if self.train.budget is not None:
+            parse_duration(self.train.budget, "train.budget")
+
+
+# ---- loading, overriding, saving ---------------------------------------------------------------
+def parse_duration(text: str | float, key: str = "duration") -> float:
+    """'30m' -> 1800.0 seconds; accepts s, m, h and combinations ('1h30m'); a bare number is seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([smh]?)", str(text).strip().lower())
+    if not parts or re.sub(r"[\d.\s smh]", "", str(text).lower()):
+        raise RunConfigError(f"{key}: cannot read {text!r} as a duration (use e.g. 90s, 30m, 2h)")
+    return sum(float(n) * {"": 1, "s": 1, "m": 60, "h": 3600}[u] for n, u in parts)
+
+
+def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None):
+    """Build `cls` from a YAML file (optional) and `--section.key=value` overrides (applied last)."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    source = "options"
+    if path is not None:
+        source = str(path) + (" + options" if overrides else "")
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise RunConfigError(f"{path}: no such config file") from None
+        except yaml.YAMLError as e:
+            raise RunConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise RunConfigError(f"{path}: expected a mapping of sections at the top level")
+    for item in overrides or []:
+        key, value = parse_override(item)
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise RunConfigError(f"{item}: {part!r} is a value, not a section")
+        node[last] = value
+    return from_dict(cls, data, source)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'--train.max_steps=20' -> ('train.max_steps', 20); the value is read as YAML."""
+    import yaml
+
+    m = re.fullmatch(r"--?([A-Za-z_][\w.]*)=(.*)", item, re.S)
+    if not m:
+        raise RunConfigError(f"cannot read option {item!r}; write overrides as --section.key=value")
+    raw = m.group(2)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return m.group(1), value
+
+
+def from_dict(cls: type, data: dict, source: str = "config", prefix: str = ""):
+    """A dataclass from nested dicts, checking every key and type."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in known:
+            where = f"{prefix}{key}"
+            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)
+            if not close and not prefix:  # a bare key may belong to a section: 'max_steps' -> train.max_steps
+                close = [f"{f.name}.{k}" for f in fields(cls) if dataclasses.is_dataclass(hints[f.name])
+                         for k in difflib.get_close_matches(str(key), [g.name for g in fields(hints[f.name])],
+                                                            n=1, cutoff=0.8)][:1]
+            hint = f"; did you mean {(close[0] if '.' in close[0] else prefix + close[0])!r}?" if close else f"; known: {', '.join(known)}"
+            raise RunConfigError(f"{source}: unknown key {where!r}{hint}")
+        kind = hints[key]
+        if dataclasses.is_dataclass(kind):
+            if not isinstance(value, dict):
+                raise RunConfigError(f"{source}: {prefix}{key} is a section; give it keys, not {value!r}")
+            kwargs[key] = from_dict(kind, value, source, f"{prefix}{key}.")
+        else:
+            kwargs[key] = _coerce(value, kind, f"{source}: {prefix}{key}")
+    try:
+        return cls(**kwargs)
+    except RunConfigError as e:
+        raise RunConfigError(f"{source}: {e}") from None
+
+
+def _coerce(value: Any, kind: Any, where: str) -> Any:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, where)
+            except RunConfigError as e:
+                errors.append(str(e))
+        raise RunConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise RunConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, where) for v, a in zip(value, args))
+    if kind is Any:
+        return value
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise RunConfigError(f"{where}: expected true or false, got {value!r}")
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is float and isinstance(value, str):          # YAML 1.1 reads '1e-3' as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    if kind is str and isinstance(value, bool):      # packed: true -> 'true'
+        return str(value).lower()
+    raise RunConfigError(f"{where}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+
+
+def to_dict(cfg) -> dict:
+    d = dataclasses.asdict(cfg)
+    return _listify(d)
+
+
+def _listify(x):
+    if isinstance(x, dict):
+        return {k: _listify(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_listify(v) for v in x]
+    return x
+
+
+def save_config(cfg, path: str | Path) -> None:
+    """Write the resolved config as YAML (loadable again with `load_config`)."""
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,199 @@
+"""What a run leaves behind: metrics as JSONL, a run card (markdown + JSON), a PNG of the curves,
+plus the hardware facts and the FLOP model used to compute MFU.
+
+FLOP model (BASELINES.md): a multiply-add is 2 FLOPs; a forward pass costs 2 x (matmul weights)
+x tokens + 4 T^2 C L per sequence, plus the MLM head on the M predicted tokens, 2 (C^2 + C V) M,
+and the NSP head; a training step costs 3 x forward. MFU = achieved / best GEMM measured in the
+same process (`gemm_peak`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("bertkit")
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+class MetricsLog:
+    """Append-only JSONL, one object per line. On resume, lines past the resumed step are dropped,
+    so the file of a resumed run equals that of an uninterrupted one."""
+
+    def __init__(self, path: str | Path, keep_until_step: int | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if keep_until_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and _step_of(line) is not None and _step_of(line) <= keep_until_step]
+            self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        elif keep_until_step is None and self.path.exists():
+            self.path.unlink()
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=False) + "\n")
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# ---- hardware and FLOPs ------------------------------------------------------------------------
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16: without them, bf16 matmuls on CPU are ~10-40x slower than fp32."""
+    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+
+
+def hardware() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
+                            "torch": torch.__version__, "cpu_count": os.cpu_count(),
+                            "torch_threads": torch.get_num_threads()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = cpu_flags()
+    info["cpu_bf16"] = sorted(flags & {"amx_bf16", "avx512_bf16"})
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["gpu_count"] = torch.cuda.device_count()
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def matmul_weights(cfg) -> int:
+    """Parameters that take part in matmuls per token in the encoder: L (4 C^2 + 2 C d_ff)."""
+    C = cfg.hidden_size
+    return cfg.num_layers * (4 * C * C + 2 * C * cfg.intermediate_size)
+
+
+def step_flops(cfg, tokens: int, sequences: int, seq_len: float, masked: int, nsp: bool = True) -> float:
+    """FLOPs of one training step (forward + backward = 3 x forward) on this much data.
+
+    `tokens` are the tokens the encoder processes (real tokens when packed, B x T when padded)."""
+    C, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
+    fwd = 2 * matmul_weights(cfg) * tokens + 4 * seq_len * seq_len * C * L * sequences
+    fwd += 2 * (C * C + C * V) * masked
+    if nsp:
+        fwd += 2 * (C * C + 2 * C) * sequences
+    return 3.0 * fwd
+
+
+def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024,
+              repeats: int = 5) -> float:
+    """Best FLOP/s of an n x n @ n x n matmul, measured now (the MFU denominator)."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    inner = 20 if device.type == "cuda" else 3
+    best = 0.0
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = max(best, inner * 2 * n ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+# ---- run card ------------------------------------------------------------------------------------
+def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
+    """run_card.json (everything) and run_card.md (the reproduction checklist, human-readable)."""
+    out = Path(out)
+    jpath, mpath = out / "run_card.json", out / "run_card.md"
+    jpath.write_text(json.dumps(card, indent=2, default=str) + "\n", encoding="utf-8")
+    lines = [f"# Run card: {card.get('name', out.name)}", "",
+             f"Command: `{card.get('command', '')}`", "",
+             "| item | value |", "|---|---|"]
+    for key in ("model", "parameters", "vocab_size", "objective", "sequence_lengths", "global_batch",
+                "updates", "tokens_seen", "optimizer", "peak_lr", "precision", "packed", "world_size",
+                "wall_time_s", "tokens_per_s", "train_flops", "achieved_flops_per_s", "gemm_peak_flops_per_s",
+                "mfu", "stop_reason", "data", "seed"):
+        if key in card:
+            lines.append(f"| {key} | {_fmt(card[key])} |")
+    if card.get("final_eval"):
+        lines += ["", "## Held-out evaluation (final)", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["final_eval"].items()]
+    if card.get("final_train"):
+        lines += ["", "## Last logged training step", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["final_train"].items()]
+    if card.get("hardware"):
+        lines += ["", "## Hardware", "", "| item | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["hardware"].items()]
+    lines += ["", "Files: `config.yaml` (resolved config), `metrics.jsonl`, `eval.jsonl`, `curves.png`, "
+              "`checkpoints/`, `final/` (Hugging Face format)."]
+    mpath.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return mpath, jpath
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+    if isinstance(v, int) and abs(v) >= 10000:
+        return f"{v:,}"
+    return str(v)
+
+
+def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path) -> Path | None:
+    """Training loss, MLM accuracy and learning rate against the step, held-out points on top."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # optional dependency
+        log.warning("matplotlib is not installed: no plot (pip install 'bertkit[plot]')")
+        return None
+    if not metrics:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    steps = [m["step"] for m in metrics]
+    axes[0].plot(steps, [m["loss"] for m in metrics], label="train loss", lw=1)
+    axes[0].plot(steps, [m["mlm_loss"] for m in metrics], label="train MLM loss", lw=1)
+    if evals:
+        axes[0].plot([e["step"] for e in evals], [e["eval_mlm_loss"] for e in evals], "o-", label="held-out MLM loss")
+    axes[0].set_xlabel("update"); axes[0].set_ylabel("loss"); axes[0].legend()
+    axes[1].plot(steps, [m["mlm_accuracy"] for m in metrics], label="train MLM acc", lw=1)
+    if metrics[0].get("nsp_accuracy") is not None:
+        axes[1].plot(steps, [m["nsp_accuracy"] for m in metrics], label="train NSP acc", lw=1)
+    if evals:
+        axes[1].plot([e["step"] for e in evals], [e["eval_mlm_accuracy"] for e in evals], "o-", label="held-out MLM acc")
+    axes[1].set_xlabel("update"); axes[1].set_ylabel("accuracy"); axes[1].legend()
+    axes[2].plot(steps, [m["lr"] for m in metrics], lw=1)
+    axes[2].set_xlabel("update"); axes[2].set_ylabel("learning rate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

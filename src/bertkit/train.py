@@ -1,0 +1,587 @@
+"""Pre-training with MLM (+ NSP): an explicit loop you can read top to bottom.
+
+    setup()      model, optimizer, data, device, precision; resume from the latest valid checkpoint
+    train_step() one update: micro-batches (gradient accumulation), clipping, a non-finite guard
+    evaluate()   MLM loss / accuracy / perplexity and NSP accuracy on a held-out slice
+    save_checkpoint() / find_checkpoint()   atomic, last K kept, HF model folder inside
+
+Determinism is by construction, so a resumed run and a run on more processes see the same
+numbers: the order of instances is a permutation drawn from (seed, epoch); the masks are a pure
+function of (seed, epoch, index) (`data.masking.Collator`); dropout is re-seeded from (seed,
+update, micro-batch) before each micro-batch; the learning rate is `optim.lr_at(step)`. The data
+position saved in a checkpoint is (phase, epoch, update within epoch).
+
+Global batch = batch_size x grad_accum x world size. Micro-batch g of an update (g = j * world +
+rank for accumulation step j) takes instances [g*B, (g+1)*B) of the update's slice of the
+permutation, so 1 process x 2 accumulation steps and 2 processes x 1 see the same sequences.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import distributed as D
+from .checkpoint import build, load_model
+from .config import preset
+from .fast import pack
+from .model import init_weights, num_parameters
+from .optim import build_optimizer, lr_at
+from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config, to_dict
+from .runlog import MetricsLog, cpu_has_fast_bf16, gemm_peak, hardware, plot_curves, read_jsonl, step_flops, write_run_card
+from .runstate import export_model, find_checkpoint, load_checkpoint, save_checkpoint
+
+log = logging.getLogger("bertkit")
+
+
+@dataclass
+class Phase:
+    """One sequence-length phase: its data, micro-batch and accumulation."""
+    name: str
+    path: str
+    data: Any
+    collator: Any
+    indices: np.ndarray          # training instances of `data`
+    batch_size: int
+    grad_accum: int
+    max_len: int = 0
+
+
+@dataclass
+class State:
+    """Everything that changes during training and is saved in a checkpoint."""
+    step: int = 0                                    # updates done
+    phase: int = 0
+    epoch: list = field(default_factory=lambda: [0, 0])
+    offset: list = field(default_factory=lambda: [0, 0])   # updates done within the epoch, per phase
+    elapsed: float = 0.0                             # seconds of training so far (all sessions)
+    tokens: int = 0                                  # real tokens seen (all ranks)
+    flops: float = 0.0
+    bad_steps: int = 0                               # non-finite losses in a row
+    skipped: int = 0                                 # non-finite losses in total
+
+
+def pretrain(cfg: PretrainConfig, command: str = "") -> dict:
+    """Run pre-training as configured; returns the run card (also written to `cfg.out`)."""
+    world = D.init()
+    try:
+        return _pretrain(cfg, world, command)
+    finally:
+        D.teardown()
+
+
+def _pretrain(cfg: PretrainConfig, world: D.World, command: str) -> dict:
+    run = setup(cfg, world)
+    out, st, tc = Path(cfg.out), run["state"], cfg.train
+    stop = _StopFlag()
+    metrics = MetricsLog(out / "metrics.jsonl", keep_until_step=st.step if run["resumed"] else None) if world.main else None
+    evals = MetricsLog(out / "eval.jsonl", keep_until_step=st.step if run["resumed"] else None) if world.main else None
+    board = _tensorboard(out) if tc.tensorboard and world.main else None
+    if not run["resumed"]:
+        _eval_and_log(run, evals, board, None)          # the untrained model, for "before / after"
+    bar = _progress_bar(cfg, st, world)
+    window = _Window()
+    start, last_ckpt = time.perf_counter() - st.elapsed, time.perf_counter()
+    stop_reason = "max_steps"
+    with stop.installed():
+        while True:
+            if st.step >= tc.max_steps:
+                break
+            if run["budget"] and st.elapsed >= run["budget"]:
+                stop_reason = "budget"
+                break
+            _maybe_switch_phase(run)
+            s = train_step(run)
+            st.elapsed = D.all_reduce_sum(torch.tensor([time.perf_counter() - start], dtype=torch.float64),
+                                          world).item() / world.world_size
+            window.add(s)
+            if bar is not None:
+                _bar_update(bar, run, s)
+            if st.bad_steps >= tc.max_bad_steps:
+                stop_reason = f"{st.bad_steps} non-finite losses in a row"
+                log.error("stopping: %s (lower optim.lr or use fp32/bf16); a checkpoint is saved", stop_reason)
+                break
+            if st.step % tc.log_every == 0 and world.main:
+                rec = window.record(st, run)
+                metrics.write(rec)
+                if board is not None:
+                    for k, v in rec.items():
+                        if isinstance(v, (int, float)) and k != "step" and v is not None:
+                            board.add_scalar(f"train/{k}", v, st.step)
+            if tc.log_every and st.step % tc.log_every == 0:
+                window = _Window()
+            if tc.eval_every and st.step % tc.eval_every == 0:
+                _eval_and_log(run, evals, board, bar)
+            due = (tc.checkpoint_every and st.step % tc.checkpoint_every == 0) or \
+                D.all_ranks_agree(bool(tc.checkpoint_minutes) and time.perf_counter() - last_ckpt
+                                  >= 60 * tc.checkpoint_minutes, world)
+            if D.all_ranks_agree(stop.signum is not None, world):
+                stop_reason = f"signal {signal.Signals(stop.signum).name if stop.signum else ''}".strip()
+                log.warning("%s received: saving a checkpoint at update %d and stopping", stop_reason, st.step)
+                break
+            if due:
+                save_checkpoint(run, world)
+                last_ckpt = time.perf_counter()
+    if bar is not None:
+        bar.close()
+    if run.get("saved_step") != st.step:
+        save_checkpoint(run, world)
+    final_eval = _eval_and_log(run, evals, board, None) if not (tc.eval_every and st.step % tc.eval_every == 0) \
+        else run.get("last_eval")
+    card = finish(run, world, stop_reason, final_eval, command)
+    if board is not None:
+        board.close()
+    return card
+
+
+# ---- setup ---------------------------------------------------------------------------------------
+def setup(cfg: PretrainConfig, world: D.World) -> dict:
+    tc = cfg.train
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    out = Path(cfg.out)
+    budget = parse_duration(tc.budget, "train.budget") if tc.budget else 0.0
+    if budget and cfg.optim.warmup >= 1:
+        raise RunConfigError("with train.budget, optim.warmup must be a fraction of the time (< 1)")
+    precision = _precision(tc.precision, world.device)
+    packed = {"true": True, "false": False}.get(str(tc.packed).lower(), world.device.type == "cuda")
+    phases, tokenizer = _phases(cfg, world)
+    ckpt = find_checkpoint(out / "checkpoints") if cfg.resume else None
+    if cfg.resume and ckpt is None:
+        log.warning("--resume: no valid checkpoint in %s; starting from scratch", out / "checkpoints")
+    if world.main:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.yaml")
+        tokenizer.save(out / "tokenizer")
+    model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)
+    wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
+    optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
+                                cfg.optim.betas, cfg.optim.eps)
+    scaler = torch.amp.GradScaler("cuda") if precision == torch.float16 else None
+    state = State()
+    run = dict(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,
+               state=state, phases=phases, tokenizer=tokenizer, precision=precision, packed=packed,
+               budget=budget, resumed=ckpt is not None, eval=_eval_batches(cfg, phases[0], world))
+    if ckpt is not None:
+        load_checkpoint(run, ckpt, world)
+        log.info("resumed from %s (update %d)", ckpt, state.step)
+    if world.main:
+        log.info("model %s: %s parameters, vocab %d; global batch %d (%d per device x %d accumulation x %d "
+                 "processes); %s, %s path, %s", cfg.model.preset, f"{num_parameters(model):,}", tokenizer.vocab_size,
+                 phases[0].batch_size * phases[0].grad_accum * world.world_size, phases[0].batch_size,
+                 phases[0].grad_accum, world.world_size, str(precision).replace("torch.", ""),
+                 "packed" if packed else "padded", world.device)
+    return run
+
+
+def _precision(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if name == "fp16" and device.type != "cuda":
+        raise RunConfigError("train.precision=fp16 needs a GPU; use fp32 (or bf16) on CPU")
+    if name == "bf16" and device.type == "cpu" and not cpu_has_fast_bf16():
+        log.warning("train.precision=bf16 on a CPU without AMX or AVX512-BF16: bf16 matmuls are emulated "
+                    "and training is ~10x slower than fp32 here")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
+    from .data.masking import Collator, MaskingConfig
+    from .data.pretraining import open_dataset
+
+    tc, dc = cfg.train, cfg.data
+    if not dc.path:
+        raise RunConfigError("data.path is not set: give the folder written by `bertkit prepare` "
+                             "(--data.path=DIR)")
+    first = open_dataset(dc.path)
+    tokenizer = first.tokenizer()
+    if tc.nsp and not first.meta.get("nsp", True):
+        log.warning("%s was prepared without NSP pairs: training MLM only (train.nsp=false)", dc.path)
+        tc.nsp = False
+    n_eval = 0 if dc.eval_path else min(dc.eval_instances, len(first) // 10)
+    phases = [Phase("short", dc.path, first, None, np.arange(len(first) - n_eval), tc.batch_size, tc.grad_accum,
+                    int(first.meta.get("max_seq_length", 0)))]
+    if dc.long_path:
+        long = open_dataset(dc.long_path)
+        if long.tokenizer().fingerprint() != tokenizer.fingerprint():
+            raise RunConfigError(f"data.long_path {dc.long_path} was prepared with another vocabulary than data.path")
+        lb = tc.long_batch_size or max(1, tc.batch_size // 4)
+        if (tc.batch_size * tc.grad_accum) % lb:
+            raise RunConfigError(f"train.long_batch_size {lb} must divide batch_size x grad_accum "
+                                 f"({tc.batch_size * tc.grad_accum}) so the global batch stays the same")
+        phases.append(Phase("long", dc.long_path, long, None, np.arange(len(long)), lb,
+                            tc.batch_size * tc.grad_accum // lb, int(long.meta.get("max_seq_length", 0))))
+    for i, ph in enumerate(phases):
+        masking = MaskingConfig(mode=dc.mask_mode, mask_prob=dc.mask_prob,
+                                max_predictions=dc.max_predictions if i == 0 else dc.long_max_predictions)
+        ph.collator = Collator(ph.data, masking, seed=tc.seed)
+        G = ph.batch_size * ph.grad_accum * world.world_size
+        if len(ph.indices) < G:
+            raise RunConfigError(f"{ph.path}: {len(ph.indices)} training instances, fewer than one global batch "
+                                 f"({G}); lower train.batch_size or prepare more data")
+    return phases, tokenizer
+
+
+def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
+    mc = cfg.model
+    head_args = {"nsp": cfg.train.nsp}
+    if ckpt is not None:                     # weights come from the checkpoint's HF folder
+        return load_model(ckpt / "model", head="pretraining", **head_args)
+    if mc.init_from:
+        model = load_model(mc.init_from, head="pretraining", new_head_ok=True, **head_args)
+        if model.config.vocab_size != vocab_size:
+            raise RunConfigError(f"model.init_from {mc.init_from} has vocab_size {model.config.vocab_size}, "
+                                 f"the data's tokenizer {vocab_size}")
+        return model
+    overrides = {k: getattr(mc, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+                 if getattr(mc, k) is not None}
+    bert_cfg = preset(mc.preset, vocab_size=vocab_size, max_position_embeddings=mc.max_position_embeddings,
+                      hidden_act=mc.hidden_act, hidden_dropout=mc.hidden_dropout,
+                      attention_dropout=mc.attention_dropout, **overrides)
+    torch.manual_seed(cfg.train.seed)
+    model = build("pretraining", bert_cfg, **head_args)
+    return init_weights(model, bert_cfg)
+
+
+# ---- one update ----------------------------------------------------------------------------------
+def forward(model, batch: dict, packed: bool) -> dict:
+    """The model on one micro-batch, padded or padding-free (numerically the same)."""
+    if packed:
+        flat, layout = pack(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                            labels=batch["mlm_labels"])
+        return model(flat["input_ids"], flat["token_type_ids"], None, mlm_labels=flat["labels"],
+                     nsp_labels=batch.get("nsp_labels"), packed=layout, position_ids=flat["position_ids"])
+    return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                 mlm_labels=batch["mlm_labels"], nsp_labels=batch.get("nsp_labels"))
+
+
+def micro_batches(run: dict) -> list[dict]:
+    """This rank's micro-batches of the next update, and advance the data position."""
+    st, world = run["state"], run["world"]
+    ph = run["phases"][st.phase]
+    B, A, W = ph.batch_size, ph.grad_accum, world.world_size
+    G = B * A * W
+    per_epoch = len(ph.indices) // G
+    if st.offset[st.phase] >= per_epoch:
+        st.epoch[st.phase] += 1
+        st.offset[st.phase] = 0
+    epoch, k = st.epoch[st.phase], st.offset[st.phase]
+    order = ph.indices[np.random.default_rng([run["cfg"].train.seed, st.phase, epoch]).permutation(len(ph.indices))]
+    chosen = order[k * G:(k + 1) * G]
+    batches = []
+    for j in range(A):
+        g = j * W + world.rank
+        idx = chosen[g * B:(g + 1) * B]
+        batch = ph.collator([ph.data[int(i)] for i in idx], epoch=epoch)
+        batch = {name: t.to(world.device, non_blocking=True) for name, t in batch.items()}
+        batch["_g"] = g
+        batches.append(batch)
+    st.offset[st.phase] += 1
+    return batches
+
+
+def train_step(run: dict) -> dict:
+    """One optimizer update over grad_accum micro-batches on every rank; returns global statistics."""
+    cfg, st, world = run["cfg"], run["state"], run["world"]
+    model, wrapped, opt, scaler = run["model"], run["wrapped"], run["optimizer"], run["scaler"]
+    model.train()
+    batches = micro_batches(run)
+    A = len(batches)
+    # sums over this rank's micro-batches: loss, mlm_loss, nsp_loss, mlm correct, mlm count, nsp correct,
+    # nsp count, real tokens, padded tokens, sequences
+    sums = torch.zeros(10, dtype=torch.float64)
+    autocast = torch.autocast(world.device.type, dtype=run["precision"]) if run["precision"] != torch.float32 \
+        else nullcontext()
+    for j, batch in enumerate(batches):
+        torch.manual_seed(_seed(cfg.train.seed, st.step, batch.pop("_g")))      # dropout: f(seed, step, g)
+        with D.no_sync(wrapped, skip=j < A - 1), autocast:
+            out = forward(wrapped, batch, run["packed"])
+            loss = out["loss"] / A
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        sums += _batch_stats(out, batch)
+    sums = D.all_reduce_sum(sums.to(world.device), world).cpu()
+    n_micro = A * world.world_size
+    loss_value = sums[0].item() / n_micro
+    finite = math.isfinite(loss_value)
+    lr = _lr(run)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    if scaler is not None:
+        scaler.unscale_(opt)
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.clip_norm if cfg.train.clip_norm > 0 else float("inf"))
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if scaler is not None:
+        scaler.step(opt)                          # skips by itself when the scaled gradients overflow
+        scaler.update()
+    elif finite and math.isfinite(norm):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    if finite and (scaler is not None or math.isfinite(norm)):
+        st.bad_steps = 0
+    else:
+        st.bad_steps += 1
+        st.skipped += 1
+        log.warning("update %d: non-finite loss or gradient (loss %s, grad norm %s): skipped (%d in a row)",
+                    st.step + 1, loss_value, norm, st.bad_steps)
+    ph = run["phases"][st.phase]
+    flops = step_flops(run["model"].config, int(sums[7] if run["packed"] else sums[8]), int(sums[9]),
+                       float(sums[7] / max(sums[9], 1)), int(sums[4]), cfg.train.nsp)
+    st.step += 1
+    st.tokens += int(sums[7])
+    st.flops += flops
+    return {"loss": loss_value, "mlm_loss": sums[1].item() / n_micro, "nsp_loss": sums[2].item() / n_micro,
+            "mlm_correct": sums[3].item(), "mlm_count": sums[4].item(), "nsp_correct": sums[5].item(),
+            "nsp_count": sums[6].item(), "tokens": int(sums[7]), "lr": lr, "grad_norm": norm, "flops": flops,
+            "seq_len": ph.max_len}
+
+
+def _batch_stats(out: dict, batch: dict) -> torch.Tensor:
+    with torch.no_grad():
+        s = torch.zeros(10, dtype=torch.float64)
+        s[0] = out["loss"].detach().double()
+        s[1] = out["mlm_loss"].detach().double()
+        if "nsp_loss" in out:
+            s[2] = out["nsp_loss"].detach().double()
+            s[5] = (out["nsp_logits"].argmax(-1) == batch["nsp_labels"]).sum()
+            s[6] = len(batch["nsp_labels"])
+        s[3] = (out["mlm_logits"].argmax(-1) == out["mlm_targets"]).sum()
+        s[4] = out["mlm_targets"].numel()
+        s[7] = batch["attention_mask"].sum()
+        s[8] = batch["attention_mask"].numel()
+        s[9] = batch["attention_mask"].shape[0]
+    return s
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.default_rng([abs(int(p)) for p in parts]).integers(2 ** 62))
+
+
+def _lr(run: dict) -> float:
+    cfg, st = run["cfg"], run["state"]
+    oc = cfg.optim
+    if run["budget"]:     # Cramming: the schedule follows elapsed time
+        return lr_at(st.elapsed, run["budget"], oc.warmup * run["budget"], oc.lr, oc.schedule, oc.end_lr)
+    total = cfg.train.max_steps
+    warm = oc.warmup * total if oc.warmup < 1 else oc.warmup
+    return lr_at(st.step, total, warm, oc.lr, oc.schedule, oc.end_lr)
+
+
+def _maybe_switch_phase(run: dict) -> None:
+    cfg, st = run["cfg"], run["state"]
+    if len(run["phases"]) < 2 or st.phase == 1:
+        return
+    tc = cfg.train
+    progress = st.elapsed / run["budget"] if run["budget"] else st.step / tc.max_steps
+    if progress >= 1 - tc.long_fraction:
+        st.phase = 1
+        log.info("update %d: phase 2 (long sequences, %s)", st.step, run["phases"][1].path)
+
+
+# ---- evaluation ----------------------------------------------------------------------------------
+def _eval_batches(cfg: PretrainConfig, phase: Phase, world: D.World) -> list[dict]:
+    """The held-out slice, masked once (seed + 1, epoch 0) and split across ranks."""
+    from .data.pretraining import open_dataset
+
+    dc = cfg.data
+    if dc.eval_path:
+        data = open_dataset(dc.eval_path)
+        idx = np.arange(min(len(data), dc.eval_instances or len(data)))
+    else:
+        data, idx = phase.data, np.arange(len(phase.indices), len(phase.data))
+    if not len(idx):
+        return []
+    from .data.masking import Collator
+
+    collator = Collator(data, phase.collator.cfg, seed=cfg.train.seed + 1)
+    mine = idx[world.rank::world.world_size]
+    B = cfg.train.batch_size
+    return [collator([data[int(i)] for i in mine[s:s + B]], epoch=0) for s in range(0, len(mine), B)]
+
+
+@torch.no_grad()
+def evaluate(run: dict) -> dict | None:
+    """Held-out MLM loss (per predicted token), accuracy, perplexity and NSP accuracy."""
+    if not run["eval"] and not run["world"].distributed:
+        return None
+    model, world = run["wrapped"], run["world"]
+    run["model"].eval()
+    s = torch.zeros(6, dtype=torch.float64)   # mlm loss sum, mlm correct, mlm count, nsp correct, nsp count, n
+    autocast = torch.autocast(world.device.type, dtype=run["precision"]) if run["precision"] != torch.float32 \
+        else nullcontext()
+    for batch in run["eval"]:
+        batch = {k: v.to(world.device) for k, v in batch.items()}
+        with autocast:
+            out = forward(model, batch, run["packed"])
+        m = out["mlm_targets"].numel()
+        s[0] += out["mlm_loss"].double().item() * m
+        s[1] += (out["mlm_logits"].argmax(-1) == out["mlm_targets"]).sum().item()
+        s[2] += m
+        if "nsp_logits" in out and "nsp_labels" in batch:
+            s[3] += (out["nsp_logits"].argmax(-1) == batch["nsp_labels"]).sum().item()
+            s[4] += len(batch["nsp_labels"])
+    s = D.all_reduce_sum(s.to(world.device), world).cpu()
+    run["model"].train()
+    if s[2] == 0:
+        return None
+    loss = s[0].item() / s[2].item()
+    rec = {"step": run["state"].step, "eval_mlm_loss": loss, "eval_mlm_accuracy": s[1].item() / s[2].item(),
+           "eval_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s[2])}
+    rec["eval_nsp_accuracy"] = s[3].item() / s[4].item() if s[4] else None
+    return rec
+
+
+def _eval_and_log(run, evals, board, bar) -> dict | None:
+    rec = evaluate(run)
+    run["last_eval"] = rec
+    if rec and run["world"].main:
+        evals.write(rec)
+        if board is not None:
+            for k, v in rec.items():
+                if v is not None and k != "step":
+                    board.add_scalar(f"eval/{k[5:]}", v, rec["step"])
+        msg = (f"update {rec['step']}: held-out MLM loss {rec['eval_mlm_loss']:.4f}, accuracy "
+               f"{rec['eval_mlm_accuracy']:.4f}, perplexity {rec['eval_perplexity']:.1f}"
+               + (f", NSP accuracy {rec['eval_nsp_accuracy']:.4f}" if rec["eval_nsp_accuracy"] is not None else ""))
+        (bar.write(msg) if bar is not None else log.info(msg))
+    return rec
+
+
+# ---- logging -------------------------------------------------------------------------------------
+class _Window:
+    """Sums between two log lines; a record is the window's averages (tokens/s over its wall time)."""
+
+    def __init__(self):
+        self.t0, self.n, self.sums = time.perf_counter(), 0, {}
+
+    def add(self, s: dict) -> None:
+        self.n += 1
+        self.last = s
+        for k in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",
+                  "tokens", "flops"):
+            self.sums[k] = self.sums.get(k, 0.0) + s[k]
+
+    def record(self, st: State, run: dict) -> dict:
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        n, s = max(self.n, 1), self.sums
+        return {"step": st.step, "loss": s["loss"] / n, "mlm_loss": s["mlm_loss"] / n,
+                "nsp_loss": s["nsp_loss"] / n if run["cfg"].train.nsp else None,
+                "mlm_accuracy": s["mlm_correct"] / max(s["mlm_count"], 1),
+                "nsp_accuracy": s["nsp_correct"] / s["nsp_count"] if s["nsp_count"] else None,
+                "lr": self.last["lr"], "grad_norm": self.last["grad_norm"], "tokens_per_s": s["tokens"] / dt,
+                "flops_per_s": s["flops"] / dt, "tokens": st.tokens, "elapsed_s": round(st.elapsed, 3),
+                "phase": st.phase, "skipped": st.skipped}
+
+
+def _progress_bar(cfg: PretrainConfig, st: State, world: D.World):
+    if not (cfg.train.progress and world.main):
+        return None
+    from tqdm import tqdm
+
+    if cfg.train.budget:
+        b = parse_duration(cfg.train.budget)
+        return tqdm(total=int(b), initial=int(min(st.elapsed, b)), unit="s", desc="pretrain", dynamic_ncols=True)
+    return tqdm(total=cfg.train.max_steps, initial=st.step, unit="upd", desc="pretrain", dynamic_ncols=True)
+
+
+def _bar_update(bar, run: dict, s: dict) -> None:
+    st = run["state"]
+    bar.update(int(st.elapsed) - bar.n if run["budget"] else 1)
+    if st.step % max(1, min(run["cfg"].train.log_every, 10)) == 0:
+        post = {"loss": f"{s['loss']:.3f}", "mlm": f"{s['mlm_correct'] / max(s['mlm_count'], 1):.3f}"}
+        if s["nsp_count"]:
+            post["nsp"] = f"{s['nsp_correct'] / s['nsp_count']:.3f}"
+        post["tok/s"] = f"{st.tokens / max(st.elapsed, 1e-9):.0f}"
+        post["lr"] = f"{s['lr']:.2e}"
+        bar.set_postfix(post, refresh=False)
+
+
+def _tensorboard(out: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        log.warning("train.tensorboard: the tensorboard package is not installed; skipping")
+        return None
+    return SummaryWriter(str(out / "tensorboard"))
+
+
+class _StopFlag:
+    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint at the end of the current update."""
+
+    def __init__(self):
+        self.signum = None
+
+    def _handler(self, signum, frame):
+        if self.signum is not None:               # a second Ctrl-C: stop at once
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def installed(self):
+        flag = self
+
+        class _Ctx:
+            def __enter__(self_):
+                self_.old = {}
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    try:
+                        self_.old[sig] = signal.signal(sig, flag._handler)
+                    except ValueError:            # not the main thread
+                        pass
+
+            def __exit__(self_, *exc):
+                for sig, h in self_.old.items():
+                    signal.signal(sig, h)
+                return False
+        return _Ctx()
+
+
+# ---- the end -------------------------------------------------------------------------------------
+def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None, command: str) -> dict:
+    """Final HF folder, run card (md + json) and plot, on rank 0."""
+    cfg, st, model = run["cfg"], run["state"], run["model"]
+    out = Path(cfg.out)
+    if not world.main:
+        export_model(run, world, out / "final")       # FSDP: every rank takes part in gathering
+        return {}
+    metrics = read_jsonl(out / "metrics.jsonl")
+    evals = read_jsonl(out / "eval.jsonl")
+    peak_dtype = run["precision"] if world.device.type == "cuda" else torch.float32
+    peak = gemm_peak(world.device, peak_dtype) * world.world_size
+    achieved = st.flops / max(st.elapsed, 1e-9)
+    ph = run["phases"]
+    mc = model.config
+    card = {
+        "name": out.name, "command": command or " ".join(sys.argv),
+        "model": f"{cfg.model.preset}: {mc.num_layers} layers, hidden {mc.hidden_size}, {mc.num_heads} heads, "
+                 f"FFN {mc.intermediate_size}",
+        "parameters": num_parameters(model), "vocab_size": mc.vocab_size,
+        "objective": "MLM + NSP" if cfg.train.nsp else "MLM",
+        "sequence_lengths": [p.max_len for p in ph],
+        "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,
+        "updates": st.step, "tokens_seen": st.tokens, "skipped_updates": st.skipped,
+        "optimizer": cfg.optim.name, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
+        "precision": str(run["precision"]).replace("torch.", ""), "packed": run["packed"],
+        "world_size": world.world_size, "wall_time_s": round(st.elapsed, 1),
+        "tokens_per_s": st.tokens / max(st.elapsed, 1e-9), "train_flops": st.flops,
+        "achieved_flops_per_s": achieved, "gemm_peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,
+        "stop_reason": stop_reason, "data": [p.path for p in ph], "seed": cfg.train.seed,
+        "final_eval": final_eval, "final_train": metrics[-1] if metrics else None,
+        "hardware": hardware(), "config": to_dict(cfg),
+        "flop_model": "per step 3 x (2 x matmul weights x tokens + 4 T^2 C L per sequence + MLM head on masked "
+                      "tokens + NSP head); MFU against the best fp32 (CPU) / run-precision (GPU) GEMM measured now",
+    }
+    export_model(run, world, out / "final")
+    write_run_card(out, card)
+    plot_curves(metrics, evals, out / "curves.png")
+    log.info("run card: %s; curves: %s; model: %s", out / "run_card.md", out / "curves.png", out / "final")
+    return card
