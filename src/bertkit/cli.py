@@ -40,7 +40,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        if only is None or name == only:
+        if name == only:  # only the command being run is imported (and --help lists them all)
             mod = importlib.import_module(f"bertkit.commands.{module}")
             getattr(mod, "setup_" + name.replace("-", "_"))(p)
     return parser

@@ -1,0 +1,254 @@
+"""`bertkit info / tokenize / embed / fill-mask`: thin layers over Tokenizer, load_model and Predictor."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import BertkitError
+
+log = logging.getLogger("bertkit")
+
+
+# ---- reading inputs ------------------------------------------------------------------------------
+def read_inputs(source: str, jsonl: bool | None = None) -> tuple[list[str], list[str | None] | None]:
+    """Texts (and optional pairs) from a text file (one per line), `-` (stdin) or JSONL with
+    `text` and optional `text_pair`. Blank lines of a text file are skipped and counted."""
+    name = "<stdin>" if source == "-" else source
+    if jsonl is None:
+        jsonl = source.endswith((".jsonl", ".json", ".ndjson"))
+    texts: list[str] = []
+    pairs: list[str | None] = []
+    blank = 0
+    for lineno, line in _lines(source, name):
+        if jsonl:
+            if not line.strip():
+                blank += 1
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BertkitError(f"{name}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                raise BertkitError(f"{name}:{lineno}: expected an object with a string field \"text\"")
+            pair = obj.get("text_pair")
+            if pair is not None and not isinstance(pair, str):
+                raise BertkitError(f"{name}:{lineno}: \"text_pair\" must be a string")
+            texts.append(obj["text"])
+            pairs.append(pair)
+        else:
+            if not line.strip():
+                blank += 1
+                continue
+            texts.append(line)
+            pairs.append(None)
+    if blank:
+        log.warning("%s: skipped %d blank line(s)", name, blank)
+    if not texts:
+        raise BertkitError(f"{name}: no input texts (the input is empty)")
+    return texts, (pairs if any(p is not None for p in pairs) else None)
+
+
+def _lines(source: str, name: str) -> Iterator[tuple[int, str]]:
+    if source == "-":
+        raw = sys.stdin.buffer.read()
+    else:
+        path = Path(source)
+        if path.is_dir():
+            raise BertkitError(f"{name}: is a directory, expected a text or JSONL file")
+        if not path.is_file():
+            raise BertkitError(f"{name}: no such file")
+        raw = path.read_bytes()
+    pieces = raw.split(b"\n")
+    if pieces and pieces[-1] == b"":      # the newline that ends the last line opens no new line
+        pieces.pop()
+    for lineno, line in enumerate(pieces, 1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BertkitError(f"{name}:{lineno}: invalid UTF-8 at byte {e.start} of the line") from None
+        text = text[:-1] if text.endswith("\r") else text
+        if lineno == 1 and text.startswith("\ufeff"):
+            text = text[1:]
+        yield lineno, text
+
+
+def _write_jsonl(rows, output: str | None) -> None:
+    out = open(output, "w", encoding="utf-8") if output else sys.stdout
+    try:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    finally:
+        if output:
+            out.close()
+
+
+# ---- info ----------------------------------------------------------------------------------------
+def setup_info(p) -> None:
+    p.add_argument("model", metavar="DIR", help="checkpoint folder (Hugging Face format)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run_info)
+
+
+def describe(path: str | Path) -> dict:
+    """Config, parameter count, heads and tokenizer casing of a checkpoint folder."""
+    from ..checkpoint import _IGNORED, _rename, heads_in, read_config, read_state_dict
+    from ..tokenizer import Tokenizer, TokenizerError
+
+    path = Path(path)
+    cfg, raw = read_config(path)
+    sd = read_state_dict(path)
+    names = {n for n in (_rename(k) for k in sd if not _IGNORED.search(k)) if n}
+    params = sum(t.numel() for k, t in sd.items() if not _IGNORED.search(k))
+    encoder = sum(t.numel() for k, t in sd.items() if (_rename(k) or "").startswith("bert."))
+    info = {"path": str(path), "architectures": raw.get("architectures") or [],
+            "config": {k: v for k, v in cfg.to_hf_dict().items() if k != "architectures"},
+            "parameters": params, "encoder_parameters": encoder,
+            "pooler": "bert.pooler.weight" in names, "heads": heads_in(names)}
+    if raw.get("id2label"):
+        info["labels"] = raw["id2label"]
+    try:
+        tok = Tokenizer.from_dir(path)
+        info["tokenizer"] = {"vocab_size": tok.vocab_size, "lowercase": tok.lowercase,
+                             "strip_accents": tok.strip_accents, "fingerprint": tok.fingerprint()[:16]}
+        if tok.vocab_size > cfg.vocab_size:
+            info["tokenizer"]["error"] = (f"tokenizer has {tok.vocab_size} ids but the model only "
+                                          f"{cfg.vocab_size} embedding rows")
+    except TokenizerError as e:
+        info["tokenizer"] = {"error": str(e)}
+    return info
+
+
+def run_info(args) -> int:
+    info = describe(args.model)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    c = info["config"]
+    tok = info["tokenizer"]
+    lines = [
+        f"checkpoint   {info['path']}",
+        f"architecture {', '.join(info['architectures']) or '(not named)'}",
+        f"size         {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads, "
+        f"intermediate {c['intermediate_size']}, {c['hidden_act']}",
+        f"positions    {c['max_position_embeddings']}, segment types {c['type_vocab_size']}, vocab {c['vocab_size']}",
+        f"parameters   {info['parameters']:,} ({info['encoder_parameters']:,} in the encoder)",
+        f"heads        pooler: {'yes' if info['pooler'] else 'no'}; "
+        f"{', '.join(info['heads']) or 'none (encoder only)'}",
+    ]
+    if "labels" in info:
+        lines.append(f"labels       {', '.join(f'{k}={v}' for k, v in info['labels'].items())}")
+    if "error" in tok and "vocab_size" not in tok:
+        lines.append(f"tokenizer    {tok['error']}")
+    else:
+        lines.append(f"tokenizer    WordPiece, {tok['vocab_size']} tokens, "
+                     f"{'uncased (lower-cased, accents stripped)' if tok['lowercase'] else 'cased'}")
+        if "error" in tok:
+            lines.append(f"warning      {tok['error']}")
+    print("\n".join(lines))
+    return 0
+
+
+# ---- tokenize ------------------------------------------------------------------------------------
+def setup_tokenize(p) -> None:
+    p.add_argument("input", metavar="INPUT", help="text file (one text per line), '-' for stdin, or JSONL "
+                   "with 'text' and optional 'text_pair'")
+    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint or tokenizer folder")
+    p.add_argument("--max-length", type=int, default=None, help="truncate to N tokens (longest first for pairs)")
+    p.add_argument("--jsonl", action="store_true", default=None, help="read INPUT as JSONL whatever its name")
+    p.set_defaults(run=run_tokenize)
+    p.epilog = "example: bertkit tokenize --model DIR --max-length 128 texts.txt"
+
+
+def run_tokenize(args) -> int:
+    from ..tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(args.model)
+    texts, pairs = read_inputs(args.input, args.jsonl)
+    _check_max_length(args.max_length)
+    encs = tok.encode_batch(texts, pairs, args.max_length)
+    _write_jsonl(({"input_ids": e.input_ids, "token_type_ids": e.token_type_ids, "tokens": e.tokens,
+                   "offsets": [list(o) for o in e.offsets], "truncated": e.truncated} for e in encs), None)
+    _report_truncation(tok)
+    return 0
+
+
+def _check_max_length(n: int | None) -> None:
+    if n is not None and n < 3:
+        raise BertkitError(f"--max-length must be at least 3 (room for [CLS] x [SEP]), got {n}")
+
+
+def _report_truncation(tok) -> None:
+    s = tok.stats
+    if s.truncated_inputs:
+        log.warning("truncated %d of %d inputs (%d tokens cut)", s.truncated_inputs, s.inputs, s.tokens_cut)
+
+
+# ---- embed ---------------------------------------------------------------------------------------
+def setup_embed(p) -> None:
+    p.add_argument("input", metavar="INPUT", help="text file (one per line), '-' for stdin, or JSONL")
+    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder")
+    p.add_argument("--pooling", choices=["cls", "mean", "none"], default="mean",
+                   help="mean over tokens (default, as sentence-transformers), the [CLS] state, or per token")
+    p.add_argument("--normalize", action="store_true", help="unit-length vectors")
+    p.add_argument("--max-length", type=int, default=None, help="truncate to N tokens (default: the model's)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--output", metavar="FILE", help="FILE.jsonl or FILE.npy (default: JSONL on stdout)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--jsonl", action="store_true", default=None, help="read INPUT as JSONL whatever its name")
+    p.set_defaults(run=run_embed)
+
+
+def run_embed(args) -> int:
+    from ..infer import Predictor
+
+    if args.output and not args.output.endswith((".jsonl", ".npy")):
+        raise BertkitError(f"--output {args.output}: use a .jsonl or .npy file name")
+    if args.output and args.output.endswith(".npy") and args.pooling == "none":
+        raise BertkitError("--pooling none gives one matrix per text; write it as .jsonl, not .npy")
+    if args.batch_size < 1:
+        raise BertkitError(f"--batch-size must be >= 1, got {args.batch_size}")
+    _check_max_length(args.max_length)
+    pred = Predictor.from_dir(args.model, head="encoder", device=args.device)
+    texts, pairs = read_inputs(args.input, args.jsonl)
+    vecs = pred.embed(texts, pairs, pooling=args.pooling, normalize=args.normalize,
+                      max_length=args.max_length, batch_size=args.batch_size)
+    _report_truncation(pred.tokenizer)
+    if args.output and args.output.endswith(".npy"):
+        import numpy as np
+        np.save(args.output, vecs)
+    else:
+        _write_jsonl(({"embedding": v.tolist()} for v in vecs), args.output)
+    if args.output:
+        log.info("wrote %d embeddings to %s", len(texts), args.output)
+    return 0
+
+
+# ---- fill-mask -----------------------------------------------------------------------------------
+def setup_fill_mask(p) -> None:
+    p.add_argument("texts", nargs="+", metavar="TEXT", help="texts with one or more [MASK] tokens")
+    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint with a masked-LM head")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: a list per text of lists per [MASK] of {token, id, score}")
+    p.add_argument("--device", default=None)
+    p.set_defaults(run=run_fill_mask)
+
+
+def run_fill_mask(args) -> int:
+    from ..infer import Predictor
+
+    # the masked-LM head of a BertForMaskedLM or BertForPreTraining checkpoint (NSP weights unused)
+    pred = Predictor.from_dir(args.model, head="masked_lm", device=args.device)
+    results = pred.fill_mask(args.texts, top_k=args.top_k)
+    if args.json:
+        print(json.dumps(results, ensure_ascii=False))
+        return 0
+    for text, masks in zip(args.texts, results):
+        print(text)
+        for m, cands in enumerate(masks):
+            shown = ", ".join(f"{c['token']} ({c['score']:.3f})" for c in cands)
+            print(f"  [MASK] {m + 1}: {shown}")
+    return 0
