@@ -17,13 +17,19 @@ Arguments go references first, predictions second (as scikit-learn's ``y_true, y
 from __future__ import annotations
 
 import collections
+import json
+import logging
+import math
 import re
 import string
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import BertkitError
+
+log = logging.getLogger("bertkit")
 
 
 class MetricError(BertkitError, ValueError):
@@ -326,6 +332,160 @@ def best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float], 
     return 100.0 * best / len(scores), thresh
 
 
+# ---- scoring prediction files against reference files (`bertkit score`) -------------------------
+def read_predictions(path: str | Path) -> tuple[dict[str, Any], dict[str, float]]:
+    """({id: prediction}, {id: null odds}) from JSONL lines ``{"id", "prediction"}`` (optionally
+    ``"null_odds"``, SQuAD 2.0) or from the official SQuAD ``{id: answer}`` JSON object."""
+    path = Path(path)
+    if not path.is_file():
+        raise MetricError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        import gzip
+        raw = gzip.decompress(raw)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise MetricError(f"{path}: not valid UTF-8 (byte {e.start})") from None
+    if not text.strip():
+        raise MetricError(f"{path}: empty file, no predictions")
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict) and not {"id", "prediction"} <= set(whole):
+        bad = next((k for k, v in whole.items() if not isinstance(v, str)), None)
+        if bad is not None:
+            raise MetricError(f"{path}: a JSON object must map question ids to answer strings "
+                              f"(the official SQuAD format); {bad!r} maps to {type(whole[bad]).__name__}")
+        return dict(whole), {}
+    preds: dict[str, Any] = {}
+    odds: dict[str, float] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MetricError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one "
+                              f"{{\"id\": .., \"prediction\": ..}} object per line") from None
+        if not isinstance(obj, dict) or "id" not in obj or "prediction" not in obj:
+            raise MetricError(f"{path}:{lineno}: expected an object with \"id\" and \"prediction\"")
+        if isinstance(obj["id"], (dict, list)) or obj["id"] is None:
+            raise MetricError(f"{path}:{lineno}: \"id\" must be a string or a number")
+        qid = str(obj["id"])
+        if qid in preds:
+            raise MetricError(f"{path}:{lineno}: id {qid!r} predicted twice")
+        preds[qid] = obj["prediction"]
+        if obj.get("null_odds") is not None:
+            odds[qid] = _number(obj["null_odds"], f"{path}:{lineno}: null_odds")
+    return preds, odds
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise MetricError(f"{where}: {value!r} is not a number")
+    try:
+        x = float(value)
+    except ValueError:
+        raise MetricError(f"{where}: {value!r} is not a number") from None
+    if not math.isfinite(x):
+        raise MetricError(f"{where}: {value!r} is not a finite number")
+    return x
+
+
+def _as_label(value: Any, known: set, where: str) -> str:
+    """A class prediction as the references spell it: 1, 1.0 and "1" are all "1"."""
+    if isinstance(value, bool) or isinstance(value, (dict, list)) or value is None:
+        raise MetricError(f"{where}: {value!r} is not a label")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    label = str(value).strip()
+    if label not in known:
+        raise MetricError(f"{where}: {value!r} is not one of the references' labels ({', '.join(sorted(known))})")
+    return label
+
+
+def _normalise(task, preds: dict[str, Any], examples: list, path) -> dict[str, Any]:
+    """Check each prediction's type against the task and convert it to what `task.metrics` takes."""
+    out: dict[str, Any] = {}
+    by_id = {ex.id: ex for ex in examples}
+    known = {str(ex.label) for ex in examples if getattr(ex, "label", None) is not None}
+    for qid, value in preds.items():
+        where = f"{path}: id {qid}"
+        if task.head == "question_answering":
+            if not isinstance(value, str):
+                raise MetricError(f"{where}: the prediction must be an answer string, not {value!r}")
+            out[qid] = value
+        elif task.head == "multiple_choice":
+            k = _number(value, where)
+            n = len(by_id[qid].endings) if qid in by_id else 4
+            if not k.is_integer() or not 0 <= k < n:
+                raise MetricError(f"{where}: {value!r} is not a choice index 0..{n - 1}")
+            out[qid] = int(k)
+        elif task.head == "token_classification":
+            tags = value.split() if isinstance(value, str) else value
+            if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+                raise MetricError(f"{where}: the prediction must be a list of tags (or one string of them)")
+            if qid in by_id and len(tags) != len(by_id[qid].words):
+                raise MetricError(f"{where}: {len(tags)} predicted tags for a sentence of {len(by_id[qid].words)} words")
+            out[qid] = tags
+        elif task.problem == "regression":
+            out[qid] = _number(value, where)
+        else:
+            out[qid] = _as_label(value, known, where)
+    return out
+
+
+def score_files(task_name: str, predictions: str | Path, references: str | Path, null_odds: str | Path | None = None,
+                na_prob_thresh: float = 1.0, skip_bad_rows: bool = False) -> dict[str, Any]:
+    """The official metrics of `task_name` for a predictions file against a reference file read
+    as distributed (GLUE TSV, CoNLL columns, SQuAD JSON, SWAG CSV). Ids: the references' id
+    column, else the 0-based data row (CoNLL: sentence) index."""
+    from . import BadRows, get_task
+
+    task = get_task(task_name)
+    bad = BadRows(skip=skip_bad_rows)
+    examples = task.read(references, bad)
+    preds, odds = read_predictions(predictions)
+    ids = [ex.id for ex in examples]
+    known = set(ids)
+    if not known & set(preds) and not bad.count and set(preds) == {str(i) for i in range(len(ids))}:
+        # ids given as row numbers where the file has an id column (e.g. STS-B's "index"): no id
+        # matches, every row number does, so there is no ambiguity
+        log.warning("%s: prediction ids are row numbers, not the %s id column; matching by row", predictions,
+                    references)
+        preds = {ids[int(k)]: v for k, v in preds.items()}
+        odds = {ids[int(k)]: v for k, v in odds.items()}
+    extra = [k for k in preds if k not in known]
+    if extra:
+        log.warning("%s: %d predictions have ids not in %s (first: %r); they are ignored",
+                    predictions, len(extra), references, extra[0])
+        preds = {k: v for k, v in preds.items() if k in known}
+    if not preds:
+        raise MetricError(f"{predictions}: no prediction id matches an id of {references}")
+    missing = [k for k in ids if k not in preds]
+    if missing and task.name != "squad":
+        raise MetricError(f"{predictions}: no prediction for {len(missing)} of {len(ids)} examples "
+                          f"(first id {missing[0]!r})")
+    preds = _normalise(task, preds, examples, predictions)
+    if null_odds is not None:
+        odds_file, _ = read_predictions(null_odds)
+        odds.update({str(k): _number(v, f"{null_odds}: id {k}") for k, v in odds_file.items()})
+    if task.name == "squad":
+        if missing:
+            log.warning("%d of %d questions have no prediction and score 0 (as in evaluate-v1.1.py)",
+                        len(missing), len(ids))
+        result = squad_v1({ex.id: [t for t, _ in ex.answers] for ex in examples}, preds)
+    elif task.name == "squad2":
+        result = squad_v2({ex.id: [t for t, _ in ex.answers] for ex in examples}, preds, odds or None, na_prob_thresh)
+    else:
+        result = task.metrics(preds, examples)
+    if bad.count:
+        result["skipped_rows"] = bad.count
+    return result
+
+
 __all__ = ["MetricError", "accuracy", "f1_binary", "matthews_corrcoef", "pearson_spearman", "get_entities",
            "conll_f1", "normalize_answer", "squad_exact", "squad_token_f1", "squad_golds", "squad_v1",
-           "squad_v2", "best_threshold"]
+           "squad_v2", "best_threshold", "read_predictions", "score_files"]

@@ -1,0 +1,67 @@
+"""`bertkit score`: official metrics from a predictions file and the task's reference file.
+
+    bertkit score --task mrpc --predictions preds.jsonl --references MRPC/dev.tsv
+    bertkit score --task squad2 --predictions predictions.json --references dev-v2.0.json \\
+        --null-odds null_odds.json --json
+
+A thin layer over `bertkit.tasks.metrics.score_files`.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+
+def setup_score(parser) -> None:
+    parser.add_argument("--task", required=True,
+                        help="cola, sst2, mrpc, stsb, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003 (ner), "
+                             "squad, squad2 or swag")
+    parser.add_argument("--predictions", required=True, metavar="FILE",
+                        help='JSONL lines {"id": .., "prediction": ..} (a label, a score, a list of tags, an '
+                             'answer, a choice index), or the official SQuAD {id: answer} JSON')
+    parser.add_argument("--references", required=True, metavar="FILE",
+                        help="the task's file as distributed (GLUE TSV, CoNLL columns, SQuAD JSON, SWAG CSV; "
+                             "plain or .gz); ids are its id column, else the 0-based data row (CoNLL: sentence)")
+    parser.add_argument("--null-odds", metavar="FILE",
+                        help="SQuAD 2.0: {id: null odds} JSON (evaluate-v2.0.py's --na-prob-file); adds "
+                             "best_exact/best_f1 and their thresholds")
+    parser.add_argument("--na-prob-thresh", type=float, default=1.0,
+                        help="SQuAD 2.0: answer 'no answer' where the null odds exceed this (default 1.0, as "
+                             "evaluate-v2.0.py)")
+    parser.add_argument("--skip-bad-rows", action="store_true",
+                        help="skip malformed reference rows (counted) instead of stopping at the first")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    parser.set_defaults(run=run_score)
+
+
+def run_score(args) -> int:
+    from ..tasks.metrics import score_files
+
+    result = score_files(args.task, args.predictions, args.references, null_odds=args.null_odds,
+                         na_prob_thresh=args.na_prob_thresh, skip_bad_rows=args.skip_bad_rows)
+    if args.json:
+        print(json.dumps(_finite(result)))
+        return 0
+    per_type = result.pop("per_type", None)
+    for name, value in result.items():
+        print(f"{name:20s} {_fmt(value)}")
+    if per_type:
+        print(f"{'type':10s} {'precision':>10s} {'recall':>10s} {'f1':>10s} {'support':>8s}")
+        for t, s in per_type.items():
+            print(f"{t:10s} {s['precision']:10.4f} {s['recall']:10.4f} {s['f1']:10.4f} {s['support']:8d}")
+    return 0
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def _finite(obj):
+    """JSON has no NaN: an undefined correlation (a constant column) is written as null."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

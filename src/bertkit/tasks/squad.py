@@ -1,0 +1,355 @@
+"""SQuAD v1.1 and v2.0 extractive question answering, as google-research/bert's run_squad.py does it.
+
+  read         the official JSON ({"data": [{"title", "paragraphs": [{"context", "qas": [...]}]}]});
+               every answer's text must sit in the context at its answer_start
+  featurize    [CLS] question [SEP] context-window [SEP]: the question cut to max_query_length (64)
+               word pieces, the context cut into windows that fill max_length (384) and start
+               doc_stride (128) pieces apart; training targets are the first and last piece of the
+               first answer, or [CLS] (position 0) when the window does not hold the whole answer
+               or the question has none (v2.0)
+  postprocess  per window the n_best (20) start and end logits; spans inside the context, not
+               inverted, at most max_answer_length (30) pieces, whose start piece has its maximal
+               context in that window; score = start + end logit; the answer is the context's
+               characters under the span (tokenizer offsets). v2.0: null score = the minimum over
+               windows of start[CLS] + end[CLS]; null odds = null score - best non-null score;
+               the answer is "" when the odds exceed `null_threshold` (0 by default; the
+               official evaluation reports best_f1_thresh, the value to tune on dev)
+  metrics      the official evaluate-v1.1.py / evaluate-v2.0.py (`bertkit.tasks.metrics`)
+
+`stride` here is run_squad.py's doc_stride, the step between window starts (Hugging Face's
+run_qa.py passes the same number as an *overlap*; the two agree only when the window is 256).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import BadRows, DataError, Task, open_text, require_examples
+
+log = logging.getLogger("bertkit")
+
+MAX_QUERY_LENGTH = 64
+N_BEST = 20
+MAX_ANSWER_LENGTH = 30
+
+
+@dataclass
+class QAExample:
+    """One question on one context; `answers` are (text, answer_start) pairs, empty when impossible."""
+    id: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]] = field(default_factory=list)
+    is_impossible: bool = False
+    title: str = ""
+    where: str | None = None
+
+    @property
+    def label(self):            # no class label (`check_labels` looks for one)
+        return None
+
+
+class QAPredictions(dict):
+    """{question id: answer text}, plus what v2.0 needs: `null_odds` {id: null score - best
+    non-null score} and `nbest` {id: [(text, score), ...]} (best first)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.null_odds: dict[str, float] = {}
+        self.nbest: dict[str, list[tuple[str, float]]] = {}
+
+
+# ---- reading -------------------------------------------------------------------------------------
+def read_squad(path: str | Path, bad: BadRows | None = None, version: int = 1) -> list[QAExample]:
+    """Questions of a SQuAD JSON file. v1 questions need at least one answer; v2 questions may
+    have none (``is_impossible``). Problems name the question id and go to `bad`."""
+    bad = bad or BadRows()
+    with open_text(path) as f:
+        text = f.read()
+    if not text.strip():
+        raise DataError(f"{path}: empty file")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: not a SQuAD file (no \"data\" list of articles)")
+    examples: list[QAExample] = []
+    seen: set[str] = set()
+    for a, article in enumerate(data):
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            bad(path, f"article {a}", "missing \"paragraphs\" list")
+            continue
+        title = str(article.get("title", ""))
+        for p, para in enumerate(paragraphs):
+            context = para.get("context") if isinstance(para, dict) else None
+            qas = para.get("qas") if isinstance(para, dict) else None
+            if not isinstance(context, str) or not isinstance(qas, list):
+                bad(path, f"article {a} ({title}) paragraph {p}", "needs a \"context\" string and a \"qas\" list")
+                continue
+            for q, qa in enumerate(qas):
+                ex = _read_question(qa, context, title, version, bad, path, f"article {a} paragraph {p} question {q}")
+                if ex is None:
+                    continue
+                if ex.id in seen:
+                    bad(path, f"question id {ex.id}", "id repeated")
+                    continue
+                seen.add(ex.id)
+                examples.append(ex)
+    if bad.skip:
+        bad.report(path)
+    return require_examples(examples, path)
+
+
+def _read_question(qa, context: str, title: str, version: int, bad: BadRows, path, where: str) -> QAExample | None:
+    if not isinstance(qa, dict) or not isinstance(qa.get("id"), (str, int)):
+        bad(path, where, "question without an \"id\"")
+        return None
+    qid = str(qa["id"])
+    loc = f"question id {qid}"
+    question = qa.get("question")
+    if not isinstance(question, str) or not question.strip():
+        bad(path, loc, "missing or empty \"question\"")
+        return None
+    raw = qa.get("answers")
+    if raw is None or not isinstance(raw, list):
+        bad(path, loc, "missing \"answers\" list")
+        return None
+    impossible = bool(qa.get("is_impossible", False)) or not raw
+    if impossible and version == 1:
+        bad(path, loc, "no answers (SQuAD v1.1 questions all have one; use --task squad2 for v2.0 data)")
+        return None
+    answers = []
+    for ans in ([] if qa.get("is_impossible") else raw):
+        if not isinstance(ans, dict) or not isinstance(ans.get("text"), str) or not isinstance(ans.get("answer_start"), int):
+            bad(path, loc, "an answer needs \"text\" (string) and \"answer_start\" (integer)")
+            return None
+        t, s = ans["text"], ans["answer_start"]
+        if s < 0 or context[s:s + len(t)] != t:
+            found = context.find(t)
+            hint = f"; the text occurs at {found}" if found >= 0 else "; the text is not in the context"
+            bad(path, loc, f"answer {t!r} does not match the context at answer_start {s} "
+                           f"(context there: {context[max(s, 0):max(s, 0) + len(t)]!r}{hint})")
+            return None
+        answers.append((t, s))
+    return QAExample(qid, question, context, answers, impossible, title, f"{path}: {loc}")
+
+
+def parse_question(obj: dict, where: str) -> QAExample:
+    """A `bertkit predict` line: {"question": .., "context": ..}, optional "id"."""
+    q, c = obj.get("question"), obj.get("context")
+    if not isinstance(q, str) or not q.strip() or not isinstance(c, str) or not c.strip():
+        raise DataError(f"{where}: needs non-empty \"question\" and \"context\" strings")
+    return QAExample(str(obj.get("id", "")), q, c, [], False, "", where)
+
+
+# ---- features ------------------------------------------------------------------------------------
+def doc_spans(n: int, room: int, doc_stride: int) -> list[tuple[int, int]]:
+    """run_squad.py's windows: (start, length) of at most `room` pieces, starts `doc_stride` apart."""
+    spans, start = [], 0
+    while start < n:
+        length = min(n - start, room)
+        spans.append((start, length))
+        if start + length == n:
+            break
+        start += min(length, doc_stride)
+    return spans or [(0, 0)]
+
+
+def max_context(spans: Sequence[tuple[int, int]], span_index: int, position: int) -> bool:
+    """Whether window `span_index` gives piece `position` its most context (run_squad's
+    _check_is_max_context: min(left, right) + 0.01 * window length; the first window wins ties)."""
+    best_score, best = None, None
+    for i, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if position < start or position > end:
+            continue
+        score = min(position - start, end - position) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score, best = score, i
+    return best == span_index
+
+
+def char_span_to_pieces(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+    """First and last piece overlapping characters [start, end) of the context."""
+    first = next((i for i, (s, e) in enumerate(offsets) if e > start), None)
+    last = next((i for i in range(len(offsets) - 1, -1, -1) if offsets[i][0] < end), None)
+    if first is None or last is None or last < first:
+        return None
+    return first, last
+
+
+def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_length: int = 384,
+                 stride: int | None = 128, train: bool = False, max_query_length: int = MAX_QUERY_LENGTH) -> list[dict]:
+    """Windows of [CLS] question [SEP] context [SEP] with start/end targets (see the module doc)."""
+    doc_stride = stride if stride is not None else 128
+    questions = tokenizer.backend.encode_batch([ex.question for ex in examples], add_special_tokens=False)
+    contexts: dict[str, object] = {}
+    unique = list(dict.fromkeys(ex.context for ex in examples))    # contexts repeat across questions
+    for c, enc in zip(unique, tokenizer.backend.encode_batch(unique, add_special_tokens=False)):
+        contexts[c] = enc
+    cls, sep = tokenizer.cls_id, tokenizer.sep_id
+    feats, no_target = [], 0
+    for i, ex in enumerate(examples):
+        q_ids = questions[i].ids[:max_query_length]
+        enc = contexts[ex.context]
+        doc_ids, offsets = enc.ids, [tuple(o) for o in enc.offsets]
+        room = max_length - len(q_ids) - 3
+        if room < 1:
+            raise DataError(f"max_length {max_length} leaves no room for the context after a "
+                            f"{len(q_ids)}-piece question")
+        piece_span = None
+        if ex.answers:
+            text, start = ex.answers[0]
+            piece_span = char_span_to_pieces(offsets, start, start + len(text))
+            if piece_span is None:
+                no_target += 1
+        spans = doc_spans(len(doc_ids), room, doc_stride)
+        for k, (s, length) in enumerate(spans):
+            ids = [cls, *q_ids, sep, *doc_ids[s:s + length], sep]
+            types = [0] * (len(q_ids) + 2) + [1] * (length + 1)
+            first = len(q_ids) + 2                                   # input position of piece s
+            feat = {"input_ids": ids, "token_type_ids": types, "example_index": i,
+                    "context_start": first, "doc_start": s,
+                    "offsets": offsets[s:s + length],
+                    "max_context": [max_context(spans, k, s + j) for j in range(length)]}
+            if ex.answers or ex.is_impossible:
+                sp, ep = 0, 0                                        # [CLS]: no answer in this window
+                if piece_span is not None and s <= piece_span[0] and piece_span[1] <= s + length - 1:
+                    sp, ep = piece_span[0] - s + first, piece_span[1] - s + first
+                feat["start_positions"], feat["end_positions"] = sp, ep
+            feats.append(feat)
+    if no_target:
+        log.warning("%d answers cover no word piece of their context; they train towards [CLS]", no_target)
+    return feats
+
+
+# ---- post-processing -----------------------------------------------------------------------------
+def _best_indexes(logits: np.ndarray, n: int) -> list[int]:
+    return np.argsort(-np.asarray(logits), kind="stable")[:n].tolist()
+
+
+def postprocess_qa(outputs: Sequence, features: Sequence[dict], examples: Sequence[QAExample], labels=None,
+                   n_best: int = N_BEST, max_answer_length: int = MAX_ANSWER_LENGTH, version: int = 1,
+                   null_threshold: float = 0.0) -> QAPredictions:
+    """{id: answer} from (start, end) logits per window, with run_squad.py's rules (module doc)."""
+    by_example: dict[int, list[int]] = {}
+    for j, f in enumerate(features):
+        by_example.setdefault(f["example_index"], []).append(j)
+    preds = QAPredictions()
+    for i, ex in enumerate(examples):
+        prelim = []                                # (score, start logit, end logit, char start, char end)
+        null = None                                # (score, start logit, end logit), v2.0
+        for j in by_example.get(i, []):
+            f, (start, end) = features[j], outputs[j]
+            start, end = np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64)
+            if version == 2 and (null is None or start[0] + end[0] < null[0]):
+                null = (start[0] + end[0], start[0], end[0])
+            first, n_ctx = f["context_start"], len(f["offsets"])
+            for s in _best_indexes(start, n_best):
+                cs = s - first                     # piece index inside the window's context
+                if cs < 0 or cs >= n_ctx or not f["max_context"][cs]:
+                    continue
+                for e in _best_indexes(end, n_best):
+                    ce = e - first
+                    if ce < 0 or ce >= n_ctx or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    prelim.append((start[s] + end[e], start[s], end[e], f["offsets"][cs][0], f["offsets"][ce][1]))
+        if null is not None:
+            prelim.append((null[0], null[1], null[2], -1, -1))
+        prelim.sort(key=lambda p: p[0], reverse=True)             # stable, as run_squad's sorted()
+        nbest, seen = [], set()
+        for score, _, _, cs, ce in prelim:
+            if len(nbest) >= n_best:
+                break
+            text = ex.context[cs:ce] if cs >= 0 else ""
+            if text in seen:
+                continue
+            seen.add(text)
+            nbest.append((text, float(score)))
+        if null is not None and "" not in seen:
+            nbest.append(("", float(null[0])))
+        if not nbest:
+            nbest.append(("empty", 0.0))
+        preds.nbest[ex.id] = nbest
+        if version == 1:
+            preds[ex.id] = nbest[0][0]
+            continue
+        best = next((e for e in nbest if e[0]), None)
+        if best is None:
+            # no non-null span anywhere (e.g. a window with no context): certainly no answer
+            preds.null_odds[ex.id] = float(null[0]) + 1e4 if null is not None else 1e4
+            preds[ex.id] = ""
+            continue
+        diff = float(null[0]) - best[1]
+        preds.null_odds[ex.id] = diff
+        preds[ex.id] = "" if diff > null_threshold else best[0]
+    return preds
+
+
+def apply_null_threshold(preds: QAPredictions, threshold: float) -> QAPredictions:
+    """v2.0 answers again with another null threshold (e.g. best_f1_thresh tuned on dev)."""
+    out = QAPredictions()
+    out.null_odds, out.nbest = dict(preds.null_odds), dict(preds.nbest)
+    for qid in preds:
+        best = next((t for t, _ in preds.nbest.get(qid, []) if t), "")
+        out[qid] = "" if preds.null_odds.get(qid, 0.0) > threshold else best
+    return out
+
+
+def write_predictions(preds: QAPredictions, out_dir: str | Path) -> list[Path]:
+    """predictions.json ({id: answer}, the official format), nbest_predictions.json and, for
+    v2.0, null_odds.json (the evaluation script's --na-prob-file)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "predictions.json", out_dir / "nbest_predictions.json"]
+    written[0].write_text(json.dumps(dict(preds), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    written[1].write_text(json.dumps({q: [{"text": t, "score": s} for t, s in v] for q, v in preds.nbest.items()},
+                                     indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    if preds.null_odds:
+        written.append(out_dir / "null_odds.json")
+        written[2].write_text(json.dumps(preds.null_odds, indent=1) + "\n", encoding="utf-8")
+    return written
+
+
+# ---- metrics and the task entries ----------------------------------------------------------------
+def references(examples: Sequence[QAExample]) -> dict[str, list[str]]:
+    return {ex.id: [t for t, _ in ex.answers] for ex in examples}
+
+
+def metrics_v1(predictions: dict, examples: Sequence[QAExample]) -> dict:
+    from .metrics import squad_v1
+    return squad_v1(references(examples), predictions)
+
+
+def metrics_v2(predictions: dict, examples: Sequence[QAExample]) -> dict:
+    from .metrics import squad_v2
+    odds = getattr(predictions, "null_odds", None) or None
+    return squad_v2(references(examples), predictions, odds)
+
+
+def _task(version: int) -> Task:
+    return Task(
+        name="squad" if version == 1 else "squad2", head="question_answering",
+        description=("SQuAD v1.1 extractive QA (EM, F1)" if version == 1 else
+                     "SQuAD v2.0 extractive QA with unanswerable questions (EM, F1, HasAns/NoAns, best threshold)"),
+        read=lambda path, bad=None: read_squad(path, bad, version),
+        featurize=featurize_qa,
+        postprocess=lambda outputs, features, examples, labels=None, **kw: postprocess_qa(
+            outputs, features, examples, labels, version=version, **kw),
+        metrics=metrics_v1 if version == 1 else metrics_v2,
+        main_metric="f1", parse=parse_question,
+        files={"train": "train.json", "dev": "dev.json"} if version == 1 else
+              {"train": "train-v2.0.json", "dev": "dev-v2.0.json"},
+        max_length=384, stride=128, packed=False)
+
+
+SQUAD_V1 = _task(1)
+SQUAD_V2 = _task(2)
