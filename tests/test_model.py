@@ -272,3 +272,13 @@ def test_mlm_loss_only_on_masked_positions():
     assert torch.allclose(out["mlm_logits"], full[labels != -100], atol=1e-5)
     ref = torch.nn.functional.cross_entropy(full[labels != -100], labels[labels != -100])
     assert torch.allclose(out["mlm_loss"], ref, atol=1e-5)
+
+
+def test_every_supported_activation_equals_transformers():
+    from transformers.activations import get_activation
+
+    from bertkit.config import ACTIVATIONS
+    from bertkit.model import activation
+    x = torch.linspace(-12, 12, 2001)
+    for name in ACTIVATIONS:
+        assert (activation(name)(x) - get_activation(name)(x)).abs().max() < 2e-6, name

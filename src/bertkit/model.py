@@ -12,6 +12,8 @@ Two layouts flow through the same blocks:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -21,11 +23,18 @@ from .fast import Packed, packed_attention
 
 
 def activation(name: str):
-    if name == "gelu":
+    """The feed-forward nonlinearity named by Hugging Face's `hidden_act`."""
+    if name in ("gelu", "gelu_python"):
         return F.gelu                                      # exact: x * Phi(x)
-    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_fast", "gelu_accurate"):
         return lambda x: F.gelu(x, approximate="tanh")     # tanh approximation
-    return {"relu": F.relu, "silu": F.silu, "swish": F.silu, "tanh": torch.tanh}[name]
+    return {
+        "gelu_10": lambda x: F.gelu(x).clamp(-10, 10), "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+        "relu": F.relu, "relu2": lambda x: F.relu(x).square(), "relu6": F.relu6, "leaky_relu": F.leaky_relu,
+        "silu": F.silu, "swish": F.silu, "mish": F.mish, "hardswish": F.hardswish, "tanh": torch.tanh,
+        "sigmoid": torch.sigmoid, "linear": lambda x: x,
+        "laplace": lambda x: 0.5 * (1.0 + torch.erf((x - 0.707107) / (0.282095 * math.sqrt(2.0)))),
+    }[name]
 
 
 class Embeddings(nn.Module):
