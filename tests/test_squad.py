@@ -1,0 +1,255 @@
+"""SQuAD v1.1/v2.0: reading (and its errors), doc-stride windows, targets and run_squad.py's
+post-processing, on real questions of the shared SQuAD slice."""
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.tasks import BadRows, DataError, collate, get_task
+from bertkit.tasks import squad as S
+from bertkit.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def dev_json(shared_data) -> dict:
+    return json.loads(gzip.open(shared_data / "squad" / "dev.json.gz", "rt", encoding="utf-8").read())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(minilm) -> Tokenizer:
+    return Tokenizer.from_dir(minilm)
+
+
+@pytest.fixture(scope="module")
+def examples(shared_data):
+    return get_task("squad").read(shared_data / "squad" / "dev.json.gz")
+
+
+def write(tmp_path, doc, name="d.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(doc), encoding="utf-8")
+    return p
+
+
+def oracle_outputs(features, boost=10.0):
+    """Logits that point at each window's training target (CLS when the answer is elsewhere)."""
+    outs = []
+    for f in features:
+        T = len(f["input_ids"])
+        start, end = np.zeros(T), np.zeros(T)
+        start[f["start_positions"]] += boost
+        end[f["end_positions"]] += boost
+        outs.append((start, end))
+    return outs
+
+
+# ---- reading -------------------------------------------------------------------------------------
+def test_read_real_slice(examples, dev_json):
+    qas = [q for a in dev_json["data"] for p in a["paragraphs"] for q in p["qas"]]
+    assert len(examples) == len(qas) == 1047
+    ex = examples[0]
+    assert ex.id == qas[0]["id"] and ex.question == qas[0]["question"]
+    assert ex.answers[0] == (qas[0]["answers"][0]["text"], qas[0]["answers"][0]["answer_start"])
+    assert all(e.context[s:s + len(t)] == t for e in examples for t, s in e.answers)
+
+
+def test_answer_not_at_its_offset_names_the_question(tmp_path, dev_json):
+    doc = copy.deepcopy(dev_json)
+    qa = doc["data"][0]["paragraphs"][0]["qas"][1]
+    qa["answers"][0]["answer_start"] += 3
+    path = write(tmp_path, doc)
+    with pytest.raises(DataError, match=rf"question id {qa['id']}: answer .* does not match the context at "
+                                        rf"answer_start .*the text occurs at"):
+        S.read_squad(path)
+    bad = BadRows(skip=True)
+    kept = S.read_squad(path, bad)
+    assert bad.count == 1 and len(kept) == 1046 and qa["id"] not in {e.id for e in kept}
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda qa: qa.pop("id"), "question without an \"id\""),
+    (lambda qa: qa.pop("question"), "missing or empty \"question\""),
+    (lambda qa: qa.pop("answers"), "missing \"answers\" list"),
+    (lambda qa: qa["answers"][0].pop("answer_start"), "needs \"text\" .* and \"answer_start\""),
+    (lambda qa: qa.update(answers=[]), "no answers .*squad2"),
+])
+def test_missing_fields_are_clear_errors(tmp_path, mutate, message):
+    doc = {"version": "1.1", "data": [{"title": "T", "paragraphs": [{"context": "Paris is in France.", "qas": [
+        {"id": "q1", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}]}]}]}]}
+    mutate(doc["data"][0]["paragraphs"][0]["qas"][0])
+    with pytest.raises(DataError, match=message):
+        S.read_squad(write(tmp_path, doc))
+
+
+def test_empty_and_non_squad_files(tmp_path):
+    (tmp_path / "e.json").write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match="empty file"):
+        S.read_squad(tmp_path / "e.json")
+    with pytest.raises(DataError, match="no \"data\" list"):
+        S.read_squad(write(tmp_path, [1, 2]))
+    with pytest.raises(DataError, match="no examples"):
+        S.read_squad(write(tmp_path, {"data": []}))
+
+
+def test_v2_reads_impossible_questions(tmp_path):
+    doc = {"version": "v2.0", "data": [{"title": "T", "paragraphs": [{"context": "Paris is in France.", "qas": [
+        {"id": "a", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}],
+         "is_impossible": False},
+        {"id": "b", "question": "Where is Rome?", "answers": [], "is_impossible": True,
+         "plausible_answers": [{"text": "France", "answer_start": 12}]}]}]}]}
+    ex = get_task("squad2").read(write(tmp_path, doc))
+    assert [e.is_impossible for e in ex] == [False, True] and ex[1].answers == []
+
+
+# ---- windows and targets -------------------------------------------------------------------------
+def google_doc_spans(n, max_tokens_for_doc, doc_stride):
+    """run_squad.py's loop, copied."""
+    doc_spans, start_offset = [], 0
+    while start_offset < n:
+        length = n - start_offset
+        if length > max_tokens_for_doc:
+            length = max_tokens_for_doc
+        doc_spans.append((start_offset, length))
+        if start_offset + length == n:
+            break
+        start_offset += min(length, doc_stride)
+    return doc_spans
+
+
+@pytest.mark.parametrize("n,room,stride", [(10, 317, 128), (317, 317, 128), (318, 317, 128), (1000, 317, 128),
+                                           (100, 20, 7), (100, 20, 40), (21, 20, 20)])
+def test_doc_spans_equal_run_squad(n, room, stride):
+    assert S.doc_spans(n, room, stride) == google_doc_spans(n, room, stride)
+
+
+@pytest.mark.parametrize("max_length,stride", [(384, 128), (96, 24)])
+def test_features_layout_and_targets(examples, tokenizer, max_length, stride):
+    exs = examples[:120]
+    feats = S.featurize_qa(exs, tokenizer, max_length=max_length, stride=stride, train=True)
+    assert len({f["example_index"] for f in feats}) == len(exs)
+    if max_length == 96:
+        assert len(feats) > 2 * len(exs)                     # real windows
+    by_ex: dict[int, list] = {}
+    for f in feats:
+        by_ex.setdefault(f["example_index"], []).append(f)
+        ids, types, c0 = f["input_ids"], f["token_type_ids"], f["context_start"]
+        ex = exs[f["example_index"]]
+        q = tokenizer.encode_ids([ex.question])[0][:S.MAX_QUERY_LENGTH]
+        assert len(ids) <= max_length and len(types) == len(ids)
+        assert ids[:c0] == [tokenizer.cls_id, *q, tokenizer.sep_id] and ids[-1] == tokenizer.sep_id
+        assert types == [0] * c0 + [1] * (len(ids) - c0)
+        assert len(f["offsets"]) == len(ids) - c0 - 1 == len(f["max_context"])
+        sp, ep = f["start_positions"], f["end_positions"]
+        if sp:
+            text, start = ex.answers[0]
+            cs, ce = f["offsets"][sp - c0][0], f["offsets"][ep - c0][1]
+            assert cs <= start < ce and cs < start + len(text) <= ce      # the pieces cover the answer
+            assert ex.context[cs:ce].lower().startswith(ex.context[cs:start].lower())
+    for i, fs in by_ex.items():
+        starts = [f["doc_start"] for f in fs]
+        assert starts == [k * stride for k in range(len(fs))]
+        n_pieces = fs[-1]["doc_start"] + len(fs[-1]["offsets"])
+        # each context piece has its maximal context in exactly one window
+        owner = np.zeros(n_pieces, dtype=int)
+        for f in fs:
+            for j, m in enumerate(f["max_context"]):
+                owner[f["doc_start"] + j] += m
+        assert (owner == 1).all()
+        # the answer is the target of at least one window when some window holds it whole
+        assert any(f["start_positions"] > 0 for f in fs) or len(fs) > 1
+
+
+def test_question_is_cut_to_max_query_length(tokenizer):
+    ex = S.QAExample("q", "why " * 100 + "?", "Because it is so. " * 10, [("Because", 0)])
+    f = S.featurize_qa([ex], tokenizer, max_length=128, stride=32, train=True)[0]
+    assert f["context_start"] == S.MAX_QUERY_LENGTH + 2
+    assert f["start_positions"] == f["end_positions"] == S.MAX_QUERY_LENGTH + 2
+
+
+# ---- post-processing -----------------------------------------------------------------------------
+@pytest.mark.parametrize("max_length,stride", [(384, 128), (96, 24)])
+def test_oracle_logits_give_em_100(examples, tokenizer, max_length, stride):
+    task = get_task("squad")
+    exs = examples[:300]
+    feats = task.featurize(exs, tokenizer, None, max_length=max_length, stride=stride, train=True)
+    preds = task.postprocess(oracle_outputs(feats), feats, exs, None)
+    scores = task.metrics(preds, exs)
+    assert scores["exact_match"] == 100.0 and scores["f1"] == 100.0
+
+
+def test_rules_inverted_long_outside_and_max_context(tokenizer):
+    context = "Alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma."
+    ex = S.QAExample("q", "Which letter?", context, [("gamma", 11)])
+    f = S.featurize_qa([ex], tokenizer, max_length=64, stride=128)[0]
+    T, c0 = len(f["input_ids"]), f["context_start"]
+    piece = {t: i for i, t in enumerate(tokenizer.convert_ids_to_tokens(f["input_ids"]))}
+
+    def run(start_at, end_at, n_best=20, max_answer_length=30):
+        start, end = np.full(T, -5.0), np.full(T, -5.0)
+        for pos, v in start_at.items():
+            start[pos] = v
+        for pos, v in end_at.items():
+            end[pos] = v
+        return S.postprocess_qa([(start, end)], [f], [ex], n_best=n_best, max_answer_length=max_answer_length)["q"]
+
+    g, e = piece["gamma"], piece["epsilon"]
+    assert run({g: 3}, {e: 3}) == "gamma delta epsilon"
+    assert run({e: 9, g: 5}, {g: 9, e: 6}) == "epsilon"                  # (epsilon, gamma) is inverted: skipped
+    assert run({0: 50, 1: 40, g: 3}, {0: 50, 1: 40, g: 3}) == "gamma"    # CLS / question never answer (v1)
+    assert run({g: 3}, {e: 3}, max_answer_length=2) != "gamma delta epsilon"
+    assert run({g: 3}, {T - 1: 9, e: 3}) == "gamma delta epsilon"        # final [SEP] is not context
+    assert c0 <= g < e < T - 1
+
+
+def test_v2_oracle_null_odds_and_threshold(tmp_path, dev_json, tokenizer):
+    doc = copy.deepcopy(dev_json)
+    doc["data"] = doc["data"][:1]
+    k = 0
+    for p in doc["data"][0]["paragraphs"][:12]:
+        for qa in p["qas"]:
+            qa["is_impossible"] = k % 3 == 0
+            if qa["is_impossible"]:
+                qa["plausible_answers"], qa["answers"] = qa["answers"], []
+            k += 1
+    doc["data"][0]["paragraphs"] = doc["data"][0]["paragraphs"][:12]
+    task = get_task("squad2")
+    exs = task.read(write(tmp_path, doc))
+    feats = task.featurize(exs, tokenizer, None, max_length=96, stride=24, train=True)
+    preds = task.postprocess(oracle_outputs(feats), feats, exs, None)
+    impossible = {e.id for e in exs if e.is_impossible}
+    assert 0 < len(impossible) < len(exs)
+    assert all(preds[q] == "" for q in impossible)
+    assert all(preds.null_odds[e.id] > 0 for e in exs if e.is_impossible)
+    assert all(preds.null_odds[e.id] < 0 for e in exs if not e.is_impossible)
+    scores = task.metrics(preds, exs)
+    assert scores["exact"] == 100.0 and scores["HasAns_exact"] == 100.0 and scores["NoAns_f1"] == 100.0
+    assert scores["best_f1"] == 100.0
+    always = S.apply_null_threshold(preds, -1e9)                       # everything "no answer"
+    assert set(always.values()) == {""}
+    files = S.write_predictions(preds, tmp_path / "out")
+    assert [p.name for p in files] == ["predictions.json", "nbest_predictions.json", "null_odds.json"]
+    assert json.loads(files[2].read_text()) == pytest.approx(preds.null_odds)
+
+
+def test_qa_head_runs_on_collated_windows(examples, tokenizer):
+    """Features collate into the model's keyword arguments; outputs go back through postprocess."""
+    from bertkit.config import preset
+    from bertkit.model import BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(preset("tiny", vocab_size=tokenizer.vocab_size)).eval()
+    exs = examples[:4]
+    feats = S.featurize_qa(exs, tokenizer, max_length=128, stride=64, train=True)
+    batch = collate(feats)
+    (start, end), loss = model(**batch)
+    assert start.shape == batch["input_ids"].shape and torch.isfinite(loss)
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    outs = [(start[b, :n].detach().numpy(), end[b, :n].detach().numpy()) for b, n in enumerate(lengths)]
+    preds = S.postprocess_qa(outs, feats, exs)
+    assert set(preds) == {e.id for e in exs}
+    assert all(p in e.context for p, e in zip(preds.values(), exs))
