@@ -382,6 +382,22 @@ def read_predictions(path: str | Path) -> tuple[dict[str, Any], dict[str, float]
     return preds, odds
 
 
+def read_null_odds(path: str | Path) -> dict[str, float]:
+    """{question id: null odds} from evaluate-v2.0.py's --na-prob-file (a JSON object)."""
+    path = Path(path)
+    if not path.is_file():
+        raise MetricError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    try:
+        odds = json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as e:
+        raise MetricError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise MetricError(f"{path}: not valid UTF-8 (byte {e.start})") from None
+    if not isinstance(odds, dict):
+        raise MetricError(f"{path}: expected a JSON object {{question id: null odds}}")
+    return {str(k): _number(v, f"{path}: id {k}") for k, v in odds.items()}
+
+
 def _number(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise MetricError(f"{where}: {value!r} is not a number")
@@ -450,9 +466,9 @@ def score_files(task_name: str, predictions: str | Path, references: str | Path,
     preds, odds = read_predictions(predictions)
     ids = [ex.id for ex in examples]
     known = set(ids)
-    if not known & set(preds) and not bad.count and set(preds) == {str(i) for i in range(len(ids))}:
-        # ids given as row numbers where the file has an id column (e.g. STS-B's "index"): no id
-        # matches, every row number does, so there is no ambiguity
+    if set(preds) != known and set(preds) == {str(i) for i in range(len(ids))} and not bad.count:
+        # ids given as row numbers where the file has an id column (e.g. STS-B's "index"): the
+        # predictions cover exactly the row numbers and not the ids, so there is no ambiguity
         log.warning("%s: prediction ids are row numbers, not the %s id column; matching by row", predictions,
                     references)
         preds = {ids[int(k)]: v for k, v in preds.items()}
@@ -470,8 +486,7 @@ def score_files(task_name: str, predictions: str | Path, references: str | Path,
                           f"(first id {missing[0]!r})")
     preds = _normalise(task, preds, examples, predictions)
     if null_odds is not None:
-        odds_file, _ = read_predictions(null_odds)
-        odds.update({str(k): _number(v, f"{null_odds}: id {k}") for k, v in odds_file.items()})
+        odds.update(read_null_odds(null_odds))
     if task.name == "squad":
         if missing:
             log.warning("%d of %d questions have no prediction and score 0 (as in evaluate-v1.1.py)",
@@ -488,4 +503,4 @@ def score_files(task_name: str, predictions: str | Path, references: str | Path,
 
 __all__ = ["MetricError", "accuracy", "f1_binary", "matthews_corrcoef", "pearson_spearman", "get_entities",
            "conll_f1", "normalize_answer", "squad_exact", "squad_token_f1", "squad_golds", "squad_v1",
-           "squad_v2", "best_threshold", "read_predictions", "score_files"]
+           "squad_v2", "best_threshold", "read_predictions", "read_null_odds", "score_files"]
