@@ -9,6 +9,7 @@ same process (`gemm_peak`).
 from __future__ import annotations
 
 import json
+import math
 import logging
 import os
 import platform
@@ -37,6 +38,8 @@ class MetricsLog:
             self.path.unlink()
 
     def write(self, record: dict[str, Any]) -> None:
+        """One line; NaN / inf become null (strict JSON)."""
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record, sort_keys=False) + "\n")
 
@@ -179,6 +182,9 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path) -> Pat
     if not metrics:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    nan = float("nan")
+    metrics = [{k: (nan if v is None else v) for k, v in m.items()} for m in metrics]
+    evals = [{k: (nan if v is None else v) for k, v in e.items()} for e in evals]
     steps = [m["step"] for m in metrics]
     axes[0].plot(steps, [m["loss"] for m in metrics], label="train loss", lw=1)
     axes[0].plot(steps, [m["mlm_loss"] for m in metrics], label="train MLM loss", lw=1)
@@ -186,7 +192,7 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path) -> Pat
         axes[0].plot([e["step"] for e in evals], [e["eval_mlm_loss"] for e in evals], "o-", label="held-out MLM loss")
     axes[0].set_xlabel("update"); axes[0].set_ylabel("loss"); axes[0].legend()
     axes[1].plot(steps, [m["mlm_accuracy"] for m in metrics], label="train MLM acc", lw=1)
-    if metrics[0].get("nsp_accuracy") is not None:
+    if any(m.get("nsp_accuracy") == m.get("nsp_accuracy") for m in metrics):
         axes[1].plot(steps, [m["nsp_accuracy"] for m in metrics], label="train NSP acc", lw=1)
     if evals:
         axes[1].plot([e["step"] for e in evals], [e["eval_mlm_accuracy"] for e in evals], "o-", label="held-out MLM acc")

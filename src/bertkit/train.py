@@ -42,6 +42,8 @@ from .runlog import MetricsLog, cpu_has_fast_bf16, gemm_peak, hardware, plot_cur
 from .runstate import export_model, find_checkpoint, load_checkpoint, save_checkpoint
 
 log = logging.getLogger("bertkit")
+# Tests set BERTKIT_TEST_KILL_AT_STEP=N to SIGKILL the process right after update N (no cleanup runs).
+_KILL_AT_STEP = int(os.environ.get("BERTKIT_TEST_KILL_AT_STEP", "-1"))
 
 
 @dataclass
@@ -74,9 +76,11 @@ class State:
 def pretrain(cfg: PretrainConfig, command: str = "") -> dict:
     """Run pre-training as configured; returns the run card (also written to `cfg.out`)."""
     world = D.init()
+    threads = torch.get_num_threads()
     try:
         return _pretrain(cfg, world, command)
     finally:
+        torch.set_num_threads(threads)
         D.teardown()
 
 
@@ -102,6 +106,8 @@ def _pretrain(cfg: PretrainConfig, world: D.World, command: str) -> dict:
                 break
             _maybe_switch_phase(run)
             s = train_step(run)
+            if st.step == _KILL_AT_STEP:              # fault injection for the resume test: a real kill -9
+                os.kill(os.getpid(), signal.SIGKILL)
             st.elapsed = D.all_reduce_sum(torch.tensor([time.perf_counter() - start], dtype=torch.float64),
                                           world).item() / world.world_size
             window.add(s)

@@ -1,0 +1,220 @@
+"""`bertkit pretrain` end to end on a small real corpus (the bundled inaugural addresses)."""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertkit.runconfig import PretrainConfig, RunConfigError, load_config, save_config, to_dict
+
+
+def make_data(root: Path, lengths=(64,)) -> dict[int, Path]:
+    """A 1000-word WordPiece vocabulary and prepared data (NSP pairs, dynamic masking) per length."""
+    from bertkit import Tokenizer
+    from bertkit.data.prepare import PrepareConfig, prepare
+
+    root.mkdir(parents=True, exist_ok=True)
+    raw = root / "inaugural.txt"
+    raw.write_bytes(gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()))
+    tok = Tokenizer.train([str(raw)], vocab_size=1000)
+    return {L: Path(prepare([str(raw)], tok, root / f"d{L}", PrepareConfig(max_seq_length=L), progress=False)
+                    and root / f"d{L}") for L in lengths}
+
+
+def tiny_config(data: Path, out: Path, **sections) -> PretrainConfig:
+    """A 2-layer, 64-wide BERT, batch 4: a few updates per second on one core."""
+    overrides = {"out": str(out), "data.path": str(data), "data.eval_instances": 16, "model.preset": "tiny",
+                 "model.hidden_size": 64, "model.num_heads": 2, "model.intermediate_size": 128,
+                 "train.batch_size": 4, "train.max_steps": 12, "train.log_every": 1, "train.eval_every": 6,
+                 "train.checkpoint_every": 6, "train.progress": False, "train.num_threads": 1,
+                 "optim.lr": 2e-3, "optim.warmup": 0.1}
+    overrides.update(sections)
+    return load_config(PretrainConfig, None, [f"--{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                                              for k, v in overrides.items()])
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[int, Path]:
+    return make_data(tmp_path_factory.mktemp("pretrain_data"), (64, 128))
+
+
+# ---- configuration -----------------------------------------------------------------------------
+def test_config_unknown_key_hint_types_and_round_trip(tmp_path):
+    with pytest.raises(RunConfigError, match="did you mean 'train.max_steps'"):
+        load_config(PretrainConfig, None, ["--train.max_step=3"])
+    with pytest.raises(RunConfigError, match="did you mean 'train.max_steps'"):
+        load_config(PretrainConfig, None, ["--max_steps=3"])
+    with pytest.raises(RunConfigError, match="train.batch_size: expected int"):
+        load_config(PretrainConfig, None, ["--train.batch_size=big"])
+    with pytest.raises(RunConfigError, match="optim.name"):
+        load_config(PretrainConfig, None, ["--optim.name=sgd"])
+    yml = tmp_path / "c.yaml"
+    yml.write_text("train:\n  max_steps: 7\n  budgett: 3m\n")
+    with pytest.raises(RunConfigError, match=r"c.yaml.*'train.budgett'.*did you mean 'train.budget'"):
+        load_config(PretrainConfig, yml)
+    cfg = load_config(PretrainConfig, None, ["--train.budget=30m", "--optim.lr=1e-3", "--optim.betas=[0.9, 0.98]"])
+    assert cfg.optim.lr == 1e-3 and cfg.optim.betas == (0.9, 0.98) and cfg.train.budget == "30m"
+    save_config(cfg, tmp_path / "resolved.yaml")
+    assert to_dict(load_config(PretrainConfig, tmp_path / "resolved.yaml")) == to_dict(cfg)
+
+
+def test_shipped_configs_load():
+    root = Path(__file__).resolve().parents[1] / "configs" / "pretrain"
+    names = sorted(p.stem for p in root.glob("*.yaml"))
+    assert {"tiny", "mini", "small", "base", "large"} <= set(names)
+    for p in root.glob("*.yaml"):
+        text = p.read_text()
+        assert text.startswith("#") and "bertkit pretrain" in text.splitlines()[0] + text.splitlines()[1]
+        load_config(PretrainConfig, p)
+
+
+# ---- the padding-free path is the padded path -----------------------------------------------------
+def test_packed_step_equals_padded(data):
+    from bertkit import preset
+    from bertkit.data.masking import Collator
+    from bertkit.data.pretraining import open_dataset
+    from bertkit.model import BertForPreTraining, init_weights
+    from bertkit.train import forward
+
+    ds = open_dataset(data[64])
+    order = ds.lengths().argsort()
+    batch = Collator(ds, seed=0)([ds[int(i)] for i in [*order[:4], *order[-4:]]], epoch=0)
+    assert (batch["attention_mask"] == 0).any()           # a ragged batch
+    cfg = preset("tiny", vocab_size=ds.meta["vocab_size"], hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = init_weights(BertForPreTraining(cfg), cfg)
+    a, b = forward(model, batch, packed=False), forward(model, batch, packed=True)
+    torch.testing.assert_close(a["loss"], b["loss"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a["mlm_logits"], b["mlm_logits"], atol=1e-4, rtol=1e-4)
+    a["loss"].backward()
+    g_pad = model.bert.blocks[0].attn.query.weight.grad.clone()
+    model.zero_grad()
+    b["loss"].backward()
+    torch.testing.assert_close(model.bert.blocks[0].attn.query.weight.grad, g_pad, atol=1e-5, rtol=1e-4)
+
+
+# ---- a whole run --------------------------------------------------------------------------------------
+def test_pretrain_run_learns_and_leaves_everything(data, tmp_path):
+    from bertkit.runlog import read_jsonl
+    from bertkit.train import pretrain
+
+    cfg = tiny_config(data[64], tmp_path / "run", **{"train.max_steps": 40, "train.eval_every": 20,
+                                                      "train.checkpoint_every": 20, "train.keep_checkpoints": 1})
+    card = pretrain(cfg, command="test")
+    out = tmp_path / "run"
+    metrics, evals = read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "eval.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, 41))
+    for key in ("step", "loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "lr", "tokens_per_s"):
+        assert key in metrics[0]
+    assert [e["step"] for e in evals] == [0, 20, 40]
+    # it learns: held-out MLM loss falls well below its start (log V = 6.9 for random weights)
+    assert evals[-1]["eval_mlm_loss"] < evals[0]["eval_mlm_loss"] - 0.5
+    assert math.isclose(evals[-1]["eval_perplexity"], math.exp(evals[-1]["eval_mlm_loss"]), rel_tol=1e-6)
+    assert card["updates"] == 40 and card["tokens_seen"] > 0 and card["final_eval"] == evals[-1]
+    assert 0 < card["mfu"] < 1.5 and card["parameters"] > 0 and card["global_batch"] == 4
+    assert (out / "run_card.md").read_text().startswith("# Run card")
+    assert json.loads((out / "run_card.json").read_text())["command"] == "test"
+    assert (out / "curves.png").stat().st_size > 1000
+    assert load_config(PretrainConfig, out / "config.yaml").train.max_steps == 40
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000040"]   # keep_checkpoints=1
+    # lr: linear warm-up over 4 updates, then linear decay to 0 at update 40 (logged lr = the update's lr)
+    assert metrics[0]["lr"] == 0.0 and metrics[4]["lr"] == 2e-3
+    assert math.isclose(metrics[5]["lr"], 2e-3 * 35 / 36, rel_tol=1e-9)
+
+
+def test_transformers_loads_the_checkpoint(data, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from bertkit.checkpoint import load_model
+    from bertkit.data.masking import Collator
+    from bertkit.data.pretraining import open_dataset
+    from bertkit.train import pretrain
+
+    pretrain(tiny_config(data[64], tmp_path / "run", **{"train.max_steps": 3}))
+    folder = tmp_path / "run" / "checkpoints" / "step-00000003" / "model"
+    hf = transformers.BertForPreTraining.from_pretrained(folder).eval()
+    ours = load_model(tmp_path / "run" / "final", head="pretraining").eval()
+    ds = open_dataset(data[64])
+    batch = Collator(ds, seed=0)([ds[i] for i in range(4)], epoch=0)
+    with torch.no_grad():
+        ref = hf(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                 attention_mask=batch["attention_mask"])
+        out = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(out["mlm_logits"][real], ref.prediction_logits[real], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out["nsp_logits"], ref.seq_relationship_logits, atol=1e-4, rtol=1e-4)
+    assert transformers.BertTokenizerFast.from_pretrained(folder).vocab_size == ds.meta["vocab_size"]
+
+
+# ---- non-finite losses ------------------------------------------------------------------------------
+def test_nan_steps_are_skipped_then_the_run_stops(data, tmp_path, monkeypatch):
+    import bertkit.train as T
+
+    real_forward, calls = T.forward, {"n": 0}
+
+    def flaky(model, batch, packed, bad=lambda n: n in (3, 4)):
+        out = real_forward(model, batch, packed)
+        if not model.training:
+            return out
+        calls["n"] += 1
+        if bad(calls["n"]):
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(T, "forward", flaky)
+    card = T.pretrain(tiny_config(data[64], tmp_path / "a", **{"train.max_steps": 6, "train.eval_every": 0}))
+    assert card["skipped_updates"] == 2 and card["updates"] == 6 and card["stop_reason"] == "max_steps"
+    metrics = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(m["mlm_loss"]) for m in metrics if m["step"] not in (3, 4))
+    assert metrics[2]["loss"] is None and metrics[2]["skipped"] == 1 and metrics[3]["skipped"] == 2
+    for p in T.load_model(tmp_path / "a" / "final", head="pretraining").parameters():
+        assert torch.isfinite(p).all()
+
+    calls["n"] = 0
+    monkeypatch.setattr(T, "forward", lambda m, b, p: flaky(m, b, p, bad=lambda n: n >= 2))
+    card = T.pretrain(tiny_config(data[64], tmp_path / "b", **{"train.max_steps": 50, "train.max_bad_steps": 3,
+                                                               "train.eval_every": 0}))
+    assert card["updates"] == 4 and "3 non-finite losses in a row" in card["stop_reason"]
+    assert (tmp_path / "b" / "checkpoints" / "step-00000004" / "manifest.json").exists()
+
+
+# ---- two phases and the time budget ----------------------------------------------------------------
+def test_two_phases_from_one_config(data, tmp_path):
+    from bertkit.runlog import read_jsonl
+    from bertkit.train import pretrain
+
+    card = pretrain(tiny_config(data[64], tmp_path / "run", **{
+        "data.long_path": str(data[128]), "train.max_steps": 8, "train.long_fraction": 0.25,
+        "train.long_batch_size": 2, "train.eval_every": 0}))
+    phases = [m["phase"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+    assert phases == [0] * 6 + [1] * 2
+    assert card["sequence_lengths"] == [64, 128] and card["global_batch"] == 4
+
+
+def test_time_budget_keys_the_schedule_to_time(data, tmp_path):
+    from bertkit.runlog import read_jsonl
+    from bertkit.train import pretrain
+
+    card = pretrain(tiny_config(data[64], tmp_path / "run", **{
+        "train.budget": "4s", "train.max_steps": 100000, "train.eval_every": 0, "optim.warmup": 0.25}))
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert card["stop_reason"] == "budget" and 4.0 <= card["wall_time_s"] < 30
+    for m in metrics[1:]:           # lr is a function of elapsed time only (elapsed is logged after the update)
+        assert m["lr"] <= 2e-3 + 1e-12
+    assert metrics[-1]["lr"] < 0.5 * 2e-3 and max(m["lr"] for m in metrics) > 0.6 * 2e-3
+
+
+def test_cli_pretrain_and_errors(data, tmp_path, capsys):
+    from bertkit.cli import main
+
+    assert main(["pretrain", "--train.max_stepz=3"]) == 1
+    assert "did you mean 'train.max_steps'" in capsys.readouterr().err
+    assert main(["pretrain", "--out", str(tmp_path / "x")]) == 1
+    assert "data.path is not set" in capsys.readouterr().err
+    code = main(["pretrain", "--out", str(tmp_path / "run"), f"--data.path={data[64]}", "--model.preset=tiny",
+                 "--train.max_steps=2", "--train.batch_size=4", "--train.progress=false", "--train.eval_every=0"])
+    assert code == 0 and (tmp_path / "run" / "final" / "model.safetensors").exists()

@@ -1,0 +1,120 @@
+"""Exact resume after `kill -9`, corrupt checkpoints skipped, and 2-process DDP on CPU (gloo)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_pretrain import make_data, tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data64(tmp_path_factory) -> Path:
+    return make_data(tmp_path_factory.mktemp("resume_data"), (64,))[64]
+
+
+def _args(cfg) -> list[str]:
+    """The config as command-line overrides (a subprocess runs `python -m bertkit pretrain`)."""
+    from bertkit.runconfig import to_dict
+
+    out = []
+    for section, values in to_dict(cfg).items():
+        if isinstance(values, dict):
+            out += [f"--{section}.{k}={json.dumps(v)}" for k, v in values.items() if v is not None]
+        else:
+            out.append(f"--{section}={json.dumps(values) if not isinstance(values, str) else values}")
+    return out
+
+
+def _run(args: list[str], env_extra: dict | None = None, torchrun: int = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"] \
+        if torchrun else [sys.executable]
+    return subprocess.run(prefix + ["-m", "bertkit", "pretrain", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _losses(run: Path) -> list[tuple]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r["mlm_loss"], r["nsp_loss"], r["mlm_accuracy"], r["lr"]) for r in rows]
+
+
+def test_kill_9_then_resume_gives_identical_losses(data64, tmp_path):
+    from bertkit.train import pretrain
+
+    straight = tiny_config(data64, tmp_path / "straight", **{"train.max_steps": 20, "train.checkpoint_every": 10,
+                                                             "train.eval_every": 10})
+    pretrain(straight)
+    crashed = tiny_config(data64, tmp_path / "crashed", **{"train.max_steps": 20, "train.checkpoint_every": 10,
+                                                           "train.eval_every": 10})
+    # update 13 done, checkpoint 10 on disk: SIGKILL, no cleanup, no final checkpoint
+    proc = _run(_args(crashed), {"BERTKIT_TEST_KILL_AT_STEP": "13"})
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    ckpts = sorted(p.name for p in (tmp_path / "crashed" / "checkpoints").iterdir())
+    assert ckpts == ["step-00000010"]
+    assert max(s for s, *_ in _losses(tmp_path / "crashed")) == 12           # updates 11-12 were logged
+    crashed.resume = True
+    pretrain(crashed)
+    assert _losses(tmp_path / "crashed") == _losses(tmp_path / "straight")   # bit-identical, steps 1..20
+    evals = lambda run: (run / "eval.jsonl").read_text()
+    assert evals(tmp_path / "crashed") == evals(tmp_path / "straight")
+
+
+def test_corrupt_and_partial_checkpoints_are_skipped(data64, tmp_path, caplog):
+    from bertkit.runstate import find_checkpoint
+    from bertkit.train import pretrain
+
+    cfg = tiny_config(data64, tmp_path / "run", **{"train.max_steps": 6, "train.checkpoint_every": 2,
+                                                   "train.keep_checkpoints": 3, "train.eval_every": 0})
+    pretrain(cfg)
+    root = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000004", "step-00000006"]
+    assert find_checkpoint(root).name == "step-00000006"
+    weights = root / "step-00000006" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])                          # truncated
+    shutil.copytree(root / "step-00000004", root / "step-00000008")
+    (root / "step-00000008" / "manifest.json").unlink()                      # never finished
+    trainer = root / "step-00000004" / "trainer.pt"
+    blob = bytearray(trainer.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF                                               # one flipped bit... byte
+    trainer.write_bytes(bytes(blob))
+    with caplog.at_level("WARNING", logger="bertkit"):
+        assert find_checkpoint(root).name == "step-00000002"
+    text = caplog.text
+    assert "step-00000008: no manifest.json" in text and "truncated" in text and "checksum" in text
+    cfg.resume, cfg.train.max_steps = True, 8
+    card = pretrain(cfg)
+    assert card["updates"] == 8
+
+
+def test_two_processes_match_one_with_the_same_global_batch(data64, tmp_path):
+    """1 process x 2 accumulation steps vs 2 processes (torchrun, gloo) x 1: global batch 8 both."""
+    one = tiny_config(data64, tmp_path / "one", **{"train.max_steps": 6, "train.grad_accum": 2,
+                                                   "train.eval_every": 3, "train.checkpoint_every": 0})
+    two = tiny_config(data64, tmp_path / "two", **{"train.max_steps": 6, "train.grad_accum": 1,
+                                                   "train.eval_every": 3, "train.checkpoint_every": 0})
+    from bertkit.train import pretrain
+
+    pretrain(one)
+    p2 = _run(_args(two), torchrun=2)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert [r[0] for r in a] == [r[0] for r in b] == list(range(1, 7))
+    # same sequences, masks and dropout; only the order of float sums differs (all-reduce vs accumulation)
+    for ra, rb in zip(a, b):
+        for x, y in zip(ra[1:], rb[1:]):
+            assert abs(x - y) <= 1e-4 * max(1.0, abs(x)), (ra, rb)
+    card = json.loads((tmp_path / "two" / "run_card.json").read_text())
+    assert card["world_size"] == 2 and card["global_batch"] == 8
+    ea = [json.loads(x) for x in (tmp_path / "one" / "eval.jsonl").read_text().splitlines()]
+    eb = [json.loads(x) for x in (tmp_path / "two" / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in ea] == [e["step"] for e in eb] == [0, 3, 6]
+    for x, y in zip(ea, eb):
+        assert abs(x["eval_mlm_loss"] - y["eval_mlm_loss"]) < 1e-4
