@@ -282,3 +282,20 @@ def test_every_supported_activation_equals_transformers():
     x = torch.linspace(-12, 12, 2001)
     for name in ACTIVATIONS:
         assert (activation(name)(x) - get_activation(name)(x)).abs().max() < 2e-6, name
+
+
+def test_untied_mlm_decoder_round_trips(tmp_path):
+    torch.manual_seed(4)
+    hf = transformers.BertForMaskedLM(hf_tiny_config(tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        hf.cls.predictions.decoder.weight.normal_()
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf").eval()
+    batch = random_batch()
+    with torch.no_grad():
+        assert (ours(**batch)["mlm_logits"] - hf(**batch).logits).abs().max() < 1e-5
+    save_model(ours, tmp_path / "ours")
+    again, info = transformers.BertForMaskedLM.from_pretrained(tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        assert (again.eval()(**batch).logits - hf(**batch).logits).abs().max() < 1e-5

@@ -48,8 +48,7 @@ _HEAD_MAP = [
     (r"qa_outputs\.", "qa."),
 ]
 # Names that carry no information of their own (tied copies, buffers).
-_IGNORED = re.compile(r"(^|\.)embeddings\.position_ids$|^cls\.predictions\.decoder\.(weight|bias)$"
-                      r"|^cls\.predictions\.decoder\.weight$")
+_IGNORED = re.compile(r"(^|\.)embeddings\.position_ids$|^cls\.predictions\.decoder\.(weight|bias)$")
 
 ARCHITECTURES = {
     "encoder": "BertModel", "pretraining": "BertForPreTraining", "masked_lm": "BertForMaskedLM",
@@ -217,6 +216,10 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     if head == "encoder":  # bare BertModel: our names have no 'bert.' prefix
         renamed = {k[5:]: v for k, v in renamed.items() if k.startswith("bert.")}
     _check_and_load(model, target, renamed, path, head, new_head_ok)
+    decoder = sd.get("cls.predictions.decoder.weight")
+    if (decoder is not None and hasattr(model, "mlm") and raw.get("tie_word_embeddings") is False
+            and not torch.equal(decoder, renamed.get("bert.embeddings.word.weight", decoder))):
+        _untie_decoder(model, decoder)
     model.config.extra = {k: v for k, v in cfg.extra.items()}
     model.hf_config = raw  # id2label etc. for callers
     return model
@@ -258,6 +261,15 @@ def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, h
                 t.copy_(renamed[name])
 
 
+def _untie_decoder(model: nn.Module, weight: torch.Tensor) -> None:
+    """A checkpoint saved with tie_word_embeddings=False has its own MLM output matrix."""
+    decoder = nn.Embedding(*weight.shape)
+    with torch.no_grad():
+        decoder.weight.copy_(weight)
+    model.mlm.decoder = decoder
+    model.config.extra["tie_word_embeddings"] = False
+
+
 def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] | None = None) -> None:
     """Write config.json + model.safetensors that transformers loads for the matching BertFor* class."""
     from safetensors.torch import save_file
@@ -268,8 +280,11 @@ def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] 
     bare = head == "encoder"
     tensors = {}
     for name, t in model.state_dict().items():
-        if name == "mlm.decoder.weight":   # tied to the word embeddings; HF re-ties it on load
-            continue
+        if name == "mlm.decoder.weight":
+            if model.mlm.decoder is not model.bert.embeddings.word:   # untied: its own matrix
+                tensors["cls.predictions.decoder.weight"] = t.detach().to("cpu").contiguous()
+                tensors["cls.predictions.decoder.bias"] = model.mlm.bias.detach().to("cpu").clone()
+            continue                       # tied to the word embeddings; HF re-ties it on load
         tensors[_hf_name(name, bare)] = t.detach().to("cpu").contiguous()
     more: dict[str, Any] = dict(extra_config or {})
     if head in ("sequence_classification", "token_classification"):
