@@ -234,3 +234,55 @@ def test_human_readable_output(shared_data, tmp_path, capsys):
     assert main(["score", "--task", "rte", "--predictions", str(write_jsonl(tmp_path / "p.jsonl", refs)),
                  "--references", str(path)]) == 0
     assert capsys.readouterr().out.split() == ["accuracy", "1.0000"]
+
+
+MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+               "sentence2_parse\tsentence1\tsentence2\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label")
+
+
+def glue_file(tmp_path, task, n, rng):
+    """A small file in the official GLUE layout of `task` (quote characters included), and its (id, label) rows."""
+    rows, refs = [], []
+    for i in range(n):
+        s1, s2 = f'He said "no {i}" twice .', f"It's {i} o'clock \" ."
+        if task == "qqp":
+            lab = rng.choice("01")
+            rows.append(f"{1000 + 7 * i}\t{2 * i}\t{2 * i + 1}\t{s1}\t{s2}\t{lab}")
+            refs.append((str(1000 + 7 * i), lab))
+        elif task in ("mnli", "mnli-mm"):
+            lab = rng.choice(["entailment", "neutral", "contradiction"])
+            votes = "\t".join(rng.choice(["entailment", "neutral", "contradiction"]) for _ in range(5))
+            rows.append(f"{i}\t{i}\t{i}e\tfiction\t( {s1} )\t( {s2} )\t(ROOT {s1})\t(ROOT {s2})\t{s1}\t{s2}\t{votes}\t{lab}")
+            refs.append((str(i), lab))
+        else:
+            lab = rng.choice(["entailment", "not_entailment"]) if task == "qnli" else rng.choice("01")
+            rows.append(f"{i}\t{s1}\t{s2}\t{lab}")
+            refs.append((str(i), lab))
+    header = {"qqp": "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate", "mnli": MNLI_HEADER, "mnli-mm": MNLI_HEADER,
+              "qnli": "index\tquestion\tsentence\tlabel", "wnli": "index\tsentence1\tsentence2\tlabel"}[task]
+    path = tmp_path / f"{task}.tsv"
+    path.write_text(header + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path, refs
+
+
+@pytest.mark.parametrize("task", ["qqp", "mnli", "mnli-mm", "qnli", "wnli"])
+def test_other_glue_layouts(task, tmp_path, capsys):
+    rng = random.Random(task)
+    path, refs = glue_file(tmp_path, task, 60, rng)
+    labels = sorted({lab for _, lab in refs})
+    y_true = [lab for _, lab in refs]
+    y_pred = [lab if rng.random() < 0.6 else rng.choice(labels) for lab in y_true]
+    rc, got = score(capsys, "--task", task, "--predictions",
+                    write_jsonl(tmp_path / "p.jsonl", [(i, p) for (i, _), p in zip(refs, y_pred)]), "--references", path)
+    assert rc == 0, got
+    assert got["accuracy"] == pytest.approx(sk.accuracy_score(y_true, y_pred), abs=1e-12)
+    if task == "qqp":
+        assert got["f1"] == pytest.approx(sk.f1_score(y_true, y_pred, pos_label="1"), abs=1e-12)
+
+
+def test_a_test_file_without_labels_is_an_error(tmp_path, capsys):
+    path = tmp_path / "test.tsv"
+    path.write_text("index\tsentence1\tsentence2\n0\tA man .\tA person .\n", encoding="utf-8")
+    rc, err = score(capsys, "--task", "rte", "--predictions", write_jsonl(tmp_path / "p.jsonl", [(0, "entailment")]),
+                    "--references", path)
+    assert rc == 1 and "no reference label to score against" in err

@@ -13,6 +13,8 @@ copies of the official SQuAD scripts):
   squad_v2           evaluate-v2.0.py: exact/f1, HasAns_*/NoAns_*, best_exact/best_f1 and thresholds
 
 Arguments go references first, predictions second (as scikit-learn's ``y_true, y_pred``).
+`score_files` (behind `bertkit score`) reads a predictions file and a task's reference file and
+returns these metrics.
 """
 from __future__ import annotations
 
@@ -453,6 +455,14 @@ def _normalise(task, preds: dict[str, Any], examples: list, path) -> dict[str, A
     return out
 
 
+def _reference_of(task, example) -> Any:
+    if task.head == "token_classification":
+        return getattr(example, "tags", None)
+    if task.head == "question_answering":
+        return True                              # v2.0 questions may have no answer on purpose
+    return getattr(example, "label", None)
+
+
 def score_files(task_name: str, predictions: str | Path, references: str | Path, null_odds: str | Path | None = None,
                 na_prob_thresh: float = 1.0, skip_bad_rows: bool = False) -> dict[str, Any]:
     """The official metrics of `task_name` for a predictions file against a reference file read
@@ -463,6 +473,10 @@ def score_files(task_name: str, predictions: str | Path, references: str | Path,
     task = get_task(task_name)
     bad = BadRows(skip=skip_bad_rows)
     examples = task.read(references, bad)
+    unlabelled = next((ex for ex in examples if _reference_of(task, ex) is None), None)
+    if unlabelled is not None:
+        raise MetricError(f"{getattr(unlabelled, 'where', None) or references}: no reference label to score "
+                          f"against (a test file?)")
     preds, odds = read_predictions(predictions)
     ids = [ex.id for ex in examples]
     known = set(ids)
