@@ -1,0 +1,344 @@
+"""`bertkit prepare`: raw text -> sharded pre-training instances, streaming, in parallel, resumable.
+
+The main process reads the inputs in order and cuts them into chunks of whole documents
+(`text.chunk_documents`: >= chunk_mb of text and >= 2 documents). Chunk C becomes shard C; a
+worker tokenizes it (Rust, batched), builds the instances (`instances.py`: Google's NSP builder or
+FULL-SENTENCES packing), masks them when masking is static, shuffles them and writes the shard
+atomically. Everything random in chunk C comes from generators seeded by (seed, C) (`random.Random` for the
+builder as Google, `np.random.default_rng([seed, C])` for static masks), and the
+random-next document pool is the chunk's own documents, so the output is byte-identical for any
+--workers, memory is bounded by a few chunks in flight (never by the corpus), and a cluster can
+split one corpus with --num-shards N --shard-index I (machine I does the chunks C = I mod N).
+
+Resume: a shard whose shard.json carries the same configuration hash and the same input-chunk
+hash is kept; anything else is rewritten. Data made with another tokenizer is refused.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shlex
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BertkitError
+from .instances import BuildCounts, mask_instances, nsp_instances, packed_instances
+from .masking import MaskingConfig, TokenInfo
+from .pretraining import FORMAT_VERSION, read_shard_info, shard_name, write_shard
+from .text import TextCounts, chunk_documents, expand_inputs, read_documents
+
+log = logging.getLogger("bertkit")
+
+
+@dataclass
+class PrepareConfig:
+    max_seq_length: int = 128
+    """Longest instance in tokens, [CLS] and [SEP]s included."""
+    nsp: bool = True
+    """Google's sentence pairs with next-sentence labels; False packs full sentences (RoBERTa)."""
+    short_seq_prob: float = 0.1
+    """NSP: probability of a random shorter target length for a document."""
+    lone_segment: str = "next"
+    """NSP, when one sentence fills the target: 'next' keeps random-next at 50% (B = the next
+    sentence); 'random' is Google's exact rule (B always random then: ~60% random-next)."""
+    masking: str = "dynamic"
+    """'dynamic' (masks drawn by the collator every epoch) or 'static' (Google: stored with the data)."""
+    dupe_factor: int | None = None
+    """Passes over the corpus with different splits (and masks); default 10 static, 1 dynamic."""
+    masking_config: MaskingConfig = field(default_factory=MaskingConfig)
+    """Masking used for static data, and recorded as the default for dynamic data."""
+    seed: int = 12345
+    """Everything random in chunk C is drawn from generators seeded with (seed, C)."""
+    chunk_mb: float = 4.0
+    """Text per chunk (= per shard and per random-next pool), in MB."""
+    sentence_split: bool = False
+    """Input lines are paragraphs: split them into sentences."""
+    strict: bool = False
+    """Fail on invalid UTF-8 (file:line) instead of replacing and counting it."""
+    max_line_bytes: int = 65536
+    """Longer lines are cut at a space into several sentences (counted)."""
+
+    def __post_init__(self):
+        if isinstance(self.masking_config, dict):
+            self.masking_config = MaskingConfig(**self.masking_config)
+        if self.max_seq_length < 8 or self.max_seq_length > 65535:
+            raise BertkitError(f"--max-seq-length {self.max_seq_length}: expected 8..65535")
+        if self.masking not in ("dynamic", "static"):
+            raise BertkitError(f"--masking {self.masking!r}: expected dynamic or static")
+        if self.dupe_factor is None:
+            self.dupe_factor = 10 if self.masking == "static" else 1
+        if self.dupe_factor < 1:
+            raise BertkitError(f"--dupe-factor {self.dupe_factor}: expected >= 1")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise BertkitError(f"--short-seq-prob {self.short_seq_prob}: expected 0..1")
+        if self.lone_segment not in ("next", "random"):
+            raise BertkitError(f"--lone-segment {self.lone_segment!r}: expected next or random")
+        if self.chunk_mb <= 0:
+            raise BertkitError("--chunk-mb must be > 0")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Job:
+    """What a worker needs (sent once per worker)."""
+    cfg: PrepareConfig
+    tokenizer_json: str
+    info: TokenInfo
+    out: str
+    config_hash: str
+    token_dtype: str
+    lowercase: bool
+
+
+_JOB: _Job | None = None
+_BACKEND = None
+
+
+def _init_worker(job: _Job, single_thread: bool) -> None:
+    global _JOB, _BACKEND
+    if single_thread:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from tokenizers import Tokenizer as RustTokenizer
+    from .encode import CachedEncoder
+    _JOB, _BACKEND = job, CachedEncoder(RustTokenizer.from_str(job.tokenizer_json), job.lowercase)
+
+
+def tokenize_documents(docs: list[list[str]], encoder) -> list[list[list[int]]]:
+    """Sentences -> word-piece ids (no specials); sentences with no tokens and empty documents dropped."""
+    ids = encoder.encode([s for d in docs for s in d])
+    out, k = [], 0
+    for d in docs:
+        sents = [s for s in ids[k:k + len(d)] if len(s)]
+        k += len(d)
+        if sents:
+            out.append(sents)
+    return out
+
+
+def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder) -> tuple[dict, dict]:
+    """One chunk of documents -> (arrays of its shard, counts). Pure function of its inputs."""
+    cfg, info = job.cfg, job.info
+    rng = chunk_rng(cfg.seed, chunk_index)                 # the builder's draws, as Google's random.Random
+    mask_rng = np.random.default_rng([cfg.seed, chunk_index])
+    tok_docs = tokenize_documents(docs, encoder)
+    counts = BuildCounts()
+    instances = []
+    for _ in range(cfg.dupe_factor):
+        if cfg.nsp:
+            if len(tok_docs) < 2:
+                raise BertkitError(f"chunk {chunk_index}: NSP needs at least 2 documents with text "
+                                   "(blank lines separate documents); use --no-nsp for one long text")
+            order = list(range(len(tok_docs)))
+            rng.shuffle(order)                               # Google shuffles the documents first
+            for d in order:
+                new = nsp_instances(tok_docs, int(d), cfg.max_seq_length, cfg.short_seq_prob, rng,
+                                    info.cls_id, info.sep_id, counts, cfg.lone_segment)
+                if cfg.masking == "static":
+                    mask_instances(new, cfg.masking_config, mask_rng, info.vocab_size, info.mask_id, info.never_mask,
+                                   info.subword)
+                instances.extend(new)
+        else:
+            new = packed_instances(tok_docs, cfg.max_seq_length, info.cls_id, info.sep_id, counts)
+            if cfg.masking == "static":
+                mask_instances(new, cfg.masking_config, mask_rng, info.vocab_size, info.mask_id, info.never_mask,
+                               info.subword)
+            instances.extend(new)
+    if cfg.nsp:  # these counters tick once per dupe pass; report per corpus pass
+        counts.one_sentence_documents //= cfg.dupe_factor
+    else:
+        counts.sentences_split //= cfg.dupe_factor
+    rng.shuffle(instances)
+    lens = np.fromiter((len(x.tokens) for x in instances), dtype=np.int64, count=len(instances))
+    total = int(lens.sum())
+    arrays = {
+        "input_ids": (np.concatenate([x.tokens for x in instances]) if instances else np.zeros(0)).astype(job.token_dtype),
+        "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+        "b_start": np.fromiter((x.b_start for x in instances), dtype=np.int32, count=len(instances)),
+        "nsp_labels": np.fromiter((x.nsp_label for x in instances), dtype=np.int8, count=len(instances)),
+        "short": np.fromiter((x.short for x in instances), dtype=np.uint8, count=len(instances)),
+    }
+    if cfg.masking == "static":
+        mlens = np.fromiter((len(x.masked_positions) for x in instances), dtype=np.int64, count=len(instances))
+        arrays["masked_lm_offsets"] = np.concatenate([[0], np.cumsum(mlens)]).astype(np.int64)
+        arrays["masked_lm_positions"] = np.concatenate([x.masked_positions for x in instances] or
+                                                       [np.zeros(0)]).astype(np.int32)
+        arrays["masked_lm_ids"] = np.concatenate([x.masked_ids for x in instances] or
+                                                 [np.zeros(0)]).astype(job.token_dtype)
+    stats = {"instances": len(instances), "tokens": total, "documents": len(tok_docs),
+             "sentences": sum(len(d) for d in tok_docs), "random_next": counts.random_next, "short": counts.short,
+             "one_sentence_documents": counts.one_sentence_documents, "sentences_split": counts.sentences_split,
+             "tokens_truncated": counts.tokens_truncated,
+             "lone_segments_next": counts.lone_segments_next // cfg.dupe_factor, "max_length": int(lens.max()) if len(lens) else 0,
+             "empty_documents_dropped": len(docs) - len(tok_docs)}
+    return arrays, stats
+
+
+def chunk_rng(seed: int, chunk_index: int) -> random.Random:
+    return random.Random(int.from_bytes(hashlib.sha256(f"{seed}:{chunk_index}".encode()).digest()[:8], "big"))
+
+
+def chunk_hash(docs: list[list[str]]) -> str:
+    h = hashlib.sha1()
+    for d in docs:
+        for s in d:
+            h.update(s.encode("utf-8", "surrogatepass"))
+            h.update(b"\n")
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _run_chunk(chunk_index: int, docs: list[list[str]], digest: str) -> dict:
+    job = _JOB
+    arrays, stats = build_chunk(chunk_index, docs, job, _BACKEND)
+    info = {"chunk": chunk_index, "chunk_hash": digest, "config_hash": job.config_hash, **stats}
+    write_shard(Path(job.out), shard_name(chunk_index), arrays, info)
+    return info
+
+
+class _InProcess:
+    """The executor interface, run in this process (--workers 1)."""
+
+    def __init__(self, job: _Job):
+        _init_worker(job, single_thread=False)
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+        f: Future = Future()
+        f.set_result(fn(*args))
+        return f
+
+    def shutdown(self, **_):
+        pass
+
+
+def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, workers: int = 1,
+            num_shards: int = 1, shard_index: int = 0, overwrite: bool = False, progress: bool = True,
+            command: str | None = None) -> dict:
+    """Prepare the data; returns the meta dict written to OUT/meta.json (or meta-I-of-N.json)."""
+    if not 0 <= shard_index < num_shards:
+        raise BertkitError(f"--shard-index {shard_index}: expected 0..{num_shards - 1}")
+    files = expand_inputs(inputs)
+    out = Path(out)
+    info = TokenInfo.from_vocab(tokenizer.vocab)
+    tok_hash = tokenizer.fingerprint()
+    _check_existing(out, tok_hash, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(out / "tokenizer")
+    token_dtype = "uint16" if info.vocab_size <= 65536 else "int32"
+    job = _Job(cfg, tokenizer.backend.to_str(), info, str(out), cfg.hash(), token_dtype, tokenizer.lowercase)
+    counts = TextCounts()
+    total_bytes = sum(f.stat().st_size for f in files)
+    from tqdm import tqdm
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress, smoothing=0.1)
+    t0 = time.time()
+    executor = _InProcess(job) if workers <= 1 else ProcessPoolExecutor(
+        workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(job, True))
+    results: dict[int, dict] = {}
+    inflight: dict[int, object] = {}
+    reused = 0
+    try:
+        docs = read_documents(files, counts, sentence_split=cfg.sentence_split, strict=cfg.strict,
+                              max_line_bytes=cfg.max_line_bytes, max_document_bytes=int(cfg.chunk_mb * 8e6),
+                              progress=bar.update)
+        for c, chunk in enumerate(chunk_documents(docs, int(cfg.chunk_mb * 1e6))):
+            if c % num_shards != shard_index:
+                continue
+            digest = chunk_hash(chunk)
+            old = read_shard_info(out / shard_name(c))
+            if old and old.get("chunk_hash") == digest and old.get("config_hash") == job.config_hash:
+                results[c] = old
+                reused += 1
+                continue
+            inflight[c] = executor.submit(_run_chunk, c, chunk, digest)
+            while len(inflight) >= 2 * max(workers, 1):           # bounded: a few chunks in memory
+                done = min(inflight)
+                results[done] = inflight.pop(done).result()
+        for c in sorted(inflight):
+            results[c] = inflight.pop(c).result()
+    finally:
+        for f in inflight.values():
+            f.cancel()
+        executor.shutdown(cancel_futures=True) if workers > 1 else None
+        bar.close()
+    seconds = time.time() - t0
+    if counts.sentences == 0:
+        raise BertkitError(f"{', '.join(map(str, inputs))}: no text in the input")
+    if not results:
+        raise BertkitError(f"no chunks for --shard-index {shard_index} of {num_shards} (the corpus has fewer chunks)")
+    if cfg.nsp and counts.documents < 2:
+        raise BertkitError("NSP needs at least 2 documents (blank lines separate documents); use --no-nsp")
+    meta = _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, command,
+                 num_shards, shard_index, seconds, reused)
+    name = "meta.json" if num_shards == 1 else f"meta-{shard_index:05d}-of-{num_shards:05d}.json"
+    tmp = out / f".{name}.tmp"
+    tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp, out / name)
+    log.info("prepared %d instances (%d tokens) in %d shards from %.1f MB in %.1f s (%.2f MB/s)%s -> %s",
+             meta["counts"]["instances"], meta["counts"]["tokens"], len(results), counts.bytes / 1e6, seconds,
+             counts.bytes / 1e6 / max(seconds, 1e-9), f", {reused} shards kept from before" if reused else "", out)
+    return meta
+
+
+def _mp_context():
+    import multiprocessing as mp
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+
+
+def _check_existing(out: Path, tok_hash: str, overwrite: bool) -> None:
+    """Refuse to mix shards of another tokenizer into OUT (unless --overwrite)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise BertkitError(f"--out {out}: exists and is not a folder")
+    old = out / "tokenizer" / "vocab.txt"
+    if old.is_file() and not overwrite:
+        from ..tokenizer import Tokenizer
+        prev = Tokenizer.from_dir(out / "tokenizer").fingerprint()
+        if prev != tok_hash:
+            raise BertkitError(f"--out {out}: holds shards made with another tokenizer (hash {prev[:12]}, this one "
+                               f"{tok_hash[:12]}); use a new --out or --overwrite")
+    if overwrite:
+        import shutil
+        for p in list(out.glob("shard-*")) + list(out.glob(".shard-*")) + list(out.glob("meta*.json")):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, command, num_shards, shard_index,
+          seconds, reused) -> dict:
+    order = sorted(results)
+    per = [results[c] for c in order]
+    total = {k: sum(r[k] for r in per) for k in ("instances", "tokens", "random_next", "short",
+                                               "one_sentence_documents", "sentences_split", "tokens_truncated", "lone_segments_next",
+                                               "empty_documents_dropped")}
+    n = max(total["instances"], 1)
+    return {
+        "format_version": FORMAT_VERSION,
+        "max_seq_length": cfg.max_seq_length, "nsp": cfg.nsp, "masking": cfg.masking,
+        "masking_config": cfg.masking_config.to_dict(), "dupe_factor": cfg.dupe_factor, "seed": cfg.seed,
+        "vocab_size": info.vocab_size, "lowercase": tokenizer.lowercase,
+        "special_ids": {"pad": info.pad_id, "unk": tokenizer.unk_id, "cls": info.cls_id, "sep": info.sep_id,
+                        "mask": info.mask_id},
+        "tokenizer_hash": tok_hash, "config_hash": cfg.hash(), "token_dtype": token_dtype,
+        "config": cfg.to_dict(),
+        "counts": {**counts.to_dict(), **total, "max_length": max((r["max_length"] for r in per), default=0),
+                   "random_next_fraction": total["random_next"] / n, "short_fraction": total["short"] / n,
+                   "shards_kept_from_before": reused},
+        "shards": [shard_name(c) for c in order], "shard_instances": [results[c]["instances"] for c in order],
+        "num_shards": num_shards, "shard_index": shard_index,
+        "inputs": [str(f) for f in files],
+        "command": command if command is not None else " ".join(shlex.quote(a) for a in sys.argv),
+        "seconds": round(seconds, 3),
+    }

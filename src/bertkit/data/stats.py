@@ -1,0 +1,171 @@
+"""Measurements: a tokenizer on your text, and prepared data as the trainer will see it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .masking import MaskingConfig, TokenInfo, mask_sequence
+from .pretraining import PretrainingData
+from .text import TextCounts, expand_inputs, read_documents
+
+
+def tokenizer_stats(tokenizer, inputs: list[str], max_length: int = 512, max_sentences: int = 200_000,
+                    sentence_split: bool = False) -> dict:
+    """Sub-words per word, [UNK] rate, share of words in 3+ pieces, and the share of documents and
+    of consecutive sentence pairs longer than max_length (with [CLS]/[SEP]) - what truncation cuts."""
+    counts = TextCounts()
+    docs, n = [], 0
+    for doc in read_documents(expand_inputs(inputs), counts, sentence_split=sentence_split):
+        docs.append(doc)
+        n += len(doc)
+        if n >= max_sentences:
+            break
+    sents = [s for d in docs for s in d]
+    words = pieces = unk = split3 = 0
+    lengths = []
+    backend = tokenizer.backend
+    for k in range(0, len(sents), 4096):
+        for e in backend.encode_batch(sents[k:k + 4096], add_special_tokens=False):
+            ids = np.asarray(e.ids, dtype=np.int64)
+            lengths.append(len(ids))
+            if not len(ids):
+                continue
+            wid = np.asarray([w if w is not None else -1 for w in e.word_ids], dtype=np.int64)
+            per_word = np.unique(wid, return_counts=True)[1]
+            words += len(per_word)
+            pieces += len(ids)
+            split3 += int((per_word >= 3).sum())
+            unk += int((ids == tokenizer.unk_id).sum())
+    lengths = np.asarray(lengths, dtype=np.int64)
+    doc_lens, pair_over, pairs, k = [], 0, 0, 0
+    for d in docs:
+        L = lengths[k:k + len(d)]
+        k += len(d)
+        doc_lens.append(int(L.sum()))
+        if len(L) >= 2:
+            pairs += len(L) - 1
+            pair_over += int(((L[:-1] + L[1:] + 3) > max_length).sum())
+    doc_lens = np.asarray(doc_lens)
+    return {
+        "files": counts.files, "documents": len(docs), "sentences": len(sents), "words": words, "pieces": pieces,
+        "pieces_per_word": pieces / max(words, 1), "unk_rate": unk / max(pieces, 1),
+        "words_3plus_pieces": split3 / max(words, 1), "max_length": max_length,
+        "sentences_truncated": float(((lengths + 2) > max_length).mean()) if len(lengths) else 0.0,
+        "documents_truncated": float(((doc_lens + 2) > max_length).mean()) if len(doc_lens) else 0.0,
+        "pairs_truncated": pair_over / max(pairs, 1),
+        "mean_sentence_pieces": float(lengths.mean()) if len(lengths) else 0.0,
+        "sampled": n >= max_sentences,
+    }
+
+
+def _mask_breakdown(ids: np.ndarray, labels: np.ndarray, info: TokenInfo) -> tuple[int, int, int]:
+    sel = labels != -100
+    shown, target = ids[sel], labels[sel]
+    mask = int((shown == info.mask_id).sum())
+    keep = int(((shown == target) & (shown != info.mask_id)).sum())
+    return mask, keep, int(sel.sum()) - mask - keep
+
+
+def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample: int = 20000, seed: int = 0,
+               bins: int = 16) -> dict:
+    """Counts over all instances; masking measured over an even sample of `sample` instances."""
+    meta, info = ds.meta, ds.token_info()
+    max_len = int(meta["max_seq_length"])
+    lengths, nsp, short, b_start = [], [], [], []
+    bad = 0
+    for s in range(len(ds.shard_paths)):
+        a = ds._shard(s)
+        off = np.asarray(a["offsets"])
+        ids = np.asarray(a["input_ids"])
+        L = np.diff(off)
+        lengths.append(L)
+        nsp.append(np.asarray(a["nsp_labels"]))
+        short.append(np.asarray(a["short"]))
+        b = np.asarray(a["b_start"]).astype(np.int64)
+        b_start.append(b)
+        if len(L):  # well-formed: [CLS] first, [SEP] last, [SEP] closing A when there is a B
+            first, last = ids[off[:-1]], ids[off[1:] - 1]
+            two = b < L
+            sep_a = ids[(off[:-1] + b - 1)[two]]
+            bad += int((first != info.cls_id).sum() + (last != info.sep_id).sum() + (sep_a != info.sep_id).sum()
+                       + (L > max_len).sum() + ((b < 2) | (b > L)).sum())
+    L, nsp, short, b = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (lengths, nsp, short, b_start))
+    n = len(L)
+    pairs = b < L
+    edges = np.linspace(0, max_len, bins + 1).astype(int)
+    hist = np.histogram(L, bins=edges)[0] if n else np.zeros(bins, int)
+    out = {
+        "instances": n, "tokens": int(L.sum()), "max_length": max_len, "longest": int(L.max()) if n else 0,
+        "mean_length": float(L.mean()) if n else 0.0, "full_length_fraction": float((L == max_len).mean()) if n else 0.0,
+        "length_histogram": {f"{edges[i] + 1}-{edges[i + 1]}": int(hist[i]) for i in range(bins)},
+        "nsp": bool(meta["nsp"]),
+        "random_next_fraction": float((nsp == 1).sum() / max(int((nsp >= 0).sum()), 1)) if meta["nsp"] else None,
+        "short_fraction": float(short.mean()) if n else 0.0,
+        "mean_a_length": float((b[pairs] - 2).mean()) if pairs.any() else None,
+        "mean_b_length": float((L[pairs] - b[pairs] - 1).mean()) if pairs.any() else None,
+        "malformed": bad, "shards": len(ds.shard_paths), "counts": meta.get("counts", {}),
+    }
+    # masking, over an even sample
+    idx = np.unique(np.linspace(0, n - 1, min(sample, n)).astype(np.int64)) if n else np.zeros(0, np.int64)
+    static = meta.get("masking") == "static"
+    cfg = masking or MaskingConfig(**meta.get("masking_config", {}))
+    cand = sel = m = k = r = at_cap = 0
+    for i in idx:
+        x = ds[int(i)]
+        ids = x["input_ids"]
+        if static:                                   # stored ids are masked: restore the originals
+            pos = x["masked_lm_positions"]
+            labels = np.full(len(ids), -100, dtype=np.int64)
+            labels[pos] = x["masked_lm_ids"]
+            shown, ids = ids, ids.copy()
+            ids[pos] = x["masked_lm_ids"]
+        else:
+            rng = np.random.default_rng([seed, 0, int(i)])
+            sub = info.subword[ids] if info.subword is not None and cfg.mode != "token" else None
+            shown, labels = mask_sequence(ids, cfg, rng, info.vocab_size, info.mask_id, info.never_mask, sub)
+        n_cand = int((~np.isin(ids, info.never_mask)).sum())
+        cm, ck, cr = _mask_breakdown(shown, labels, info)
+        s_ = int((labels != -100).sum())
+        cand, sel, m, k, r = cand + n_cand, sel + s_, m + cm, k + ck, r + cr
+        at_cap += int(s_ >= cfg.max_predictions)
+    out["masking"] = {
+        "mode": "static" if static else "dynamic", "config": cfg.to_dict(), "instances_measured": int(len(idx)),
+        "selected_fraction": sel / max(cand, 1), "mask_fraction": m / max(sel, 1), "keep_fraction": k / max(sel, 1),
+        "random_fraction": r / max(sel, 1), "at_cap_fraction": at_cap / max(len(idx), 1),
+        "predictions_per_instance": sel / max(len(idx), 1),
+    }
+    return out
+
+
+def show_instances(ds: PretrainingData, n: int = 5, start: int = 0, masking: MaskingConfig | None = None,
+                   seed: int = 0, epoch: int = 0) -> str:
+    """Decoded instances: segments on their own lines, masked positions as {shown|target}."""
+    tok = ds.tokenizer()
+    info = ds.token_info()
+    cfg = masking or MaskingConfig(**ds.meta.get("masking_config", {}))
+    lines = []
+    for i in range(start, min(start + n, len(ds))):
+        x = ds[i]
+        ids = x["input_ids"]
+        if "masked_lm_positions" in x:
+            shown, labels = ids, np.full(len(ids), -100, dtype=np.int64)
+            labels[x["masked_lm_positions"]] = x["masked_lm_ids"]
+        else:
+            rng = np.random.default_rng([seed, epoch, i])
+            sub = info.subword[ids] if info.subword is not None and cfg.mode != "token" else None
+            shown, labels = mask_sequence(ids, cfg, rng, info.vocab_size, info.mask_id, info.never_mask, sub)
+        toks = tok.convert_ids_to_tokens(shown)
+        tgt = tok.convert_ids_to_tokens(np.where(labels >= 0, labels, 0))
+        words = [f"{{{t}|{g}}}" if lab >= 0 else t for t, g, lab in zip(toks, tgt, labels)]
+        nsp = {0: "is-next", 1: "random-next", -1: "no NSP"}[x["nsp_label"]]
+        b = int(np.argmax(x["token_type_ids"])) if x["token_type_ids"].any() else len(ids)
+        lines.append(f"#{i}  {nsp}  length {len(ids)}  predictions {int((labels >= 0).sum())}")
+        lines.append("  A: " + " ".join(words[:b]))
+        if b < len(ids):
+            lines.append("  B: " + " ".join(words[b:]))
+    return "\n".join(lines)
+
+
+def data_folder_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())

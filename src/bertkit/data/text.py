@@ -1,0 +1,206 @@
+"""Raw text in: files, globs and folders -> documents -> chunks of documents.
+
+Input format (google-research/bert's): UTF-8, one sentence per line, a blank line between
+documents. With `sentence_split`, each line is a paragraph and is split into sentences here.
+The end of a file also ends a document (Google's reader would run a document across files).
+
+Every oddity is counted in `TextCounts` (written to meta.json), never dropped silently:
+invalid UTF-8 (replaced by U+FFFD, or an error naming file:line with `strict`), lines longer
+than `max_line_bytes` (cut at a space into several sentences), empty files, and documents longer
+than `max_document_bytes` (cut into several documents, so memory stays bounded by a chunk).
+
+Chunks are the unit of work and of output (one shard each): consecutive documents of at least
+`chunk_bytes` of text and at least two documents. They depend only on the input and
+`chunk_bytes`, never on the number of workers, which is what makes the output byte-identical.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import logging
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from ..errors import BertkitError
+
+log = logging.getLogger("bertkit")
+
+SUFFIXES = (".txt", ".txt.gz")
+
+
+class InputError(BertkitError):
+    """A bad input path or file; the message names it."""
+
+
+@dataclass
+class TextCounts:
+    files: int = 0
+    empty_files: int = 0
+    bytes: int = 0
+    lines: int = 0
+    documents: int = 0
+    sentences: int = 0
+    invalid_utf8_lines: int = 0
+    long_lines_split: int = 0
+    long_documents_split: int = 0
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def expand_inputs(paths: Iterable[str]) -> list[Path]:
+    """Files named by paths, globs (`**` allowed) and folders (every .txt / .txt.gz inside, sorted)."""
+    files: list[Path] = []
+    for p in paths:
+        path = Path(p)
+        if any(c in p for c in "*?["):
+            found = sorted(Path(f) for f in glob.glob(p, recursive=True) if Path(f).is_file())
+            if not found:
+                raise InputError(f"{p}: no file matches this pattern")
+            files += found
+        elif path.is_dir():
+            found = sorted(f for f in path.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
+            if not found:
+                raise InputError(f"{p}: folder has no .txt or .txt.gz files")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise InputError(f"{p}: no such file or folder")
+    seen, out = set(), []
+    for f in files:
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            out.append(f)
+    return out
+
+
+_SENT_END = re.compile(r"""(?<=[.!?])["')\]]*\s+(?=["'(\[]?[A-Z0-9])""")
+_ABBREV = {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "no", "fig", "gen",
+           "col", "lt", "sgt", "capt", "gov", "sen", "rep", "inc", "ltd", "co", "corp", "mt", "jan", "feb",
+           "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "u.s", "u.k", "ca", "approx"}
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """A rule-based splitter: end at . ! ? (plus closing quotes/brackets) followed by space and a
+    capital, digit or opening quote; not after common abbreviations or single-letter initials."""
+    out, start = [], 0
+    for m in _SENT_END.finditer(paragraph):
+        head = paragraph[start:m.start()].rstrip("\"')]")
+        word = head.rsplit(None, 1)[-1] if head.split() else ""
+        stem = word.rstrip(".!?").lower()
+        if word.endswith(".") and (stem in _ABBREV or (len(stem) == 1 and stem.isalpha())):
+            continue
+        out.append(paragraph[start:m.start()].strip())
+        start = m.end()
+    out.append(paragraph[start:].strip())
+    return [s for s in out if s]
+
+
+def _read_lines(raw, limit: int, counts: TextCounts) -> Iterator[bytes]:
+    """Binary lines; a line over `limit` bytes comes out in pieces cut at a space (counted once)."""
+    carry = b""
+    long_line = False
+    while True:
+        piece = raw.readline(limit)
+        if not piece:
+            if carry:
+                yield carry
+            return
+        piece = carry + piece
+        carry = b""
+        if piece.endswith(b"\n") or len(piece) < limit:
+            yield piece
+            long_line = False
+            continue
+        if not long_line:
+            counts.long_lines_split += 1
+            long_line = True
+        cut = piece.rfind(b" ", 0, limit)
+        if cut <= 0:                                     # no space: cut on a UTF-8 character boundary
+            cut = limit
+            while cut > 0 and (piece[cut] & 0xC0) == 0x80:
+                cut -= 1
+        yield piece[:cut] + b"\n"
+        carry = piece[cut:].lstrip(b" ")
+
+
+def read_documents(files: list[Path], counts: TextCounts, *, sentence_split: bool = False, strict: bool = False,
+                   max_line_bytes: int = 65536, max_document_bytes: int = 32 << 20,
+                   progress: Callable[[int], None] | None = None) -> Iterator[list[str]]:
+    """Yield documents (lists of sentence strings) from the files, in order."""
+    for f in files:
+        counts.files += 1
+        before = counts.sentences
+        with open(f, "rb") as raw:
+            fh = gzip.GzipFile(fileobj=raw) if f.name.endswith(".gz") else raw
+            doc: list[str] = []
+            doc_bytes, pos = 0, 0
+            try:
+                for lineno, line in enumerate(_read_lines(fh, max_line_bytes, counts), 1):
+                    counts.lines += 1
+                    counts.bytes += len(line)
+                    if progress is not None and counts.lines % 4096 == 0:
+                        now = raw.tell()
+                        progress(now - pos)
+                        pos = now
+                    try:
+                        text = line.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        if strict:
+                            raise InputError(f"{f}:{lineno}: invalid UTF-8 at byte {e.start} (drop --strict "
+                                             "to replace it)") from None
+                        counts.invalid_utf8_lines += 1
+                        text = line.decode("utf-8", errors="replace")
+                    text = text.strip()
+                    if not text:
+                        if doc:
+                            counts.documents += 1
+                            yield doc
+                        doc, doc_bytes = [], 0
+                        continue
+                    sents = split_sentences(text) if sentence_split else [text]
+                    doc.extend(sents)
+                    counts.sentences += len(sents)
+                    doc_bytes += len(line)
+                    if doc_bytes > max_document_bytes:
+                        counts.long_documents_split += 1
+                        counts.documents += 1
+                        yield doc
+                        doc, doc_bytes = [], 0
+            except (OSError, EOFError) as e:
+                raise InputError(f"{f}: cannot read ({e})") from None
+            if doc:
+                counts.documents += 1
+                yield doc
+            if progress is not None:
+                progress(raw.tell() - pos)
+        if counts.sentences == before:
+            counts.empty_files += 1
+            log.warning("%s: no text (empty file)", f)
+
+
+def chunk_documents(docs: Iterable[list[str]], chunk_bytes: int) -> Iterator[list[list[str]]]:
+    """Group documents into chunks of >= chunk_bytes of text and >= 2 documents (the last chunk is
+    merged into the one before when it would hold a single document)."""
+    pending: list[list[str]] | None = None
+    cur: list[list[str]] = []
+    size = 0
+    for d in docs:
+        cur.append(d)
+        size += sum(len(s) for s in d)
+        if size >= chunk_bytes and len(cur) >= 2:
+            if pending is not None:
+                yield pending
+            pending, cur, size = cur, [], 0
+    if cur:
+        if len(cur) < 2 and pending is not None:
+            pending = pending + cur
+        else:
+            if pending is not None:
+                yield pending
+            pending = cur
+    if pending is not None:
+        yield pending
