@@ -286,3 +286,24 @@ def test_a_test_file_without_labels_is_an_error(tmp_path, capsys):
     rc, err = score(capsys, "--task", "rte", "--predictions", write_jsonl(tmp_path / "p.jsonl", [(0, "entailment")]),
                     "--references", path)
     assert rc == 1 and "no reference label to score against" in err
+
+
+def test_prediction_file_forms(tmp_path):
+    from bertkit.tasks.metrics import MetricError, read_predictions
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps([{"id": "a", "prediction_text": "x", "no_answer_probability": 0.25},
+                             {"id": 7, "prediction": "y"}]))
+    assert read_predictions(p) == ({"a": "x", "7": "y"}, {"a": 0.25})
+    p.write_text('{"id": "a", "prediction": "x", "null_odds": -1.5}\n\n{"id": "b", "prediction": ""}\n')
+    assert read_predictions(p) == ({"a": "x", "b": ""}, {"a": -1.5})
+    p.write_text(json.dumps({"q1": "Denver Broncos", "q2": ""}))
+    assert read_predictions(p) == ({"q1": "Denver Broncos", "q2": ""}, {})
+    p.write_text(json.dumps({"q1": 3}))
+    with pytest.raises(MetricError, match="map question ids to answer strings"):
+        read_predictions(p)
+    p.write_text('{"id": "a"}\n')
+    with pytest.raises(MetricError, match=r"p.json:1: expected an object with \"id\" and \"prediction\""):
+        read_predictions(p)
+    p.write_text("")
+    with pytest.raises(MetricError, match="empty file"):
+        read_predictions(p)

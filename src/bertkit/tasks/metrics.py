@@ -337,7 +337,9 @@ def best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float], 
 # ---- scoring prediction files against reference files (`bertkit score`) -------------------------
 def read_predictions(path: str | Path) -> tuple[dict[str, Any], dict[str, float]]:
     """({id: prediction}, {id: null odds}) from JSONL lines ``{"id", "prediction"}`` (optionally
-    ``"null_odds"``, SQuAD 2.0) or from the official SQuAD ``{id: answer}`` JSON object."""
+    ``"null_odds"``, SQuAD 2.0), a JSON array of such objects (``"prediction_text"`` and
+    ``"no_answer_probability"`` accepted, as Hugging Face's squad metrics name them), or the
+    official SQuAD ``{id: answer}`` JSON object."""
     path = Path(path)
     if not path.is_file():
         raise MetricError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
@@ -355,32 +357,42 @@ def read_predictions(path: str | Path) -> tuple[dict[str, Any], dict[str, float]
         whole = json.loads(text)
     except json.JSONDecodeError:
         whole = None
-    if isinstance(whole, dict) and not {"id", "prediction"} <= set(whole):
+    if isinstance(whole, dict) and "id" not in whole:
         bad = next((k for k, v in whole.items() if not isinstance(v, str)), None)
         if bad is not None:
             raise MetricError(f"{path}: a JSON object must map question ids to answer strings "
                               f"(the official SQuAD format); {bad!r} maps to {type(whole[bad]).__name__}")
         return dict(whole), {}
+    if isinstance(whole, list):           # a JSON array of the same objects (Hugging Face `evaluate` style)
+        records = [(f"{path}: item {n}", obj) for n, obj in enumerate(whole)]
+    else:
+        records = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append((f"{path}:{lineno}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise MetricError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one "
+                                  f"{{\"id\": .., \"prediction\": ..}} object per line") from None
     preds: dict[str, Any] = {}
     odds: dict[str, float] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MetricError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one "
-                              f"{{\"id\": .., \"prediction\": ..}} object per line") from None
+    for where, obj in records:
+        if isinstance(obj, dict) and "prediction" not in obj and "prediction_text" in obj:
+            obj = {**obj, "prediction": obj["prediction_text"]}
         if not isinstance(obj, dict) or "id" not in obj or "prediction" not in obj:
-            raise MetricError(f"{path}:{lineno}: expected an object with \"id\" and \"prediction\"")
+            raise MetricError(f"{where}: expected an object with \"id\" and \"prediction\"")
         if isinstance(obj["id"], (dict, list)) or obj["id"] is None:
-            raise MetricError(f"{path}:{lineno}: \"id\" must be a string or a number")
+            raise MetricError(f"{where}: \"id\" must be a string or a number")
         qid = str(obj["id"])
         if qid in preds:
-            raise MetricError(f"{path}:{lineno}: id {qid!r} predicted twice")
+            raise MetricError(f"{where}: id {qid!r} predicted twice")
         preds[qid] = obj["prediction"]
-        if obj.get("null_odds") is not None:
-            odds[qid] = _number(obj["null_odds"], f"{path}:{lineno}: null_odds")
+        for key in ("null_odds", "no_answer_probability"):
+            if obj.get(key) is not None:
+                odds[qid] = _number(obj[key], f"{where}: {key}")
+    if not preds:
+        raise MetricError(f"{path}: no predictions")
     return preds, odds
 
 
