@@ -441,7 +441,7 @@ def load_finetuned(path: str | Path) -> tuple[nn.Module, dict]:
     _, raw = read_config(path)
     layers = int(raw.get("bertkit_probe_layers", 1))
     if layers == 1:
-        return load_model(path), raw
+        return load_model(path).eval(), raw
     head = {"BertForTokenClassification": "token_classification"}.get((raw.get("architectures") or [""])[0],
                                                                         "sequence_classification")
     n = len(raw.get("id2label") or {})

@@ -55,6 +55,8 @@ def read_glue(path: str | Path, spec: Spec, bad: BadRows | None = None) -> list[
         lines = f.read().split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    if not any(line.strip() for line in lines):
+        raise DataError(f"{path}: no examples (empty file)")
     first = lines[0].rstrip("\r").split("\t") if lines else []
     if spec.columns is not None and not (first and first[0] in ("index", "id")):
         header, start = list(spec.columns), 0          # CoLA train/dev: no header line

@@ -1,0 +1,222 @@
+"""The fine-tuning loop end to end on a tiny model and synthetic data it must learn, plus the
+checkpoint it writes (HF-loadable, id2label, evaluate/predict agree with metrics.json)."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertkit import Tokenizer, preset, save_model
+from bertkit.checkpoint import build
+from bertkit.cli import main
+from bertkit.finetune import FinetuneConfig, Probe, finetune, grid, load_finetuned
+from bertkit.tasks import DataError
+
+POS, NEG = ["good", "great", "fine"], ["bad", "awful", "poor"]
+FILL = ["the", "movie", "was", "a", "film", "plot", "and", "it", "is", "very"]
+CITIES, PEOPLE = ["paris", "london", "rome"], ["john", "mary"]
+WORDS = POS + NEG + FILL + CITIES[:2] + PEOPLE + ["new", "york", "in", "lives", "rom", "##e", "."]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight other jobs for the cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide BERT with a 30-word vocabulary, saved as an HF folder with its tokenizer."""
+    d = tmp_path_factory.mktemp("tiny_bert")
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])}
+    tok = Tokenizer(vocab, lowercase=True)
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=len(vocab), hidden_size=32, num_heads=2, intermediate_size=64,
+                 max_position_embeddings=64)
+    save_model(build("encoder", cfg), d)
+    tok.save(d)
+    return d
+
+
+def sentiment_rows(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.random() < 0.5
+        words = rng.sample(FILL, 4) + [rng.choice(POS if label else NEG)]
+        rng.shuffle(words)
+        rows.append((" ".join(words), "1" if label else "0"))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def sst_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("sst")
+    for split, n, seed in (("train", 320, 1), ("dev", 80, 2)):
+        text = "sentence\tlabel\n" + "".join(f"{s} \t{l}\n" for s, l in sentiment_rows(n, seed))
+        (d / f"{split}.tsv").write_text(text, encoding="utf-8")
+    return d
+
+
+def ner_sentences(n: int, seed: int) -> list[list[tuple[str, str]]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        who = rng.choice(PEOPLE)
+        where = rng.choice([["paris"], ["london"], ["rome"], ["new", "york"]])
+        tags = ["B-LOC"] + ["I-LOC"] * (len(where) - 1)
+        out.append([(who, "B-PER"), ("lives", "O"), ("in", "O"), *zip(where, tags), (".", "O")])
+    return out
+
+
+@pytest.fixture(scope="module")
+def conll_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("conll")
+    for split, n, seed in (("train", 240, 1), ("valid", 60, 2)):
+        text = "\n".join("\n".join(f"{w} NN O {t}" for w, t in s) + "\n" for s in ner_sentences(n, seed))
+        (d / f"{split}.txt").write_text(text, encoding="utf-8")
+    return d
+
+
+def cfg(**kw) -> FinetuneConfig:
+    base = dict(batch_size=16, lr=2e-3, epochs=4, warmup=0.1, progress=False, max_length=32, log_every=5)
+    base.update(kw)
+    return FinetuneConfig(**base)
+
+
+def test_sequence_classification_learns_and_checkpoint_round_trips(tiny_model, sst_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    result = finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out)))
+    assert result["dev"]["accuracy"] >= 0.95, result["history"]
+    assert result["history"] and result["best_step"] is not None
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "0", "1": "1"} and config["architectures"] == ["BertForSequenceClassification"]
+    assert config["bertkit_task"] == {"name": "sst2"}
+    for name in ("model.safetensors", "vocab.txt", "tokenizer.json", "metrics.json", "metrics.jsonl",
+                 "run_card.md", "run_card.json", "finetune.yaml", "dev_predictions.jsonl"):
+        assert (out / name).is_file(), name
+    # evaluate re-computes the dev metric of the saved (best) checkpoint exactly
+    assert main(["evaluate", "--model", str(out), "--data", str(sst_dir / "dev.tsv"), "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ev["accuracy"] == pytest.approx(result["dev"]["accuracy"])
+    # transformers loads the same folder and computes the same logits
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+    ours, _ = load_finetuned(out)
+    tok = Tokenizer.from_dir(out)
+    batch = tok(["the movie was good", "a bad plot"])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**batch)[0], hf(**batch).logits, atol=1e-5, rtol=1e-4)
+    assert hf.config.id2label == {0: "0", 1: "1"}
+
+
+def test_predict_jsonl(tiny_model, sst_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out)))
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"text": "the film was great"}\n{"id": "b", "text": "awful movie"}\n', encoding="utf-8")
+    capsys.readouterr()
+    assert main(["predict", "--model", str(out), str(inp)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["id"] for r in rows] == ["0", "b"]
+    assert [r["prediction"] for r in rows] == ["1", "0"]
+    assert sum(rows[0]["scores"].values()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_token_classification_learns_first_subword(tiny_model, conll_dir, tmp_path, capsys):
+    out = tmp_path / "ner"
+    result = finetune(cfg(task="conll2003", data=str(conll_dir), model=str(tiny_model), out=str(out), epochs=6))
+    assert result["dev"]["f1"] >= 0.95, result["history"]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"tokens": ["mary", "lives", "in", "rome", "."]}\n', encoding="utf-8")
+    capsys.readouterr()
+    assert main(["predict", "--model", str(out), str(inp)]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["prediction"] == ["B-PER", "O", "O", "B-LOC", "O"]      # 'rome' is two pieces: rom ##e
+
+
+def test_regression_stsb(tiny_model, tmp_path):
+    rng = random.Random(0)
+    d = tmp_path / "stsb"
+    d.mkdir()
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    for split, n in (("train", 300), ("dev", 60)):
+        lines = []
+        for i in range(n):
+            k = rng.randint(0, 3)       # score = number of positive words, 0..3
+            words = rng.sample(FILL, 4 - k) + rng.sample(POS, k)
+            lines.append(f"{i}\tg\tf\ty\t{i}\tn\tn\t{' '.join(words)}\tthe movie\t{k:.3f}\n")
+        (d / f"{split}.tsv").write_text(header + "".join(lines), encoding="utf-8")
+    result = finetune(cfg(task="stsb", data=str(d), model=str(tiny_model), out=str(tmp_path / "o"), epochs=6))
+    assert result["dev"]["pearson"] > 0.8
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["problem_type"] == "regression"
+
+
+def test_frozen_probe_keeps_encoder_and_concatenates_layers(tiny_model, conll_dir, tmp_path):
+    out = tmp_path / "probe"
+    result = finetune(cfg(task="conll2003", data=str(conll_dir), model=str(tiny_model), out=str(out), freeze=True,
+                          probe_layers=2, lr=1e-2, epochs=4))
+    assert result["dev"]["f1"] > 0.9, result["history"]           # word identity is in the frozen features
+    model, raw = load_finetuned(out)
+    assert isinstance(model, Probe) and raw["bertkit_probe_layers"] == 2
+    assert model.model.classifier.weight.shape == (4, 64)           # B-LOC, B-PER, I-LOC, O from 2 x 32
+    from safetensors.torch import load_file
+    before = load_file(str(tiny_model / "model.safetensors"))
+    after = load_file(str(out / "model.safetensors"))
+    name = "encoder.layer.0.attention.self.query.weight"
+    assert torch.equal(before[name], after["bert." + name])                # the encoder did not move
+
+
+def test_random_init_and_grid(tiny_model, sst_dir, tmp_path):
+    out = tmp_path / "grid"
+    summary = grid(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out), init="random"),
+                   space={"lr": (2e-3, 1e-5), "epochs": (1,)})
+    assert len(summary["runs"]) == 2 and summary["best"]["lr"] == 2e-3     # 1e-5 for 1 epoch learns nothing
+    assert (out / "model.safetensors").is_file() and (out / "grid.json").is_file()
+
+
+def test_unseen_label_at_evaluation_is_an_error(tiny_model, sst_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out), epochs=1))
+    bad = tmp_path / "dev.tsv"
+    bad.write_text("sentence\tlabel\nthe movie was good \t1\nthe plot \t2\n", encoding="utf-8")
+    assert main(["evaluate", "--model", str(out), "--data", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "dev.tsv:3" in err and "'2'" in err
+
+
+def test_custom_csv_classification_with_columns(tiny_model, tmp_path):
+    rows = sentiment_rows(400, 3)
+    import csv
+    for split, part in (("train", rows[:320]), ("dev", rows[320:])):
+        with open(tmp_path / f"{split}.csv", "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["review", "stars"])
+            w.writerows([(s, "pos" if l == "1" else "neg") for s, l in part])
+    result = finetune(cfg(task="classify", train_file=str(tmp_path / "train.csv"),
+                          dev_file=str(tmp_path / "dev.csv"), text_column="review", label_column="stars",
+                          model=str(tiny_model), out=str(tmp_path / "o"), epochs=5))
+    assert result["dev"]["accuracy"] >= 0.9
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"}
+    assert config["bertkit_task"]["columns"]["text_column"] == "review"
+
+
+def test_cli_errors_are_one_line(tiny_model, tmp_path, capsys):
+    empty = tmp_path / "train.tsv"
+    empty.write_text("", encoding="utf-8")
+    assert main(["finetune", "--task", "sst2", "--train-file", str(empty), "--model", str(tiny_model),
+                 "--out", str(tmp_path / "o"), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.tsv" in err
+    assert main(["finetune", "--task", "sst3", "--data", str(tmp_path), "--model", str(tiny_model)]) == 1
+    assert "did you mean" in capsys.readouterr().err
+    with pytest.raises(DataError):
+        from bertkit.tasks import get_task
+        get_task("sst2").read(empty)
