@@ -253,3 +253,97 @@ def test_qa_head_runs_on_collated_windows(examples, tokenizer):
     preds = S.postprocess_qa(outs, feats, exs)
     assert set(preds) == {e.id for e in exs}
     assert all(p in e.context for p, e in zip(preds.values(), exs))
+
+
+def run_squad_write_predictions(examples, features, outputs, version, n_best_size=20, max_answer_length=30,
+                                null_score_diff_threshold=0.0):
+    """google-research/bert run_squad.py's write_predictions loop, copied (TF plumbing and
+    get_final_text aside: the final text is cut from the context by piece offsets, as bertkit does)."""
+    def _get_best_indexes(logits, n_best_size):
+        index_and_score = sorted(enumerate(logits), key=lambda x: x[1], reverse=True)
+        return [index_and_score[i][0] for i in range(min(n_best_size, len(index_and_score)))]
+
+    by_ex = {}
+    for j, f in enumerate(features):
+        by_ex.setdefault(f["example_index"], []).append(j)
+    all_predictions, scores_diff_json = {}, {}
+    for example_index, example in enumerate(examples):
+        feats = [features[j] for j in by_ex[example_index]]
+        results = [outputs[j] for j in by_ex[example_index]]
+        prelim_predictions = []
+        score_null, min_null_feature_index, null_start_logit, null_end_logit = 1000000, 0, 0, 0
+        for feature_index, (feature, (start_logits, end_logits)) in enumerate(zip(feats, results)):
+            c0 = feature["context_start"]
+            token_to_orig_map = {c0 + j: j for j in range(len(feature["offsets"]))}
+            token_is_max_context = {c0 + j: m for j, m in enumerate(feature["max_context"])}
+            start_indexes = _get_best_indexes(start_logits, n_best_size)
+            end_indexes = _get_best_indexes(end_logits, n_best_size)
+            if version == 2:
+                feature_null_score = start_logits[0] + end_logits[0]
+                if feature_null_score < score_null:
+                    score_null, min_null_feature_index = feature_null_score, feature_index
+                    null_start_logit, null_end_logit = start_logits[0], end_logits[0]
+            for start_index in start_indexes:
+                for end_index in end_indexes:
+                    if start_index >= len(feature["input_ids"]) or end_index >= len(feature["input_ids"]):
+                        continue
+                    if start_index not in token_to_orig_map or end_index not in token_to_orig_map:
+                        continue
+                    if not token_is_max_context.get(start_index, False):
+                        continue
+                    if end_index < start_index or end_index - start_index + 1 > max_answer_length:
+                        continue
+                    prelim_predictions.append((feature_index, start_index, end_index,
+                                               start_logits[start_index], end_logits[end_index]))
+        if version == 2:
+            prelim_predictions.append((min_null_feature_index, 0, 0, null_start_logit, null_end_logit))
+        prelim_predictions = sorted(prelim_predictions, key=lambda x: (x[3] + x[4]), reverse=True)
+        seen_predictions, nbest = {}, []
+        for feature_index, start_index, end_index, start_logit, end_logit in prelim_predictions:
+            if len(nbest) >= n_best_size:
+                break
+            feature = feats[feature_index]
+            if start_index > 0:
+                c0 = feature["context_start"]
+                final_text = example.context[feature["offsets"][start_index - c0][0]:
+                                             feature["offsets"][end_index - c0][1]]
+                if final_text in seen_predictions:
+                    continue
+                seen_predictions[final_text] = True
+            else:
+                final_text = ""
+                seen_predictions[final_text] = True
+            nbest.append((final_text, start_logit, end_logit))
+        if version == 2 and "" not in seen_predictions:
+            nbest.append(("", null_start_logit, null_end_logit))
+        if not nbest:
+            nbest.append(("empty", 0.0, 0.0))
+        best_non_null_entry = next((e for e in nbest if e[0]), None)
+        if version == 1:
+            all_predictions[example.id] = nbest[0][0]
+        elif best_non_null_entry is None:          # run_squad.py fails here; bertkit answers ""
+            all_predictions[example.id] = None
+        else:
+            score_diff = score_null - best_non_null_entry[1] - best_non_null_entry[2]
+            scores_diff_json[example.id] = score_diff
+            all_predictions[example.id] = "" if score_diff > null_score_diff_threshold else best_non_null_entry[0]
+    return all_predictions, scores_diff_json
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_postprocess_equals_run_squad_on_random_logits(examples, tokenizer, version, seed):
+    rng = np.random.default_rng(seed)
+    exs = examples[200:260]
+    feats = S.featurize_qa(exs, tokenizer, max_length=80, stride=20)
+    # rounded logits: many ties, which the stable sorts must break the same way
+    outs = [(np.round(rng.normal(0, 2, len(f["input_ids"])), 1), np.round(rng.normal(0, 2, len(f["input_ids"])), 1))
+            for f in feats]
+    for n_best, max_len in ((20, 30), (5, 4)):
+        ours = S.postprocess_qa(outs, feats, exs, version=version, n_best=n_best, max_answer_length=max_len)
+        ref, diffs = run_squad_write_predictions(exs, feats, outs, version, n_best, max_len)
+        unanswerable = {q for q, a in ref.items() if a is None}
+        assert all(ours[q] == "" and ours.null_odds[q] > 0 for q in unanswerable)
+        assert {q: a for q, a in ours.items() if q not in unanswerable} == {q: a for q, a in ref.items() if a is not None}
+        if version == 2:
+            assert {q: d for q, d in ours.null_odds.items() if q not in unanswerable} == pytest.approx(diffs)
