@@ -110,7 +110,26 @@ def setup_prepare(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-mb", type=float, default=4.0, help="text per shard and per random-next pool")
     p.add_argument("--overwrite", action="store_true", help="delete shards already in --out")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(run=run_prepare)
+    p.set_defaults(run=run_prepare, _parser=p)
+
+
+def command_line(args) -> str:
+    """The command as it would be typed again: every option that differs from its default."""
+    parts = ["bertkit", "prepare"]
+    for a in args._parser._actions:
+        if not a.option_strings or a.dest in ("help",):
+            continue
+        v = getattr(args, a.dest, None)
+        if v == a.default:
+            continue
+        flag = a.option_strings[-1] if isinstance(a, argparse.BooleanOptionalAction) and not v else a.option_strings[0]
+        if isinstance(v, bool):
+            parts.append(flag)
+        elif isinstance(v, list):
+            parts += [flag, *map(str, v)]
+        else:
+            parts += [flag, str(v)]
+    return " ".join(shlex.quote(x) for x in parts)
 
 
 def masking_from_args(args):
@@ -134,7 +153,7 @@ def run_prepare(args) -> int:
                         sentence_split=args.sentence_split, strict=args.strict)
     if args.workers < 1:
         raise BertkitError(f"--workers {args.workers}: expected >= 1")
-    command = "bertkit prepare " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else None
+    command = command_line(args)
     meta = prepare(args.input, _load_tokenizer(args.model), args.out, cfg, workers=args.workers,
                    num_shards=args.num_shards, shard_index=args.shard_index, overwrite=args.overwrite,
                    progress=not args.no_progress, command=command)

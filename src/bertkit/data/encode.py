@@ -18,7 +18,9 @@ from itertools import chain
 
 import numpy as np
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")           # control chars, tab, CR, LF: the Rust path
+# control chars, tab, CR, LF, and special tokens written in the text (the Rust tokenizer matches
+# those as added tokens): the Rust path
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]|\[(?:PAD|UNK|CLS|SEP|MASK)\]")
 _WORDS_UNCASED = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]|\r")
 _WORDS_CASED = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]|\r")
 _MARK = "\r"                                                # sentence boundary in the joined text

@@ -109,11 +109,14 @@ def load_meta(path: Path) -> dict:
     meta = dict(metas[0])
     pairs = sorted((s, c) for m in metas for s, c in zip(m["shards"], m["shard_instances"]))
     meta["shards"], meta["shard_instances"] = [s for s, _ in pairs], [c for _, c in pairs]
-    counts: dict[str, Any] = {}
-    for m in metas:
-        for k, v in m.get("counts", {}).items():
-            if isinstance(v, (int, float)):
-                counts[k] = counts.get(k, 0) + v
+    # every machine reads the whole input (text counts are equal); instance counts add up
+    counts: dict[str, Any] = dict(metas[0].get("counts", {}))
+    for k in ("instances", "tokens", "random_next", "short", "one_sentence_documents", "sentences_split",
+              "tokens_truncated", "lone_segments_next", "empty_documents_dropped"):
+        counts[k] = sum(m.get("counts", {}).get(k, 0) for m in metas)
+    counts["max_length"] = max(m.get("counts", {}).get("max_length", 0) for m in metas)
+    n = max(counts["instances"], 1)
+    counts["random_next_fraction"], counts["short_fraction"] = counts["random_next"] / n, counts["short"] / n
     meta["counts"] = counts
     meta["num_shards"], meta["shard_index"] = 1, 0
     return meta

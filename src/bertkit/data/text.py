@@ -77,7 +77,7 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
     return out
 
 
-_SENT_END = re.compile(r"""(?<=[.!?])["')\]]*\s+(?=["'(\[]?[A-Z0-9])""")
+_SENT_END = re.compile(r"""([.!?]["')\]]*)\s+(?=["'(\[]?[A-Z0-9])""")
 _ABBREV = {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "no", "fig", "gen",
            "col", "lt", "sgt", "capt", "gov", "sen", "rep", "inc", "ltd", "co", "corp", "mt", "jan", "feb",
            "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "u.s", "u.k", "ca", "approx"}
@@ -88,12 +88,12 @@ def split_sentences(paragraph: str) -> list[str]:
     capital, digit or opening quote; not after common abbreviations or single-letter initials."""
     out, start = [], 0
     for m in _SENT_END.finditer(paragraph):
-        head = paragraph[start:m.start()].rstrip("\"')]")
+        head = paragraph[start:m.end(1)].rstrip("\"')]")
         word = head.rsplit(None, 1)[-1] if head.split() else ""
         stem = word.rstrip(".!?").lower()
         if word.endswith(".") and (stem in _ABBREV or (len(stem) == 1 and stem.isalpha())):
             continue
-        out.append(paragraph[start:m.start()].strip())
+        out.append(paragraph[start:m.end(1)].strip())
         start = m.end()
     out.append(paragraph[start:].strip())
     return [s for s in out if s]

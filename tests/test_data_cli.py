@@ -1,0 +1,85 @@
+"""The data commands end to end: tokenizer train/stats, prepare, data stats/show, error messages."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertkit.cli import main
+from bertkit.data.pretraining import open_dataset
+from bertkit.data.masking import Collator, MaskingConfig
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "src" / "bertkit" / "sample" / "inaugural.txt.gz"
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    docs = gzip.open(SAMPLE, "rt", encoding="utf-8").read().split("\n\n")[:8]
+    (d / "c.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return d / "c.txt"
+
+
+def test_tokenizer_train_loads_in_transformers(small_corpus, tmp_path, capsys):
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", str(small_corpus), "--vocab-size", "600", "--out", str(out)]) == 0
+    assert {"vocab.txt", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    from bertkit.tokenizer import Tokenizer
+    ours = Tokenizer.from_dir(out)
+    assert 500 <= ours.vocab_size <= 600 and ours.lowercase
+    transformers = pytest.importorskip("transformers")
+    text = "The Constitution of the United States, ratified in 1788."
+    hf = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert hf(text)["input_ids"] == ours.encode(text).input_ids
+    slow = transformers.BertTokenizer(str(out / "vocab.txt"), do_lower_case=True)
+    assert slow(text)["input_ids"] == ours.encode(text).input_ids
+
+
+def test_tokenizer_stats_json(minilm, small_corpus, capsys):
+    assert main(["tokenizer", "stats", "--model", str(minilm), str(small_corpus), "--max-length", "64", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert 1.0 < s["pieces_per_word"] < 1.3 and s["unk_rate"] < 0.01
+    assert 0 < s["words_3plus_pieces"] < 0.1 and 0 < s["pairs_truncated"] < 1 and s["documents_truncated"] == 1.0
+
+
+def test_prepare_stats_show_and_collate(minilm, small_corpus, tmp_path, capsys):
+    out = tmp_path / "data"
+    assert main(["prepare", "--model", str(minilm), "--input", str(small_corpus), "--out", str(out),
+                 "--max-seq-length", "128", "--no-progress", "--workers", "2"]) == 0
+    assert main(["data", "stats", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    for k in ("instances", "tokens", "max_length", "random_next_fraction", "short_fraction"):
+        assert k in s
+    m = s["masking"]
+    assert s["max_length"] == 128 and s["longest"] <= 128 and s["malformed"] == 0
+    assert abs(m["selected_fraction"] - 0.15) < 0.01
+    assert abs(m["mask_fraction"] - 0.8) < 0.03 and abs(m["random_fraction"] - 0.1) < 0.03
+    assert abs(m["mask_fraction"] + m["keep_fraction"] + m["random_fraction"] - 1) < 1e-9
+    assert main(["data", "show", str(out), "-n", "2"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.count("[CLS]") == 2 and "{[MASK]|" in shown and "  B: " in shown
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["command"] == (f"bertkit prepare --model {minilm} --input {small_corpus} --out {out} "
+                               "--workers 2 --no-progress")
+    # the trainer's path: a batch from the folder, masks as the stats measured them
+    ds = open_dataset(out)
+    batch = Collator(ds, MaskingConfig(), seed=0)([ds[i] for i in range(8)], epoch=0)
+    assert batch["input_ids"].shape[0] == 8 and batch["nsp_labels"].shape == (8,)
+    assert ((batch["mlm_labels"] != -100).sum(1) >= 1).all()
+
+
+def test_cli_errors_are_one_line(minilm, tmp_path, capsys):
+    assert main(["prepare", "--model", str(minilm), "--input", str(tmp_path / "nope.txt"), "--out",
+                 str(tmp_path / "o"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("bertkit prepare: error:") and "nope.txt" in err and "Traceback" not in err
+    assert main(["data", "stats", str(tmp_path)]) == 1
+    assert "not complete" in capsys.readouterr().err
+    (tmp_path / "one.txt").write_text("Just one document.\nTwo lines.\n")
+    assert main(["prepare", "--model", str(minilm), "--input", str(tmp_path / "one.txt"), "--out",
+                 str(tmp_path / "o"), "--no-progress"]) == 1
+    assert "--no-nsp" in capsys.readouterr().err
