@@ -103,6 +103,7 @@ def test_row_numbers_for_a_file_with_an_id_column(shared_data, tmp_path, capsys,
                     write_jsonl(tmp_path / "p.jsonl", [(n, float(lab)) for n, (_, lab) in enumerate(refs)]),
                     "--references", path)
     assert rc == 0 and got["pearson"] == pytest.approx(1.0)
+    assert "matching by row" in caplog.text
 
 
 def test_glue_errors(shared_data, tmp_path, capsys):
