@@ -347,3 +347,13 @@ def test_postprocess_equals_run_squad_on_random_logits(examples, tokenizer, vers
         assert {q: a for q, a in ours.items() if q not in unanswerable} == {q: a for q, a in ref.items() if a is not None}
         if version == 2:
             assert {q: d for q, d in ours.null_odds.items() if q not in unanswerable} == pytest.approx(diffs)
+
+
+def test_windows_always_overlap(tokenizer, caplog):
+    context = " ".join(f"word{i}" for i in range(300))
+    ex = S.QAExample("q", "Which word?", context, [("word150", context.index("word150"))])
+    feats = S.featurize_qa([ex], tokenizer, max_length=64, stride=128, train=True)
+    room = 64 - len(tokenizer.encode_ids(["Which word?"])[0]) - 3
+    starts = [f["doc_start"] for f in feats]
+    assert starts[1] - starts[0] == room // 2 and "windows start half a window apart" in caplog.text
+    assert any(f["start_positions"] > 0 for f in feats)

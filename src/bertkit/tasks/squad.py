@@ -18,6 +18,8 @@
 
 `stride` here is run_squad.py's doc_stride, the step between window starts (Hugging Face's
 run_qa.py passes the same number as an *overlap*; the two agree only when the window is 256).
+A doc stride as long as the window (e.g. the default 128 with --max-length 128) would leave no
+overlap, so such windows start half a window apart instead (with a warning).
 """
 from __future__ import annotations
 
@@ -196,7 +198,7 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
     for c, enc in zip(unique, tokenizer.backend.encode_batch(unique, add_special_tokens=False)):
         contexts[c] = enc
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
-    feats, no_target = [], 0
+    feats, no_target, narrowed = [], 0, 0
     for i, ex in enumerate(examples):
         q_ids = questions[i].ids[:max_query_length]
         enc = contexts[ex.context]
@@ -211,7 +213,11 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
             piece_span = char_span_to_pieces(offsets, start, start + len(text))
             if piece_span is None:
                 no_target += 1
-        spans = doc_spans(len(doc_ids), room, doc_stride)
+        step = doc_stride
+        if step >= room:        # windows would not overlap: an answer across a boundary is lost
+            step = max(room // 2, 1)
+            narrowed += 1
+        spans = doc_spans(len(doc_ids), room, step)
         for k, (s, length) in enumerate(spans):
             ids = [cls, *q_ids, sep, *doc_ids[s:s + length], sep]
             types = [0] * (len(q_ids) + 2) + [1] * (length + 1)
@@ -226,6 +232,10 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
                     sp, ep = piece_span[0] - s + first, piece_span[1] - s + first
                 feat["start_positions"], feat["end_positions"] = sp, ep
             feats.append(feat)
+    if narrowed:
+        log.warning("doc stride %d is not shorter than the context room of %d questions at max_length %d; "
+                    "their windows start half a window apart instead (so they overlap)", doc_stride, narrowed,
+                    max_length)
     if no_target:
         log.warning("%d answers cover no word piece of their context; they train towards [CLS]", no_target)
     return feats
