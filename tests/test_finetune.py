@@ -220,3 +220,23 @@ def test_cli_errors_are_one_line(tiny_model, tmp_path, capsys):
     with pytest.raises(DataError):
         from bertkit.tasks import get_task
         get_task("sst2").read(empty)
+
+
+@pytest.mark.parametrize("head, line, check", [
+    ("question_answering", '{"question": "who lives in paris", "context": "john lives in paris ."}',
+     lambda r: isinstance(r["prediction"], str) and r["prediction"] in "john lives in paris ."),
+    ("multiple_choice", '{"context": "john lives in", "endings": ["paris", "the movie", "rome"]}',
+     lambda r: r["prediction"] in (0, 1, 2)),
+    ("masked_lm", '{"text": "john lives in [MASK] ."}',
+     lambda r: len(r["prediction"]) == 1 and len(r["candidates"][0]) == 3),
+])
+def test_predict_every_head(tiny_model, tmp_path, capsys, head, line, check):
+    from bertkit import load_model
+    model = load_model(tiny_model, head=head, new_head_ok=True)
+    save_model(model, tmp_path / "m")
+    Tokenizer.from_dir(tiny_model).save(tmp_path / "m")
+    (tmp_path / "in.jsonl").write_text(line + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["predict", "--model", str(tmp_path / "m"), str(tmp_path / "in.jsonl"), "--top-k", "3"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["id"] == "0" and check(row), row
