@@ -19,9 +19,10 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("bertkit")
 
@@ -247,6 +248,7 @@ class Tokenizer:
     def pad(self, encodings: Sequence[Encoding], pad_to_multiple_of: int | None = None,
             device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
         """Right-pad a list of encodings into (B, T) tensors: input_ids, token_type_ids, attention_mask."""
+        import torch                       # here, so data commands start without torch
         T = max((len(e) for e in encodings), default=0)
         if pad_to_multiple_of:
             T = -(-T // pad_to_multiple_of) * pad_to_multiple_of
