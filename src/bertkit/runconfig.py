@@ -82,8 +82,8 @@ class TrainSection:
     precision: str = "auto"
     """'auto' (bf16 autocast on CUDA with bf16 support, else fp32), 'fp32', 'bf16' or 'fp16' (with a scaler)."""
     packed: str = "auto"
-    """Padding-free encoder path: 'auto' (packed on GPU, padded on CPU - measured faster
-    there, see benchmarks/pretrain_vs_hf.py), 'true' or 'false'."""
+    """Padding-free encoder path (real tokens only, `fast.pack`): 'auto' (= true: faster on CPU
+    too, measured by benchmarks/pretrain_vs_hf.py; on GPU it uses varlen flash attention), 'true', 'false'."""
     compile: bool = False
     """torch.compile the model."""
     clip_norm: float = 1.0

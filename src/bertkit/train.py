@@ -140,6 +140,8 @@ def _pretrain(cfg: PretrainConfig, world: D.World, command: str) -> dict:
                 last_ckpt = time.perf_counter()
     if bar is not None:
         bar.close()
+    if world.main and window.n:                     # the last updates, if they did not end a log window
+        metrics.write(window.record(st, run))
     if run.get("saved_step") != st.step:
         save_checkpoint(run, world)
     final_eval = _eval_and_log(run, evals, board, None) if not (tc.eval_every and st.step % tc.eval_every == 0) \
@@ -160,7 +162,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
     if budget and cfg.optim.warmup >= 1:
         raise RunConfigError("with train.budget, optim.warmup must be a fraction of the time (< 1)")
     precision = _precision(tc.precision, world.device)
-    packed = {"true": True, "false": False}.get(str(tc.packed).lower(), world.device.type == "cuda")
+    packed = str(tc.packed).lower() != "false"          # 'auto' = packed: faster on CPU and GPU (see runconfig)
     phases, tokenizer = _phases(cfg, world)
     ckpt = find_checkpoint(out / "checkpoints") if cfg.resume else None
     if cfg.resume and ckpt is None:

@@ -84,8 +84,75 @@ def setup_quickstart(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=run_quickstart)
 
 
-def run_quickstart(args) -> int:
-    from ..quickstart import quickstart
+FILL_MASK_EXAMPLES = [
+    "we the people of the united [MASK] .",
+    "the [MASK] of the nation is in the hands of the people .",
+    "i do solemnly swear that i will faithfully execute the office of [MASK] of the united states .",
+    "our [MASK] is a government of the people , by the people , for the people .",
+]
 
+
+def run_quickstart(args) -> int:
     quickstart(args.out, minutes=args.minutes, vocab_size=args.vocab_size, preset=args.preset, seed=args.seed)
     return 0
+
+
+def quickstart(out: str, minutes: float = 3.0, vocab_size: int = 8000, preset: str = "tiny", seed: int = 0) -> dict:
+    """The whole pipeline on the bundled corpus (US inaugural addresses, public domain): train a
+    WordPiece vocabulary, prepare NSP pairs, pre-train a small BERT for `minutes`, report."""
+    import gzip
+    import time
+    from importlib import resources
+    from pathlib import Path
+
+    from ..data.prepare import PrepareConfig, prepare
+    from ..infer import Predictor
+    from ..runconfig import PretrainConfig, load_config
+    from ..runlog import read_jsonl
+    from ..tokenizer import Tokenizer
+    from ..train import pretrain
+
+    t0 = time.time()
+    root = Path(out)
+    (root / "text").mkdir(parents=True, exist_ok=True)
+    text = gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()).decode("utf-8")
+    docs = [d for d in text.split("\n\n") if d.strip()]
+    # the last 5 addresses are held out: the "before / after" accuracy is on documents never trained on
+    (root / "text" / "train.txt").write_text("\n\n".join(docs[:-5]) + "\n", encoding="utf-8")
+    (root / "text" / "heldout.txt").write_text("\n\n".join(docs[-5:]) + "\n", encoding="utf-8")
+    print(f"1/4 corpus: {len(docs)} inaugural addresses (1789-2005), {len(text) / 1e6:.2f} MB; "
+          f"5 held out -> {root / 'text'}", flush=True)
+    tok = Tokenizer.train([str(root / "text" / "train.txt")], vocab_size=vocab_size, lowercase=True)
+    tok.save(root / "tokenizer")
+    print(f"2/4 WordPiece vocabulary: {tok.vocab_size} tokens -> {root / 'tokenizer'}", flush=True)
+    pcfg = PrepareConfig(max_seq_length=128, seed=seed)
+    meta = prepare([str(root / "text" / "train.txt")], tok, root / "data" / "train", pcfg, progress=False,
+                   overwrite=True)
+    prepare([str(root / "text" / "heldout.txt")], tok, root / "data" / "heldout", pcfg, progress=False, overwrite=True)
+    print(f"3/4 prepared {meta['counts']['instances']} NSP pairs of up to 128 tokens -> {root / 'data'}", flush=True)
+    spent = time.time() - t0
+    overrides = {"out": str(root / "run"), "data.path": str(root / "data" / "train"),
+                 "data.eval_path": str(root / "data" / "heldout"), "data.eval_instances": 256,
+                 "model.preset": preset, "train.budget": f"{max(minutes * 60 - spent, 5):.0f}s",
+                 "train.max_steps": 1000000, "train.batch_size": 32, "train.eval_every": 100,
+                 "train.log_every": 10, "train.checkpoint_every": 0, "train.seed": seed,
+                 "optim.lr": 2e-3, "optim.warmup": 0.05}
+    cfg = load_config(PretrainConfig, None, [f"--{k}={v}" for k, v in overrides.items()])
+    print(f"4/4 pre-training BERT-{preset} (MLM + NSP) for {cfg.train.budget} on {cfg.train.num_threads or 'all'} "
+          f"CPU threads ...", flush=True)
+    card = pretrain(cfg, command=f"bertkit quickstart --out {out} --minutes {minutes}")
+    evals = read_jsonl(root / "run" / "eval.jsonl")
+    before, after = evals[0], evals[-1]
+    print(f"\nheld-out MLM accuracy: {before['eval_mlm_accuracy']:.3f} before -> {after['eval_mlm_accuracy']:.3f} "
+          f"after {card['updates']} updates ({card['tokens_seen']:,} tokens, {card['wall_time_s']:.0f} s); "
+          f"perplexity {before['eval_perplexity']:.0f} -> {after['eval_perplexity']:.0f}; NSP accuracy "
+          f"{after['eval_nsp_accuracy']:.3f}")
+    predictor = Predictor.from_dir(root / "run" / "final")
+    print("\nfill-mask (top 3):")
+    for text_, preds in zip(FILL_MASK_EXAMPLES, predictor.fill_mask(FILL_MASK_EXAMPLES, top_k=3)):
+        guesses = ", ".join(f"{p['token']} ({p['score']:.2f})" for p in preds[0])
+        print(f"  {text_}\n      -> {guesses}")
+    print(f"\nrun card: {root / 'run' / 'run_card.md'}\ncurves:   {root / 'run' / 'curves.png'}\n"
+          f"model:    {root / 'run' / 'final'} (Hugging Face format; try: bertkit fill-mask --model "
+          f"{root / 'run' / 'final'} ...)\ntotal {time.time() - t0:.0f} s")
+    return card

