@@ -46,6 +46,9 @@ def test_read_instances(tmp_path):
         ds[10]
     assert isinstance(ds._shard(0)["input_ids"], np.memmap)   # zero copies
     assert ds.lengths().sum() == sum(len(ds[i]["input_ids"]) for i in range(10))
+    import pickle
+    blob = pickle.dumps(ds)                                   # what a spawned data-loader worker gets
+    assert len(blob) < 5000 and pickle.loads(blob)[4]["input_ids"].tolist() == x["input_ids"].tolist()
 
 
 def test_subset_and_ranks(tmp_path):

@@ -241,11 +241,13 @@ def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, w
     job = _Job(cfg, tokenizer.backend.to_str(), info, str(out), cfg.hash(), token_dtype, tokenizer.lowercase)
     counts = TextCounts()
     total_bytes = sum(f.stat().st_size for f in files)
-    from tqdm import tqdm
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress, smoothing=0.1)
     t0 = time.time()
     executor = _InProcess(job) if workers <= 1 else ProcessPoolExecutor(
         workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(job, True))
+    if workers > 1:       # start the workers now, before the progress bar starts its thread
+        executor.submit(os.getpid).result()
+    from tqdm import tqdm
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress, smoothing=0.1)
     results: dict[int, dict] = {}
     inflight: dict[int, object] = {}
     reused = 0

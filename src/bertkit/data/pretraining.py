@@ -140,6 +140,11 @@ class PretrainingData:
     def __len__(self) -> int:
         return int(self._starts[-1])
 
+    def __getstate__(self) -> dict:      # data-loader workers / spawn: reopen the memmaps, never copy
+        state = dict(self.__dict__)
+        state["_open"] = {}
+        return state
+
     def shard_range(self, s: int) -> range:
         return range(int(self._starts[s]), int(self._starts[s + 1]))
 
