@@ -1,0 +1,113 @@
+"""`bertkit serve` and `bertkit export onnx`: thin layers over bertkit.serve and bertkit.onnx_export."""
+from __future__ import annotations
+
+import argparse
+import logging
+
+from ..errors import BertkitError
+
+log = logging.getLogger("bertkit")
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """--model/--head/--device/--threads/--int8/--compile/--backend/--onnx: how a Predictor loads."""
+    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder (config.json, weights, vocab)")
+    p.add_argument("--head", default=None, help="head to load (default: the one config.json names)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model")
+    p.add_argument("--int8", action="store_true",
+                   help="dynamic int8 quantisation of the encoder's Linear layers (CPU; ~0.99 cosine to fp32)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the encoder (slow start)")
+    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+                   help="run the model on PyTorch or on onnxruntime (an exported file, see `bertkit export onnx`)")
+    p.add_argument("--onnx", default=None, metavar="FILE", help="ONNX file for --backend onnx (default DIR/model.onnx)")
+
+
+def load_predictor(args, max_length: int | None = None):
+    from ..infer import Predictor
+
+    if args.backend == "onnx" and (args.int8 or args.compile):
+        raise BertkitError("--int8 and --compile apply to --backend torch; for onnx export with "
+                           "`bertkit export onnx --int8`")
+    return Predictor.from_dir(args.model, head=args.head, device=args.device, threads=args.threads,
+                              int8=args.int8, compile=args.compile, backend=args.backend,
+                              max_length=max_length, onnx_file=args.onnx)
+
+
+# ---- serve ---------------------------------------------------------------------------------------
+def setup_serve(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    add_model_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server to the network)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-tokens", type=int, default=8192, help="real tokens per model call at most")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; beyond: 503 + Retry-After")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="tokens per text at most (default: the checkpoint's limit); longer: 413")
+    p.add_argument("--max-request-items", type=int, default=64, help="texts per request at most; more: 413")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="request body size at most; more: 413")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(run=run_serve)
+
+
+def run_serve(args) -> int:
+    try:
+        from ..serve import ServeConfig, serve
+    except ImportError as e:
+        raise BertkitError(f"bertkit serve needs FastAPI and uvicorn: pip install 'bertkit[serve]' ({e})") from None
+    for name in ("max_batch_tokens", "max_queue", "max_request_items", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise BertkitError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_wait_ms < 0:
+        raise BertkitError("--max-wait-ms must be >= 0")
+    predictor = load_predictor(args, args.max_length)
+    if args.max_length is not None and args.max_length > predictor.max_length:
+        raise BertkitError(f"--max-length {args.max_length} is over the model's limit {predictor.max_length}")
+    if args.max_batch_tokens < predictor.max_length:
+        log.warning("--max-batch-tokens %d is below --max-length %d: long texts run alone",
+                    args.max_batch_tokens, predictor.max_length)
+    cfg = ServeConfig(host=args.host, port=args.port, max_batch_tokens=args.max_batch_tokens,
+                      max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, max_length=predictor.max_length,
+                      max_request_items=args.max_request_items, max_body_bytes=args.max_body_bytes)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s: the API has no authentication", args.host)
+    return serve(predictor, cfg, log_level=args.log_level)
+
+
+# ---- export --------------------------------------------------------------------------------------
+def setup_export(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
+    o = sub.add_parser("onnx", help="ONNX with dynamic batch and sequence axes, checked against PyTorch",
+                       description="Export a checkpoint to ONNX (dynamo exporter), then check it on "
+                                   "onnxruntime against PyTorch on new batch sizes, lengths and padding.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    o.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder")
+    o.add_argument("--out", required=True, metavar="FILE.onnx", help="output file (DIR/model.onnx is what "
+                   "--backend onnx looks for by default)")
+    o.add_argument("--head", default=None, help="head to export (default: the one config.json names)")
+    o.add_argument("--opset", type=int, default=18, help="ONNX opset")
+    o.add_argument("--optimize", action="store_true", help="save onnxruntime's fused graph (LayerNorm, GELU, ...)")
+    o.add_argument("--int8", action="store_true", help="dynamic int8 MatMul weights, per output channel")
+    o.add_argument("--max-abs-diff", type=float, default=None,
+                   help="tolerance on the largest output difference (default 1e-3; none for --int8)")
+    o.add_argument("--min-cosine", type=float, default=None,
+                   help="tolerance on the sentence-embedding cosine (default 0.9999; 0.98 for --int8)")
+    o.add_argument("--threads", type=int, default=None, help="CPU threads")
+    p.set_defaults(run=run_export)
+
+
+def run_export(args) -> int:
+    import torch
+
+    try:
+        from ..onnx_export import export_onnx
+    except ImportError as e:
+        raise BertkitError(f"ONNX export needs onnx, onnxscript and onnxruntime: pip install 'bertkit[onnx]' ({e})") from None
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = export_onnx(args.model, args.out, opset=args.opset, optimize=args.optimize, int8=args.int8,
+                         max_abs_diff=args.max_abs_diff, min_cosine=args.min_cosine, head=args.head)
+    print(f"wrote {args.out}")
+    print(report.line())
+    return 0

@@ -1,0 +1,261 @@
+"""ONNX export (`bertkit export onnx`) and the onnxruntime backend of the Predictor.
+
+The graph takes padded (B, T) int64 `input_ids`, `attention_mask`, `token_type_ids` with both
+axes dynamic and returns `last_hidden_state` (B, T, C) plus the head's outputs: `logits`
+(sequence: (B, L), token: (B, T, L)), `start_logits`/`end_logits` (B, T) or `mlm_logits`
+(B, T, V).
+
+It is exported with the dynamo exporter (`torch.onnx.export(..., dynamo=True)`): the
+TorchScript exporter bakes the trace-time attention mask into some graphs (BASELINES.md).
+Every export is then checked numerically on onnxruntime against PyTorch, on batches whose
+sizes, lengths and padding differ from the trace inputs; over tolerance the file is removed
+and the export fails.
+
+`--int8` quantises the MatMul weights with onnxruntime's dynamic quantisation, per output
+channel: its default (one scale per tensor) drops all-MiniLM-L6-v2 to cosine 0.92.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .errors import BertkitError
+from .fast import Packed
+
+log = logging.getLogger("bertkit")
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class ExportError(BertkitError):
+    """The export failed or its output disagrees with PyTorch."""
+
+
+class Exportable(nn.Module):
+    """A loaded bertkit model as a graph of padded inputs -> named outputs."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.head = getattr(model, "head", "encoder")
+
+    def output_names(self) -> list[str]:
+        return ["last_hidden_state"] + {
+            "sequence_classification": ["logits"], "token_classification": ["logits"],
+            "question_answering": ["start_logits", "end_logits"], "masked_lm": ["mlm_logits"],
+            "pretraining": ["mlm_logits"]}.get(self.head, [])
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> tuple[Tensor, ...]:
+        m = self.model
+        enc = m if self.head in ("encoder", "multiple_choice") else m.bert
+        h = enc(input_ids, token_type_ids, attention_mask)                     # (B, T, C)
+        if self.head == "sequence_classification":
+            return h, m.classifier(enc.pool(h))
+        if self.head == "token_classification":
+            return h, m.classifier(h)
+        if self.head == "question_answering":
+            start, end = m.qa(h).unbind(-1)
+            return h, start, end
+        if self.head in ("masked_lm", "pretraining"):
+            return h, m.mlm(h)[0]
+        return (h,)
+
+
+@dataclass
+class Parity:
+    max_abs_diff: float            # over real tokens of every output
+    cosine_min: float              # of mean-pooled embeddings (or logits) per input
+    cosine_mean: float
+    batches: int
+
+    def line(self) -> str:
+        return (f"parity vs PyTorch on {self.batches} batches: max abs diff {self.max_abs_diff:.3g}, "
+                f"cosine min {self.cosine_min:.6f} (mean {self.cosine_mean:.6f})")
+
+
+def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimize: bool = False,
+                int8: bool = False, max_abs_diff: float | None = None, min_cosine: float | None = None,
+                head: str | None = None) -> Parity:
+    """Export a checkpoint folder to `out`; returns the parity report (raises ExportError over
+    tolerance: default max abs diff 1e-3 and cosine 0.9999 for fp32, cosine 0.98 for int8)."""
+    from .checkpoint import load_model
+
+    out = Path(out)
+    if out.suffix != ".onnx":
+        raise ExportError(f"{out}: the output file must end in .onnx")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model = load_model(model_dir, head=head).eval()
+    wrapper = Exportable(model).eval()
+    vocab = model.config.vocab_size
+    sample = _example_batch(vocab, [16, 9], seed=0)                         # trace inputs
+    batch, seq = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("sequence", min=1,
+                                                                            max=model.config.max_position_embeddings)
+    shapes = {name: {0: batch, 1: seq} for name in INPUTS}
+    tmp = out.with_name(out.stem + ".fp32.tmp.onnx")
+    try:
+        import warnings
+        for name in ("torch.onnx", "onnxscript", "onnx_ir"):            # per-pass chatter of the exporter
+            logging.getLogger(name).setLevel(logging.ERROR)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(wrapper, tuple(sample[n] for n in INPUTS), dynamo=True,
+                                        input_names=list(INPUTS), output_names=wrapper.output_names(),
+                                        dynamic_shapes=shapes, opset_version=opset, verbose=False)
+            program.save(str(tmp), external_data=False)
+    except Exception as e:
+        tmp.unlink(missing_ok=True)
+        raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+    temps = [tmp, out.with_name(out.stem + ".opt.tmp.onnx"), out.with_name(out.stem + ".int8.tmp.onnx")]
+    try:
+        current = tmp
+        if optimize:
+            current = _optimize(current, temps[1])
+        if int8:
+            current = _quantize(current, temps[2])
+        os.replace(current, out)
+    finally:
+        for f in temps:
+            f.unlink(missing_ok=True)
+    report = check_parity(wrapper, out, Path(model_dir))
+    tol_abs = max_abs_diff if max_abs_diff is not None else (None if int8 else 1e-3)
+    tol_cos = min_cosine if min_cosine is not None else (0.98 if int8 else 0.9999)
+    if (tol_abs is not None and report.max_abs_diff > tol_abs) or report.cosine_min < tol_cos:
+        out.unlink(missing_ok=True)
+        raise ExportError(f"{report.line()}; over tolerance (max abs diff {tol_abs}, cosine {tol_cos}): "
+                          f"{out} removed")
+    return report
+
+
+def _example_batch(vocab: int, lengths: Sequence[int], seed: int, pairs: bool = False) -> dict[str, Tensor]:
+    """Random ids right-padded to the longest length, [CLS] ... [SEP] like real inputs."""
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    ids = torch.zeros(len(lengths), T, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    types = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(1000, min(vocab, 29000), (n,), generator=g)
+        ids[i, 0], ids[i, n - 1] = min(101, vocab - 1), min(102, vocab - 1)
+        mask[i, :n] = 1
+        if pairs and n > 4:
+            types[i, n // 2:n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def _text_batches(model_dir: Path | None) -> list[dict[str, Tensor]]:
+    """Real sentences (the bundled sample corpus) in two batches, one of them pairs."""
+    from .tokenizer import Tokenizer
+
+    try:
+        tok = Tokenizer.from_dir(model_dir)
+    except Exception:
+        return []
+    lines = [l for l in (Path(__file__).parent / "sample" / "sample.txt").read_text().splitlines() if l.strip()]
+    return [tok(lines[:9], max_length=128), tok(lines[9:12], pairs=lines[:3], max_length=128)]
+
+
+def check_parity(wrapper: Exportable, path: Path, model_dir: Path | None = None,
+                 threads: int | None = None) -> Parity:
+    """onnxruntime vs PyTorch on batches unlike the trace: other sizes, lengths, padding, segment
+    ids; the cosine is taken on real sentences when the folder has a tokenizer."""
+    session = load_session(path, threads=threads)
+    vocab = wrapper.model.config.vocab_size
+    top = min(wrapper.model.config.max_position_embeddings, 128)
+    random = [_example_batch(vocab, lengths, seed=100 + k, pairs=pairs) for k, (lengths, pairs) in enumerate(
+        [([5], False), ([top, 3, 17, min(64, top)], True), ([33, 33, 33], False), ([3, min(71, top)] * 3, True)])]
+    text = _text_batches(model_dir)
+    diffs, cosines = [], []
+    for k, feed in enumerate(random + text):
+        with torch.no_grad():
+            ref = [t.float().numpy() for t in wrapper(*(feed[n] for n in INPUTS))]
+        got = session.run(None, {n: feed[n].numpy() for n in INPUTS})
+        mask = feed["attention_mask"].numpy().astype(bool)
+        for r, g in zip(ref, got):
+            if r.ndim >= 2 and r.shape[:2] == mask.shape:                    # per token: real tokens only
+                diffs.append(float(np.abs(r[mask] - g[mask]).max()))
+            else:
+                diffs.append(float(np.abs(r - g).max()))
+        if text and k < len(random):
+            continue
+        m = mask[..., None]                    # cosine of the mean-pooled states (sentence embeddings)
+        a, b = (ref[0] * m).sum(1) / m.sum(1), (got[0] * m).sum(1) / m.sum(1)
+        cosines += list((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)))
+        if len(ref) > 1 and ref[1].ndim == 2 and ref[1].shape[0] == mask.shape[0]:   # sequence logits
+            a, b = ref[1], got[1]
+            cosines += list((a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12))
+    return Parity(max(diffs), float(min(cosines)), float(np.mean(cosines)), len(random) + len(text))
+
+
+def _optimize(src: Path, dst: Path) -> Path:
+    """onnxruntime's offline graph optimisations (constant folding, LayerNorm/GELU/MatMul+Add
+    fusions), saved so every later session starts from the fused graph."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(dst)
+    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    return dst
+
+
+def _quantize(src: Path, dst: Path) -> Path:
+    """Dynamic int8: MatMul weights int8 with one scale per output channel; activations at run time."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul"])
+    return dst
+
+
+def load_session(path: Path, threads: int | None = None, device: str | None = None):
+    """An onnxruntime session for an exported file (CUDA provider when asked for and available)."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise ExportError(f"{path}: no such ONNX file (export one with `bertkit export onnx --model DIR "
+                          f"--out {path}`)")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    providers = ["CPUExecutionProvider"]
+    if device and str(device).startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, "CUDAExecutionProvider")
+    try:
+        session = ort.InferenceSession(str(path), so, providers=providers)
+    except Exception as e:
+        raise ExportError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0][:200]})") from None
+    names = [i.name for i in session.get_inputs()]
+    if sorted(names) != sorted(INPUTS):
+        raise ExportError(f"{path}: expected inputs {', '.join(INPUTS)}, found {', '.join(names)}")
+    return session
+
+
+def run_session(session, padded: dict[str, Tensor], packed: Packed) -> dict[str, Tensor]:
+    """Run a padded batch; per-token outputs come back packed (N, ...), like the torch path."""
+    feed = {n: padded[n].numpy() for n in INPUTS}
+    names = [o.name for o in session.get_outputs()]
+    outs = dict(zip(names, session.run(None, feed)))
+    B, T = padded["input_ids"].shape
+    flat = lambda a: torch.from_numpy(a).flatten(0, 1)[packed.indices]   # (B, T, ...) -> (N, ...)
+    result = {"hidden": flat(outs["last_hidden_state"])}
+    if "logits" in outs:
+        a = outs["logits"]
+        if a.ndim == 3:
+            result["token_logits"] = flat(a)
+        else:
+            result["logits"] = torch.from_numpy(a)
+    if "start_logits" in outs:
+        result["span_logits"] = torch.stack([flat(outs["start_logits"]), flat(outs["end_logits"])], -1)
+    if "mlm_logits" in outs:
+        result["mlm_logits"] = flat(outs["mlm_logits"])
+    return result
