@@ -69,10 +69,17 @@ def build_pair(size: str, tmp: Path):
     return ours.train(), hf.train(), cfg
 
 
-def step_fn(kind: str, model, opt):
+def step_fn(kind: str, model, opt, dtype=torch.float32):
+    from contextlib import nullcontext
+
     from bertkit.train import forward
 
     def step(b):
+        device = next(model.parameters()).device
+        with torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext():
+            return _step(b)
+
+    def _step(b):
         if kind == "hf":
             out = model(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
                         attention_mask=b["attention_mask"], labels=b["mlm_labels"],
@@ -83,7 +90,7 @@ def step_fn(kind: str, model, opt):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return loss.detach()
     return step
 
 
@@ -113,33 +120,42 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per repetition")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16 = autocast (GPU)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     from bertkit.runlog import gemm_peak, hardware
 
     tmp = Path(tempfile.mkdtemp(prefix="bertkit_bench_"))
-    batches = make_batches(args.steps, args.batch, args.seq, tmp)
+    batches = [{k: v.to(device) for k, v in b.items()} for b in make_batches(args.steps, args.batch, args.seq, tmp)]
     real = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
     print(f"batches: {args.steps} x {args.batch} x {args.seq}, {real / padded:.1%} real tokens; "
-          f"threads {args.threads}; torch {torch.__version__}", flush=True)
+          f"threads {args.threads}; {device} {args.precision}; torch {torch.__version__}", flush=True)
     results: dict[str, dict] = {}
     peaks: list[float] = []
     for size in args.sizes.split(","):
         ours, hf, cfg = build_pair(size, tmp)
+        ours, hf = ours.to(device), hf.to(device)
         variants = {"hf": (hf, torch.optim.AdamW(hf.parameters(), lr=1e-4)),
                     "padded": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4))}
         variants["packed"] = (ours, variants["padded"][1])
-        steps = {k: step_fn(k, m, o) for k, (m, o) in variants.items()}
-        for k, fn in steps.items():          # warm-up (allocator, kernels)
-            fn(batches[0])
+        steps = {k: step_fn(k, m, o, dtype) for k, (m, o) in variants.items()}
+        for k, fn in steps.items():          # warm-up (allocator, kernels; CUDA: cuBLAS / flash autotuning)
+            for _ in range(2 if device.type == "cuda" else 1):
+                fn(batches[0])
         times: dict[str, list[float]] = {k: [] for k in steps}
         for rep in range(args.reps):
-            peaks.append(gemm_peak("cpu", n=1024, repeats=2))
+            peaks.append(gemm_peak(device, dtype, n=1024 if device.type == "cpu" else 8192, repeats=2))
             for k in (list(steps) if rep % 2 == 0 else list(reversed(steps))):
+                sync()
                 t0 = time.perf_counter()
                 for b in batches:
                     steps[k](b)
+                sync()
                 times[k].append(time.perf_counter() - t0)
         peak = max(peaks)
         res = {}
@@ -166,7 +182,8 @@ def main() -> int:
                "results": {s: {k: (v if not isinstance(v, dict) else {kk: (round(vv, 4) if isinstance(vv, float)
                                                                           else vv) for kk, vv in v.items()})
                                for k, v in r.items()} for s, r in results.items()},
-               "cpu": hardware().get("cpu")}
+               "device": str(device), "precision": args.precision,
+               "hardware": {k: v for k, v in hardware().items() if k in ("cpu", "gpu", "torch", "cuda")}}
     print(json.dumps(summary))
     return 0
 
