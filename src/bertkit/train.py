@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,13 @@ def pretrain(cfg: PretrainConfig, command: str = "") -> dict:
 
 def _pretrain(cfg: PretrainConfig, world: D.World, command: str) -> dict:
     run = setup(cfg, world)
+    try:
+        return _loop(cfg, world, command, run)
+    finally:
+        run["pool"].shutdown(wait=True, cancel_futures=True)
+
+
+def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
     out, st, tc = Path(cfg.out), run["state"], cfg.train
     stop = _StopFlag()
     metrics = MetricsLog(out / "metrics.jsonl", keep_until_step=st.step if run["resumed"] else None) if world.main else None
@@ -179,7 +187,8 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
     state = State()
     run = dict(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,
                state=state, phases=phases, tokenizer=tokenizer, precision=precision, packed=packed,
-               budget=budget, resumed=ckpt is not None, eval=_eval_batches(cfg, phases[0], world))
+               budget=budget, resumed=ckpt is not None, eval=_eval_batches(cfg, phases[0], world),
+               pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"))
     if ckpt is not None:
         load_checkpoint(run, ckpt, world)
         log.info("resumed from %s (update %d)", ckpt, state.step)
@@ -274,27 +283,47 @@ def forward(model, batch: dict, packed: bool) -> dict:
 
 
 def micro_batches(run: dict) -> list[dict]:
-    """This rank's micro-batches of the next update, and advance the data position."""
+    """This rank's micro-batches of the next update, and advance the data position.
+
+    The batches of the following update are collated in a background thread meanwhile (they
+    depend only on the position, so this changes no number)."""
     st, world = run["state"], run["world"]
-    ph = run["phases"][st.phase]
+    p = st.phase
+    st.epoch[p], st.offset[p] = _roll(run, p, st.epoch[p], st.offset[p])
+    key = (p, st.epoch[p], st.offset[p])
+    ahead = run.get("prefetch")
+    batches = ahead[1].result() if ahead and ahead[0] == key else _collate(run, *key)
+    following = (p, *_roll(run, p, key[1], key[2] + 1))
+    run["prefetch"] = (following, run["pool"].submit(_collate, run, *following))
+    st.offset[p] += 1
+    return [{k: (v.to(world.device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in b.items()}
+            for b in batches]
+
+
+def _roll(run: dict, phase: int, epoch: int, offset: int) -> tuple[int, int]:
+    """(epoch, update within epoch), moving to the next epoch when this one has no full global batch left."""
+    ph = run["phases"][phase]
+    per_epoch = len(ph.indices) // (ph.batch_size * ph.grad_accum * run["world"].world_size)
+    return (epoch + 1, 0) if offset >= per_epoch else (epoch, offset)
+
+
+def _collate(run: dict, phase: int, epoch: int, k: int) -> list[dict]:
+    """Micro-batch g = j * world + rank of update k takes instances [g B, (g+1) B) of its slice."""
+    ph, world = run["phases"][phase], run["world"]
     B, A, W = ph.batch_size, ph.grad_accum, world.world_size
     G = B * A * W
-    per_epoch = len(ph.indices) // G
-    if st.offset[st.phase] >= per_epoch:
-        st.epoch[st.phase] += 1
-        st.offset[st.phase] = 0
-    epoch, k = st.epoch[st.phase], st.offset[st.phase]
-    order = ph.indices[np.random.default_rng([run["cfg"].train.seed, st.phase, epoch]).permutation(len(ph.indices))]
-    chosen = order[k * G:(k + 1) * G]
+    orders = run.setdefault("orders", {})
+    if (phase, epoch) not in orders:
+        orders.clear()
+        rng = np.random.default_rng([run["cfg"].train.seed, phase, epoch])
+        orders[(phase, epoch)] = ph.indices[rng.permutation(len(ph.indices))]
+    chosen = orders[(phase, epoch)][k * G:(k + 1) * G]
     batches = []
     for j in range(A):
         g = j * W + world.rank
-        idx = chosen[g * B:(g + 1) * B]
-        batch = ph.collator([ph.data[int(i)] for i in idx], epoch=epoch)
-        batch = {name: t.to(world.device, non_blocking=True) for name, t in batch.items()}
+        batch = ph.collator([ph.data[int(i)] for i in chosen[g * B:(g + 1) * B]], epoch=epoch)
         batch["_g"] = g
         batches.append(batch)
-    st.offset[st.phase] += 1
     return batches
 
 
