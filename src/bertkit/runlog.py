@@ -132,6 +132,66 @@ def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.flo
     return best
 
 
+# ---- the training loop's log window and progress bar -------------------------------------------------
+class Window:
+    """Sums between two log lines; a record is the window's averages (tokens/s over its wall time)."""
+
+    def __init__(self):
+        self.t0, self.n, self.sums = time.perf_counter(), 0, {}
+
+    def add(self, s: dict) -> None:
+        self.n += 1
+        self.last = s
+        for k in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",
+                  "tokens", "flops"):
+            self.sums[k] = self.sums.get(k, 0.0) + s[k]
+
+    def record(self, st, run: dict) -> dict:
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        n, s = max(self.n, 1), self.sums
+        return {"step": st.step, "loss": s["loss"] / n, "mlm_loss": s["mlm_loss"] / n,
+                "nsp_loss": s["nsp_loss"] / n if run["cfg"].train.nsp else None,
+                "mlm_accuracy": s["mlm_correct"] / max(s["mlm_count"], 1),
+                "nsp_accuracy": s["nsp_correct"] / s["nsp_count"] if s["nsp_count"] else None,
+                "lr": self.last["lr"], "grad_norm": self.last["grad_norm"], "tokens_per_s": s["tokens"] / dt,
+                "flops_per_s": s["flops"] / dt, "tokens": st.tokens, "elapsed_s": round(st.elapsed, 3),
+                "phase": st.phase, "skipped": st.skipped}
+
+
+def progress_bar(cfg, st, world):
+    if not (cfg.train.progress and world.main):
+        return None
+    from tqdm import tqdm
+
+    if cfg.train.budget:
+        from .runconfig import parse_duration
+
+        b = parse_duration(cfg.train.budget)
+        return tqdm(total=int(b), initial=int(min(st.elapsed, b)), unit="s", desc="pretrain", dynamic_ncols=True)
+    return tqdm(total=cfg.train.max_steps, initial=st.step, unit="upd", desc="pretrain", dynamic_ncols=True)
+
+
+def bar_update(bar, run: dict, s: dict) -> None:
+    st = run["state"]
+    bar.update(int(st.elapsed) - bar.n if run["budget"] else 1)
+    if st.step % max(1, min(run["cfg"].train.log_every, 10)) == 0:
+        post = {"loss": f"{s['loss']:.3f}", "mlm": f"{s['mlm_correct'] / max(s['mlm_count'], 1):.3f}"}
+        if s["nsp_count"]:
+            post["nsp"] = f"{s['nsp_correct'] / s['nsp_count']:.3f}"
+        post["tok/s"] = f"{st.tokens / max(st.elapsed, 1e-9):.0f}"
+        post["lr"] = f"{s['lr']:.2e}"
+        bar.set_postfix(post, refresh=False)
+
+
+def tensorboard_writer(out: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        log.warning("train.tensorboard: the tensorboard package is not installed; skipping")
+        return None
+    return SummaryWriter(str(out / "tensorboard"))
+
+
 # ---- run card ------------------------------------------------------------------------------------
 def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
     """run_card.json (everything) and run_card.md (the reproduction checklist, human-readable)."""

@@ -39,7 +39,8 @@ from .fast import pack
 from .model import init_weights, num_parameters
 from .optim import build_optimizer, lr_at
 from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config, to_dict
-from .runlog import MetricsLog, cpu_has_fast_bf16, gemm_peak, hardware, plot_curves, read_jsonl, step_flops, write_run_card
+from .runlog import (MetricsLog, Window, bar_update, cpu_has_fast_bf16, gemm_peak, hardware, plot_curves, progress_bar,
+                     read_jsonl, step_flops, tensorboard_writer, write_run_card)
 from .runstate import export_model, find_checkpoint, load_checkpoint, save_checkpoint
 
 log = logging.getLogger("bertkit")
@@ -98,11 +99,11 @@ def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
     stop = _StopFlag()
     metrics = MetricsLog(out / "metrics.jsonl", keep_until_step=st.step if run["resumed"] else None) if world.main else None
     evals = MetricsLog(out / "eval.jsonl", keep_until_step=st.step if run["resumed"] else None) if world.main else None
-    board = _tensorboard(out) if tc.tensorboard and world.main else None
+    board = tensorboard_writer(out) if tc.tensorboard and world.main else None
     if not run["resumed"]:
         _eval_and_log(run, evals, board, None)          # the untrained model, for "before / after"
-    bar = _progress_bar(cfg, st, world)
-    window = _Window()
+    bar = progress_bar(cfg, st, world)
+    window = Window()
     start, last_ckpt = time.perf_counter() - st.elapsed, time.perf_counter()
     stop_reason = "max_steps"
     with stop.installed():
@@ -120,7 +121,7 @@ def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
                                                        device=world.device), world).item() / world.world_size
             window.add(s)
             if bar is not None:
-                _bar_update(bar, run, s)
+                bar_update(bar, run, s)
             if st.bad_steps >= tc.max_bad_steps:
                 stop_reason = f"{st.bad_steps} non-finite losses in a row"
                 log.error("stopping: %s (lower optim.lr or use fp32/bf16); a checkpoint is saved", stop_reason)
@@ -133,7 +134,7 @@ def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
                         if isinstance(v, (int, float)) and k != "step" and v is not None:
                             board.add_scalar(f"train/{k}", v, st.step)
             if tc.log_every and st.step % tc.log_every == 0:
-                window = _Window()
+                window = Window()
             if tc.eval_every and st.step % tc.eval_every == 0:
                 _eval_and_log(run, evals, board, bar)
             due = (tc.checkpoint_every and st.step % tc.checkpoint_every == 0) or \
@@ -491,64 +492,6 @@ def _eval_and_log(run, evals, board, bar) -> dict | None:
                + (f", NSP accuracy {rec['eval_nsp_accuracy']:.4f}" if rec["eval_nsp_accuracy"] is not None else ""))
         (bar.write(msg) if bar is not None else log.info(msg))
     return rec
-
-
-# ---- logging -------------------------------------------------------------------------------------
-class _Window:
-    """Sums between two log lines; a record is the window's averages (tokens/s over its wall time)."""
-
-    def __init__(self):
-        self.t0, self.n, self.sums = time.perf_counter(), 0, {}
-
-    def add(self, s: dict) -> None:
-        self.n += 1
-        self.last = s
-        for k in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",
-                  "tokens", "flops"):
-            self.sums[k] = self.sums.get(k, 0.0) + s[k]
-
-    def record(self, st: State, run: dict) -> dict:
-        dt = max(time.perf_counter() - self.t0, 1e-9)
-        n, s = max(self.n, 1), self.sums
-        return {"step": st.step, "loss": s["loss"] / n, "mlm_loss": s["mlm_loss"] / n,
-                "nsp_loss": s["nsp_loss"] / n if run["cfg"].train.nsp else None,
-                "mlm_accuracy": s["mlm_correct"] / max(s["mlm_count"], 1),
-                "nsp_accuracy": s["nsp_correct"] / s["nsp_count"] if s["nsp_count"] else None,
-                "lr": self.last["lr"], "grad_norm": self.last["grad_norm"], "tokens_per_s": s["tokens"] / dt,
-                "flops_per_s": s["flops"] / dt, "tokens": st.tokens, "elapsed_s": round(st.elapsed, 3),
-                "phase": st.phase, "skipped": st.skipped}
-
-
-def _progress_bar(cfg: PretrainConfig, st: State, world: D.World):
-    if not (cfg.train.progress and world.main):
-        return None
-    from tqdm import tqdm
-
-    if cfg.train.budget:
-        b = parse_duration(cfg.train.budget)
-        return tqdm(total=int(b), initial=int(min(st.elapsed, b)), unit="s", desc="pretrain", dynamic_ncols=True)
-    return tqdm(total=cfg.train.max_steps, initial=st.step, unit="upd", desc="pretrain", dynamic_ncols=True)
-
-
-def _bar_update(bar, run: dict, s: dict) -> None:
-    st = run["state"]
-    bar.update(int(st.elapsed) - bar.n if run["budget"] else 1)
-    if st.step % max(1, min(run["cfg"].train.log_every, 10)) == 0:
-        post = {"loss": f"{s['loss']:.3f}", "mlm": f"{s['mlm_correct'] / max(s['mlm_count'], 1):.3f}"}
-        if s["nsp_count"]:
-            post["nsp"] = f"{s['nsp_correct'] / s['nsp_count']:.3f}"
-        post["tok/s"] = f"{st.tokens / max(st.elapsed, 1e-9):.0f}"
-        post["lr"] = f"{s['lr']:.2e}"
-        bar.set_postfix(post, refresh=False)
-
-
-def _tensorboard(out: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        log.warning("train.tensorboard: the tensorboard package is not installed; skipping")
-        return None
-    return SummaryWriter(str(out / "tensorboard"))
 
 
 class _StopFlag:
