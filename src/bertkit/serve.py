@@ -327,7 +327,10 @@ ENDPOINT_HEADS = {"/v1/classify": ("sequence_classification",), "/v1/ner": ("tok
 
 
 def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
-    """The FastAPI app (run it with `serve`, or test it with fastapi.testclient.TestClient)."""
+    """The FastAPI app (run it with `serve`, or test it with fastapi.testclient.TestClient).
+
+    Handlers return JSONResponse directly: the response models document the API, and skipping
+    FastAPI's per-float re-validation of the embeddings keeps the event loop free under load."""
     from contextlib import asynccontextmanager
 
     cfg = cfg or ServeConfig(max_length=predictor.max_length)
@@ -424,8 +427,8 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
     async def embed(req: EmbedRequest):
         tokens = count(req.texts, req.pairs, "texts", req.truncate)
         inputs = {"texts": req.texts} if req.pairs is None else {"texts": req.texts, "pairs": req.pairs}
-        return {"embeddings": await run("embed", {"pooling": req.pooling, "normalize": req.normalize},
-                                        inputs, tokens)}
+        return JSONResponse({"embeddings": await run("embed", {"pooling": req.pooling, "normalize": req.normalize},
+                                                      inputs, tokens)})
 
     @app.post("/v1/classify", response_model=ClassifyResponse, include_in_schema="/v1/classify" in available,
               summary="sequence (pair) classification")
@@ -433,7 +436,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
         need("/v1/classify")
         tokens = count(req.texts, req.pairs, "texts", req.truncate)
         inputs = {"texts": req.texts} if req.pairs is None else {"texts": req.texts, "pairs": req.pairs}
-        return {"results": await run("classify", {}, inputs, tokens)}
+        return JSONResponse({"results": await run("classify", {}, inputs, tokens)})
 
     @app.post("/v1/fill-mask", response_model=FillMaskResponse, include_in_schema="/v1/fill-mask" in available,
               summary="top-k words for each [MASK]")
@@ -444,7 +447,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
         for i, ids in enumerate(tok.encode_ids(req.texts)):
             if tok.mask_id not in ids[:limit - 2]:
                 raise LimitError(422, f"text {i} has no [MASK] token" + (" within --max-length" if tok.mask_id in ids else ""))
-        return {"results": await run("fill_mask", {"top_k": req.top_k}, {"texts": req.texts}, tokens)}
+        return JSONResponse({"results": await run("fill_mask", {"top_k": req.top_k}, {"texts": req.texts}, tokens)})
 
     @app.post("/v1/ner", response_model=NerResponse, include_in_schema="/v1/ner" in available,
               summary="word-level named entities")
@@ -455,7 +458,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
             if (isinstance(t, list) and not t) or not flat[i].strip():
                 raise LimitError(422, f"text {i} has no words")
         tokens = count(flat, None, "texts", False, windowed=True)
-        return {"results": await run("ner", {}, {"texts": req.texts}, tokens)}
+        return JSONResponse({"results": await run("ner", {}, {"texts": req.texts}, tokens)})
 
     @app.post("/v1/qa", response_model=QaResponse, include_in_schema="/v1/qa" in available,
               summary="extractive question answering")
@@ -467,7 +470,8 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
             if not q.strip() or not c.strip():
                 raise LimitError(422, f"question {i}: question and context must be non-empty")
         tokens = count(req.questions, req.contexts, "questions", False, windowed=True)
-        return {"answers": await run("qa", {}, {"questions": req.questions, "contexts": req.contexts}, tokens)}
+        return JSONResponse({"answers": await run("qa", {}, {"questions": req.questions, "contexts": req.contexts},
+                                                  tokens)})
 
     @app.get("/healthz", summary="the process is up")
     async def healthz():
