@@ -150,13 +150,14 @@ class Predictor:
     def from_dir(cls, path: str | Path, head: str | None = None, device: str | None = None,
                  threads: int | None = None, int8: bool = False, compile: bool = False,
                  backend: str = "torch", max_length: int | None = None,
-                 onnx_file: str | Path | None = None) -> "Predictor":
+                 onnx_file: str | Path | None = None, dtype: str | torch.dtype | None = None) -> "Predictor":
         """Load a checkpoint folder (HF format + tokenizer files).
 
         head: which head to load (default: the one config.json names); device: 'cpu', 'cuda', ...
         (default cuda when available); threads: torch intra-op threads; int8: quantise the Linear
         layers; compile: torch.compile the encoder; backend 'onnx': run `onnx_file` (default
-        DIR/model.onnx) on onnxruntime, tokenization and post-processing stay here.
+        DIR/model.onnx) on onnxruntime, tokenization and post-processing stay here; dtype:
+        'float16' / 'bfloat16' weights (GPU; the packed path then runs varlen flash attention).
         """
         from .checkpoint import load_model
 
@@ -182,6 +183,13 @@ class Predictor:
                     raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
                 model = quantize_int8(model)
             model.to(device)
+            if dtype is not None:
+                dt = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+                if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+                    raise PredictorError(f"dtype must be float32, float16 or bfloat16, not {dtype!r}")
+                if int8:
+                    raise PredictorError("dtype and int8 are exclusive")
+                model.to(dt)
         p = cls(model, tokenizer, device=device, max_length=max_len, session=session)
         p.int8 = bool(int8) and backend == "torch"
         if compile and backend == "torch":
