@@ -118,3 +118,26 @@ def test_two_processes_match_one_with_the_same_global_batch(data64, tmp_path):
     assert [e["step"] for e in ea] == [e["step"] for e in eb] == [0, 3, 6]
     for x, y in zip(ea, eb):
         assert abs(x["eval_mlm_loss"] - y["eval_mlm_loss"]) < 1e-4
+
+
+def test_sigterm_saves_a_checkpoint_and_stops(data64, tmp_path):
+    import signal
+    import time
+
+    cfg = tiny_config(data64, tmp_path / "run", **{"train.max_steps": 100000, "train.checkpoint_every": 0,
+                                                   "train.eval_every": 0})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bertkit", "pretrain", *_args(cfg)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    card = json.loads((tmp_path / "run" / "run_card.json").read_text())
+    assert card["stop_reason"] == "signal SIGTERM" and 3 <= card["updates"] < 100000
+    from bertkit.runstate import find_checkpoint
+    assert find_checkpoint(tmp_path / "run" / "checkpoints").name == f"step-{card['updates']:08d}"
+    assert "SIGTERM received: saving a checkpoint" in err
