@@ -115,8 +115,11 @@ def save_checkpoint(run: dict, world: D.World) -> Path | None:
 
 
 def _prune(root: Path, keep: int) -> None:
+    """Keep the newest `keep` checkpoints; remove leftovers of interrupted saves (.tmp-step-*)."""
     steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)))
     for _, p in steps[:-keep] if keep > 0 else []:
+        shutil.rmtree(p, ignore_errors=True)
+    for p in root.glob(".tmp-step-*"):
         shutil.rmtree(p, ignore_errors=True)
 
 
