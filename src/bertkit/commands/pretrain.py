@@ -22,6 +22,8 @@ def setup_pretrain(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="--section.key=value",
                         help="config overrides, e.g. --train.max_steps=100 (unknown keys are an error)")
     parser.set_defaults(run=run_pretrain)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = config_keys_help()
     plain = parser.parse_known_args
 
     def parse_known_args(args=None, namespace=None):
@@ -34,6 +36,28 @@ def setup_pretrain(parser: argparse.ArgumentParser) -> None:
         ns.config, ns.overrides, ns.resume, ns.run = config, overrides, False, run_pretrain
         return ns, []
     parser.parse_known_args = parse_known_args
+
+
+def config_keys_help() -> str:
+    """Every config key with its default, for --help (the field docs are in bertkit/runconfig.py)."""
+    from ..runconfig import PretrainConfig, to_dict
+
+    lines = ["config keys (defaults):"]
+    for key, value in to_dict(PretrainConfig()).items():
+        if isinstance(value, dict):
+            lines.append("  " + "  ".join(f"--{key}.{k}={v}" for k, v in value.items()))
+        else:
+            lines.append(f"  --{key}={value}")
+    wrapped = []
+    for line in lines:                        # wrap long rows at ~100 columns
+        words, row = line.split("  "), ""
+        for w in words:
+            if row and len(row) + len(w) > 100:
+                wrapped.append(row.rstrip())
+                row = "    "
+            row += w + "  "
+        wrapped.append(row.rstrip())
+    return "\n".join(wrapped)
 
 
 def split_args(items: list[str]) -> tuple[str | None, list[str]]:
