@@ -215,3 +215,20 @@ def test_int8_agreement(minilm):
     rep = agreement(q, minilm, TEXTS)
     assert rep["cosine_min"] > 0.97 and rep["cosine_mean"] > 0.985, rep
     assert 0 < rep["max_abs_diff"] < 0.5, rep
+
+
+def test_outputs_follow_the_task_contract(tmp_path_factory, tok):
+    from bertkit.tasks.ner import TaggedExample, featurize_tokens
+
+    names = ["B-LOC", "I-LOC", "O"]
+    path = tiny_checkpoint(tmp_path_factory, tok, "token_classification", "ner3", num_labels=3, names=names)
+    p = Predictor.from_dir(path, device="cpu")
+    feats = featurize_tokens([TaggedExample("0", ["New", "York", "is", "big"]), TaggedExample("1", ["hi"])],
+                             tok, None, max_length=32)
+    outs = p.outputs(feats)
+    hf = transformers.BertForTokenClassification.from_pretrained(path).eval()
+    for f, o in zip(feats, outs):
+        with torch.no_grad():
+            ref = hf(input_ids=torch.tensor([f["input_ids"]])).logits[0].numpy()
+        assert o.shape == (len(f["input_ids"]), 3)
+        np.testing.assert_allclose(o, ref, atol=1e-5)

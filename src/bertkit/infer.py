@@ -338,6 +338,25 @@ class Predictor:
 
         return self._run(_rows(encs), fn, batch_size)
 
+    def outputs(self, features: Sequence[dict], batch_size: int = 32) -> list:
+        """Head outputs for task features (`bertkit.tasks` contract: dicts with input_ids and
+        token_type_ids), one numpy array per feature trimmed to its length: (num_labels,) for
+        sequence classification, (T, num_labels) for tokens, (start (T,), end (T,)) for QA.
+        Lets `bertkit predict` run any backend (torch packed, int8, onnx) through the Predictor."""
+        if self.head not in ("sequence_classification", "token_classification", "question_answering"):
+            raise PredictorError(f"no task outputs for a {self.head} checkpoint")
+
+        def fn(b: Batch) -> list:
+            out = self.head_outputs(b)
+            if "logits" in out:
+                return list(out["logits"].float().cpu().numpy())
+            if "token_logits" in out:
+                return [x.numpy() for x in split_packed(out["token_logits"].float().cpu(), _cpu(b.packed))]
+            span = out["span_logits"].float().cpu()
+            return [(x[:, 0].numpy(), x[:, 1].numpy()) for x in split_packed(span, _cpu(b.packed))]
+
+        return self._run([(f["input_ids"], f["token_type_ids"]) for f in features], fn, batch_size)
+
     def label_names(self) -> list[str]:
         n = getattr(self.model, "num_labels", len(self.labels))
         return [self.labels.get(i, f"LABEL_{i}") for i in range(n)]
@@ -392,13 +411,7 @@ class Predictor:
         labels = self.label_names()
         feats = featurize_tokens(examples, self.tokenizer, None, max_length=max_length or self.max_length,
                                  stride=stride)
-
-        def fn(b: Batch) -> list:
-            logits = self.head_outputs(b)["token_logits"].float().cpu()     # (N, L)
-            return [x.numpy() for x in split_packed(logits, _cpu(b.packed))]
-
-        outputs = self._run([(f["input_ids"], f["token_type_ids"]) for f in feats], fn, batch_size)
-        tags = postprocess_tokens(outputs, feats, examples, labels)
+        tags = postprocess_tokens(self.outputs(feats, batch_size), feats, examples, labels)
         results = []
         for i, (ex, offs) in enumerate(zip(examples, spans)):
             text = texts[i] if isinstance(texts[i], str) else " ".join(texts[i])
@@ -438,13 +451,7 @@ class Predictor:
         examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(zip(questions, contexts))]
         feats = featurize_qa(examples, self.tokenizer, max_length=min(max_length or 384, self.max_length),
                              stride=stride)
-
-        def fn(b: Batch) -> list:
-            span = self.head_outputs(b)["span_logits"].float().cpu()        # (N, 2)
-            return [(x[:, 0].numpy(), x[:, 1].numpy()) for x in split_packed(span, _cpu(b.packed))]
-
-        outputs = self._run([(f["input_ids"], f["token_type_ids"]) for f in feats], fn, batch_size)
-        preds = postprocess_qa(outputs, feats, examples, max_answer_length=max_answer_length)
+        preds = postprocess_qa(self.outputs(feats, batch_size), feats, examples, max_answer_length=max_answer_length)
         return [{"answer": preds[ex.id], "score": preds.nbest[ex.id][0][1]} for ex in examples]
 
     # ---- onnx backend --------------------------------------------------------------------------
