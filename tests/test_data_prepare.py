@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertkit.data.encode import CachedEncoder
-from bertkit.data.instances import BuildCounts, nsp_instances, truncate_pair
+from bertkit.data.instances import BuildCounts, as_doc, nsp_instances, truncate_pair
 from bertkit.data.masking import num_to_predict, MaskingConfig
 from bertkit.data.prepare import PrepareConfig, prepare
 from bertkit.data.pretraining import open_dataset
@@ -67,7 +67,7 @@ def test_nsp_builder_is_google_step_for_step(monkeypatch):
     monkeypatch.setattr(g, "create_masked_lm_predictions", lambda tokens, *a, **k: (tokens, [], []))
     r = np.random.default_rng(0)
     docs = [[list(r.integers(1000, 2000, r.integers(1, 60))) for _ in range(r.integers(1, 12))] for _ in range(40)]
-    np_docs = [[np.asarray(s) for s in d] for d in docs]
+    np_docs = [as_doc(d) for d in docs]
     for max_len, short in ((128, 0.1), (32, 0.5), (16, 0.0)):
         for i in range(len(docs)):
             ours = nsp_instances(np_docs, i, max_len, short, random.Random(i), 1, 2, BuildCounts(), "random")
@@ -82,8 +82,8 @@ def test_nsp_builder_is_google_step_for_step(monkeypatch):
 
 def test_lone_segment_next_keeps_random_next_at_half():
     r = np.random.default_rng(1)
-    docs = [[r.integers(1000, 2000, 150)] for _ in range(200)] + \
-           [[r.integers(1000, 2000, 20) for _ in range(3)] for _ in range(200)]
+    docs = [as_doc([r.integers(1000, 2000, 150)]) for _ in range(200)] + \
+           [as_doc([r.integers(1000, 2000, 20) for _ in range(3)]) for _ in range(200)]
     for rule, lo, hi in (("next", 0.45, 0.55), ("random", 0.6, 1.0)):
         c = BuildCounts()
         rng = random.Random(0)
@@ -101,11 +101,12 @@ def test_cached_encoder_equals_rust(tok, shared_data):
         with gzip.open(f, "rt", encoding="utf-8") as fh:
             lines += [next(fh).strip() for _ in range(800)]
     lines += ["", "tab\there", "cr\rin", "ctrl\x01x", "x" * 150 + " y", "Café ÉCOLE naïve", "don't stop!!",
-              "U.S.A. $3.50 #1 @home ~x", "日本語 text", "a\u00a0b", "\x7f", "   spaced   out  ", "[MASK] [CLS]"]
+              "U.S.A. $3.50 #1 @home ~x", "日本語 text", "a\u00a0b", "\x7f", "   spaced   out  ", "[MASK] [CLS]", "two\nlines", "é"]
     enc = CachedEncoder(tok.backend, tok.lowercase)
     for _ in range(2):                        # cold and warm cache
         ours = enc.encode(lines)
         assert [o.tolist() for o in ours] == tok.encode_ids(lines)
+    assert enc.encode([]) == [] and [x.tolist() for x in enc.encode(["", "a"])] == [[], tok.encode_ids(["a"])[0]]
 
 
 def test_sentence_split():
@@ -113,6 +114,18 @@ def test_sentence_split():
         ["Mr. Smith went to Washington.", 'He said "Hi."', "Then 3 more came!", "Why?", "No."]
     assert split_sentences("J. R. R. Tolkien wrote it. The end. e.g. not here") == \
         ["J. R. R. Tolkien wrote it.", "The end. e.g. not here"]
+
+
+def test_long_lines_bounded_by_the_block():
+    import io
+    from bertkit.data.text import TextCounts, _read_lines
+    words = [f"w{i}" for i in range(2000)]
+    data = ("first line\n" + " ".join(words) + "\nlast\n").encode()
+    c = TextCounts()
+    lines = [x for block in _read_lines(io.BytesIO(data), Path("x"), 300, c, False, block=1000) for x in block]
+    assert lines[0] == "first line" and lines[-1] == "last" and c.long_lines_split == 1
+    assert max(len(x.encode()) for x in lines) <= 300 and " ".join(lines[1:-1]).split() == words
+    assert c.bytes == len(data)
 
 
 def test_chunks_hold_two_documents():

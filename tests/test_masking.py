@@ -132,3 +132,30 @@ def test_collator_static_uses_stored_masks():
     assert "nsp_labels" not in b
     assert b["mlm_labels"][0].tolist() == [-100, -100, 555, -100, 666] + [-100] * (len(x) - 5)
     assert b["input_ids"][0].tolist() == x.tolist()
+
+
+def test_mask_many_matches_per_sequence_rule():
+    from bertkit.data.masking import mask_many
+    seqs = [seq(n, m, pad=0, seed=n) for n, m in ((5, 3), (60, 60), (1, 1), (200, 100), (10, 0))]
+    seqs[-1] = seqs[-1][:-1]
+    flat = np.concatenate(seqs)
+    offsets = np.r_[0, np.cumsum([len(x) for x in seqs])]
+    cfg = MaskingConfig()
+    n_mask = n_sel = 0
+    for s in range(40):
+        masked, pos, ids, moff = mask_many(flat, offsets, cfg, np.random.default_rng(s), V, MASK, SPECIAL)
+        for i, x in enumerate(seqs):
+            p = pos[moff[i]:moff[i + 1]]
+            assert len(p) == num_to_predict(int((~np.isin(x, SPECIAL)).sum()), cfg)
+            assert (np.diff(p) > 0).all() and not np.isin(x[p], SPECIAL).any()
+            assert (ids[moff[i]:moff[i + 1]] == x[p]).all()
+            m = masked[offsets[i]:offsets[i + 1]]
+            untouched = np.ones(len(x), bool)
+            untouched[p] = False
+            assert (m[untouched] == x[untouched]).all()
+            n_mask += int((m[p] == MASK).sum())
+        n_sel += len(pos)
+    assert abs(n_mask / n_sel - 0.8) < 0.03
+    ww = mask_many(flat, offsets, MaskingConfig(mode="whole_word"), np.random.default_rng(0), V, MASK, SPECIAL,
+                   np.zeros(V, bool))
+    assert len(ww[1]) == sum(num_to_predict(int((~np.isin(x, SPECIAL)).sum()), cfg) for x in seqs)

@@ -5,9 +5,10 @@ normalizer only lower-cases (when uncased) and the pre-tokenizer splits on white
 each punctuation character (every printable ASCII character that is not a letter or digit), and
 WordPiece maps each word on its own. So for an ASCII sentence without control characters we split
 it with the regex and look each word up in a cache of word -> ids; words not yet seen go to the
-Rust tokenizer in one batch. All fast sentences are joined with a mark ('\\r', which never occurs in
-a sentence that takes this path) and split by one regex call. Any other sentence (non-ASCII,
-control characters) goes to the Rust tokenizer whole. The result equals `Tokenizer.encode_ids`
+Rust tokenizer in one batch. All sentences are joined with a mark ('\\n'; a text holding one
+takes the Rust path) and scanned by two regex calls, one to find the texts for the Rust path, one
+to split the others into words. Any other sentence (non-ASCII, control characters, special tokens
+written out) goes to the Rust tokenizer whole. The result equals `Tokenizer.encode_ids`
 exactly (tests compare them on the shared corpus and on hard cases); natural text repeats its
 words, so most of the work is dictionary lookups done at C speed.
 """
@@ -18,12 +19,12 @@ from itertools import chain
 
 import numpy as np
 
-# control chars, tab, CR, LF, and special tokens written in the text (the Rust tokenizer matches
-# those as added tokens): the Rust path
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]|\[(?:PAD|UNK|CLS|SEP|MASK)\]")
-_WORDS_UNCASED = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]|\r")
-_WORDS_CASED = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]|\r")
-_MARK = "\r"                                                # sentence boundary in the joined text
+# non-ASCII, control chars (tab, CR...), and special tokens written in the text (the Rust tokenizer
+# matches those as added tokens): the Rust path. '\n' is the mark between texts.
+_SLOW = re.compile(r"[^\x20-\x7e\n]|\[(?:PAD|UNK|CLS|SEP|MASK)\]")
+_WORDS_UNCASED = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]|\n")
+_WORDS_CASED = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]|\n")
+_MARK = "\n"
 
 
 class CachedEncoder:
@@ -50,11 +51,23 @@ class CachedEncoder:
         return out
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        if not texts:
-            return []
-        # one regex pass over all fast texts joined by the mark; marks split them again
-        fast = [t.isascii() and _CONTROL.search(t) is None for t in texts]
-        joined = _MARK.join(t if f else "" for t, f in zip(texts, fast))
+        """One id array per text."""
+        ids, lengths = self.encode_flat(texts)
+        return np.split(ids, np.cumsum(lengths)[:-1]) if len(texts) else []
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' ids in one int64 array, and the number of ids of each text."""
+        n = len(texts)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        # texts for the Rust path: found by one scan of all texts joined by '\n' (the mark)
+        slow = set() if not any("\n" in t for t in texts) else {k for k, t in enumerate(texts) if "\n" in t}
+        joined = _MARK.join("" if k in slow else t for k, t in enumerate(texts)) if slow else _MARK.join(texts)
+        hits = [m.start() for m in _SLOW.finditer(joined)]
+        if hits:
+            starts = np.cumsum([0] + [len(t) + 1 if k not in slow else 1 for k, t in enumerate(texts)])
+            slow |= set((np.searchsorted(starts, hits, side="right") - 1).tolist())
+            joined = _MARK.join("" if k in slow else t for k, t in enumerate(texts))
         words = self._words.findall(joined.lower() if self.lowercase else joined)
         if len(self.rows) > self.max_cache:              # bound memory on corpora with huge vocabularies
             self._reset()
@@ -73,8 +86,16 @@ class CachedEncoder:
         # piece k of word w sits at flat_table[start[w] + k]; k = position - (offset of word w)
         gather = np.repeat(np.asarray(self._start, dtype=np.int64)[row] - (ends - length), length)
         ids = flat_table[gather + np.arange(total)]
-        out = np.split(ids, ends[row == 0] if len(ends) else np.zeros(0, dtype=np.int64))
-        slow = [k for k, f in enumerate(fast) if not f]
-        for k, piece_ids in zip(slow, self._slow([texts[k] for k in slow])):
-            out[k] = np.asarray(piece_ids, dtype=np.int64)
-        return out
+        lengths = np.diff(np.concatenate([[0], ends[row == 0], [total]]))     # n texts (marks: n - 1)
+        if slow:
+            order = sorted(slow)
+            slow_ids = self._slow([texts[k] for k in order])
+            lengths[order] = [len(x) for x in slow_ids]
+            out = np.empty(int(lengths.sum()), dtype=np.int64)
+            is_fast = np.ones(n, dtype=bool)
+            is_fast[order] = False
+            fast_tok = np.repeat(is_fast, lengths)
+            out[fast_tok] = ids
+            out[~fast_tok] = np.fromiter(chain.from_iterable(slow_ids), dtype=np.int64, count=int((~fast_tok).sum()))
+            ids = out
+        return ids, lengths

@@ -1,6 +1,11 @@
 """Token ids of documents -> pre-training instances.
 
-`nsp_instances` is google-research/bert's `create_instances_from_document`, step for step:
+A document is `Doc(flat, off)`: the ids of all its sentences in one array, sentence j being
+flat[off[j]:off[j + 1]]. Segments are slices of it (sentences of a segment are consecutive), so
+an instance is a list of views, concatenated once for the whole shard.
+
+`nsp_instances` is google-research/bert's `create_instances_from_document`, step for step (the
+same draws from the same `random.Random`, checked against a transcription of Google's code):
 one target length per document (max_seq_length - 3, or with probability short_seq_prob a random
 length in [2, max]); sentences are accumulated until the target is reached or the document ends;
 A = the first a_end of them (a_end random in [1, len - 1]); B = the rest (is-next), or with
@@ -9,10 +14,10 @@ document from a random start until B reaches its share of the target (up to 10 d
 another document), and then the accumulated sentences not used for A are put back; finally the
 pair is truncated one token at a time from the longer side, front or back at random.
 
-Departures, each for scale: the rng (Python's random.Random, as Google) is seeded per chunk (see
-prepare.py), and the
-"other document" is drawn from the documents of the same chunk (a few MB of text) rather than the
-whole corpus, so a chunk can be processed alone; truncation counts the cuts and slices once.
+Departures, each for scale and each documented: the rng is seeded per chunk (see prepare.py);
+the "other document" is drawn from the documents of the same chunk (a few MB of text) rather
+than from the whole corpus, so a chunk can be processed alone; truncation counts the cuts and
+slices once. And one switch, `lone_segment` (see `nsp_instances`).
 
 `packed_instances` is RoBERTa's FULL-SENTENCES for --no-nsp: whole sentences, contiguous, packed
 up to max_seq_length - 2 tokens across document boundaries with a [SEP] between documents; a
@@ -21,21 +26,37 @@ sentence longer than that is cut into pieces (counted).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from .masking import MaskingConfig, mask_sequence
+
+class Doc(NamedTuple):
+    flat: np.ndarray           # ids of all sentences
+    off: list[int]             # sentence j = flat[off[j]:off[j + 1]]
+
+
+def as_doc(sentences: list) -> Doc:
+    off = [0]
+    for s in sentences:
+        off.append(off[-1] + len(s))
+    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in sentences]) if sentences else np.zeros(0, np.int64)
+    return Doc(flat, off)
 
 
 @dataclass
 class Instance:
-    tokens: np.ndarray         # int64: [CLS] A [SEP] B [SEP] (or [CLS] packed [SEP])
-    b_start: int               # first index of segment B (== len(tokens) when single segment)
+    parts: list[np.ndarray]    # concatenated: [CLS] A [SEP] B [SEP] (or [CLS] packed [SEP])
+    length: int
+    b_start: int               # first index of segment B (== length when single segment)
     nsp_label: int             # 0 is-next, 1 random, -1 none
     short: bool
-    masked_positions: np.ndarray | None = None
-    masked_ids: np.ndarray | None = None
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return np.concatenate(self.parts)
 
 
 @dataclass
@@ -47,7 +68,6 @@ class BuildCounts:
     sentences_split: int = 0
     tokens_truncated: int = 0
     lone_segments_next: int = 0
-    separators: dict = field(default_factory=dict)
 
 
 def truncate_pair(len_a: int, len_b: int, max_num_tokens: int, rng: random.Random
@@ -67,112 +87,111 @@ def truncate_pair(len_a: int, len_b: int, max_num_tokens: int, rng: random.Rando
     return (cut[0][0], cut[0][1]), (cut[1][0], cut[1][1])
 
 
-def nsp_instances(docs: list[list[np.ndarray]], doc_index: int, max_seq_length: int, short_seq_prob: float,
+def nsp_instances(docs: list[Doc], doc_index: int, max_seq_length: int, short_seq_prob: float,
                   rng: random.Random, cls_id: int, sep_id: int, counts: BuildCounts,
                   lone_segment: str = "next") -> list[Instance]:
     """Instances of one document (create_instances_from_document).
 
     `lone_segment`: what to do when only one sentence was accumulated (a one-sentence document, or
     a sentence as long as the target). 'random' is Google: B is always random then, which pushes
-    the random-next share over 50% (about 60% on the shared corpus). 'next' (default) flips the
+    the random-next share over 50% (about 59% on the shared corpus). 'next' (default) flips the
     same fair coin as for longer chunks and, for is-next, takes the next sentence as B (or, in a
     one-sentence document, splits the sentence at a random token), keeping the share at 50%."""
-    document = docs[doc_index]
+    flat, off = docs[doc_index]
+    n_sent = len(off) - 1
+    cls, sep = np.array([cls_id]), np.array([sep_id])
     max_num_tokens = max_seq_length - 3
     target_seq_length = max_num_tokens
     short = False
     if rng.random() < short_seq_prob:
         target_seq_length = rng.randint(2, max_num_tokens)
         short = True
-    if len(document) == 1:
+    if n_sent == 1:
         counts.one_sentence_documents += 1
     instances: list[Instance] = []
-    current_chunk: list[np.ndarray] = []
+    count = 0                                   # len(current_chunk): sentences i - count + 1 .. i
     current_length = 0
     i = 0
-    while i < len(document):
-        segment = document[i]
-        current_chunk.append(segment)
-        current_length += len(segment)
-        if i == len(document) - 1 or current_length >= target_seq_length:
-            if current_chunk:
-                a_end = 1
-                if len(current_chunk) >= 2:
-                    a_end = rng.randint(1, len(current_chunk) - 1)
-                if len(current_chunk) >= 2 or lone_segment == "random":
-                    is_random_next = len(current_chunk) == 1 or rng.random() < 0.5
-                else:
-                    is_random_next = rng.random() < 0.5
-                    if not is_random_next:
-                        if i + 1 < len(document):                              # B = the next sentence
-                            i += 1
-                            current_chunk.append(document[i])
-                        elif len(current_chunk[0]) >= 2:                       # B = the sentence's tail
-                            cut = rng.randint(1, len(current_chunk[0]) - 1)
-                            current_chunk = [current_chunk[0][:cut], current_chunk[0][cut:]]
-                        else:
-                            is_random_next = True
-                        counts.lone_segments_next += int(not is_random_next)
-                tokens_a = np.concatenate(current_chunk[:a_end])
-                if is_random_next:
-                    target_b_length = target_seq_length - len(tokens_a)
-                    for _ in range(10):
-                        random_document_index = rng.randint(0, len(docs) - 1)
-                        if random_document_index != doc_index:
-                            break
-                    random_document = docs[random_document_index]
-                    random_start = rng.randint(0, len(random_document) - 1)
-                    parts, length = [], 0
-                    for j in range(random_start, len(random_document)):
-                        parts.append(random_document[j])
-                        length += len(random_document[j])
-                        if length >= target_b_length:
-                            break
-                    tokens_b = np.concatenate(parts)
-                    i -= len(current_chunk) - a_end                              # put back the unused
-                else:
-                    tokens_b = np.concatenate(current_chunk[a_end:])
-                (fa, ba), (fb, bb) = truncate_pair(len(tokens_a), len(tokens_b), max_num_tokens, rng)
-                tokens_a = tokens_a[fa:len(tokens_a) - ba]
-                tokens_b = tokens_b[fb:len(tokens_b) - bb]
-                counts.tokens_truncated += fa + ba + fb + bb
-                assert len(tokens_a) >= 1 and len(tokens_b) >= 1
-                tokens = np.concatenate([[cls_id], tokens_a, [sep_id], tokens_b, [sep_id]])
-                instances.append(Instance(tokens, len(tokens_a) + 2, int(is_random_next), short))
-                counts.random_next += int(is_random_next)
-                counts.short += int(short)
-            current_chunk = []
+    while i < n_sent:
+        count += 1
+        current_length += off[i + 1] - off[i]
+        if i == n_sent - 1 or current_length >= target_seq_length:
+            first = i - count + 1
+            a_end = 1
+            if count >= 2:
+                a_end = rng.randint(1, count - 1)
+            a_lo, a_hi = off[first], off[first + a_end]
+            if count >= 2 or lone_segment == "random":
+                is_random_next = count == 1 or rng.random() < 0.5
+            else:
+                is_random_next = rng.random() < 0.5
+                if not is_random_next:
+                    if i + 1 < n_sent:                                  # B = the next sentence
+                        i += 1
+                        count += 1
+                    elif a_hi - a_lo >= 2:                              # B = the sentence's tail
+                        a_hi = a_lo + rng.randint(1, a_hi - a_lo - 1)
+                    else:
+                        is_random_next = True
+                    counts.lone_segments_next += int(not is_random_next)
+            if is_random_next:
+                target_b_length = target_seq_length - (a_hi - a_lo)
+                for _ in range(10):
+                    random_document_index = rng.randint(0, len(docs) - 1)
+                    if random_document_index != doc_index:
+                        break
+                rflat, roff = docs[random_document_index]
+                random_start = rng.randint(0, len(roff) - 2)
+                # sentences random_start..j, j the first where B reaches target_b_length (or the last)
+                j = min(bisect_left(roff, roff[random_start] + target_b_length, random_start + 1) - 1, len(roff) - 2)
+                tokens_b = rflat[roff[random_start]:roff[j + 1]]
+                i -= count - a_end                                      # put back the unused
+            else:
+                tokens_b = flat[a_hi:off[first + count]]
+            tokens_a = flat[a_lo:a_hi]
+            (fa, ba), (fb, bb) = truncate_pair(len(tokens_a), len(tokens_b), max_num_tokens, rng)
+            tokens_a = tokens_a[fa:len(tokens_a) - ba]
+            tokens_b = tokens_b[fb:len(tokens_b) - bb]
+            counts.tokens_truncated += fa + ba + fb + bb
+            assert len(tokens_a) >= 1 and len(tokens_b) >= 1
+            n = len(tokens_a) + len(tokens_b) + 3
+            instances.append(Instance([cls, tokens_a, sep, tokens_b, sep], n, len(tokens_a) + 2,
+                                      int(is_random_next), short))
+            counts.random_next += int(is_random_next)
+            counts.short += int(short)
+            count = 0
             current_length = 0
         i += 1
     return instances
 
 
-def packed_instances(docs: list[list[np.ndarray]], max_seq_length: int, cls_id: int, sep_id: int,
+def packed_instances(docs: list[Doc], max_seq_length: int, cls_id: int, sep_id: int,
                      counts: BuildCounts) -> list[Instance]:
     """FULL-SENTENCES packing of the documents in order (no NSP)."""
     budget = max_seq_length - 2
     out: list[Instance] = []
+    cls, sep = np.array([cls_id]), np.array([sep_id])
     buf: list[np.ndarray] = []
     length = 0
-    sep = np.array([sep_id])
 
     def emit():
         nonlocal buf, length
         if buf and buf[-1] is sep:                     # no separator at the very end
             buf.pop()
+            length -= 1
         if buf:
-            tokens = np.concatenate([[cls_id], *buf, sep])
-            out.append(Instance(tokens, len(tokens), -1, False))
+            out.append(Instance([cls, *buf, sep], length + 2, length + 2, -1, False))
         buf, length = [], 0
 
-    for d, doc in enumerate(docs):
+    for d, (flat, off) in enumerate(docs):
         if d > 0 and buf:
             if length + 1 >= budget:
                 emit()
             else:
                 buf.append(sep)                        # document boundary
                 length += 1
-        for sent in doc:
+        for j in range(len(off) - 1):
+            sent = flat[off[j]:off[j + 1]]
             if len(sent) > budget:
                 counts.sentences_split += 1
                 pieces = [sent[k:k + budget] for k in range(0, len(sent), budget)]
@@ -185,15 +204,3 @@ def packed_instances(docs: list[list[np.ndarray]], max_seq_length: int, cls_id: 
                 length += len(p)
     emit()
     return out
-
-
-def mask_instances(instances: list[Instance], cfg: MaskingConfig, rng: np.random.Generator, vocab_size: int,
-                   mask_id: int, never_mask: tuple[int, ...], subword: np.ndarray | None) -> None:
-    """Static (Google) masking in place: tokens become the masked ids, positions/ids are stored."""
-    for inst in instances:
-        ids = np.asarray(inst.tokens, dtype=np.int64)
-        sub = subword[ids] if subword is not None and cfg.mode != "token" else None
-        masked, labels = mask_sequence(ids, cfg, rng, vocab_size, mask_id, never_mask, sub)
-        pos = np.flatnonzero(labels != -100)
-        inst.tokens = masked
-        inst.masked_positions, inst.masked_ids = pos, labels[pos]

@@ -87,6 +87,14 @@ def num_to_predict(n_candidates: int, cfg: MaskingConfig) -> int:
     return min(cfg.max_predictions, max(1, int(round(n_candidates * cfg.mask_prob))), n_candidates)
 
 
+def candidates(ids: np.ndarray, special_ids: Iterable[int]) -> np.ndarray:
+    """True where a token may be selected (not one of special_ids)."""
+    ok = np.ones(len(ids), dtype=bool)
+    for s in special_ids:
+        ok &= ids != s
+    return ok
+
+
 def _words(cand: np.ndarray, is_subword: np.ndarray | None) -> list[np.ndarray]:
     """Group candidate positions into words: a '##' piece right after a candidate joins its word."""
     if is_subword is None or len(cand) == 0:
@@ -100,7 +108,7 @@ def select_positions(input_ids: np.ndarray, cfg: MaskingConfig, rng: np.random.G
                      ) -> list[np.ndarray]:
     """The selected positions, as a list of groups (one per word/span) that share a replacement."""
     ids = np.asarray(input_ids)
-    cand = np.flatnonzero(~np.isin(ids, np.fromiter(special_ids, dtype=np.int64)))
+    cand = np.flatnonzero(candidates(ids, special_ids))
     k = num_to_predict(len(cand), cfg)
     if k == 0:
         return []
@@ -161,6 +169,51 @@ def mask_sequence(input_ids: np.ndarray, cfg: MaskingConfig, rng: np.random.Gene
     if n_rand:
         masked[pos[to_random]] = rng.integers(0, vocab_size, n_rand)
     return masked, labels
+
+
+def mask_many(flat: np.ndarray, offsets: np.ndarray, cfg: MaskingConfig, rng: np.random.Generator,
+              vocab_size: int, mask_id: int, special_ids: Iterable[int], subword: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mask many sequences at once (static data): instance i is flat[offsets[i]:offsets[i + 1]].
+
+    Returns (masked flat ids, positions within their instance, original ids there, offsets of each
+    instance's predictions). Token mode is vectorised (each instance gets a uniform random subset of
+    its candidates of Google's size, then 80/10/10 per position - the same distribution as
+    `mask_sequence`); whole-word and span modes run `mask_sequence` per instance.
+    `subword`: per-vocabulary-id booleans ('##' pieces)."""
+    flat = np.asarray(flat, dtype=np.int64)
+    n = len(offsets) - 1
+    lens = np.diff(offsets)
+    inst = np.repeat(np.arange(n), lens)
+    if cfg.mode != "token":
+        masked, labels = flat.copy(), np.full(len(flat), -100, dtype=np.int64)
+        for i in range(n):
+            lo, hi = offsets[i], offsets[i + 1]
+            sub = subword[flat[lo:hi]] if subword is not None else None
+            masked[lo:hi], labels[lo:hi] = mask_sequence(flat[lo:hi], cfg, rng, vocab_size, mask_id, special_ids, sub)
+        sel = np.flatnonzero(labels != -100)
+    else:
+        cand = candidates(flat, special_ids)
+        n_cand = np.bincount(inst[cand], minlength=n)
+        k = np.minimum(np.minimum(cfg.max_predictions, np.maximum(1, np.round(n_cand * cfg.mask_prob))), n_cand)
+        # random keys in an (instances, longest) table; non-candidates and padding sort last;
+        # each row's k smallest keys are a uniform random k-subset of its candidates
+        col = np.arange(len(flat)) - offsets[inst]
+        table = np.full((n, int(lens.max()) if n else 0), 2.0)
+        table[inst, col] = np.where(cand, rng.random(len(flat)), 2.0)
+        order = np.argsort(table, axis=1)
+        rows, ranks = np.nonzero(np.arange(table.shape[1])[None, :] < k[:, None])
+        sel = offsets[rows] + order[rows, ranks]
+        sel.sort()
+        masked = flat.copy()
+        u = rng.random(len(sel))
+        to_mask = u < cfg.mask_token_fraction
+        to_random = (u >= cfg.mask_token_fraction) & (u < cfg.mask_token_fraction + cfg.random_token_fraction)
+        masked[sel[to_mask]] = mask_id
+        masked[sel[to_random]] = rng.integers(0, vocab_size, int(to_random.sum()))
+    counts = np.bincount(inst[sel], minlength=n)
+    mlm_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return masked, sel - offsets[inst[sel]], flat[sel], mlm_offsets
 
 
 # ---- the ids the masker needs, from a tokenizer, a dataset or its meta.json ----------------------

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BertkitError
-from .instances import BuildCounts, mask_instances, nsp_instances, packed_instances
-from .masking import MaskingConfig, TokenInfo
+from .instances import BuildCounts, Doc, nsp_instances, packed_instances
+from .masking import MaskingConfig, TokenInfo, mask_many
 from .pretraining import FORMAT_VERSION, read_shard_info, shard_name, write_shard
 from .text import TextCounts, chunk_documents, expand_inputs, read_documents
 
@@ -116,15 +116,20 @@ def _init_worker(job: _Job, single_thread: bool) -> None:
     _JOB, _BACKEND = job, CachedEncoder(RustTokenizer.from_str(job.tokenizer_json), job.lowercase)
 
 
-def tokenize_documents(docs: list[list[str]], encoder) -> list[list[list[int]]]:
+def tokenize_documents(docs: list[list[str]], encoder) -> list[Doc]:
     """Sentences -> word-piece ids (no specials); sentences with no tokens and empty documents dropped."""
-    ids = encoder.encode([s for d in docs for s in d])
+    ids, lengths = encoder.encode_flat([s for d in docs for s in d])
+    start = [0, *np.cumsum(lengths).tolist()]
     out, k = [], 0
     for d in docs:
-        sents = [s for s in ids[k:k + len(d)] if len(s)]
+        lo, hi = start[k], start[k + len(d)]
+        off = [0]
+        for e in start[k + 1:k + len(d) + 1]:
+            if e - lo != off[-1]:                # drop sentences without tokens
+                off.append(e - lo)
         k += len(d)
-        if sents:
-            out.append(sents)
+        if len(off) > 1:
+            out.append(Doc(ids[lo:hi], off))
     return out
 
 
@@ -144,41 +149,35 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder) -> 
             order = list(range(len(tok_docs)))
             rng.shuffle(order)                               # Google shuffles the documents first
             for d in order:
-                new = nsp_instances(tok_docs, int(d), cfg.max_seq_length, cfg.short_seq_prob, rng,
-                                    info.cls_id, info.sep_id, counts, cfg.lone_segment)
-                if cfg.masking == "static":
-                    mask_instances(new, cfg.masking_config, mask_rng, info.vocab_size, info.mask_id, info.never_mask,
-                                   info.subword)
-                instances.extend(new)
+                instances.extend(nsp_instances(tok_docs, int(d), cfg.max_seq_length, cfg.short_seq_prob, rng,
+                                               info.cls_id, info.sep_id, counts, cfg.lone_segment))
         else:
-            new = packed_instances(tok_docs, cfg.max_seq_length, info.cls_id, info.sep_id, counts)
-            if cfg.masking == "static":
-                mask_instances(new, cfg.masking_config, mask_rng, info.vocab_size, info.mask_id, info.never_mask,
-                               info.subword)
-            instances.extend(new)
+            instances.extend(packed_instances(tok_docs, cfg.max_seq_length, info.cls_id, info.sep_id, counts))
     if cfg.nsp:  # these counters tick once per dupe pass; report per corpus pass
         counts.one_sentence_documents //= cfg.dupe_factor
     else:
         counts.sentences_split //= cfg.dupe_factor
     rng.shuffle(instances)
-    lens = np.fromiter((len(x.tokens) for x in instances), dtype=np.int64, count=len(instances))
+    lens = np.fromiter((x.length for x in instances), dtype=np.int64, count=len(instances))
     total = int(lens.sum())
+    flat = np.concatenate([p for x in instances for p in x.parts]) if instances else np.zeros(0, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     arrays = {
-        "input_ids": (np.concatenate([x.tokens for x in instances]) if instances else np.zeros(0)).astype(job.token_dtype),
-        "offsets": np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+        "input_ids": flat.astype(job.token_dtype),
+        "offsets": offsets,
         "b_start": np.fromiter((x.b_start for x in instances), dtype=np.int32, count=len(instances)),
         "nsp_labels": np.fromiter((x.nsp_label for x in instances), dtype=np.int8, count=len(instances)),
         "short": np.fromiter((x.short for x in instances), dtype=np.uint8, count=len(instances)),
     }
-    if cfg.masking == "static":
-        mlens = np.fromiter((len(x.masked_positions) for x in instances), dtype=np.int64, count=len(instances))
-        arrays["masked_lm_offsets"] = np.concatenate([[0], np.cumsum(mlens)]).astype(np.int64)
-        arrays["masked_lm_positions"] = np.concatenate([x.masked_positions for x in instances] or
-                                                       [np.zeros(0)]).astype(np.int32)
-        arrays["masked_lm_ids"] = np.concatenate([x.masked_ids for x in instances] or
-                                                 [np.zeros(0)]).astype(job.token_dtype)
+    if cfg.masking == "static":   # Google masks each instance as it is made; same distribution, done at once
+        masked, pos, ids, mlm_offsets = mask_many(flat, offsets, cfg.masking_config, mask_rng, info.vocab_size,
+                                                  info.mask_id, info.never_mask, info.subword)
+        arrays["input_ids"] = masked.astype(job.token_dtype)
+        arrays["masked_lm_offsets"] = mlm_offsets
+        arrays["masked_lm_positions"] = pos.astype(np.int32)
+        arrays["masked_lm_ids"] = ids.astype(job.token_dtype)
     stats = {"instances": len(instances), "tokens": total, "documents": len(tok_docs),
-             "sentences": sum(len(d) for d in tok_docs), "random_next": counts.random_next, "short": counts.short,
+             "sentences": sum(len(d.off) - 1 for d in tok_docs), "random_next": counts.random_next, "short": counts.short,
              "one_sentence_documents": counts.one_sentence_documents, "sentences_split": counts.sentences_split,
              "tokens_truncated": counts.tokens_truncated,
              "lone_segments_next": counts.lone_segments_next // cfg.dupe_factor, "max_length": int(lens.max()) if len(lens) else 0,

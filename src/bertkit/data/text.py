@@ -99,32 +99,81 @@ def split_sentences(paragraph: str) -> list[str]:
     return [s for s in out if s]
 
 
-def _read_lines(raw, limit: int, counts: TextCounts) -> Iterator[bytes]:
-    """Binary lines; a line over `limit` bytes comes out in pieces cut at a space (counted once)."""
-    carry = b""
-    long_line = False
+def _cut(piece: bytes, limit: int) -> int:
+    """Where to cut a too-long line: the last space before `limit`, else a UTF-8 character boundary."""
+    cut = piece.rfind(b" ", 0, limit)
+    if cut <= 0:
+        cut = limit
+        while cut > 0 and (piece[cut] & 0xC0) == 0x80:
+            cut -= 1
+    return cut
+
+
+def _decode(body: bytes, name: Path, first_line: int, counts: TextCounts, strict: bool) -> list[str]:
+    try:
+        return body.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        pass
+    lines = []
+    for k, raw in enumerate(body.split(b"\n")):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            if strict:
+                raise InputError(f"{name}:{first_line + k}: invalid UTF-8 at byte {e.start} (drop --strict "
+                                 "to replace it)") from None
+            counts.invalid_utf8_lines += 1
+            lines.append(raw.decode("utf-8", errors="replace"))
+    return lines
+
+
+def _read_lines(fh, name: Path, limit: int, counts: TextCounts, strict: bool, block: int = 1 << 20
+                ) -> Iterator[list[str]]:
+    """Decoded lines, a block at a time. A line over `limit` bytes comes out in pieces cut at a
+    space (counted once per line); memory stays bounded by the block even for a 1 GB line."""
+    carry, lineno, in_long = b"", 1, False
     while True:
-        piece = raw.readline(limit)
-        if not piece:
-            if carry:
-                yield carry
+        data = fh.read(block)
+        buf = carry + data if carry else data
+        if not data:
+            if buf:
+                counts.bytes += len(buf)
+                yield _decode(buf, name, lineno, counts, strict)
             return
-        piece = carry + piece
-        carry = b""
-        if piece.endswith(b"\n") or len(piece) < limit:
-            yield piece
-            long_line = False
+        cut = buf.rfind(b"\n")
+        if cut < 0:                                     # inside one long line
+            pieces = []
+            while len(buf) > limit:
+                c = _cut(buf, limit)
+                pieces.append(buf[:c])
+                buf = buf[c:].lstrip(b" ")
+            if pieces:
+                counts.bytes += sum(len(p) for p in pieces)
+                counts.long_lines_split += not in_long
+                in_long = True
+                yield _decode(b"\n".join(pieces), name, lineno, counts, strict)
+            carry = buf
             continue
-        if not long_line:
-            counts.long_lines_split += 1
-            long_line = True
-        cut = piece.rfind(b" ", 0, limit)
-        if cut <= 0:                                     # no space: cut on a UTF-8 character boundary
-            cut = limit
-            while cut > 0 and (piece[cut] & 0xC0) == 0x80:
-                cut -= 1
-        yield piece[:cut] + b"\n"
-        carry = piece[cut:].lstrip(b" ")
+        body, carry = buf[:cut], buf[cut + 1:]
+        counts.bytes += len(body) + 1
+        lines = _decode(body, name, lineno, counts, strict)
+        lineno += len(lines)
+        if max(map(len, lines)) > limit:                # long lines (in characters: at most as many bytes)
+            out = []
+            for k, line in enumerate(lines):
+                b = line.encode("utf-8")
+                if len(b) <= limit:
+                    out.append(line)
+                    continue
+                counts.long_lines_split += not (k == 0 and in_long)     # (the end of a line counted before)
+                while len(b) > limit:
+                    c = _cut(b, limit)
+                    out.append(b[:c].decode("utf-8", errors="replace"))
+                    b = b[c:].lstrip(b" ")
+                out.append(b.decode("utf-8", errors="replace"))
+            lines = out
+        in_long = False
+        yield lines
 
 
 def read_documents(files: list[Path], counts: TextCounts, *, sentence_split: bool = False, strict: bool = False,
@@ -139,44 +188,38 @@ def read_documents(files: list[Path], counts: TextCounts, *, sentence_split: boo
             doc: list[str] = []
             doc_bytes, pos = 0, 0
             try:
-                for lineno, line in enumerate(_read_lines(fh, max_line_bytes, counts), 1):
-                    counts.lines += 1
-                    counts.bytes += len(line)
-                    if progress is not None and counts.lines % 4096 == 0:
+                for lines in _read_lines(fh, f, max_line_bytes, counts, strict):
+                    counts.lines += len(lines)
+                    for line in lines:
+                        text = line.strip()
+                        if not text:
+                            if doc:
+                                counts.documents += 1
+                                yield doc
+                            doc, doc_bytes = [], 0
+                            continue
+                        if sentence_split:
+                            sents = split_sentences(text)
+                            doc.extend(sents)
+                            counts.sentences += len(sents)
+                        else:
+                            doc.append(text)
+                            counts.sentences += 1
+                        doc_bytes += len(line)
+                        if doc_bytes > max_document_bytes:
+                            counts.long_documents_split += 1
+                            counts.documents += 1
+                            yield doc
+                            doc, doc_bytes = [], 0
+                    if progress is not None:
                         now = raw.tell()
                         progress(now - pos)
                         pos = now
-                    try:
-                        text = line.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        if strict:
-                            raise InputError(f"{f}:{lineno}: invalid UTF-8 at byte {e.start} (drop --strict "
-                                             "to replace it)") from None
-                        counts.invalid_utf8_lines += 1
-                        text = line.decode("utf-8", errors="replace")
-                    text = text.strip()
-                    if not text:
-                        if doc:
-                            counts.documents += 1
-                            yield doc
-                        doc, doc_bytes = [], 0
-                        continue
-                    sents = split_sentences(text) if sentence_split else [text]
-                    doc.extend(sents)
-                    counts.sentences += len(sents)
-                    doc_bytes += len(line)
-                    if doc_bytes > max_document_bytes:
-                        counts.long_documents_split += 1
-                        counts.documents += 1
-                        yield doc
-                        doc, doc_bytes = [], 0
             except (OSError, EOFError) as e:
                 raise InputError(f"{f}: cannot read ({e})") from None
             if doc:
                 counts.documents += 1
                 yield doc
-            if progress is not None:
-                progress(raw.tell() - pos)
         if counts.sentences == before:
             counts.empty_files += 1
             log.warning("%s: no text (empty file)", f)
