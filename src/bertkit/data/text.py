@@ -142,13 +142,13 @@ def _read_lines(fh, name: Path, limit: int, counts: TextCounts, strict: bool, bl
             return
         cut = buf.rfind(b"\n")
         if cut < 0:                                     # inside one long line
-            pieces = []
+            pieces, n0 = [], len(buf)
             while len(buf) > limit:
                 c = _cut(buf, limit)
                 pieces.append(buf[:c])
                 buf = buf[c:].lstrip(b" ")
             if pieces:
-                counts.bytes += sum(len(p) for p in pieces)
+                counts.bytes += n0 - len(buf)
                 counts.long_lines_split += not in_long
                 in_long = True
                 yield _decode(b"\n".join(pieces), name, lineno, counts, strict)
