@@ -65,7 +65,9 @@ class CachedEncoder:
         joined = _MARK.join("" if k in slow else t for k, t in enumerate(texts)) if slow else _MARK.join(texts)
         hits = [m.start() for m in _SLOW.finditer(joined)]
         if hits:
-            starts = np.cumsum([0] + [len(t) + 1 if k not in slow else 1 for k, t in enumerate(texts)])
+            widths = np.fromiter(map(len, texts), dtype=np.int64, count=n) + 1
+            widths[list(slow)] = 1
+            starts = np.concatenate([[0], np.cumsum(widths)])
             slow |= set((np.searchsorted(starts, hits, side="right") - 1).tolist())
             joined = _MARK.join("" if k in slow else t for k, t in enumerate(texts))
         words = self._words.findall(joined.lower() if self.lowercase else joined)

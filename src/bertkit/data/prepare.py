@@ -190,13 +190,8 @@ def chunk_rng(seed: int, chunk_index: int) -> random.Random:
 
 
 def chunk_hash(docs: list[list[str]]) -> str:
-    h = hashlib.sha1()
-    for d in docs:
-        for s in d:
-            h.update(s.encode("utf-8", "surrogatepass"))
-            h.update(b"\n")
-        h.update(b"\n")
-    return h.hexdigest()
+    """sha1 of a chunk's text (resume keeps a shard only when its input is unchanged)."""
+    return hashlib.sha1("\n\n".join("\n".join(d) for d in docs).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _run_chunk(chunk_index: int, docs: list[list[str]], digest: str) -> dict:
