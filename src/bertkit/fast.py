@@ -8,7 +8,8 @@ the only operation that needs to know where sequences start and end:
   * CUDA, fp16/bf16, with torch's variable-length flash attention: `varlen_attn` on (N, H, D);
   * otherwise (CPU, fp32, older torch): the N tokens are scattered into a (B, T_max, H, D)
     buffer - T_max the longest sequence of this batch, not the padded width - SDPA runs with a
-    key mask, and the real rows are gathered back. The scatter/gather costs a few copies of
+    key mask, and the real rows are gathered back. When every sequence has the same length
+    (a fixed-length batch) the packed tokens already are a (B, T) batch: a view, no mask. The scatter/gather costs a few copies of
     (N, C); attention itself is small next to the linear layers.
 Both are numerically the padded path: tests compare them.
 """
@@ -84,10 +85,13 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
                             window_size=(-1, 0) if causal else (-1, -1))
     N, H, D = q.shape
     B, L = p.batch_size, p.max_seqlen
+    if N == B * L:                       # every sequence is L long: the packed tokens ARE a (B, L) batch
+        view = lambda t: t.view(B, L, H, D).transpose(1, 2)            # (B, H, L, D), no copy, no mask
+        y = F.scaled_dot_product_attention(view(q), view(k), view(v), dropout_p=dropout_p, is_causal=causal)
+        return y.transpose(1, 2).reshape(N, H, D)
 
     def to_buffer(t: Tensor) -> Tensor:                                # (N, H, D) -> (B, H, L, D)
-        buf = t.new_zeros(B * L, H, D)
-        buf[p.pad_indices] = t
+        buf = t.new_zeros(B * L, H, D).index_copy_(0, p.pad_indices, t)
         return buf.view(B, L, H, D).transpose(1, 2)
 
     allowed = p.key_mask[:, None, None, :]                              # (B, 1, 1, L)
@@ -95,4 +99,4 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
         allowed = allowed & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
     y = F.scaled_dot_product_attention(to_buffer(q), to_buffer(k), to_buffer(v),
                                        attn_mask=allowed, dropout_p=dropout_p)
-    return y.transpose(1, 2).reshape(B * L, H, D)[p.pad_indices]        # (N, H, D)
+    return y.transpose(1, 2).reshape(B * L, H, D).index_select(0, p.pad_indices)   # (N, H, D)
