@@ -232,3 +232,20 @@ def test_outputs_follow_the_task_contract(tmp_path_factory, tok):
             ref = hf(input_ids=torch.tensor([f["input_ids"]])).logits[0].numpy()
         assert o.shape == (len(f["input_ids"]), 3)
         np.testing.assert_allclose(o, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fixed_length_packed_batch_equals_padded(causal):
+    """fast.packed_attention's shortcut for batches without padding (a view, no mask)."""
+    from bertkit.fast import pack, unpack
+    from bertkit.model import BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(preset("tiny", vocab_size=500, causal=causal)).eval()
+    ids = torch.randint(5, 500, (3, 11))
+    for mask in (torch.ones_like(ids), torch.tensor([[1] * 11, [1] * 7 + [0] * 4, [1] * 11])):
+        flat, layout = pack(ids, mask)
+        with torch.no_grad():
+            packed = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
+            padded = model(ids, None, mask)
+        assert (unpack(packed, layout) - padded)[mask.bool()].abs().max() < 1e-5
