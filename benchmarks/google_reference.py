@@ -2,8 +2,9 @@
 
 `tokenization.py` (BasicTokenizer + WordpieceTokenizer = FullTokenizer) and the instance builder
 and masking of `create_pretraining_data.py`, transcribed with the TensorFlow I/O replaced by
-plain/gzip file reading and the TFRecord writer by an in-memory list (what Google keeps in
-memory anyway: every document, then every instance, then it writes). Python 3, `random.Random`.
+plain/gzip file reading and the TFRecord writer by the same features written as raw int32s (no
+protobuf). Like Google's, it keeps every document, then every instance, in memory, then writes.
+Python 3, `random.Random`.
 """
 from __future__ import annotations
 
@@ -358,10 +359,40 @@ def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
             trunc_tokens.pop()
 
 
-def run(input_files, vocab_file, max_seq_length=128, dupe_factor=1, short_seq_prob=0.1, masked_lm_prob=0.15,
-        max_predictions_per_seq=20, seed=12345):
-    """The whole job; returns the instances (Google then writes them to TFRecord files)."""
+def write_instances(instances, tokenizer, max_seq_length, max_predictions_per_seq, output_file):
+    """write_instance_to_example_files without TensorFlow: the same per-instance features (ids,
+    mask, segment ids and masked-LM arrays padded to fixed sizes, NSP label), written as int32s
+    instead of serialized tf.train.Example protos."""
+    from array import array
+    with open(output_file, "wb") as writer:
+        for instance in instances:
+            input_ids = tokenizer.convert_tokens_to_ids(instance.tokens)
+            input_mask = [1] * len(input_ids)
+            segment_ids = list(instance.segment_ids)
+            assert len(input_ids) <= max_seq_length
+            while len(input_ids) < max_seq_length:
+                input_ids.append(0)
+                input_mask.append(0)
+                segment_ids.append(0)
+            masked_lm_positions = list(instance.masked_lm_positions)
+            masked_lm_ids = tokenizer.convert_tokens_to_ids(instance.masked_lm_labels)
+            masked_lm_weights = [1.0] * len(masked_lm_ids)
+            while len(masked_lm_positions) < max_predictions_per_seq:
+                masked_lm_positions.append(0)
+                masked_lm_ids.append(0)
+                masked_lm_weights.append(0.0)
+            next_sentence_label = 1 if instance.is_random_next else 0
+            array("i", input_ids + input_mask + segment_ids + masked_lm_positions + masked_lm_ids
+                  + [next_sentence_label]).tofile(writer)
+            array("f", masked_lm_weights).tofile(writer)
+
+
+def run(input_files, vocab_file, output_file, max_seq_length=128, dupe_factor=1, short_seq_prob=0.1,
+        masked_lm_prob=0.15, max_predictions_per_seq=20, seed=12345):
+    """The whole job, as Google's main(): read + tokenize, build + mask, shuffle, write."""
     tokenizer = FullTokenizer(vocab_file, do_lower_case=True)
     rng = random.Random(seed)
-    return create_training_instances(input_files, tokenizer, max_seq_length, dupe_factor, short_seq_prob,
-                                     masked_lm_prob, max_predictions_per_seq, rng)
+    instances = create_training_instances(input_files, tokenizer, max_seq_length, dupe_factor, short_seq_prob,
+                                          masked_lm_prob, max_predictions_per_seq, rng)
+    write_instances(instances, tokenizer, max_seq_length, max_predictions_per_seq, output_file)
+    return instances

@@ -6,8 +6,8 @@ Every run is its own process (as a user would run it), timed from start to exit,
 resident memory of its whole process tree (sampled from /proc every 50 ms; shared pages of
 workers count once per process, so this over-states ours). The reference is `google_reference.py`:
 Google's tokenizer and builder in pure Python, single process, with its in-memory design (all
-documents, then all instances), run on the same files with the same settings: length 128, NSP,
-static masking, dupe factor 1. bertkit runs the same job (--masking static --dupe-factor 1) on
+documents, then all instances, then it writes them), run on the same files with the same
+settings: length 128, NSP, static masking, dupe factor 1. bertkit runs the same job (--masking static --dupe-factor 1) on
 the corpus (1x) and on ten copies of it (10x), with 1 and 2 workers. Also printed: CPU seconds,
 which are less sensitive than wall time to other jobs on a shared machine. Ratios come last.
 """
@@ -107,7 +107,7 @@ sys.path.insert(0, {bench!r})
 import google_reference as g
 files = json.loads(sys.argv[1])
 t = time.perf_counter()
-inst = g.run(files, {vocab!r}, max_seq_length=128, dupe_factor=1, seed=12345)
+inst = g.run(files, {vocab!r}, sys.argv[2], max_seq_length=128, dupe_factor=1, seed=12345)
 n = len(inst)
 print(json.dumps({{"instances": n, "random_next": sum(i.is_random_next for i in inst) / n, "seconds": time.perf_counter() - t}}))
 """
@@ -141,7 +141,7 @@ def main() -> None:
         rows = []
         if not args.skip_google:
             code = GOOGLE.format(bench=str(REPO / "benchmarks"), vocab=args.vocab)
-            r = measure([sys.executable, "-c", code, json.dumps([str(f) for f in files])])
+            r = measure([sys.executable, "-c", code, json.dumps([str(f) for f in files]), str(tmp / "google.bin")])
             info = json.loads(r["stdout"].strip().splitlines()[-1])
             rows.append(("google (pure Python)", "1x", 1, r, sizes["1x"], info["random_next"]))
         digests = {}

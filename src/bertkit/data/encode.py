@@ -15,7 +15,7 @@ words, so most of the work is dictionary lookups done at C speed.
 from __future__ import annotations
 
 import re
-from itertools import chain
+from itertools import chain, compress, repeat
 
 import numpy as np
 
@@ -74,14 +74,17 @@ class CachedEncoder:
         if len(self.rows) > self.max_cache:              # bound memory on corpora with huge vocabularies
             self._reset()
         rows = self.rows
-        missing = list(set(words).difference(rows))
-        for w, ids in zip(missing, self._slow(missing)):
-            rows[w] = len(self._start)
-            self._start.append(len(self._flat))
-            self._length.append(len(ids))
-            self._flat.extend(ids)
+        row = np.fromiter(map(rows.get, words, repeat(-1)), dtype=np.int64, count=len(words))
+        unknown = np.flatnonzero(row < 0)
+        if len(unknown):                                 # words not seen before: Rust, once each
+            missing = list(set(compress(words, (row < 0).tolist())))
+            for w, ids in zip(missing, self._slow(missing)):
+                rows[w] = len(self._start)
+                self._start.append(len(self._flat))
+                self._length.append(len(ids))
+                self._flat.extend(ids)
+            row[unknown] = [rows[words[k]] for k in unknown.tolist()]
         flat_table = np.asarray(self._flat, dtype=np.int64)
-        row = np.fromiter(map(rows.__getitem__, words), dtype=np.int64, count=len(words))
         length = np.asarray(self._length, dtype=np.int64)[row]
         ends = np.cumsum(length)
         total = int(ends[-1]) if len(ends) else 0
