@@ -227,3 +227,11 @@ def test_bad_inputs(tok, tmp_path):
         prepare([str(d / "missing.txt")], tok, tmp_path / "o4", PrepareConfig(), progress=False)
     with pytest.raises(BertkitError, match="no text"):
         prepare([str(d / "empty.txt")], tok, tmp_path / "o5", PrepareConfig(nsp=False), progress=False)
+
+
+def test_prepare_sentence_split(tok, tmp_path):
+    (tmp_path / "p.txt").write_text("Mr. Smith came. He left! Then? Yes.\nSecond para. Two.\n\nOther doc. Here.\n")
+    meta = prepare([str(tmp_path / "p.txt")], tok, tmp_path / "o", PrepareConfig(sentence_split=True, max_seq_length=16),
+                   progress=False)
+    assert (meta["counts"]["sentences"], meta["counts"]["documents"]) == (8, 2)
+    assert meta["config"]["sentence_split"] is True
