@@ -369,6 +369,9 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
                                          f"{cfg.max_body_bytes} (--max-body-bytes)"}, status_code=413)
             else:
                 response = await call_next(request)
+        except Exception as e:                  # last resort: answer 500, keep serving
+            log.exception("unhandled error on %s", request.url.path)
+            response = JSONResponse({"detail": f"server error: {type(e).__name__}"}, status_code=500)
         finally:
             metrics.in_flight -= 1
         path = request.url.path if request.url.path in _KNOWN_PATHS else "other"
