@@ -5,7 +5,7 @@ normalizer only lower-cases (when uncased) and the pre-tokenizer splits on white
 each punctuation character (every printable ASCII character that is not a letter or digit), and
 WordPiece maps each word on its own. So for an ASCII sentence without control characters we split
 it with the regex and look each word up in a cache of word -> ids; words not yet seen go to the
-Rust tokenizer in one batch. All sentences are joined with a mark ('\\n'; a text holding one
+Rust WordPiece model. All sentences are joined with a mark ('\\n'; a text holding one
 takes the Rust path) and scanned by two regex calls, one to find the texts for the Rust path, one
 to split the others into words. Any other sentence (non-ASCII, control characters, special tokens
 written out) goes to the Rust tokenizer whole. The result equals `Tokenizer.encode_ids`
@@ -77,8 +77,10 @@ class CachedEncoder:
         row = np.fromiter(map(rows.get, words, repeat(-1)), dtype=np.int64, count=len(words))
         unknown = np.flatnonzero(row < 0)
         if len(unknown):                                 # words not seen before: Rust, once each
-            missing = list(set(compress(words, (row < 0).tolist())))
-            for w, ids in zip(missing, self._slow(missing)):
+            # a regex word is already normalised (lower-cased ASCII) and pre-tokenised: WordPiece only
+            wordpiece = self.backend.model.tokenize
+            for w in set(compress(words, (row < 0).tolist())):
+                ids = [t.id for t in wordpiece(w)]
                 rows[w] = len(self._start)
                 self._start.append(len(self._flat))
                 self._length.append(len(ids))
