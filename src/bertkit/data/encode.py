@@ -61,8 +61,11 @@ class CachedEncoder:
         if n == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         # texts for the Rust path: found by one scan of all texts joined by '\n' (the mark)
-        slow = set() if not any("\n" in t for t in texts) else {k for k, t in enumerate(texts) if "\n" in t}
-        joined = _MARK.join("" if k in slow else t for k, t in enumerate(texts)) if slow else _MARK.join(texts)
+        joined = _MARK.join(texts)
+        slow = set()
+        if joined.count(_MARK) != n - 1:                 # a text holds the mark itself: Rust path
+            slow = {k for k, t in enumerate(texts) if _MARK in t}
+            joined = _MARK.join("" if k in slow else t for k, t in enumerate(texts))
         hits = [m.start() for m in _SLOW.finditer(joined)]
         if hits:
             widths = np.fromiter(map(len, texts), dtype=np.int64, count=n) + 1
@@ -79,13 +82,14 @@ class CachedEncoder:
         if len(unknown):                                 # words not seen before: Rust, once each
             # a regex word is already normalised (lower-cased ASCII) and pre-tokenised: WordPiece only
             wordpiece = self.backend.model.tokenize
-            for w in set(compress(words, (row < 0).tolist())):
+            occurrences = list(compress(words, (row < 0).tolist()))
+            for w in set(occurrences):
                 ids = [t.id for t in wordpiece(w)]
                 rows[w] = len(self._start)
                 self._start.append(len(self._flat))
                 self._length.append(len(ids))
                 self._flat.extend(ids)
-            row[unknown] = [rows[words[k]] for k in unknown.tolist()]
+            row[unknown] = np.fromiter(map(rows.__getitem__, occurrences), dtype=np.int64, count=len(unknown))
         flat_table = np.asarray(self._flat, dtype=np.int64)
         length = np.asarray(self._length, dtype=np.int64)[row]
         ends = np.cumsum(length)
