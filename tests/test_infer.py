@@ -249,3 +249,15 @@ def test_fixed_length_packed_batch_equals_padded(causal):
             packed = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
             padded = model(ids, None, mask)
         assert (unpack(packed, layout) - padded)[mask.bool()].abs().max() < 1e-5
+
+
+def test_agreement_reports_accuracy_on_labels(tmp_path_factory, tok):
+    path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "agree", num_labels=2, names=["no", "yes"])
+    ref = Predictor.from_dir(path, device="cpu")
+    q = Predictor.from_dir(path, device="cpu", int8=True)
+    preds = [r["label"] for r in ref.classify(TEXTS)]
+    labels = [preds[0]] * len(TEXTS)                      # a labelled set the fp32 model half gets right
+    rep = agreement(q, ref, TEXTS, labels=labels)
+    assert rep["accuracy_reference"] == np.mean([p == labels[0] for p in preds])
+    assert 0 <= rep["accuracy"] <= 1 and 0 <= rep["same_label"] <= 1 and rep["cosine_min"] > 0.9
+    assert rep["max_abs_diff"] > 0                        # int8 is not bit-equal to fp32

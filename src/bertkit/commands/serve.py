@@ -36,19 +36,34 @@ def load_predictor(args, max_length: int | None = None):
                               max_length=max_length, onnx_file=args.onnx, dtype=getattr(args, "dtype", None))
 
 
+def report_int8(args, predictor) -> dict:
+    """Log how closely the int8 model follows fp32 on the bundled sample sentences."""
+    from pathlib import Path
+
+    from ..infer import Predictor, agreement
+
+    reference = Predictor.from_dir(args.model, head=args.head, device="cpu", max_length=predictor.max_length)
+    sample = Path(__file__).resolve().parents[1] / "sample" / "sample.txt"
+    texts = [l for l in sample.read_text(encoding="utf-8").splitlines() if l.strip()]
+    rep = agreement(predictor, reference, texts)
+    log.info("int8 vs fp32 on %d sample sentences: cosine mean %.4f, min %.4f, max abs diff %.3g",
+             rep["n"], rep["cosine_mean"], rep["cosine_min"], rep["max_abs_diff"])
+    predictor.int8_agreement = rep
+    return rep
+
+
 # ---- serve ---------------------------------------------------------------------------------------
 def setup_serve(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server to the network)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch-tokens", type=int, default=8192, help="real tokens per model call at most")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
-    p.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; beyond: 503 + Retry-After")
+    p.add_argument("--port", type=int, default=8000, help="(default %(default)s)")
+    p.add_argument("--max-batch-tokens", type=int, default=8192, help="real tokens per model call at most (default %(default)s)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default %(default)s)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; beyond: 503 + Retry-After (default %(default)s)")
     p.add_argument("--max-length", type=int, default=None,
                    help="tokens per text at most (default: the checkpoint's limit); longer: 413")
-    p.add_argument("--max-request-items", type=int, default=64, help="texts per request at most; more: 413")
-    p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="request body size at most; more: 413")
+    p.add_argument("--max-request-items", type=int, default=64, help="texts per request at most; more: 413 (default %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="request body size at most; more: 413 (default %(default)s)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(run=run_serve)
 
@@ -64,6 +79,8 @@ def run_serve(args) -> int:
     if args.max_wait_ms < 0:
         raise BertkitError("--max-wait-ms must be >= 0")
     predictor = load_predictor(args, args.max_length)
+    if args.int8:
+        report_int8(args, predictor)
     if args.max_length is not None and args.max_length > predictor.max_length:
         raise BertkitError(f"--max-length {args.max_length} is over the model's limit {predictor.max_length}")
     if args.max_batch_tokens < predictor.max_length:
@@ -82,13 +99,12 @@ def setup_export(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
     o = sub.add_parser("onnx", help="ONNX with dynamic batch and sequence axes, checked against PyTorch",
                        description="Export a checkpoint to ONNX (dynamo exporter), then check it on "
-                                   "onnxruntime against PyTorch on new batch sizes, lengths and padding.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   "onnxruntime against PyTorch on new batch sizes, lengths and padding.")
     o.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder")
     o.add_argument("--out", required=True, metavar="FILE.onnx", help="output file (DIR/model.onnx is what "
                    "--backend onnx looks for by default)")
     o.add_argument("--head", default=None, help="head to export (default: the one config.json names)")
-    o.add_argument("--opset", type=int, default=18, help="ONNX opset")
+    o.add_argument("--opset", type=int, default=18, help="ONNX opset (default %(default)s)")
     o.add_argument("--optimize", action="store_true", help="save onnxruntime's fused graph (LayerNorm, GELU, ...)")
     o.add_argument("--int8", action="store_true", help="dynamic int8 MatMul weights, per output channel")
     o.add_argument("--max-abs-diff", type=float, default=None,
