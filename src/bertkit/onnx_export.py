@@ -209,8 +209,14 @@ def _quantize(src: Path, dst: Path) -> Path:
     """Dynamic int8: MatMul weights int8 with one scale per output channel; activations at run time."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
-                     op_types_to_quantize=["MatMul"])
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)          # its advice to run pre-processing, printed on the root logger
+    try:
+        quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul"])
+    finally:
+        root.setLevel(level)
     return dst
 
 
