@@ -95,6 +95,8 @@ class FinetuneConfig:
     skip_bad_rows: bool = False
     threads: int = 0
     """torch CPU threads (0 = default)."""
+    device: str = "auto"
+    """'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ... Training is fp32."""
     log_every: int = 20
     progress: bool = True
     eval_batch_size: int = 64
@@ -232,6 +234,9 @@ def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bo
     if not with_targets:
         for key in ("labels", "start_positions", "end_positions"):
             batch.pop(key, None)
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     head = getattr(model, "head", "")
     if packed and task.packed and head in ("sequence_classification", "token_classification"):
         per_token = head == "token_classification"
@@ -253,13 +258,14 @@ def split_outputs(head: str, out, batch: dict, layout) -> list:
     if head == "token_classification":
         if layout is not None:
             pieces = out.float().split([int(n) for n in lengths])
-            return [p.detach().numpy() for p in pieces]
-        return [out[b, :int(n)].float().detach().numpy() for b, n in enumerate(lengths)]
+            return [p.detach().cpu().numpy() for p in pieces]
+        return [out[b, :int(n)].float().detach().cpu().numpy() for b, n in enumerate(lengths)]
     if head == "question_answering":
         start, end = out
-        return [(start[b, :int(n)].float().detach().numpy(), end[b, :int(n)].float().detach().numpy())
+        start, end = start.float().detach().cpu(), end.float().detach().cpu()
+        return [(start[b, :int(n)].numpy(), end[b, :int(n)].numpy())
                 for b, n in enumerate(lengths)]
-    return [row.float().detach().numpy() for row in out]
+    return [row.numpy() for row in out.float().detach().cpu()]
 
 
 def feature_length(f: dict) -> int:
@@ -338,6 +344,8 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     dev_feats = (task.featurize(dev_examples, tokenizer, labels, max_length=cfg.max_length, stride=stride)
                  if dev_examples is not None else None)
     model = build_model(task, cfg, labels)
+    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device)
     model.train()
     optimizer = fuse(build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay))
     steps_per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
@@ -371,7 +379,7 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip_norm)
             optimizer.step()
             step += 1
-            tokens += int(batch["attention_mask"].sum())
+            tokens += int(batch["attention_mask"].sum())  # (one sync per update; cheap next to the step)
             bar.update(1)
             if not math.isfinite(loss.item()):
                 raise BertkitError(f"loss is {loss.item()} at update {step}; lower the learning rate")

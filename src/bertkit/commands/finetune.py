@@ -61,6 +61,7 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_const", const=True,
                    help="skip (and count) malformed rows instead of stopping at the first")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--device", help="auto (default: cuda when available), cpu, cuda, cuda:1, ...")
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False)
     p.add_argument("--grid", action="store_true",
                    help="the paper's grid: batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}; best on dev")
@@ -88,7 +89,7 @@ def finetune_config(args: argparse.Namespace):
     for key in ("task", "data", "train_file", "dev_file", "model", "out", "init", "max_length", "stride",
                 "batch_size", "lr", "epochs", "warmup", "weight_decay", "optimizer", "seed", "train_limit",
                 "dev_limit", "eval_every", "freeze", "probe_layers", "packed", "skip_bad_rows", "threads",
-                "progress", *COLUMN_ARGS):
+                "progress", "device", *COLUMN_ARGS):
         value = getattr(args, key, None)
         if value is not None:
             data[key] = value
