@@ -311,7 +311,9 @@ def check_references(task: Task, examples: list, labels, where: str) -> None:
 
 # ---- the loop -----------------------------------------------------------------------------------
 def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
-    """Fine-tune `cfg.model` on `cfg.task`; returns the metrics written to `out/metrics.json`."""
+    """Fine-tune `cfg.model` on `cfg.task`; returns the metrics written to `out/metrics.json`.
+
+    One long function on purpose: the phases (setup, step, evaluate, checkpoint) read top to bottom."""
     from .optim import build_optimizer, lr_at
     from .runlog import MetricsLog, hardware, write_run_card
     from .runconfig import save_config
