@@ -109,6 +109,19 @@ def test_cached_encoder_equals_rust(tok, shared_data):
     assert enc.encode([]) == [] and [x.tolist() for x in enc.encode(["", "a"])] == [[], tok.encode_ids(["a"])[0]]
 
 
+def test_cached_encoder_many_words_and_cased(tok):
+    """Enough distinct words to grow the hash table twice; a cased vocabulary takes the cased path."""
+    words = [f"{'Ab'[i % 2]}{i:x}z{i % 7}" for i in range(70000)]
+    lines = [" ".join(words[k:k + 30]) + "." for k in range(0, len(words), 30)]
+    enc = CachedEncoder(tok.backend, tok.lowercase)
+    for part in (lines[:1000], lines, lines[500:]):
+        assert [o.tolist() for o in enc.encode(part)] == tok.encode_ids(part)
+    assert len(enc._start) > 65536 and len(enc._keys) == 1 << 18
+    cased = Tokenizer(tok.vocab, lowercase=False)
+    enc = CachedEncoder(cased.backend, cased.lowercase)
+    assert [o.tolist() for o in enc.encode(lines[:300])] == cased.encode_ids(lines[:300])
+
+
 def test_sentence_split():
     assert split_sentences('Mr. Smith went to Washington. He said "Hi." Then 3 more came! Why? No.') == \
         ["Mr. Smith went to Washington.", 'He said "Hi."', "Then 3 more came!", "Why?", "No."]
