@@ -1,16 +1,16 @@
 """Sentences -> word-piece ids, fast: a word cache in front of the Rust tokenizer.
 
-BERT's tokenization of printable-ASCII text is simple enough to do exactly with one regex: the
-normalizer only lower-cases (when uncased) and the pre-tokenizer splits on whitespace and isolates
+BERT's tokenization of printable-ASCII text is simple enough to do exactly with array operations:
+the normalizer only lower-cases (when uncased), the pre-tokenizer splits on whitespace and isolates
 each punctuation character (every printable ASCII character that is not a letter or digit), and
-WordPiece maps each word on its own. So for an ASCII sentence without control characters we split
-it with the regex and look each word up in a cache of word -> ids; words not yet seen go to the
-Rust WordPiece model. All sentences are joined with a mark ('\\n'; a text holding one
-takes the Rust path) and scanned by two regex calls, one to find the texts for the Rust path, one
-to split the others into words. Any other sentence (non-ASCII, control characters, special tokens
-written out) goes to the Rust tokenizer whole. The result equals `Tokenizer.encode_ids`
-exactly (tests compare them on the shared corpus and on hard cases); natural text repeats its
-words, so most of the work is dictionary lookups done at C speed.
+WordPiece maps each word on its own. So all sentences are joined with a mark ('\\n') into one
+byte string; numpy finds the sentences that need the Rust tokenizer (non-ASCII bytes, control
+characters, special tokens written out, a sentence holding the mark) and blanks them; then it
+finds the words of the rest (runs of letters and digits, single punctuation characters), hashes
+them, and looks the hashes up in a cache of word -> piece ids. A word seen for the first time goes
+to the Rust WordPiece model once. The result equals `Tokenizer.encode_ids` exactly (tests compare
+them on the shared corpus, on hard cases, on 70,000 distinct words, cased and uncased); natural
+text repeats its words, so nearly all the work is array operations.
 """
 from __future__ import annotations
 
