@@ -196,9 +196,22 @@ class Predictor:
         return p
 
     def compile(self) -> "Predictor":
-        """torch.compile the encoder (dynamic shapes: packed batches change size every call)."""
+        """torch.compile the encoder (dynamic shapes: packed batches change size every call).
+
+        Compiled with inductor's `freezing`: a Predictor never changes its weights, so they are
+        folded in as constants and pre-packed for the CPU GEMM kernels (fixed 32x128 batch: 1.39x
+        eager transformers vs 1.05x uncompiled, one measurement). The option is set around each
+        call, not globally, so a training model compiled in the same process is not frozen."""
+        import torch._inductor.config as inductor_config
+
         enc = self.encoder
-        enc.forward = torch.compile(enc.forward, dynamic=True)
+        compiled = torch.compile(enc.forward, dynamic=True)
+
+        def forward(*args, **kwargs):
+            with inductor_config.patch(freezing=True):
+                return compiled(*args, **kwargs)
+
+        enc.forward = forward
         self.compiled = True
         return self
 
