@@ -216,5 +216,6 @@ def test_cli_pretrain_and_errors(data, tmp_path, capsys):
     assert main(["pretrain", "--out", str(tmp_path / "x")]) == 1
     assert "data.path is not set" in capsys.readouterr().err
     code = main(["pretrain", "--out", str(tmp_path / "run"), f"--data.path={data[64]}", "--model.preset=tiny",
-                 "--train.max_steps=2", "--train.batch_size=4", "--train.progress=false", "--train.eval_every=0"])
+                 "--train.max_steps=2", "--train.batch_size=4", "--train.progress=false", "--train.eval_every=0",
+                 "--data.eval_instances=8", "--train.num_threads=1"])
     assert code == 0 and (tmp_path / "run" / "final" / "model.safetensors").exists()
