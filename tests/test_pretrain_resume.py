@@ -113,6 +113,17 @@ def test_two_processes_match_one_with_the_same_global_batch(data64, tmp_path):
             assert abs(x - y) <= 1e-4 * max(1.0, abs(x)), (ra, rb)
     card = json.loads((tmp_path / "two" / "run_card.json").read_text())
     assert card["world_size"] == 2 and card["global_batch"] == 8
+    # FSDP (fully_shard per block, gloo): the same numbers, and its checkpoint is one full HF folder
+    fsdp = tiny_config(data64, tmp_path / "fsdp", **{"train.max_steps": 6, "train.grad_accum": 1,
+                                                     "train.eval_every": 3, "train.checkpoint_every": 0,
+                                                     "train.distributed": "fsdp"})
+    p3 = _run(_args(fsdp), torchrun=2)
+    assert p3.returncode == 0, p3.stderr[-3000:]
+    for ra, rc in zip(a, _losses(tmp_path / "fsdp")):
+        for x, y in zip(ra[1:], rc[1:]):
+            assert abs(x - y) <= 1e-4 * max(1.0, abs(x)), (ra, rc)
+    from bertkit.checkpoint import load_model
+    assert load_model(tmp_path / "fsdp" / "final", head="pretraining").config.hidden_size == 64
     ea = [json.loads(x) for x in (tmp_path / "one" / "eval.jsonl").read_text().splitlines()]
     eb = [json.loads(x) for x in (tmp_path / "two" / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in ea] == [e["step"] for e in eb] == [0, 3, 6]
