@@ -82,3 +82,19 @@ def test_cli_int8_optimized_export_and_tolerance(classifier, exported, tmp_path,
     assert main(["export", "onnx", "--model", str(classifier), "--out", str(tmp_path / "x.bin")]) == 1
     assert "must end in .onnx" in capsys.readouterr().err
     assert main(["export", "onnx", "--model", str(tmp_path / "nope"), "--out", str(out)]) == 1
+
+
+def test_predict_cli_onnx_backend_equals_torch(classifier, exported, tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(f'{{"id": "{i}", "text": "{t}"}}' for i, t in enumerate(TEXTS)) + "\n")
+    results = {}
+    for backend in ("torch", "onnx"):
+        assert main(["predict", "--model", str(classifier), "--task", "sst2", "--backend", backend, str(src)]) == 0
+        results[backend] = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    import json
+    a = [json.loads(x) for x in results["onnx"]]
+    b = [json.loads(x) for x in results["torch"]]
+    assert [r["prediction"] for r in a] == [r["prediction"] for r in b] and len(a) == len(TEXTS)
+    for x, y in zip(a, b):
+        if "scores" in x:
+            np.testing.assert_allclose(list(x["scores"].values()), list(y["scores"].values()), atol=1e-4)

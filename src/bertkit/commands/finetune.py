@@ -219,6 +219,9 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
     p.add_argument("--top-k", dest="top_k", type=int, default=5, help="masked LM: candidates per [MASK]")
     p.add_argument("--threads", type=int)
+    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+                   help="run the model on PyTorch or on onnxruntime (a file from `bertkit export onnx`)")
+    p.add_argument("--onnx", default=None, metavar="FILE", help="ONNX file for --backend onnx (default DIR/model.onnx)")
     _column_options(p)
     p.set_defaults(run=run_predict)
 
@@ -285,7 +288,13 @@ def predict_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list
     max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
     stride = args.stride if args.stride is not None else task.stride
     feats = task.featurize(examples, tokenizer, labels, max_length=max_length, stride=stride)
-    outputs = predict_features(model, task, feats, args.batch_size)
+    if getattr(args, "backend", "torch") == "onnx":      # the same features, run on onnxruntime
+        from ..infer import Predictor
+        predictor = Predictor.from_dir(args.model, head=model.head, backend="onnx", onnx_file=args.onnx,
+                                       threads=args.threads, max_length=max_length)
+        outputs = predictor.outputs(feats, args.batch_size)
+    else:
+        outputs = predict_features(model, task, feats, args.batch_size)
     predictions = task.postprocess(outputs, feats, examples, labels)
     extra: dict = {}
     if model.head == "sequence_classification" and labels is not None:
@@ -306,7 +315,8 @@ def fill_mask_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> li
         if not isinstance(obj.get("text"), str):
             raise DataError(f"{where}: needs a \"text\" field with a [MASK]")
         texts.append(obj["text"])
-    predictor = Predictor.from_dir(args.model, threads=args.threads, max_length=args.max_length)
+    predictor = Predictor.from_dir(args.model, head="masked_lm", threads=args.threads, max_length=args.max_length,
+                                   backend=getattr(args, "backend", "torch"), onnx_file=getattr(args, "onnx", None))
     results = predictor.fill_mask(texts, top_k=args.top_k, batch_size=args.batch_size)
     return [{"id": str(obj.get("id", i)), "prediction": [c[0]["token"] for c in res], "candidates": res}
             for i, ((_, obj), res) in enumerate(zip(rows, results))]
