@@ -15,7 +15,7 @@ Both are numerically the padded path: tests compare them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,7 @@ class Packed:
     padded_len: int         # T of the padded batch the tokens came from
     pad_indices: Tensor     # (N,) int64: position of each packed token in a (B, max_seqlen) buffer
     key_mask: Tensor        # (B, max_seqlen) bool: real tokens of that buffer
+    scratch: dict = field(default_factory=dict, repr=False)   # padded buffers reused across layers (no grad)
 
 
 def packing(attention_mask: Tensor) -> Packed:
@@ -90,13 +91,21 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
         y = F.scaled_dot_product_attention(view(q), view(k), view(v), dropout_p=dropout_p, is_causal=causal)
         return y.transpose(1, 2).reshape(N, H, D)
 
-    def to_buffer(t: Tensor) -> Tensor:                                # (N, H, D) -> (B, H, L, D)
-        buf = t.new_zeros(B * L, H, D).index_copy_(0, p.pad_indices, t)
+    def to_buffer(t: Tensor, slot: str) -> Tensor:                     # (N, H, D) -> (B, H, L, D)
+        # Without autograd the zeroed buffers are kept on the layout and reused by every layer:
+        # the real rows are overwritten, the padding rows stay zero. A fresh multi-MB buffer per
+        # layer costs page faults that, on CPU, took longer than the attention itself.
+        buf = None if torch.is_grad_enabled() else p.scratch.get(slot)
+        if buf is None or buf.shape != (B * L, H * D) or buf.dtype != t.dtype or buf.device != t.device:
+            buf = t.new_zeros(B * L, H * D)
+            if not torch.is_grad_enabled():
+                p.scratch[slot] = buf
+        buf.index_copy_(0, p.pad_indices, t.reshape(N, H * D))   # rows of H*D values (2-D: fast on CPU)
         return buf.view(B, L, H, D).transpose(1, 2)
 
     allowed = p.key_mask[:, None, None, :]                              # (B, 1, 1, L)
     if causal:
         allowed = allowed & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-    y = F.scaled_dot_product_attention(to_buffer(q), to_buffer(k), to_buffer(v),
+    y = F.scaled_dot_product_attention(to_buffer(q, "q"), to_buffer(k, "k"), to_buffer(v, "v"),
                                        attn_mask=allowed, dropout_p=dropout_p)
-    return y.transpose(1, 2).reshape(B * L, H, D).index_select(0, p.pad_indices)   # (N, H, D)
+    return y.transpose(1, 2).reshape(B * L, H * D).index_select(0, p.pad_indices).view(N, H, D)
