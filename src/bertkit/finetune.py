@@ -69,7 +69,8 @@ class FinetuneConfig:
     """Your data's format: csv, tsv, jsonl or conll (None = from the file name)."""
     init: str = "pretrained"
     """'pretrained' (the checkpoint's weights) or 'random' (same shape, freshly initialised: a baseline)."""
-    max_length: int = 128
+    max_length: int | None = None
+    """Tokens per input window (None = the task's default: 128, or 384 for SQuAD)."""
     stride: int | None = None
     """Overlap between sliding windows over long inputs (None = the task's default)."""
     batch_size: int = 32
@@ -105,7 +106,7 @@ class FinetuneConfig:
         if self.init not in ("pretrained", "random"):
             raise BertkitError(f"init: {self.init!r} is not 'pretrained' or 'random'")
         for key in ("batch_size", "max_length", "probe_layers", "log_every", "eval_batch_size"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise BertkitError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.lr <= 0 or self.epochs <= 0:
             raise BertkitError("lr and epochs must be positive")
@@ -331,6 +332,8 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
 
     # setup
     task = resolve_task(cfg.task, columns_of(cfg))
+    if cfg.max_length is None:                       # the task's own window (SQuAD: 384)
+        cfg.max_length = task.max_length
     train_examples, train_path = read_split(task, cfg, "train")
     dev_examples, dev_path = read_split(task, cfg, "dev")
     labels = task.labels(train_examples)

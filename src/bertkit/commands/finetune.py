@@ -41,7 +41,7 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="pre-trained checkpoint folder (Hugging Face format, with tokenizer)")
     p.add_argument("--out", help="output folder (the best checkpoint on dev + run card + metrics)")
     p.add_argument("--init", choices=("pretrained", "random"), help="'random': same shape, random weights (a baseline)")
-    p.add_argument("--max-length", dest="max_length", type=int, help="tokens per input (default 128)")
+    p.add_argument("--max-length", dest="max_length", type=int, help="tokens per input (default: the task's, 128; SQuAD 384)")
     p.add_argument("--stride", type=int, help="overlap of sliding windows over long inputs (default: the task's)")
     p.add_argument("--batch-size", dest="batch_size", type=int, help="default 32")
     p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5; paper 2e-5..5e-5)")
