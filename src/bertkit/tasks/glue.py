@@ -171,33 +171,28 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
     return feats
 
 
-def postprocess_classification(outputs: Sequence[np.ndarray], features: Sequence[dict],
-                               examples: Sequence[TextExample], labels: Sequence[str] | None) -> dict:
-    """Average each example's window logits; the arg-max label name (or the score, regression)."""
+def mean_window_logits(outputs: Sequence[np.ndarray], features: Sequence[dict]) -> dict[int, np.ndarray]:
+    """{example index: its windows' logits averaged} (a long input is several windows)."""
     sums: dict[int, np.ndarray] = {}
     counts: dict[int, int] = {}
     for out, f in zip(outputs, features):
         i = f["example_index"]
         sums[i] = sums.get(i, 0) + np.asarray(out, dtype=np.float64)
         counts[i] = counts.get(i, 0) + 1
-    preds = {}
-    for i, total in sums.items():
-        mean = total / counts[i]
-        preds[examples[i].id] = float(mean[0]) if labels is None else labels[int(mean.argmax())]
-    return preds
+    return {i: total / counts[i] for i, total in sums.items()}
+
+
+def postprocess_classification(outputs: Sequence[np.ndarray], features: Sequence[dict],
+                               examples: Sequence[TextExample], labels: Sequence[str] | None) -> dict:
+    """Average each example's window logits; the arg-max label name (or the score, regression)."""
+    return {examples[i].id: float(mean[0]) if labels is None else labels[int(mean.argmax())]
+            for i, mean in mean_window_logits(outputs, features).items()}
 
 
 def class_probabilities(outputs, features, examples, labels) -> dict:
     """{id: {label: probability}} from averaged logits (used by `bertkit predict`)."""
-    sums: dict[int, np.ndarray] = {}
-    counts: dict[int, int] = {}
-    for out, f in zip(outputs, features):
-        i = f["example_index"]
-        sums[i] = sums.get(i, 0) + np.asarray(out, dtype=np.float64)
-        counts[i] = counts.get(i, 0) + 1
     result = {}
-    for i, total in sums.items():
-        z = total / counts[i]
+    for i, z in mean_window_logits(outputs, features).items():
         p = np.exp(z - z.max())
         p /= p.sum()
         result[examples[i].id] = {name: round(float(q), 6) for name, q in zip(labels, p)}
