@@ -240,21 +240,3 @@ def test_predict_every_head(tiny_model, tmp_path, capsys, head, line, check):
     assert main(["predict", "--model", str(tmp_path / "m"), str(tmp_path / "in.jsonl"), "--top-k", "3"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["id"] == "0" and check(row), row
-
-
-def test_fused_adamw_is_the_same_update():
-    from bertkit.finetune import fuse
-    from bertkit.optim import build_optimizer
-    torch.manual_seed(0)
-    a = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
-    b = __import__("copy").deepcopy(a)
-    opt_a, opt_b = build_optimizer(a, "adamw", lr=1e-2), fuse(build_optimizer(b, "adamw", lr=1e-2))
-    assert opt_b.param_groups[0]["fused"]
-    for _ in range(3):
-        x = torch.randn(4, 8)
-        for m, o in ((a, opt_a), (b, opt_b)):
-            o.zero_grad()
-            m(x).pow(2).sum().backward()
-            o.step()
-    for p, q in zip(a.parameters(), b.parameters()):
-        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)

@@ -1,6 +1,7 @@
 """Optimisers against the update rules written out in numpy, and the pure learning-rate schedule."""
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -136,3 +137,19 @@ def test_lr_schedules_are_pure_functions():
         sched.step()
     with pytest.raises(BertkitError, match="schedule"):
         lr_at(0, 10, 1, 1.0, "step")
+
+
+def test_fused_adamw_is_the_same_update():
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    b = copy.deepcopy(a)
+    opt_a, opt_b = build_optimizer(a, "adamw", lr=1e-2), build_optimizer(b, "adamw", lr=1e-2, fused=True)
+    assert opt_b.param_groups[0]["fused"]
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        for m, o in ((a, opt_a), (b, opt_b)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)

@@ -47,16 +47,18 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, weight_decay: float = 0.01,
-                    betas: tuple[float, float] = (0.9, 0.999), eps: float | None = None) -> torch.optim.Optimizer:
+                    betas: tuple[float, float] = (0.9, 0.999), eps: float | None = None,
+                    fused: bool = False) -> torch.optim.Optimizer:
     """An optimizer over `param_groups(model, weight_decay)`.
 
     eps defaults to 1e-8 for 'adamw' (torch / Hugging Face) and 1e-6 for 'adamw_google' and 'lamb'
-    (google-research/bert, NVIDIA)."""
+    (google-research/bert, NVIDIA). fused=True ('adamw' only): torch's fused kernel, the same update
+    in one pass over memory (on a 2-core CPU, ~0.08 s instead of ~0.5 s per step over 23M parameters)."""
     groups = param_groups(model, weight_decay)
     betas = (float(betas[0]), float(betas[1]))
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8 if eps is None else eps,
-                                 weight_decay=weight_decay)
+                                 weight_decay=weight_decay, **({"fused": True} if fused else {}))
     if name == "adamw_google":
         return AdamWGoogle(groups, lr=lr, betas=betas, eps=1e-6 if eps is None else eps, weight_decay=weight_decay)
     if name == "lamb":
