@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .errors import BertkitError
 
+import functools
 import json
 import logging
 import re
@@ -25,28 +26,47 @@ class CheckpointError(BertkitError, ValueError):
     """A checkpoint folder is missing, unreadable or does not match the model; the message says which."""
 
 
-# Hugging Face name (without the 'bert.' prefix for encoder weights) -> bertkit name.
-_ENCODER_MAP = [
-    (r"embeddings\.word_embeddings\.", "embeddings.word."),
-    (r"embeddings\.position_embeddings\.", "embeddings.position."),
-    (r"embeddings\.token_type_embeddings\.", "embeddings.segment."),
-    (r"embeddings\.LayerNorm\.", "embeddings.norm."),
-    (r"encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.", r"blocks.\1.attn.\2."),
-    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"blocks.\1.attn.out."),
-    (r"encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"blocks.\1.norm1."),
-    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.", r"blocks.\1.mlp.up."),
-    (r"encoder\.layer\.(\d+)\.output\.dense\.", r"blocks.\1.mlp.down."),
-    (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"blocks.\1.norm2."),
-    (r"pooler\.dense\.", "pooler."),
+# One table, read both ways: Hugging Face name prefix <-> bertkit name prefix ({n}: a layer number,
+# {p}: query/key/value). Encoder names are listed without HF's 'bert.' prefix.
+_ENCODER_NAMES = [
+    ("embeddings.word_embeddings.", "embeddings.word."),
+    ("embeddings.position_embeddings.", "embeddings.position."),
+    ("embeddings.token_type_embeddings.", "embeddings.segment."),
+    ("embeddings.LayerNorm.", "embeddings.norm."),
+    ("encoder.layer.{n}.attention.self.{p}.", "blocks.{n}.attn.{p}."),
+    ("encoder.layer.{n}.attention.output.dense.", "blocks.{n}.attn.out."),
+    ("encoder.layer.{n}.attention.output.LayerNorm.", "blocks.{n}.norm1."),
+    ("encoder.layer.{n}.intermediate.dense.", "blocks.{n}.mlp.up."),
+    ("encoder.layer.{n}.output.dense.", "blocks.{n}.mlp.down."),
+    ("encoder.layer.{n}.output.LayerNorm.", "blocks.{n}.norm2."),
+    ("pooler.dense.", "pooler."),
 ]
-_HEAD_MAP = [
-    (r"cls\.predictions\.transform\.dense\.", "mlm.dense."),
-    (r"cls\.predictions\.transform\.LayerNorm\.", "mlm.norm."),
-    (r"cls\.predictions\.bias", "mlm.bias"),
-    (r"cls\.seq_relationship\.", "nsp."),
-    (r"classifier\.", "classifier."),
-    (r"qa_outputs\.", "qa."),
+_HEAD_NAMES = [
+    ("cls.predictions.transform.dense.", "mlm.dense."),
+    ("cls.predictions.transform.LayerNorm.", "mlm.norm."),
+    ("cls.predictions.bias", "mlm.bias"),
+    ("cls.seq_relationship.", "nsp."),
+    ("classifier.", "classifier."),
+    ("qa_outputs.", "qa."),
 ]
+_SLOTS = {"n": r"(?P<n>\d+)", "p": r"(?P<p>query|key|value)"}
+
+
+@functools.lru_cache(maxsize=None)
+def _prefix(template: str) -> re.Pattern:
+    parts = re.split(r"\{(\w)\}", template)          # literal, slot, literal, ...
+    return re.compile("".join(_SLOTS[x] if i % 2 else re.escape(x) for i, x in enumerate(parts)))
+
+
+def _translate(name: str, table: list[tuple[str, str]], to_bertkit: bool) -> str | None:
+    """Rewrite the prefix of `name` by the first row of `table` that matches it (None if none does)."""
+    for hf, ours in table:
+        src, dst = (hf, ours) if to_bertkit else (ours, hf)
+        m = _prefix(src).match(name)
+        if m:
+            return dst.format(**m.groupdict()) + name[m.end():]
+    return None
+
 # Names that carry no information of their own (tied copies, buffers).
 _IGNORED = re.compile(r"(^|\.)embeddings\.position_ids$|^cls\.predictions\.decoder\.(weight|bias)$")
 
@@ -67,41 +87,18 @@ def _rename(hf_name: str) -> str | None:
     """HF name -> bertkit name ('bert.'-prefixed for the encoder), or None if not a BERT weight."""
     name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", hf_name)
     name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-    if name.startswith("bert."):
-        name = name[5:]
-    for pat, rep in _ENCODER_MAP:
-        if re.match(pat, name):
-            return "bert." + re.sub(pat, rep, name, count=1)
-    for pat, rep in _HEAD_MAP:
-        if re.match(pat, name):
-            return re.sub(pat, rep, name, count=1)
-    return None
+    inner = name[5:] if name.startswith("bert.") else name
+    encoder = _translate(inner, _ENCODER_NAMES, to_bertkit=True)
+    return "bert." + encoder if encoder is not None else _translate(name, _HEAD_NAMES, to_bertkit=True)
 
 
 def _hf_name(name: str, bare: bool) -> str:
-    """bertkit name -> HF name (inverse of _rename)."""
-    for pat, rep in _HEAD_MAP:
-        plain = rep.replace("\\", "")
-        if name.startswith(plain):
-            return pat.replace("\\", "") + name[len(plain):]
+    """bertkit name -> HF name (inverse of _rename); bare: a BertModel checkpoint (no 'bert.' prefix)."""
+    head = _translate(name, _HEAD_NAMES, to_bertkit=False)
+    if head is not None:
+        return head
     inner = name[5:] if name.startswith("bert.") else name   # a bare BertModel has no prefix
-    inverse = [
-        (r"embeddings\.word\.", "embeddings.word_embeddings."),
-        (r"embeddings\.position\.", "embeddings.position_embeddings."),
-        (r"embeddings\.segment\.", "embeddings.token_type_embeddings."),
-        (r"embeddings\.norm\.", "embeddings.LayerNorm."),
-        (r"blocks\.(\d+)\.attn\.(query|key|value)\.", r"encoder.layer.\1.attention.self.\2."),
-        (r"blocks\.(\d+)\.attn\.out\.", r"encoder.layer.\1.attention.output.dense."),
-        (r"blocks\.(\d+)\.norm1\.", r"encoder.layer.\1.attention.output.LayerNorm."),
-        (r"blocks\.(\d+)\.mlp\.up\.", r"encoder.layer.\1.intermediate.dense."),
-        (r"blocks\.(\d+)\.mlp\.down\.", r"encoder.layer.\1.output.dense."),
-        (r"blocks\.(\d+)\.norm2\.", r"encoder.layer.\1.output.LayerNorm."),
-        (r"pooler\.", "pooler.dense."),
-    ]
-    for pat, rep in inverse:
-        if re.match(pat, inner):
-            inner = re.sub(pat, rep, inner, count=1)
-            break
+    inner = _translate(inner, _ENCODER_NAMES, to_bertkit=False) or inner
     return inner if bare else "bert." + inner
 
 
