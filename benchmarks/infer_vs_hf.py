@@ -5,8 +5,10 @@ inaugural corpus, bert-base-uncased word pieces, [CLS] ... [SEP]):
   * fixed:  32 sequences x 128 tokens (no padding);
   * ragged: 32 sequences of 8..128 tokens (evenly spread), padded to the longest for transformers
     and onnxruntime, packed (no padding) for bertkit.
-Timed: the encoder forward to the last hidden state (bertkit: `fast.pack` + the packed encoder,
-exactly what `Predictor` runs for one bucket). Variants are interleaved round by round after a
+Timed: the encoder forward to the last hidden state. bertkit: exactly what `Predictor` runs on
+32 tokenized rows - `batches` (sort by length, pad, `fast.pack`) then `hidden` per bucket, the
+packed encoder; on the CPU its Linear weights are prepacked for oneDNN with GELU fused
+(`fast.prepack_linears`); "bertkit no-prepack" is the same without that. Variants are interleaved round by round after a
 warm-up; the figure is the median over `--reps` rounds. Tokens/s counts real tokens only.
 int8: bertkit's dynamic per-channel quantisation (`Predictor(int8=True)`) and onnxruntime's
 (`bertkit export onnx --int8`); agreement = cosine of mean-pooled sentence embeddings to fp32.
@@ -77,44 +79,53 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     import transformers
-    from bertkit.fast import pack, unpack
+    from bertkit.fast import unpack
+    from bertkit.infer import _cpu as _cpu_layout
     from bertkit.infer import Predictor
 
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     dtype = torch.float16 if cuda else torch.float32
     path = minilm_dir()
-    bk = Predictor.from_dir(path, device=args.device)
-    bk.model.to(dtype)
+    bk = Predictor.from_dir(path, device=args.device, dtype=dtype if cuda else None)
     hf = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa", dtype=dtype).to(dev).eval()
     spread = np.random.default_rng(0).permutation(np.linspace(8, 128, 32).round().astype(int)).tolist()
     batches = {"fixed": make_inputs(bk.tokenizer, [128] * 32), "ragged": make_inputs(bk.tokenizer, spread)}
     batches = {k: {n: t.to(dev) for n, t in v.items()} for k, v in batches.items()}
+    for b in batches.values():                # the token-id lists a Predictor gets from its tokenizer
+        m = b["attention_mask"].bool().cpu()
+        b["rows"] = [(i[r].tolist(), t[r].tolist()) for i, t, r in zip(b["input_ids"].cpu(), b["token_type_ids"].cpu(), m)]
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device} "
           f"({torch.cuda.get_device_name() if cuda else f'{args.threads} threads'}), dtype {dtype}")
     for k, b in batches.items():
         print(f"{k}: {tuple(b['input_ids'].shape)} padded, {int(b['attention_mask'].sum())} real tokens")
 
-    def run_bertkit(model):
+    def run_bertkit(pred):
+        """What Predictor runs on 32 tokenized rows: length-sorted buckets, pack, packed encoder."""
         def f(b):
-            t, p = pack(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-            return model(t["input_ids"], t["token_type_ids"], None, t["position_ids"], packed=p), p  # (N, C)
+            return [(batch, pred.hidden(batch)) for batch in pred.batches(b["rows"])]
         return f
 
     def padded(out):                          # (B, T, C) for the agreement check (not timed)
-        if isinstance(out, tuple):
-            return unpack(*out)
+        if isinstance(out, list):
+            B = sum(len(batch.index) for batch, _ in out)
+            T = max(batch.packed.padded_len for batch, _ in out)
+            full = torch.zeros(B, T, out[0][1].shape[-1], dtype=out[0][1].dtype)
+            for batch, h in out:
+                full[batch.index, :batch.packed.padded_len] = unpack(h.cpu(), _cpu_layout(batch.packed))
+            return full
         return out
 
     systems = {"transformers": lambda b: hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state,
-               "bertkit": run_bertkit(bk.encoder)}
+               "bertkit": run_bertkit(bk)}
+    if not cuda:
+        systems["bertkit no-prepack"] = run_bertkit(Predictor.from_dir(path, device="cpu", prepack=False))
     if not cuda:
         q = Predictor.from_dir(path, device="cpu", int8=True)
-        systems["bertkit int8"] = run_bertkit(q.encoder)
+        systems["bertkit int8"] = run_bertkit(q)
     if args.compile:
-        c = Predictor.from_dir(path, device=args.device)
-        c.model.to(dtype)
-        systems["bertkit compile"] = run_bertkit(c.compile().encoder)
+        systems["bertkit compile"] = run_bertkit(Predictor.from_dir(path, device=args.device, compile=True,
+                                                                    dtype=dtype if cuda else None))
     tmp = tempfile.TemporaryDirectory()
     if not args.no_onnx:
         from bertkit.onnx_export import export_onnx, load_session

@@ -261,3 +261,65 @@ def test_agreement_reports_accuracy_on_labels(tmp_path_factory, tok):
     assert rep["accuracy_reference"] == np.mean([p == labels[0] for p in preds])
     assert 0 <= rep["accuracy"] <= 1 and 0 <= rep["same_label"] <= 1 and rep["cosine_min"] > 0.9
     assert rep["max_abs_diff"] > 0                        # int8 is not bit-equal to fp32
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
+def test_prepacked_linears_equal_plain_layers(act):
+    """fast.prepack_linears: oneDNN-packed weights (+ fused GELU) give the plain model's numbers."""
+    import copy
+
+    from bertkit.fast import PrepackedLinear, can_prepack, pack, prepack_linears
+    from bertkit.model import BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(preset("tiny", vocab_size=500, hidden_act=act)).eval()
+    if not can_prepack(model):
+        pytest.skip("this torch build has no oneDNN prepacked Linear")
+    fast = copy.deepcopy(model)
+    assert prepack_linears(fast)
+    packed = [m for m in fast.modules() if isinstance(m, PrepackedLinear)]
+    assert len(packed) == 6 * model.config.num_layers
+    fused = [m for m in packed if m.post == "gelu"]
+    assert len(fused) == (0 if act == "relu" else model.config.num_layers)
+    assert all(b.mlp.act is not model.blocks[0].mlp.act for b in fast.blocks) == (act != "relu")
+    ids = torch.randint(5, 500, (3, 13))
+    mask = torch.tensor([[1] * 13, [1] * 6 + [0] * 7, [1] * 9 + [0] * 4])
+    flat, layout = pack(ids, mask)
+    with torch.inference_mode():
+        for m in (model, fast):
+            assert m(ids, None, mask).shape == (3, 13, model.config.hidden_size)
+        want, got = model(ids, None, mask), fast(ids, None, mask)
+        assert (got - want)[mask.bool()].abs().max() < 1e-5
+        want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
+        got = fast(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
+        assert (got - want).abs().max() < 1e-5
+
+
+def test_prepack_falls_back_when_the_kernel_disagrees_or_fails(monkeypatch):
+    from bertkit import fast
+    from bertkit.model import BertModel
+
+    model = BertModel(preset("tiny", vocab_size=500)).eval()
+    if not fast.can_prepack(model):
+        pytest.skip("this torch build has no oneDNN prepacked Linear")
+    plain = [type(m) for m in model.modules()]
+    monkeypatch.setattr(fast.PrepackedLinear, "forward", lambda self, x: torch.zeros(len(x), self.out_features))
+    assert not fast.prepack_linears(model)
+    monkeypatch.setattr(fast.PrepackedLinear, "forward", lambda self, x: (_ for _ in ()).throw(RuntimeError("no kernel")))
+    assert not fast.prepack_linears(model)
+    assert [type(m) for m in model.modules()] == plain           # untouched either way
+    assert not fast.can_prepack(BertModel(preset("tiny", vocab_size=500)).half())
+
+
+def test_predictor_prepacks_on_cpu_only_when_it_applies(minilm):
+    from bertkit.fast import can_prepack
+
+    if not can_prepack(Predictor.from_dir(minilm_dir(), device="cpu", prepack=False).model):
+        pytest.skip("this torch build has no oneDNN prepacked Linear")
+    assert minilm.prepacked
+    plain = Predictor.from_dir(minilm_dir(), device="cpu", prepack=False)
+    assert not plain.prepacked
+    np.testing.assert_allclose(minilm.embed(TEXTS), plain.embed(TEXTS), atol=1e-5)
+    assert not Predictor.from_dir(minilm_dir(), device="cpu", int8=True).prepacked
+    with pytest.raises(PredictorError, match="prepack=False"):
+        minilm.compile()

@@ -12,14 +12,20 @@ the only operation that needs to know where sequences start and end:
     (a fixed-length batch) the packed tokens already are a (B, T) batch: a view, no mask. The scatter/gather costs a few copies of
     (N, C); attention itself is small next to the linear layers.
 Both are numerically the padded path: tests compare them.
+
+The second speed-up here is for inference on the CPU (`prepack_linears`, used by `Predictor`):
+the encoder's Linear weights are reordered once into oneDNN's blocked layout, and the FFN's
+GELU runs inside the first FFN GEMM, as inductor does when it freezes a model. The model code is
+unchanged; the same numbers come out (checked when the weights are packed).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 try:  # torch >= 2.10 ships variable-length flash attention
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
@@ -109,3 +115,86 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     y = F.scaled_dot_product_attention(to_buffer(q, "q"), to_buffer(k, "k"), to_buffer(v, "v"),
                                        attn_mask=allowed, dropout_p=dropout_p)
     return y.transpose(1, 2).reshape(B * L, H * D).index_select(0, p.pad_indices).view(N, H, D)
+
+
+# ---- CPU inference: prepacked Linear layers ------------------------------------------------------
+log = logging.getLogger("bertkit")
+
+_FUSED_GELU = {"gelu": "none", "gelu_python": "none",              # oneDNN's exact (erf) GELU
+               "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_python_tanh": "tanh",
+               "gelu_fast": "tanh", "gelu_accurate": "tanh"}
+
+
+class PrepackedLinear(nn.Module):
+    """act(x W^T + b) with W reordered once into oneDNN's blocked layout; inference only, fp32 CPU.
+
+    `post` is a pointwise op fused into the GEMM ("none" or "gelu" with `algorithm` "none" =
+    erf, "tanh" = tanh approximation). The packed weight is opaque: keep the original module if
+    you need to train or save."""
+
+    def __init__(self, linear: nn.Linear, post: str = "none", algorithm: str = ""):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.post, self.algorithm = post, algorithm
+        w = linear.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        self.bias = linear.bias.detach().clone() if linear.bias is not None else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post, [], self.algorithm)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, post={self.post!r}"
+
+
+def can_prepack(model: nn.Module) -> bool:
+    """Whether `prepack_linears` applies: x86 oneDNN build, fp32 weights on the CPU."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    params = list(model.parameters())
+    return bool(params) and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in params)
+
+
+def prepack_linears(model: nn.Module, rtol: float = 1e-4) -> bool:
+    """Swap every Linear of the encoder blocks for a PrepackedLinear (in place), GELU fused into
+    the FFN's first GEMM. Each swap is checked against F.linear on a random input; on any error
+    or disagreement the model is left as it was. Returns whether the swap happened."""
+    if not can_prepack(model):
+        return False
+    from .model import Block                    # a runtime import: model.py imports this file
+    swaps = []                                  # (parent module, attribute, new module, activation)
+    fused = _FUSED_GELU.get(getattr(getattr(model, "config", None), "hidden_act", None))
+    try:
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for block in (m for m in model.modules() if isinstance(m, Block)):
+                ff, attn = block.mlp, block.attn
+                for parent, name in ((attn, "query"), (attn, "key"), (attn, "value"), (attn, "out"),
+                                     (ff, "up"), (ff, "down")):
+                    lin = getattr(parent, name)
+                    if type(lin) is not nn.Linear:
+                        return False
+                    post = ("gelu", fused) if (parent is ff and name == "up" and fused) else ("none", "")
+                    new = PrepackedLinear(lin, *post)
+                    x = torch.randn(7, lin.in_features, generator=gen)
+                    want = F.linear(x, lin.weight, lin.bias)
+                    if post[0] == "gelu":
+                        want = F.gelu(want, approximate=post[1])
+                    got = new(x)
+                    if not torch.allclose(got, want, rtol=rtol, atol=rtol * float(want.abs().max())):
+                        log.warning("prepacked Linear disagrees with F.linear (max diff %.3g); kept the plain layers",
+                                    float((got - want).abs().max()))
+                        return False
+                    swaps.append((parent, name, new, post[0] == "gelu"))
+    except (RuntimeError, NotImplementedError) as e:   # a torch build without these oneDNN ops
+        log.info("oneDNN prepacked Linear unavailable (%s); kept the plain layers", str(e).splitlines()[0])
+        return False
+    for parent, name, new, fused_act in swaps:
+        setattr(parent, name, new)
+        if fused_act:
+            parent.act = _identity
+    return True
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x

@@ -9,6 +9,8 @@ each batch runs the padding-free encoder path (`fast.pack` -> `model(..., packed
     p.embed(["a sentence", "another"], pooling="mean", normalize=True)   # (2, C) float32
     p.fill_mask(["paris is the [MASK] of france."])                       # top-k per [MASK]
 
+On the CPU in fp32 the encoder's Linear weights are prepacked for oneDNN with GELU fused into
+the FFN (`fast.prepack_linears`, same outputs to ~1e-5; `prepack=False` keeps plain layers).
 Options: `threads` (torch intra-op threads), `int8` (dynamic int8 quantisation of the Linear
 layers, per output channel; `agreement()` reports cosine / max abs diff / accuracy against fp32),
 `compile` (torch.compile of the encoder), `backend="onnx"` (an exported graph on onnxruntime,
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import BertkitError
-from .fast import Packed, pack
+from .fast import Packed, pack, prepack_linears
 from .model import BertModel
 from .tokenizer import Encoding, Tokenizer
 
@@ -143,20 +145,24 @@ class Predictor:
         self.labels = labels or {int(k): v for k, v in (hf.get("id2label") or {}).items()}
         self.int8 = False
         self.compiled = False
+        self.prepacked = False
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
     def from_dir(cls, path: str | Path, head: str | None = None, device: str | None = None,
                  threads: int | None = None, int8: bool = False, compile: bool = False,
                  backend: str = "torch", max_length: int | None = None,
-                 onnx_file: str | Path | None = None, dtype: str | torch.dtype | None = None) -> "Predictor":
+                 onnx_file: str | Path | None = None, dtype: str | torch.dtype | None = None,
+                 prepack: bool = True) -> "Predictor":
         """Load a checkpoint folder (HF format + tokenizer files).
 
         head: which head to load (default: the one config.json names); device: 'cpu', 'cuda', ...
         (default cuda when available); threads: torch intra-op threads; int8: quantise the Linear
         layers; compile: torch.compile the encoder; backend 'onnx': run `onnx_file` (default
         DIR/model.onnx) on onnxruntime, tokenization and post-processing stay here; dtype:
-        'float16' / 'bfloat16' weights (GPU; the packed path then runs varlen flash attention).
+        'float16' / 'bfloat16' weights (GPU; the packed path then runs varlen flash attention);
+        prepack: on the CPU in fp32 (no int8, no compile), reorder the encoder's Linear weights for
+        oneDNN and fuse the FFN's GELU (`fast.prepack_linears`).
         """
         from .checkpoint import load_model
 
@@ -193,6 +199,8 @@ class Predictor:
         p.int8 = bool(int8) and backend == "torch"
         if compile and backend == "torch":
             p.compile()
+        elif prepack and backend == "torch" and not int8:
+            p.prepacked = prepack_linears(model)
         return p
 
     def compile(self) -> "Predictor":
@@ -204,6 +212,9 @@ class Predictor:
         call, not globally, so a training model compiled in the same process is not frozen."""
         import torch._inductor.config as inductor_config
 
+        if self.prepacked:
+            raise PredictorError("compile() needs the plain Linear layers: load with prepack=False "
+                                 "(or from_dir(..., compile=True))")
         enc = self.encoder
         compiled = torch.compile(enc.forward, dynamic=True)
 
