@@ -207,9 +207,11 @@ class Predictor:
         """torch.compile the encoder (dynamic shapes: packed batches change size every call).
 
         Compiled with inductor's `freezing`: a Predictor never changes its weights, so they are
-        folded in as constants and pre-packed for the CPU GEMM kernels (fixed 32x128 batch: 1.39x
-        eager transformers vs 1.05x uncompiled, one measurement). The option is set around each
-        call, not globally, so a training model compiled in the same process is not frozen."""
+        folded in as constants and pre-packed for the CPU GEMM kernels. On the CPU that is about
+        what the eager `prepack` path already does (fixed 32x128 batch, one run: 1.39x eager
+        transformers compiled, 1.37x prepacked, 1.04x plain), so compile=True replaces prepacking.
+        The option is set around each call, not globally, so a training model compiled in the
+        same process is not frozen."""
         import torch._inductor.config as inductor_config
 
         if self.prepacked:
