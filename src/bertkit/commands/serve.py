@@ -18,6 +18,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int8", action="store_true",
                    help="dynamic int8 quantisation of the encoder's Linear layers (CPU; ~0.99 cosine to fp32)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder (slow start)")
+    p.add_argument("--no-prepack", dest="prepack", action="store_false",
+                   help="keep plain Linear layers on the CPU (default: weights prepacked for oneDNN, GELU fused)")
     p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                    help="weight precision (float16/bfloat16 on a GPU run varlen flash attention)")
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
@@ -33,7 +35,8 @@ def load_predictor(args, max_length: int | None = None):
                            "`bertkit export onnx --int8`")
     return Predictor.from_dir(args.model, head=args.head, device=args.device, threads=args.threads,
                               int8=args.int8, compile=args.compile, backend=args.backend,
-                              max_length=max_length, onnx_file=args.onnx, dtype=getattr(args, "dtype", None))
+                              max_length=max_length, onnx_file=args.onnx, dtype=getattr(args, "dtype", None),
+                              prepack=getattr(args, "prepack", True))
 
 
 def report_int8(args, predictor) -> dict:
