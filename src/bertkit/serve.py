@@ -38,8 +38,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     """Address to bind; the default answers only this machine."""
     port: int = 8000
-    max_batch_tokens: int = 8192
-    """Most real tokens one model call may hold (requests are batched up to it)."""
+    max_batch_tokens: int = 2048
+    """Most real tokens one batching round may hold (`bertkit serve` uses 8192 on a GPU)."""
     max_wait_ms: float = 5.0
     """How long the batcher waits for more requests once one has arrived."""
     max_queue: int = 256

@@ -56,11 +56,18 @@ def report_int8(args, predictor) -> dict:
 
 
 # ---- serve ---------------------------------------------------------------------------------------
+# Default token budget of one batching round. On 2 CPU cores with 128 concurrent clients, 2048
+# gave twice the requests/s of 8192 and a p95 of 2.2 s instead of 7.8 s (a round of 8192 tokens
+# takes seconds; requests arriving meanwhile wait for it and then for their own). A GPU round of
+# 8192 tokens takes milliseconds, and larger batches use it better.
+CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 2048, 8192
+
 def setup_serve(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server to the network)")
     p.add_argument("--port", type=int, default=8000, help="(default %(default)s)")
-    p.add_argument("--max-batch-tokens", type=int, default=8192, help="real tokens per model call at most (default %(default)s)")
+    p.add_argument("--max-batch-tokens", type=int, default=None,
+                   help=f"real tokens per model round at most (default {CPU_BATCH_TOKENS} on the CPU, {GPU_BATCH_TOKENS} on a GPU)")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default %(default)s)")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; beyond: 503 + Retry-After (default %(default)s)")
     p.add_argument("--max-length", type=int, default=None,
@@ -77,7 +84,7 @@ def run_serve(args) -> int:
     except ImportError as e:
         raise BertkitError(f"bertkit serve needs FastAPI and uvicorn: pip install 'bertkit[serve]' ({e})") from None
     for name in ("max_batch_tokens", "max_queue", "max_request_items", "max_body_bytes"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise BertkitError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_wait_ms < 0:
         raise BertkitError("--max-wait-ms must be >= 0")
@@ -86,6 +93,8 @@ def run_serve(args) -> int:
         report_int8(args, predictor)
     if args.max_length is not None and args.max_length > predictor.max_length:
         raise BertkitError(f"--max-length {args.max_length} is over the model's limit {predictor.max_length}")
+    if args.max_batch_tokens is None:
+        args.max_batch_tokens = CPU_BATCH_TOKENS if predictor.device.type == "cpu" else GPU_BATCH_TOKENS
     if args.max_batch_tokens < predictor.max_length:
         log.warning("--max-batch-tokens %d is below --max-length %d: long texts run alone",
                     args.max_batch_tokens, predictor.max_length)
