@@ -240,3 +240,31 @@ def test_predict_every_head(tiny_model, tmp_path, capsys, head, line, check):
     assert main(["predict", "--model", str(tmp_path / "m"), str(tmp_path / "in.jsonl"), "--top-k", "3"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["id"] == "0" and check(row), row
+
+
+def squad_json(n: int, seed: int) -> dict:
+    """SQuAD v1.1 JSON: 'X lives in C .' at a random place among filler words; the answer is C."""
+    rng = random.Random(seed)
+    paragraphs = []
+    for i in range(n):
+        who, city = rng.choice(PEOPLE), rng.choice(CITIES[:2] + ["new york"])
+        before, after = " ".join(rng.sample(FILL, rng.randint(0, 8))), " ".join(rng.sample(FILL, rng.randint(0, 8)))
+        context = f"{before} {who} lives in {city} . {after}".strip()
+        start = context.index(f"{who} lives in {city}") + len(f"{who} lives in ")
+        paragraphs.append({"context": context, "qas": [{"id": f"q{i}", "question": f"{who} lives in",
+                                                        "answers": [{"text": city, "answer_start": start}]}]})
+    return {"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_squad_learns_packed_or_padded(tiny_model, tmp_path, packed):
+    d = tmp_path / "squad"
+    d.mkdir()
+    for split, n, seed in (("train", 400, 1), ("dev", 80, 2)):
+        (d / f"{split}.json").write_text(json.dumps(squad_json(n, seed)), encoding="utf-8")
+    out = tmp_path / "run"
+    result = finetune(cfg(task="squad", data=str(d), model=str(tiny_model), out=str(out), max_length=40,
+                          stride=16, epochs=6, packed=packed))
+    assert result["dev"]["f1"] >= 90, result["history"]
+    lines = [json.loads(x) for x in (out / "dev_predictions.jsonl").read_text().splitlines()]
+    assert len(lines) == 80

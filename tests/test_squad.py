@@ -357,3 +357,28 @@ def test_windows_always_overlap(tokenizer, caplog):
     starts = [f["doc_start"] for f in feats]
     assert starts[1] - starts[0] == room // 2 and "windows start half a window apart" in caplog.text
     assert any(f["start_positions"] > 0 for f in feats)
+
+
+def test_packed_qa_loss_is_each_window_alone(examples, tokenizer):
+    """Packed QA batches: logits equal the padded path on real tokens, and each window's loss is
+    its softmax over its own tokens, i.e. what the padded model gives for that window alone."""
+    from bertkit.config import preset
+    from bertkit.fast import pack
+    from bertkit.model import BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(preset("tiny", vocab_size=tokenizer.vocab_size)).eval()
+    feats = S.featurize_qa(examples[:6], tokenizer, max_length=96, stride=32, train=True)[:8]
+    batch = collate(feats)
+    assert len(set(batch["attention_mask"].sum(-1).tolist())) > 1        # ragged
+    flat, layout = pack(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    with torch.no_grad():
+        (ps, pe), loss = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"],
+                               packed=layout, start_positions=batch["start_positions"],
+                               end_positions=batch["end_positions"])
+        (s, e), _ = model(**batch)
+        real = batch["attention_mask"].bool()
+        assert ps.shape == (int(real.sum()),)
+        assert (ps - s[real]).abs().max() < 1e-5 and (pe - e[real]).abs().max() < 1e-5
+        alone = [model(**collate([f]))[1] for f in feats]
+    assert abs(float(loss) - float(torch.stack(alone).mean())) < 1e-5

@@ -230,7 +230,7 @@ def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bo
     if device.type != "cpu":
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
     head = getattr(model, "head", "")
-    if packed and task.packed and head in ("sequence_classification", "token_classification"):
+    if packed and task.packed and head in ("sequence_classification", "token_classification", "question_answering"):
         per_token = head == "token_classification"
         flat, layout = pack(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                             labels=batch.get("labels") if per_token else None)
@@ -238,6 +238,9 @@ def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bo
                       position_ids=flat["position_ids"], packed=layout)
         if "labels" in batch:
             kwargs["labels"] = flat["labels"] if per_token else batch["labels"]
+        for key in ("start_positions", "end_positions"):               # (B,): window positions
+            if key in batch:
+                kwargs[key] = batch[key]
         out, loss = model(**kwargs)
         return out, loss, batch, layout
     out, loss = model(**batch)
@@ -255,6 +258,9 @@ def split_outputs(head: str, out, batch: dict, layout) -> list:
     if head == "question_answering":
         start, end = out
         start, end = start.float().detach().cpu(), end.float().detach().cpu()
+        if layout is not None:                                           # (N,) each
+            sizes = [int(n) for n in lengths]
+            return [(s.numpy(), e.numpy()) for s, e in zip(start.split(sizes), end.split(sizes))]
         return [(start[b, :int(n)].numpy(), end[b, :int(n)].numpy())
                 for b, n in enumerate(lengths)]
     return [row.numpy() for row in out.float().detach().cpu()]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .fast import Packed, packed_attention
+from .fast import Packed, packed_attention, unpack
 
 
 def activation(name: str):
@@ -286,14 +286,19 @@ class BertForQuestionAnswering(nn.Module):
         self.qa = nn.Linear(cfg.hidden_size, 2)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
-                end_positions=None, position_ids=None) -> tuple[tuple[Tensor, Tensor], Tensor | None]:
-        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids)
-        start, end = self.qa(h).unbind(-1)                                    # (B, T) each
+                end_positions=None, position_ids=None, packed: Packed | None = None
+                ) -> tuple[tuple[Tensor, Tensor], Tensor | None]:
+        """Padded: (B, T) start and end logits. Packed: (N,) each; the softmax of the loss then
+        runs over each window's own tokens (padded: over its padding too, as the reference does)."""
+        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
+        start, end = self.qa(h).unbind(-1)                                    # (B, T) or (N,) each
         loss = None
         if start_positions is not None and end_positions is not None:
-            T = start.shape[1]                    # positions outside the window are ignored
-            loss = (F.cross_entropy(start.float(), start_positions.clamp(0, T), ignore_index=T)
-                    + F.cross_entropy(end.float(), end_positions.clamp(0, T), ignore_index=T)) / 2
+            rows = (lambda x: unpack(x.float(), packed, float("-inf"))) if packed is not None else (lambda x: x.float())
+            s, e = rows(start), rows(end)                                     # (B, T)
+            T = s.shape[1]                        # positions outside the window are ignored
+            loss = (F.cross_entropy(s, start_positions.clamp(0, T), ignore_index=T)
+                    + F.cross_entropy(e, end_positions.clamp(0, T), ignore_index=T)) / 2
         return (start, end), loss
 
 

@@ -358,7 +358,7 @@ def _task(version: int) -> Task:
         main_metric="f1", parse=parse_question,
         files={"train": "train.json", "dev": "dev.json"} if version == 1 else
               {"train": "train-v2.0.json", "dev": "dev-v2.0.json"},
-        max_length=384, stride=128, packed=False)
+        max_length=384, stride=128)
 
 
 SQUAD_V1 = _task(1)
