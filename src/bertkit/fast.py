@@ -186,7 +186,7 @@ def prepack_linears(model: nn.Module, rtol: float = 1e-4) -> bool:
                                     float((got - want).abs().max()))
                         return False
                     swaps.append((parent, name, new, post[0] == "gelu"))
-    except (RuntimeError, NotImplementedError) as e:   # a torch build without these oneDNN ops
+    except (RuntimeError, NotImplementedError, AttributeError) as e:   # a torch build without these oneDNN ops
         log.info("oneDNN prepacked Linear unavailable (%s); kept the plain layers", str(e).splitlines()[0])
         return False
     for parent, name, new, fused_act in swaps:
