@@ -68,7 +68,9 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="(default %(default)s)")
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help=f"real tokens per model round at most (default {CPU_BATCH_TOKENS} on the CPU, {GPU_BATCH_TOKENS} on a GPU)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default %(default)s)")
+    p.add_argument("--max-wait-ms", type=float, default=0.0,
+                   help="how long the first request of a round waits for others to batch with (default %(default)s: "
+                        "a round takes what queued while the model was busy)")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; beyond: 503 + Retry-After (default %(default)s)")
     p.add_argument("--max-length", type=int, default=None,
                    help="tokens per text at most (default: the checkpoint's limit); longer: 413")
