@@ -47,6 +47,33 @@ def test_embed_equals_sentence_transformers(capsys, minilm, texts_file, tmp_path
     assert code == 0 and np.abs(np.load(tmp_path / "e.npy") - ref).max() < 1e-5
 
 
+def test_embed_writes_block_by_block_and_never_a_partial_file(capsys, minilm, texts_file, tmp_path, monkeypatch):
+    from bertkit.commands import basic
+    from bertkit.infer import Predictor
+
+    code, out, _ = run_cli(capsys, "embed", "--model", minilm, texts_file)
+    whole = np.array([json.loads(line)["embedding"] for line in out.splitlines()])
+    monkeypatch.setattr(basic, "EMBED_BLOCK", 3)                     # 4 texts: blocks of 3 and 1
+    for name in ("e.npy", "e.jsonl"):
+        assert run_cli(capsys, "embed", "--model", minilm, "--output", tmp_path / name, texts_file)[0] == 0
+        got = np.load(tmp_path / name) if name.endswith(".npy") else np.array(
+            [json.loads(line)["embedding"] for line in (tmp_path / name).read_text().splitlines()])
+        assert got.shape == whole.shape and np.abs(got - whole).max() < 1e-6
+    calls = []
+
+    def fail_second_block(self, texts, *a, **k):
+        calls.append(len(texts))
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return real_embed(self, texts, *a, **k)
+
+    real_embed = Predictor.embed
+    monkeypatch.setattr(Predictor, "embed", fail_second_block)
+    with pytest.raises(RuntimeError):
+        main(["embed", "--model", str(minilm), "--output", str(tmp_path / "f.npy"), str(texts_file)])
+    assert calls == [3, 1] and not any(p.name.startswith("f.npy") for p in tmp_path.iterdir())
+
+
 def test_embed_cls_and_token_pooling_equal_transformers(capsys, minilm, texts_file):
     code, out, _ = run_cli(capsys, "embed", "--model", minilm, "--pooling", "cls", texts_file)
     cls_vecs = np.array([json.loads(line)["embedding"] for line in out.splitlines()])

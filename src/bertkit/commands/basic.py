@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -197,6 +198,7 @@ def setup_embed(p) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--output", metavar="FILE", help="FILE.jsonl or FILE.npy (default: JSONL on stdout)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model")
     p.add_argument("--jsonl", action="store_true", default=None, help="read INPUT as JSONL whatever its name")
     p.set_defaults(run=run_embed)
 
@@ -211,19 +213,66 @@ def run_embed(args) -> int:
     if args.batch_size < 1:
         raise BertkitError(f"--batch-size must be >= 1, got {args.batch_size}")
     _check_max_length(args.max_length)
-    pred = Predictor.from_dir(args.model, head="encoder", device=args.device)
+    pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads)
     texts, pairs = read_inputs(args.input, args.jsonl)
-    vecs = pred.embed(texts, pairs, pooling=args.pooling, normalize=args.normalize,
-                      max_length=args.max_length, batch_size=args.batch_size)
+    to_npy = bool(args.output and args.output.endswith(".npy"))
+    sink = _EmbeddingSink(args.output, len(texts), pred.config.hidden_size, to_npy)
+    from tqdm.auto import tqdm
+
+    # Blocks of EMBED_BLOCK texts: memory stays flat on big inputs (written as they come), and the
+    # bar moves; each block is still sorted by length into batches.
+    with sink, tqdm(total=len(texts), desc="embed", unit="text", disable=None, leave=False) as bar:
+        for at in range(0, len(texts), EMBED_BLOCK):
+            block = slice(at, at + EMBED_BLOCK)
+            vecs = pred.embed(texts[block], pairs[block] if pairs is not None else None, pooling=args.pooling,
+                              normalize=args.normalize, max_length=args.max_length, batch_size=args.batch_size)
+            sink.write(at, vecs)
+            bar.update(len(vecs))
     _report_truncation(pred.tokenizer)
-    if args.output and args.output.endswith(".npy"):
-        import numpy as np
-        np.save(args.output, vecs)
-    else:
-        _write_jsonl(({"embedding": v.tolist()} for v in vecs), args.output)
     if args.output:
         log.info("wrote %d embeddings to %s", len(texts), args.output)
     return 0
+
+
+EMBED_BLOCK = 4096
+
+
+class _EmbeddingSink:
+    """Where `bertkit embed` writes: JSONL lines (a file or stdout) or one (N, C) .npy array
+    filled block by block through a memory map. A file is written as OUTPUT.part and renamed
+    when every embedding is in; on an error the partial file is removed."""
+
+    def __init__(self, output: str | None, n: int, width: int, to_npy: bool):
+        self.output, self.n, self.width, self.to_npy = output, n, width, to_npy
+        self.part = output + ".part" if output else None
+        self.file = self.array = None
+
+    def __enter__(self):
+        if self.to_npy:
+            from numpy.lib.format import open_memmap
+            self.array = open_memmap(self.part, mode="w+", dtype="float32", shape=(self.n, self.width))
+        else:
+            self.file = open(self.part, "w", encoding="utf-8") if self.part else sys.stdout
+        return self
+
+    def write(self, at: int, vecs) -> None:
+        if self.array is not None:
+            self.array[at:at + len(vecs)] = vecs
+            return
+        for v in vecs:
+            self.file.write(json.dumps({"embedding": v.tolist()}) + "\n")
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if self.array is not None:
+            self.array.flush()
+            del self.array
+        elif self.part is not None and self.file is not None:
+            self.file.close()
+        if self.part is not None:
+            if exc_type is None:
+                os.replace(self.part, self.output)
+            elif os.path.exists(self.part):
+                os.remove(self.part)
 
 
 # ---- fill-mask -----------------------------------------------------------------------------------
