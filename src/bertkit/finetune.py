@@ -281,7 +281,7 @@ def predict_features(model: nn.Module, task: Task, features: Sequence[dict], bat
     order = sorted(range(len(features)), key=lambda i: feature_length(features[i]))
     outputs: list = [None] * len(features)
     chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    for chunk in tqdm(chunks, desc=desc, disable=not progress, leave=False):
+    for chunk in tqdm(chunks, desc=desc, disable=None if progress else True, leave=False):
         out, _, batch, layout = run_batch(model, task, [features[i] for i in chunk], packed, with_targets=False)
         for i, o in zip(chunk, split_outputs(model.head, out, batch, layout)):
             outputs[i] = o

@@ -193,7 +193,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
     stride = args.stride if args.stride is not None else task.stride
     feats = task.featurize(examples, tokenizer, labels, max_length=max_length, stride=stride)
-    scores, predictions = evaluate(model, task, examples, feats, labels, args.batch_size)
+    scores, predictions = evaluate(model, task, examples, feats, labels, args.batch_size, progress=True)
     if args.predictions:
         write_predictions(predictions, Path(args.predictions))
     flat = {k: v for k, v in scores.items() if not isinstance(v, dict)}
@@ -298,7 +298,7 @@ def predict_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list
                                        threads=args.threads, max_length=max_length)
         outputs = predictor.outputs(feats, args.batch_size)
     else:
-        outputs = predict_features(model, task, feats, args.batch_size)
+        outputs = predict_features(model, task, feats, args.batch_size, progress=True)
     predictions = task.postprocess(outputs, feats, examples, labels)
     extra: dict = {}
     if model.head == "sequence_classification" and labels is not None:
