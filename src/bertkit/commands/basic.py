@@ -204,6 +204,8 @@ def setup_embed(p) -> None:
 
 
 def run_embed(args) -> int:
+    from tqdm.auto import tqdm
+
     from ..infer import Predictor
 
     if args.output and not args.output.endswith((".jsonl", ".npy")):
@@ -217,8 +219,6 @@ def run_embed(args) -> int:
     texts, pairs = read_inputs(args.input, args.jsonl)
     to_npy = bool(args.output and args.output.endswith(".npy"))
     sink = _EmbeddingSink(args.output, len(texts), pred.config.hidden_size, to_npy)
-    from tqdm.auto import tqdm
-
     # Blocks of EMBED_BLOCK texts: memory stays flat on big inputs (written as they come), and the
     # bar moves; each block is still sorted by length into batches.
     with sink, tqdm(total=len(texts), desc="embed", unit="text", disable=None, leave=False) as bar:
