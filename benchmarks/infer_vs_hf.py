@@ -8,8 +8,8 @@ inaugural corpus, bert-base-uncased word pieces, [CLS] ... [SEP]):
 Timed: the encoder forward to the last hidden state. bertkit: exactly what `Predictor` runs on
 32 tokenized rows - `batches` (sort by length, pad, `fast.pack`) then `hidden` per bucket, the
 packed encoder; on the CPU its Linear weights are prepacked for oneDNN with GELU fused
-(`fast.prepack_linears`); "bertkit no-prepack" is the same without that. Variants are interleaved round by round after a
-warm-up; the figure is the median over `--reps` rounds. Tokens/s counts real tokens only.
+(`fast.prepack_linears`); "bertkit no-prepack" is the same without that. Variants are
+interleaved round by round after a warm-up; the figure is the median over `--reps` rounds. Tokens/s counts real tokens only.
 int8: bertkit's dynamic per-channel quantisation (`Predictor(int8=True)`) and onnxruntime's
 (`bertkit export onnx --int8`); agreement = cosine of mean-pooled sentence embeddings to fp32.
 
@@ -120,9 +120,7 @@ def main() -> int:
                "bertkit": run_bertkit(bk)}
     if not cuda:
         systems["bertkit no-prepack"] = run_bertkit(Predictor.from_dir(path, device="cpu", prepack=False))
-    if not cuda:
-        q = Predictor.from_dir(path, device="cpu", int8=True)
-        systems["bertkit int8"] = run_bertkit(q)
+        systems["bertkit int8"] = run_bertkit(Predictor.from_dir(path, device="cpu", int8=True))
     if args.compile:
         systems["bertkit compile"] = run_bertkit(Predictor.from_dir(path, device=args.device, compile=True,
                                                                     dtype=dtype if cuda else None))

@@ -294,8 +294,9 @@ class BertForQuestionAnswering(nn.Module):
         start, end = self.qa(h).unbind(-1)                                    # (B, T) or (N,) each
         loss = None
         if start_positions is not None and end_positions is not None:
-            rows = (lambda x: unpack(x.float(), packed, float("-inf"))) if packed is not None else (lambda x: x.float())
-            s, e = rows(start), rows(end)                                     # (B, T)
+            s, e = start.float(), end.float()
+            if packed is not None:                # (N,) -> (B, T), -inf outside each window
+                s, e = unpack(s, packed, float("-inf")), unpack(e, packed, float("-inf"))
             T = s.shape[1]                        # positions outside the window are ignored
             loss = (F.cross_entropy(s, start_positions.clamp(0, T), ignore_index=T)
                     + F.cross_entropy(e, end_positions.clamp(0, T), ignore_index=T)) / 2

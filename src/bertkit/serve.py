@@ -498,7 +498,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
         c = predictor.config
         return {"head": predictor.head, "backend": predictor.backend, "int8": predictor.int8,
                 "int8_agreement": getattr(predictor, "int8_agreement", None),
-                "prepacked": getattr(predictor, "prepacked", False), "compiled": getattr(predictor, "compiled", False),
+                "prepacked": predictor.prepacked, "compiled": predictor.compiled,
                 "hidden_size": c.hidden_size, "num_layers": c.num_layers, "labels": predictor.label_names()
                 if predictor.head in ("sequence_classification", "token_classification") else None,
                 "endpoints": sorted(available), "limits": asdict(cfg)}

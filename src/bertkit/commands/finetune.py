@@ -137,15 +137,13 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
 
 def load_for_inference(model_dir: str, task_name: str | None, args: argparse.Namespace):
     """(model, tokenizer, task, labels, config.json) of a checkpoint."""
+    from ..fast import prepack_linears
     from ..finetune import load_finetuned, resolve_task, task_of_checkpoint
     from ..tokenizer import Tokenizer
 
-    from ..fast import prepack_linears
-
     model, raw = load_finetuned(model_dir)
     model.eval()
-    if getattr(args, "prepack", True):
-        prepack_linears(model)             # CPU fp32 only: oneDNN-packed weights, same outputs to ~1e-5
+    prepack_linears(model)                 # a no-op unless CPU fp32: oneDNN-packed weights, same outputs to ~1e-5
     columns = {k: getattr(args, k) for k in COLUMN_ARGS if getattr(args, k, None) is not None}
     task = resolve_task(task_name, columns) if task_name else task_of_checkpoint(raw)
     if task is None:
