@@ -268,3 +268,28 @@ def test_squad_learns_packed_or_padded(tiny_model, tmp_path, packed):
     assert result["dev"]["f1"] >= 90, result["history"]
     lines = [json.loads(x) for x in (out / "dev_predictions.jsonl").read_text().splitlines()]
     assert len(lines) == 80
+
+
+@pytest.mark.parametrize("windows", [None, True])
+def test_long_inputs_truncated_or_windowed_and_recorded(tiny_model, sst_dir, tmp_path, capsys, windows):
+    """Inputs of 7 tokens at max_length 6: truncated by default, windows on request; the choice and
+    its counts are in metrics.json, the run card and config.json, and `evaluate` reads inputs the
+    same way (so it reproduces the dev metric)."""
+    out = tmp_path / "run"
+    result = finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out), epochs=1,
+                          max_length=6, windows=windows))
+    inputs = result["inputs"]
+    assert inputs["windows"] is bool(windows)
+    train = inputs["train"]
+    if windows:
+        assert train["windowed_examples"] == 320 and train["max_windows"] == 2 and train["features"] == 640
+        assert inputs["stride"] == 1 and train["truncated_examples"] == 0
+    else:
+        assert train["features"] == 320 and train["truncated_examples"] == 320 and inputs["stride"] is None
+    card = json.loads((out / "run_card.json").read_text())
+    assert card["inputs"] == inputs
+    assert json.loads((out / "config.json").read_text())["bertkit_stride"] == inputs["stride"]
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(out), "--data", str(sst_dir / "dev.tsv"), "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ev["accuracy"] == pytest.approx(result["dev"]["accuracy"])

@@ -134,3 +134,74 @@ def test_shared_glue_dev_files(shared_data, task, folder, rows):
     ex = t.read(t.split_path(shared_data / "glue" / folder, "dev"))
     assert len(ex) == rows
     assert all(e.label is not None for e in ex)
+
+
+def test_window_overlap_is_capped_at_half_a_window():
+    """An overlap close to the window once stepped 1 token at a time (226 windows per RTE example
+    at max_length 64); the step is now at least half a window."""
+    for n, size, overlap in ((100, 10, 9), (1000, 31, 64), (57, 8, 7), (10, 1, 5)):
+        spans = windows(n, size, overlap)
+        assert spans[0][0] == 0 and spans[-1][1] == n and all(e - s <= size for s, e in spans)
+        assert all(b[0] - a[0] >= max(size - size // 2, 1) for a, b in zip(spans, spans[1:]))
+        assert len(spans) <= 2 * n / size + 1
+    assert windows(25, 10, 3) == [(0, 10), (7, 17), (14, 24), (21, 25)]     # a small overlap is kept
+
+
+def test_pair_cap_counts_as_truncation(caplog):
+    tok = FakeTok()
+    tok.stats.truncated_inputs = tok.stats.tokens_cut = 0
+    ex = TextExample("a", " ".join(["w"] * 40), " ".join(["v"] * 20), "1")
+    feats = featurize_classification([ex], tok, ["0", "1"], max_length=23, stride=50)
+    # budget 20: B capped at 10 (10 of its 20 pieces cut, counted), A in windows of 10 stepping 5
+    assert all(f["input_ids"][-11:-1] == [1] * 10 for f in feats) and len(feats) == 7
+    assert tok.stats.truncated_inputs == 1 and tok.stats.tokens_cut == 10
+    assert "overlap by half a window" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def rte_train(shared_data):
+    t = get_task("rte")
+    return t, t.read(t.split_path(shared_data / "glue" / "RTE", "train"))
+
+
+@pytest.fixture(scope="module")
+def bert_vocab(shared_data):
+    from bertkit.tokenizer import Tokenizer
+    return Tokenizer.from_vocab(shared_data / "vocab" / "bert-base-uncased-vocab.txt")
+
+
+def test_rte_at_max_length_64_does_not_explode(rte_train, bert_vocab, caplog):
+    """Real RTE train (2,213 pairs) at --max-length 64: plain truncation by default, one input per
+    example; with windows (the task's old default overlap of 64) a few windows per long example."""
+    import logging
+
+    from bertkit.finetune import featurize, input_stride
+
+    task, examples = rte_train
+    labels = task.labels(examples)
+    caplog.set_level(logging.INFO, logger="bertkit")
+    stride = input_stride(task, None, None, 64)
+    assert stride is None
+    feats, summary = featurize(task, examples, bert_vocab, labels, 64, stride, "train")
+    assert len(feats) == len(examples) == 2213 and summary["max_windows"] == 1
+    assert summary["truncated_examples"] > 0 and "truncated" in caplog.text
+    caplog.clear()
+    feats, summary = featurize(task, examples, bert_vocab, labels, 64, input_stride(task, None, 64, 64), "train")
+    assert summary["windowed_examples"] > 0 and summary["max_windows"] <= 12
+    assert len(feats) < 2.5 * len(examples)                   # was 43,015 features (19.4 per example)
+    assert "examples in 2.." in caplog.text and "overlap by half a window" in caplog.text
+    assert all(len(f["input_ids"]) <= 64 for f in feats)
+
+
+def test_input_stride_choices():
+    from bertkit.errors import BertkitError
+    from bertkit.finetune import input_stride
+
+    rte, ner, squad = get_task("rte"), get_task("conll2003"), get_task("squad")
+    assert input_stride(rte, None, None, 128) is None                 # truncation, as in the paper
+    assert input_stride(rte, True, None, 128) == 32                   # a quarter of the window
+    assert input_stride(rte, None, 20, 128) == 20
+    assert input_stride(ner, None, None, 128) == 32 and input_stride(squad, None, None, 384) == 128
+    for args in ((rte, False, 20, 128), (ner, False, None, 128), (squad, None, 0, 384), (rte, None, -1, 128)):
+        with pytest.raises(BertkitError):
+            input_stride(*args)

@@ -72,7 +72,13 @@ class FinetuneConfig:
     max_length: int | None = None
     """Tokens per input window (None = the task's default: 128, or 384 for SQuAD)."""
     stride: int | None = None
-    """Overlap between sliding windows over long inputs (None = the task's default)."""
+    """Long inputs are read in windows: the overlap between windows (tokens; capped at half a
+    window), or SQuAD's doc stride (the step between window starts). None = the task's default."""
+    windows: bool | None = None
+    """Sentence(-pair) classification and regression: read inputs longer than max_length in
+    overlapping windows whose logits are averaged (True), or cut them by longest-first truncation
+    as the paper and run_classifier.py do (False). None = truncation unless a stride is given.
+    Tagging and SQuAD always read long inputs in windows."""
     batch_size: int = 32
     lr: float = 5e-5
     epochs: float = 3.0
@@ -164,6 +170,51 @@ def read_split(task: Task, cfg: FinetuneConfig, split: str) -> tuple[list, Path]
         examples = examples[:limit]
     log.info("%s: %d %s examples%s", path, len(examples), split, f" ({bad.count} bad rows skipped)" if bad.count else "")
     return examples, path
+
+
+def input_stride(task: Task, windows: bool | None, stride: int | None, max_length: int) -> int | None:
+    """The `stride` handed to `task.featurize`: None = longest-first truncation (classification
+    only), otherwise the windows' overlap (SQuAD: the doc stride). Classification windows asked
+    for without a stride overlap by a quarter of max_length."""
+    least = 1 if task.head == "question_answering" else 0      # a doc stride of 0 never moves
+    if stride is not None and stride < least:
+        raise BertkitError(f"stride must be >= {least}, got {stride}")
+    if task.head != "sequence_classification":
+        if windows is False:
+            raise BertkitError(f"--no-windows applies to sentence classification and regression; {task.name} "
+                               f"reads long inputs in windows")
+        return stride if stride is not None else task.stride
+    if windows is False and stride is not None:
+        raise BertkitError("--no-windows (truncation) and --stride (window overlap) exclude each other")
+    if windows is False or (windows is None and stride is None):
+        return None
+    return stride if stride is not None else (task.stride or max_length // 4)
+
+
+def input_summary(features: Sequence[dict], n_examples: int, truncated: int = 0, tokens_cut: int = 0) -> dict:
+    """How examples became model inputs: windows per example and truncation (metrics, run card)."""
+    from collections import Counter
+
+    per_example = Counter(f["example_index"] for f in features)
+    multi = [c for c in per_example.values() if c > 1]
+    return {"examples": n_examples, "features": len(features),
+            "windows_per_example": round(len(features) / max(n_examples, 1), 3),
+            "windowed_examples": len(multi), "max_windows": max(per_example.values(), default=0),
+            "truncated_examples": truncated, "tokens_cut": tokens_cut}
+
+
+def featurize(task: Task, examples: list, tokenizer, labels, max_length: int, stride: int | None,
+              split: str, train: bool = False) -> tuple[list[dict], dict]:
+    """`task.featurize` plus its `input_summary`, logged in one line when inputs were windowed or cut."""
+    before = (tokenizer.stats.truncated_inputs, tokenizer.stats.tokens_cut)
+    feats = task.featurize(examples, tokenizer, labels, max_length=max_length, stride=stride, train=train)
+    summary = input_summary(feats, len(examples), tokenizer.stats.truncated_inputs - before[0],
+                            tokenizer.stats.tokens_cut - before[1])
+    if summary["windowed_examples"]:
+        log.info("%s: %d examples -> %d windows of <= %d tokens (%d examples in 2..%d windows, %.2f per example)",
+                 split, len(examples), len(feats), max_length, summary["windowed_examples"],
+                 summary["max_windows"], summary["windows_per_example"])
+    return feats, summary
 
 
 def build_model(task: Task, cfg: FinetuneConfig, labels: Sequence[str] | None) -> nn.Module:
@@ -340,11 +391,13 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     if dev_examples is not None:
         check_references(task, dev_examples, labels, str(dev_path))
     tokenizer = Tokenizer.from_dir(cfg.model)
-    stride = cfg.stride if cfg.stride is not None else task.stride
-    train_feats = task.featurize(train_examples, tokenizer, labels, max_length=cfg.max_length, stride=stride,
-                                 train=True)
-    dev_feats = (task.featurize(dev_examples, tokenizer, labels, max_length=cfg.max_length, stride=stride)
-                 if dev_examples is not None else None)
+    stride = input_stride(task, cfg.windows, cfg.stride, cfg.max_length)
+    inputs = {"windows": stride is not None, "stride": stride}
+    train_feats, inputs["train"] = featurize(task, train_examples, tokenizer, labels, cfg.max_length, stride,
+                                             "train", train=True)
+    dev_feats = None
+    if dev_examples is not None:
+        dev_feats, inputs["dev"] = featurize(task, dev_examples, tokenizer, labels, cfg.max_length, stride, "dev")
     model = build_model(task, cfg, labels)
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
@@ -360,7 +413,8 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
              task.name, len(train_feats), total, steps_per_epoch, cfg.init, cfg.lr, cfg.batch_size)
 
     # step / evaluate / checkpoint
-    state = {"best": None, "best_metrics": None, "best_step": None, "history": []}
+    state = {"best": None, "best_metrics": None, "best_step": None, "history": [],
+             "facts": {"bertkit_stride": stride}}       # saved in config.json: how inputs were read
     rng = random.Random(cfg.seed)
     step, epoch, tokens, t_train = 0, 0, 0, time.time()
     bar = tqdm(total=total, desc=f"finetune {task.name}", disable=not cfg.progress, dynamic_ncols=True)
@@ -398,12 +452,12 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
         epoch += 1
     bar.close()
     if dev_feats is None:
-        save_finetuned(model, tokenizer, out, task, cfg, labels)
+        save_finetuned(model, tokenizer, out, task, cfg, labels, state["facts"])
         state["best_step"] = step
     train_time = time.time() - t_train
     result = {"task": task.name, "main_metric": task.main_metric, "best_step": state["best_step"],
               "updates": total, "epochs": cfg.epochs, "train_examples": len(train_examples),
-              "train_features": len(train_feats), "dev_examples": len(dev_examples or []),
+              "train_features": len(train_feats), "dev_examples": len(dev_examples or []), "inputs": inputs,
               "dev": _plain(state["best_metrics"]), "history": state["history"],
               "train_time_s": round(train_time, 1), "wall_time_s": round(time.time() - t_start, 1),
               "tokens_per_s": round(tokens / max(train_time, 1e-9), 1), "init": cfg.init,
@@ -412,7 +466,7 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     card = {"name": f"finetune {task.name}", "command": command, "model": cfg.model, "init": cfg.init,
             "task": task.name, "labels": labels, "seed": cfg.seed, "peak_lr": cfg.lr, "optimizer": cfg.optimizer,
             "global_batch": cfg.batch_size, "updates": total, "packed": cfg.packed, "precision": "fp32",
-            "data": f"{train_path} ({len(train_examples)} examples), dev {dev_path}",
+            "data": f"{train_path} ({len(train_examples)} examples), dev {dev_path}", "inputs": inputs,
             "wall_time_s": result["wall_time_s"], "tokens_per_s": result["tokens_per_s"],
             "final_eval": {k: v for k, v in _plain(state["best_metrics"] or {}).items() if not isinstance(v, dict)},
             "hardware": hardware()}
@@ -434,17 +488,19 @@ def _evaluate_and_keep(model, task, cfg, dev_examples, dev_feats, labels, step, 
                                                    if not isinstance(v, dict)))
     if state["best"] is None or main > state["best"]:
         state.update(best=main, best_metrics=scores, best_step=step)
-        save_finetuned(model, tokenizer, out, task, cfg, labels)
+        save_finetuned(model, tokenizer, out, task, cfg, labels, state["facts"])
         write_predictions(predictions, out / "dev_predictions.jsonl")
 
 
-def save_finetuned(model: nn.Module, tokenizer, out: Path, task: Task, cfg: FinetuneConfig, labels) -> None:
-    """HF checkpoint (+ id2label, task, probe layers) and the tokenizer into `out`."""
+def save_finetuned(model: nn.Module, tokenizer, out: Path, task: Task, cfg: FinetuneConfig, labels,
+                   facts: dict | None = None) -> None:
+    """HF checkpoint (+ id2label, task, probe layers, `facts`: config.json keys such as the
+    stride inputs were read with) and the tokenizer into `out`."""
     from .checkpoint import save_model
 
     inner = model.model if isinstance(model, Probe) else model
     extra: dict[str, Any] = {"bertkit_task": task_record(task, cfg),
-                             "bertkit_max_length": cfg.max_length}
+                             "bertkit_max_length": cfg.max_length, **(facts or {})}
     if labels is not None:
         extra["id2label"] = {str(i): name for i, name in enumerate(labels)}
     if isinstance(model, Probe) and model.layers > 1:

@@ -24,6 +24,30 @@ def _column_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--format", choices=("csv", "tsv", "jsonl", "conll"), help="file format (default: from the name)")
 
 
+def _window_options(p: argparse.ArgumentParser, help_windows: str) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--windows", dest="windows", action="store_const", const=True, help=help_windows)
+    g.add_argument("--no-windows", dest="windows", action="store_const", const=False,
+                   help="sentence classification: longest-first truncation of long inputs")
+
+
+def inference_stride(args: argparse.Namespace, task, raw: dict, where: str, max_length: int) -> int | None:
+    """--stride / --windows / --no-windows, else how the checkpoint was fine-tuned to read long
+    inputs (config.json `bertkit_stride`), else the task's default."""
+    from ..finetune import input_stride
+
+    saved = raw.get("bertkit_stride", task.stride)
+    if saved is not None and (isinstance(saved, bool) or not isinstance(saved, int) or saved < 0):
+        raise BertkitError(f"{where}/config.json: bertkit_stride must be a non-negative integer or null, "
+                           f"got {saved!r}")
+    windows, stride = getattr(args, "windows", None), args.stride
+    if windows is None and stride is None:
+        return saved
+    if windows and stride is None and saved is not None:
+        stride = saved
+    return input_stride(task, windows, stride, max_length)
+
+
 COLUMN_ARGS = ("text_column", "pair_column", "label_column", "id_column", "tokens_column", "tags_column", "format")
 
 
@@ -42,7 +66,10 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (the best checkpoint on dev + run card + metrics)")
     p.add_argument("--init", choices=("pretrained", "random"), help="'random': same shape, random weights (a baseline)")
     p.add_argument("--max-length", dest="max_length", type=int, help="tokens per input (default: the task's, 128; SQuAD 384)")
-    p.add_argument("--stride", type=int, help="overlap of sliding windows over long inputs (default: the task's)")
+    p.add_argument("--stride", type=int, help="long inputs read in windows overlapping by this many tokens "
+                                              "(SQuAD: doc stride, the step between windows; default: the task's)")
+    _window_options(p, "sentence classification: read inputs longer than --max-length in overlapping windows "
+                       "(logits averaged) instead of longest-first truncation (the default, as in the paper)")
     p.add_argument("--batch-size", dest="batch_size", type=int, help="default 32")
     p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5; paper 2e-5..5e-5)")
     p.add_argument("--epochs", type=float, help="default 3")
@@ -86,7 +113,7 @@ def finetune_config(args: argparse.Namespace):
         if not isinstance(data, dict):
             raise BertkitError(f"{args.config}: expected a mapping of FinetuneConfig keys")
         source = args.config
-    for key in ("task", "data", "train_file", "dev_file", "model", "out", "init", "max_length", "stride",
+    for key in ("task", "data", "train_file", "dev_file", "model", "out", "init", "max_length", "stride", "windows",
                 "batch_size", "lr", "epochs", "warmup", "weight_decay", "optimizer", "seed", "train_limit",
                 "dev_limit", "eval_every", "freeze", "probe_layers", "packed", "skip_bad_rows", "threads",
                 "progress", "device", *COLUMN_ARGS):
@@ -125,7 +152,8 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a data file with references, or a task folder (see --split)")
     p.add_argument("--split", default="dev", help="split to read when --data is a folder (default dev)")
     p.add_argument("--max-length", dest="max_length", type=int, help="default: the fine-tuning length")
-    p.add_argument("--stride", type=int)
+    p.add_argument("--stride", type=int, help="default: the stride the model was fine-tuned with")
+    _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
     p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_true")
     p.add_argument("--predictions", help="also write {id, prediction} JSONL here (input to `bertkit score`)")
@@ -176,7 +204,7 @@ def default_task(head: str, raw: dict):
 
 def run_evaluate(args: argparse.Namespace) -> int:
     import torch
-    from ..finetune import check_references, evaluate, write_predictions
+    from ..finetune import check_references, evaluate, featurize, write_predictions
     from ..tasks import BadRows
 
     if args.threads:
@@ -189,8 +217,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     examples = task.read(path, bad)
     check_references(task, examples, labels, str(path))
     max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
-    stride = args.stride if args.stride is not None else task.stride
-    feats = task.featurize(examples, tokenizer, labels, max_length=max_length, stride=stride)
+    stride = inference_stride(args, task, raw, args.model, max_length)
+    feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "evaluate")
     scores, predictions = evaluate(model, task, examples, feats, labels, args.batch_size, progress=True)
     if args.predictions:
         write_predictions(predictions, Path(args.predictions))
@@ -217,7 +245,8 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", help="task whose input format and post-processing to use (default: the checkpoint's)")
     p.add_argument("--out", help="output JSONL (default stdout)")
     p.add_argument("--max-length", dest="max_length", type=int)
-    p.add_argument("--stride", type=int)
+    p.add_argument("--stride", type=int, help="default: the stride the model was fine-tuned with")
+    _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
     p.add_argument("--top-k", dest="top_k", type=int, default=5, help="masked LM: candidates per [MASK]")
     p.add_argument("--threads", type=int)
@@ -268,7 +297,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
 def predict_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list[dict]:
     from ..checkpoint import read_config
-    from ..finetune import predict_features
+    from ..finetune import featurize, predict_features
 
     _, raw = read_config(Path(args.model))
     archs = raw.get("architectures") or ["BertModel"]
@@ -288,8 +317,8 @@ def predict_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list
     if len(set(ids)) != len(ids):
         raise BertkitError(f"{args.input}: ids must be unique")
     max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
-    stride = args.stride if args.stride is not None else task.stride
-    feats = task.featurize(examples, tokenizer, labels, max_length=max_length, stride=stride)
+    stride = inference_stride(args, task, raw, args.model, max_length)
+    feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "predict")
     if getattr(args, "backend", "torch") == "onnx":      # the same features, run on onnxruntime
         from ..infer import Predictor
         predictor = Predictor.from_dir(args.model, head=model.head, backend="onnx", onnx_file=args.onnx,

@@ -33,6 +33,10 @@ def guess_format(path: Path, fmt: str | None) -> str:
         if fmt not in FORMATS:
             raise DataError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
         return fmt
+    from ..sources import dataset_name, is_saved_dataset
+    if dataset_name(path) is not None or is_saved_dataset(path) or path.name.endswith(
+            (".parquet", ".arrow", ".feather", ".ipc")) or "*" in path.name:
+        return "table"                     # bertkit.sources: a dataset name, Parquet, Arrow, a save_to_disk folder
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     for suffix, kind in ((".csv", "csv"), (".tsv", "tsv"), (".jsonl", "jsonl"), (".json", "jsonl"),
                          (".conll", "conll"), (".txt", "conll")):
@@ -42,7 +46,10 @@ def guess_format(path: Path, fmt: str | None) -> str:
 
 
 def _rows(path: Path, fmt: str, bad: BadRows):
-    """(line number, {column: value}) for each data row of a CSV, TSV or JSONL file."""
+    """(line number, {column: value}) for each data row of a CSV, TSV or JSONL file (or "row N" of a table)."""
+    if fmt == "table":
+        yield from _table_rows(path)
+        return
     with open_text(path) as f:
         if fmt == "jsonl":
             for lineno, line in enumerate(f, 1):
@@ -70,6 +77,20 @@ def _rows(path: Path, fmt: str, bad: BadRows):
                 bad(path, lineno, f"expected {len(header)} columns ({', '.join(header)}), found {len(row)}")
                 continue
             yield lineno, dict(zip(header, row))
+
+
+def _table_rows(path: Path):
+    """Rows of a dataset name or Parquet/Arrow table; class ids of ClassLabel columns become their names."""
+    from ..sources import open_table
+    table = open_table(str(path))
+    for where, row in table.rows():
+        for col, names in table.label_names.items():
+            v = row.get(col)
+            if isinstance(v, int) and 0 <= v < len(names):
+                row[col] = names[v]
+            elif isinstance(v, list):
+                row[col] = [names[x] if isinstance(x, int) and 0 <= x < len(names) else x for x in v]
+        yield where, row
 
 
 def read_texts(path: str | Path, bad: BadRows | None, text_column: str, pair_column: str | None,
@@ -118,7 +139,7 @@ def read_tagged(path: str | Path, bad: BadRows | None, tokens_column: str, tags_
     fmt = guess_format(path, fmt)
     if fmt == "conll":
         return read_conll(path, bad)
-    if fmt != "jsonl":
+    if fmt not in ("jsonl", "table"):
         raise DataError(f"{path}: token classification reads JSONL or CoNLL columns, not {fmt}")
     examples = []
     for index, (lineno, row) in enumerate(_rows(path, fmt, bad)):
@@ -181,7 +202,7 @@ def custom_task(kind: str, text_column: str = "text", pair_column: str | None = 
                 metrics=regress_metrics if regression else classify_metrics,
                 main_metric="spearman" if regression else "accuracy",
                 labels=(lambda ex: None) if regression else labels_from, parse=parse_text,
-                problem="regression" if regression else "single_label", stride=64,
+                problem="regression" if regression else "single_label", stride=None,
                 description=f"{kind} your own CSV/TSV/JSONL data")
 
 

@@ -6,9 +6,11 @@ that are part of the text (the official readers use `quotechar=None`). Test file
 column) read fine; their examples have `label=None`.
 
 Sentence-level classification (and regression, STS-B) is shared with `bertkit.tasks.custom`:
-`featurize_classification` builds [CLS] A [SEP] (B [SEP]) features with sliding windows over
-inputs longer than `max_length` (when a stride is given; otherwise longest-first truncation,
-counted and logged), `postprocess_classification` averages a long input's window logits.
+`featurize_classification` builds [CLS] A [SEP] (B [SEP]) features. An input longer than
+`max_length` is cut by longest-first truncation by default (the paper's and run_classifier.py's
+way, counted and logged), or, when a stride is given, read in overlapping windows whose logits
+`postprocess_classification` averages. A window's overlap is capped at half the room left for the
+text (`windows`), so an input of n tokens never gives more than about 2n / room windows.
 """
 from __future__ import annotations
 
@@ -105,11 +107,19 @@ def read_glue(path: str | Path, spec: Spec, bad: BadRows | None = None) -> list[
 
 
 # ---- features -----------------------------------------------------------------------------------
+def max_overlap(size: int) -> int:
+    """The largest overlap `windows` uses for windows of `size` tokens: half a window."""
+    return size // 2
+
+
 def windows(n: int, size: int, overlap: int) -> list[tuple[int, int]]:
-    """Spans [start, end) of length <= size covering range(n), consecutive spans overlapping by `overlap`."""
+    """Spans [start, end) of length <= size covering range(n), consecutive spans overlapping by
+    `overlap` tokens, capped at half a window: a step is never shorter than half the window, so
+    the count stays below about 2n / size (an overlap close to the window would step 1 token at a
+    time: RTE at max_length 64 once became 43,015 windows from 2,213 examples)."""
     if n <= size:
         return [(0, n)]
-    step = max(size - overlap, 1)
+    step = size - min(max(overlap, 0), max_overlap(size))
     spans, start = [], 0
     while True:
         end = min(start + size, n)
@@ -123,10 +133,10 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
                              max_length: int = 128, stride: int | None = None, train: bool = False) -> list[dict]:
     """[CLS] A [SEP] (B [SEP]) features. A label index (or float score when labels is None).
 
-    Longer than max_length: with `stride` (overlap in tokens) the longer side is cut into
-    overlapping windows (the shorter side, capped at half the budget, repeated in each) and
-    their logits are averaged in `postprocess_classification`; without it, longest-first
-    truncation (counted in tokenizer.stats)."""
+    Longer than max_length: without `stride`, longest-first truncation (counted in
+    tokenizer.stats); with it (overlap in tokens) the longer side is cut into overlapping windows
+    (the shorter side, capped at half the budget, repeated in each; what the cap cuts is counted
+    as truncation) and their logits are averaged in `postprocess_classification`."""
     from ..tokenizer import longest_first
 
     index = {name: i for i, name in enumerate(labels)} if labels is not None else None
@@ -136,10 +146,12 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
     for i, ids in zip(pairs, tokenizer.encode_ids([examples[i].pair for i in pairs])):
         ids_b[i] = ids
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
-    feats, truncated, cut = [], 0, 0
+    feats, truncated, cut, capped = [], 0, 0, 0
     for i, ex in enumerate(examples):
         a, b = ids_a[i], ids_b[i]
         budget = max_length - (3 if b is not None else 2)
+        if budget < 1:
+            raise DataError(f"max_length {max_length} leaves no room for text after [CLS] and [SEP]")
         target = None
         if ex.label is not None:
             target = float(ex.label) if index is None else index[ex.label]
@@ -150,23 +162,30 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
                 truncated += 1
                 cut += len(a) + nb - keep_a - keep_b
             parts = [(a[:keep_a], b[:keep_b] if b is not None else None)]
-        elif b is None or len(a) >= nb:              # slide over A (B capped at half the budget)
-            b_kept = b[:min(nb, budget // 2)] if b is not None else None
-            room = budget - (len(b_kept) if b_kept is not None else 0)
-            parts = [(a[s:e], b_kept) for s, e in windows(len(a), room, min(stride, room - 1))]
-        else:                                        # slide over B
-            a_kept = a[:min(len(a), budget // 2)]
-            room = budget - len(a_kept)
-            parts = [(a_kept, b[s:e]) for s, e in windows(nb, room, min(stride, room - 1))]
+        else:
+            slide_a = b is None or len(a) >= nb       # slide over the longer side
+            long, short = (a, b) if slide_a else (b, a)
+            kept = short[:min(len(short), budget // 2)] if short is not None else None
+            if kept is not None and len(kept) < len(short):
+                truncated += 1
+                cut += len(short) - len(kept)
+            room = budget - (len(kept) if kept is not None else 0)
+            capped += stride > max_overlap(room)
+            spans = windows(len(long), room, stride)
+            parts = [(long[s:e], kept) if slide_a else (kept, long[s:e]) for s, e in spans]
         for pa, pb in parts:
             ids = [cls, *pa, sep] + ([*pb, sep] if pb is not None else [])
             types = [0] * (len(pa) + 2) + ([1] * (len(pb) + 1) if pb is not None else [])
             feats.append({"input_ids": ids, "token_type_ids": types, "example_index": i, "labels": target})
     if truncated:
-        log.warning("truncated %d of %d inputs to %d tokens (%d tokens cut); give a stride to use "
-                    "sliding windows instead", truncated, len(examples), max_length, cut)
+        log.warning("truncated %d of %d inputs to %d tokens (%d tokens cut)%s", truncated, len(examples),
+                    max_length, cut, "" if stride is not None else "; --windows reads them in overlapping "
+                    "windows instead")
         tokenizer.stats.truncated_inputs += truncated
         tokenizer.stats.tokens_cut += cut
+    if capped:
+        log.warning("stride %d is more than half the room left for the text in %d long inputs at max_length %d: "
+                    "their windows overlap by half a window instead", stride, capped, max_length)
     tokenizer.stats.inputs += len(examples)
     return feats
 
@@ -246,7 +265,7 @@ def _task(name: str, spec: Spec, kind: str, main: str, description: str, **files
                 metrics=_metrics(kind), main_metric=main,
                 labels=(lambda ex: labels_from(ex)) if spec.labels is not None else (lambda ex: None),
                 parse=parse_text, problem="regression" if spec.labels is None else "single_label",
-                files=files or {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}, stride=64)
+                files=files or {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}, stride=None)
 
 
 BINARY = ("0", "1")

@@ -13,6 +13,7 @@ context on both sides (not silently truncated).
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np
 from . import BadRows, DataError, Task, open_text, require_examples
 from .glue import windows
 
+log = logging.getLogger("bertkit")
 TAG = re.compile(r"^(O|[BIES]-\S+)$")
 
 
@@ -110,12 +112,16 @@ def featurize_tokens(examples: Sequence[TaggedExample], tokenizer, labels: Seque
     encodings = tokenizer.backend.encode_batch([ex.words for ex in examples], is_pretokenized=True,
                                                add_special_tokens=False)
     size = max_length - 2
-    overlap = min(stride if stride is not None else 0, size - 1)
-    feats = []
+    if size < 1:
+        raise DataError(f"max_length {max_length} leaves no room for words after [CLS] and [SEP]")
+    feats, truncated, cut = [], 0, 0
     for i, (ex, enc) in enumerate(zip(examples, encodings)):
         ids, word_ids = enc.ids, enc.word_ids
         first = [j == 0 or word_ids[j] != word_ids[j - 1] for j in range(len(ids))]
-        spans = windows(len(ids), size, overlap) if stride is not None or len(ids) <= size else [(0, size)]
+        if stride is not None or len(ids) <= size:
+            spans = windows(len(ids), size, stride or 0)     # overlap capped at half a window
+        else:                                                 # no stride: truncated (words past it tagged O)
+            spans, truncated, cut = [(0, size)], truncated + 1, cut + len(ids) - size
         for s, e in spans:
             piece_words = [None, *word_ids[s:e], None]
             is_first = [False, *first[s:e], False]
@@ -126,6 +132,12 @@ def featurize_tokens(examples: Sequence[TaggedExample], tokenizer, labels: Seque
             if ex.tags is not None and labels is not None:
                 feat["labels"] = [index[ex.tags[w]] if w is not None else -100 for w in feat["word_ids"]]
             feats.append(feat)
+    if truncated:
+        log.warning("truncated %d of %d sentences to %d tokens (%d pieces cut; their words are tagged O); "
+                    "give a stride to read them in windows", truncated, len(examples), max_length, cut)
+        tokenizer.stats.truncated_inputs += truncated
+        tokenizer.stats.tokens_cut += cut
+    tokenizer.stats.inputs += len(examples)
     return feats
 
 
