@@ -325,6 +325,10 @@ def _iter_lines(files: Sequence[str | Path], batch: int = 1000):
     import gzip
     for f in files:
         f = Path(f)
+        from .sources import is_table_file, table_lines
+        if is_table_file(f):                   # Parquet / Arrow / JSONL / CSV: the text column's lines
+            yield from table_lines(f, batch)
+            continue
         opener = gzip.open if f.suffix == ".gz" else open
         with opener(f, "rt", encoding="utf-8", errors="replace") as fh:
             buf = []

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from ..errors import BertkitError
+from ..sources import is_table_file
 
 log = logging.getLogger("bertkit")
 
@@ -52,10 +53,15 @@ class TextCounts:
 
 def expand_inputs(paths: Iterable[str]) -> list[Path]:
     """Files named by paths, globs (`**` allowed) and folders (every .txt / .txt.gz inside, sorted)."""
+    from ..sources import text_source_files
+
     files: list[Path] = []
     for p in paths:
         path = Path(p)
-        if any(c in p for c in "*?["):
+        tables = text_source_files(p)          # a dataset name, save_to_disk folder or folder of tables
+        if tables is not None:
+            files += tables
+        elif any(c in p for c in "*?["):
             found = sorted(Path(f) for f in glob.glob(p, recursive=True) if Path(f).is_file())
             if not found:
                 raise InputError(f"{p}: no file matches this pattern")
@@ -181,6 +187,10 @@ def read_documents(files: list[Path], counts: TextCounts, *, sentence_split: boo
                    progress: Callable[[int], None] | None = None) -> Iterator[list[str]]:
     """Yield documents (lists of sentence strings) from the files, in order."""
     for f in files:
+        if is_table_file(f):                   # Parquet / Arrow / JSONL / CSV: a row is a document
+            from ..sources import table_documents
+            yield from table_documents(f, counts, sentence_split=sentence_split, progress=progress)
+            continue
         counts.files += 1
         before = counts.sentences
         with open(f, "rb") as raw:

@@ -106,6 +106,8 @@ class Task:
     def __post_init__(self) -> None:
         if self.collate is None:
             self.collate = collate
+        if not getattr(self.read, "reads_tables", False):
+            self.read = _reading_tables(self, self.read)
 
     def head_args(self, labels: Sequence[str] | None) -> dict:
         """Keyword arguments that build this task's head (`bertkit.checkpoint.load_model`)."""
@@ -118,9 +120,19 @@ class Task:
         return {}
 
     def split_path(self, data: str | Path, split: str) -> Path:
-        """The file of `split` ('train', 'dev', ...) in a data folder, or `data` itself if it is a file."""
+        """The file of `split` ('train', 'dev', ...) in a data folder, or `data` itself if it is a file.
+
+        Also: a dataset name (``nyu-mll/glue:sst2`` -> ``nyu-mll/glue:sst2:validation`` for dev; one
+        that names its split is used as is) and a split stored as a table in the folder
+        (``validation.parquet``, ``train-*.parquet``, a save_to_disk folder): `bertkit.tasks.tables`."""
+        from ..sources import dataset_name, is_saved_dataset
+        from .tables import find_split, hub_split, reads
+
+        named = dataset_name(data) if reads(self) else None
+        if named is not None:
+            return Path(str(named if named.split else named.with_split(hub_split(self, split))))
         data = Path(data)
-        if data.is_file():
+        if data.is_file() or (reads(self) and is_saved_dataset(data)):
             return data
         name = self.files.get(split)
         if name is None:
@@ -130,7 +142,23 @@ class Task:
                 return candidate
         if not data.exists():
             raise DataError(f"{data}: no such file or directory")
-        raise DataError(f"{data}: no {name} (or {name}.gz) for the {split} split of {self.name}")
+        table = find_split(self, data, split) if data.is_dir() else None
+        if table is not None:
+            return table
+        also = f" or {hub_split(self, split)}.parquet/.jsonl/..." if reads(self) else ""
+        raise DataError(f"{data}: no {name} (or {name}.gz{also}) for the {split} split of {self.name}")
+
+
+def _reading_tables(task: "Task", read_file: Callable[..., list]) -> Callable[..., list]:
+    """`task.read` that also takes dataset names and tables (`bertkit.tasks.tables`); the task's own
+    files still go to its own reader. (A wrapper so that every caller of `read` gets both.)"""
+    def read(path, bad=None):
+        from .tables import is_table_source, read_examples
+        if is_table_source(task, path):
+            return read_examples(task, path, bad)
+        return read_file(path, bad)
+    read.reads_tables = True  # type: ignore[attr-defined]
+    return read
 
 
 # name -> (module under bertkit.tasks, attribute). Aliases point at the same entry.

@@ -1,0 +1,279 @@
+"""A task's data from tables: dataset names, Parquet, Arrow, JSON Lines and CSV (`bertkit.sources`).
+
+Every task also reads its data as the Hugging Face Hub copies lay it out, so these are the same
+data for `bertkit finetune --task sst2`:
+
+    --data nyu-mll/glue:sst2                        the datasets library (train + validation splits)
+    --data sst2/   (train.parquet, validation.parquet; or train-00000-of-00001.parquet, ...)
+    --train-file train.jsonl --dev-file validation.jsonl      (Dataset.to_json)
+    --data sst2_saved/   (a DatasetDict.save_to_disk folder: train/, validation/)
+
+Columns by task (the Hub's; GLUE's own TSV header names work too):
+
+    GLUE (nyu-mll/glue, CONFIG = task)   text and pair: sentence | sentence1, sentence2 | question1,
+                                         question2 | premise, hypothesis | question, sentence;
+                                         label; idx
+    CoNLL-2003 (eriktks/conll2003)       tokens, ner_tags (class ids or tag strings); id
+    SQuAD (rajpurkar/squad, squad_v2)    id, title, context, question, answers {text, answer_start}
+    SWAG (allenai/swag, regular)         sent1, sent2, ending0..ending3, label
+
+Labels are stored as the task's own files spell them: GLUE's "0"/"1" (SST-2, MRPC, QQP, CoLA,
+WNLI) and "entailment"/"not_entailment"/... (MNLI, QNLI, RTE), whatever the table holds (class
+ids, whose names come from the ClassLabel feature, or names), so a model fine-tuned from a
+dataset is scored against the official files and the other way round. A test split's label -1
+means "no reference". The split a command asks for maps to the Hub's names: dev -> validation
+(MNLI: validation_matched / validation_mismatched).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+from ..sources import dataset_name, is_saved_dataset, open_table
+from . import BadRows, DataError, Task, require_examples
+
+HF_SPLITS: dict[str, dict[str, str]] = {
+    "mnli": {"dev": "validation_matched", "test": "test_matched"},
+    "mnli-mm": {"dev": "validation_mismatched", "test": "test_mismatched"},
+}
+
+
+def hub_split(task: Task, split: str) -> str:
+    """The Hub's name of a task split: dev -> validation (MNLI: validation_matched / _mismatched)."""
+    return HF_SPLITS.get(task.name, {}).get(split, {"dev": "validation"}.get(split, split))
+
+
+def reads(task: Task) -> bool:
+    return task.name in CONVERTERS
+
+
+def is_table_source(task: Task, path: str | Path) -> bool:
+    """Whether `path` is a dataset name or a table rather than the task's own file format."""
+    if not reads(task):
+        return False
+    s = str(path)
+    if dataset_name(s) is not None or is_saved_dataset(s):
+        return True
+    name = s.lower()[:-3] if s.lower().endswith(".gz") else s.lower()
+    native = {Path(f).suffix for f in task.files.values()}
+    if name.endswith((".parquet", ".arrow", ".feather", ".ipc", ".jsonl")):
+        return True
+    if name.endswith(".csv"):
+        return ".csv" not in native
+    if name.endswith(".json"):
+        return ".json" not in native or _json_lines(Path(s))
+    return False
+
+
+def _json_lines(path: Path) -> bool:
+    """A .json file of one object per line (Dataset.to_json), not SQuAD's single document."""
+    import gzip
+    import json
+    try:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8-sig") as f:
+            first = f.readline(1 << 20)
+        obj = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and "data" not in obj and "version" not in obj
+
+
+def find_split(task: Task, folder: Path, split: str) -> Path | None:
+    """A split stored as a table in a folder: validation.parquet, train-00000-of-00002.parquet (the Hub's
+    layout, read as one glob), dev.jsonl, validation/ (DatasetDict.save_to_disk), ..."""
+    if not reads(task):
+        return None
+    own = task.files.get(split)
+    stems = [hub_split(task, split), split] + ([own.split(".")[0]] if own else [])
+    for stem in dict.fromkeys(stems):
+        if is_saved_dataset(folder / stem):
+            return folder / stem
+        for ext in (".parquet", ".arrow", ".jsonl", ".jsonl.gz", ".json", ".csv", ".csv.gz"):
+            if (folder / (stem + ext)).is_file() and is_table_source(task, folder / (stem + ext)):
+                return folder / (stem + ext)
+        for ext in (".parquet", ".arrow"):
+            if sorted(folder.glob(f"{stem}-*{ext}")):
+                return folder / f"{stem}-*{ext}"
+    return None
+
+
+def read_examples(task: Task, path: str | Path, bad: BadRows | None = None) -> list:
+    """The task's examples from a dataset name or table (problems go to `bad`, as for files)."""
+    bad = bad or BadRows()
+    table = open_table(path)
+    examples = CONVERTERS[task.name](task, table, bad)
+    if bad.skip:
+        bad.report(table.name)
+    return require_examples(examples, table.name)
+
+
+def _column(table, candidates: tuple[str, ...], what: str, task: Task, required: bool = True) -> str | None:
+    for c in candidates:
+        if c in table.columns:
+            return c
+    if required:
+        raise DataError(f"{table.name}: no {' / '.join(candidates)} column for the {what} (has: "
+                        f"{', '.join(table.columns) or 'no columns'}); is this {task.name}'s data?")
+    return None
+
+
+# ---- GLUE ----------------------------------------------------------------------------------------
+def _glue_spec(name: str):
+    from .glue import BINARY, ENTAIL, NLI
+    pairs = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
+             "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"),
+             "mnli": ("premise", "hypothesis"), "mnli-mm": ("premise", "hypothesis"),
+             "qnli": ("question", "sentence"), "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2")}
+    tsv = {"mrpc": ("#1 String", "#2 String"), "mnli": ("sentence1", "sentence2"), "mnli-mm": ("sentence1", "sentence2")}
+    allowed = {"cola": BINARY, "sst2": BINARY, "mrpc": BINARY, "qqp": BINARY, "wnli": BINARY, "stsb": None,
+               "mnli": NLI, "mnli-mm": NLI, "qnli": ENTAIL, "rte": ENTAIL}
+    # the Hub's class order, for tables that hold class ids without their ClassLabel names
+    hub_names = {"mnli": ["entailment", "neutral", "contradiction"], "mnli-mm": ["entailment", "neutral", "contradiction"],
+                 "qnli": ["entailment", "not_entailment"], "rte": ["entailment", "not_entailment"]}
+    text, pair = pairs[name]
+    alt = tsv.get(name, (None, None))
+    return ((text, *[a for a in alt[:1] if a]), (pair, *[a for a in alt[1:] if a]) if pair else None,
+            allowed[name], hub_names.get(name))
+
+
+def glue_label(value, allowed: tuple[str, ...] | None, names: list[str] | None) -> tuple[object, str | None]:
+    """(label as the task's files spell it, or None for no reference; error message or None)."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1):
+        return None, None
+    if allowed is None:                                   # regression
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            return None, f"label {value!r} is not a number"
+        return (x, None) if math.isfinite(x) else (None, f"label {value!r} is not a finite number")
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        if str(value) in allowed:
+            return str(value), None
+        if names and 0 <= value < len(names) and names[value] in allowed:
+            return names[value], None
+        return None, f"label {value} is not a class of this task ({', '.join(allowed)})"
+    text = str(value).strip()
+    if text in allowed:
+        return text, None
+    if names and text in names and str(names.index(text)) in allowed:
+        return str(names.index(text)), None
+    return None, f"label {text!r} is not a class of this task ({', '.join(allowed)})"
+
+
+def _glue(task: Task, table, bad: BadRows) -> list:
+    from .glue import TextExample
+    texts, pairs, allowed, hub_names = _glue_spec(task.name)
+    text_col = _column(table, texts, "text", task)
+    pair_col = _column(table, pairs, "second text", task) if pairs else None
+    label_col = _column(table, ("label", "gold_label", "Quality", "is_duplicate", "score"), "label", task, False)
+    id_col = _column(table, ("idx", "index", "id"), "id", task, False)
+    names = table.label_names.get(label_col) or hub_names
+    examples = []
+    for n, (where, row) in enumerate(table.rows()):
+        text, pair = row.get(text_col), row.get(pair_col) if pair_col else None
+        if not isinstance(text, str) or not text.strip() or (pair_col and (not isinstance(pair, str) or not pair.strip())):
+            bad(table.name, where, f"empty {text_col if not isinstance(text, str) or not text.strip() else pair_col}")
+            continue
+        label, err = glue_label(row.get(label_col), allowed, names) if label_col else (None, None)
+        if err:
+            bad(table.name, where, err)
+            continue
+        ex_id = str(row[id_col]) if id_col and row.get(id_col) is not None else str(n)
+        examples.append(TextExample(ex_id, text, pair, label, f"{table.name}: {where}"))
+    return examples
+
+
+# ---- CoNLL-2003 ----------------------------------------------------------------------------------
+CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+"""eriktks/conll2003's ner_tags class names, for tables that hold the ids without them."""
+
+
+def _conll(task: Task, table, bad: BadRows) -> list:
+    from .ner import TAG, TaggedExample
+    words_col = _column(table, ("tokens", "words"), "words", task)
+    tags_col = _column(table, ("ner_tags", "tags"), "tags", task, False)
+    id_col = _column(table, ("id",), "id", task, False)
+    names = table.label_names.get(tags_col) or CONLL_TAGS
+    examples = []
+    for n, (where, row) in enumerate(table.rows()):
+        words, tags = row.get(words_col), row.get(tags_col) if tags_col else None
+        if not isinstance(words, list) or not words or not all(isinstance(w, str) for w in words):
+            bad(table.name, where, f"{words_col!r} must be a non-empty list of words")
+            continue
+        if tags is not None:
+            if not isinstance(tags, list) or len(tags) != len(words):
+                bad(table.name, where, f"{tags_col!r} must hold one tag per word ({len(words)})")
+                continue
+            tags = [names[t] if isinstance(t, int) and 0 <= t < len(names) else t for t in tags]
+            wrong = next((t for t in tags if not isinstance(t, str) or not TAG.match(t)), None)
+            if wrong is not None:
+                bad(table.name, where, f"tag {wrong!r} is not O or B-/I-/E-/S-TYPE (or a class id of {tags_col})")
+                continue
+        ex_id = str(row[id_col]) if id_col and row.get(id_col) is not None else str(n)
+        examples.append(TaggedExample(ex_id, list(words), tags, f"{table.name}: {where}"))
+    return examples
+
+
+# ---- SQuAD ---------------------------------------------------------------------------------------
+def _squad(task: Task, table, bad: BadRows) -> list:
+    from .squad import _read_question
+    version = 2 if task.name == "squad2" else 1
+    for col in ("id", "question", "context", "answers"):
+        _column(table, (col,), col, task)
+    examples, seen = [], set()
+    for where, row in table.rows():
+        answers = row.get("answers")
+        if isinstance(answers, dict):                    # the Hub's {"text": [...], "answer_start": [...]}
+            texts, starts = answers.get("text") or [], answers.get("answer_start") or []
+            answers = [{"text": t, "answer_start": s} for t, s in zip(texts, starts)]
+        context = row.get("context")
+        if not isinstance(context, str):
+            bad(table.name, where, "needs a \"context\" string")
+            continue
+        qa = {"id": row.get("id"), "question": row.get("question"), "answers": answers}
+        ex = _read_question(qa, context, str(row.get("title") or ""), version, bad, table.name, where)
+        if ex is None:
+            continue
+        if ex.id in seen:
+            bad(table.name, f"question id {ex.id}", "id repeated")
+            continue
+        seen.add(ex.id)
+        examples.append(ex)
+    return examples
+
+
+# ---- SWAG ----------------------------------------------------------------------------------------
+def _swag(task: Task, table, bad: BadRows) -> list:
+    from .swag import ENDINGS, ChoiceExample
+    for col in ("sent1", "sent2", *ENDINGS):
+        _column(table, (col,), col, task)
+    examples = []
+    for n, (where, row) in enumerate(table.rows()):
+        endings = [row.get(e) for e in ENDINGS]
+        if not isinstance(row.get("sent1"), str) or not row["sent1"].strip() or \
+                any(not isinstance(e, str) or not e.strip() for e in endings):
+            bad(table.name, where, "empty sent1 or ending")
+            continue
+        label = row.get("label")
+        if isinstance(label, str) and label.strip().lstrip("-").isdigit():
+            label = int(label)
+        if label is not None and label != -1 and label not in (0, 1, 2, 3):
+            bad(table.name, where, f"label {label!r} is not 0, 1, 2 or 3")
+            continue
+        examples.append(ChoiceExample(str(n), row["sent1"], str(row.get("sent2") or ""), endings,
+                                      None if label in (None, -1) else int(label), f"{table.name}: {where}"))
+    return examples
+
+
+CONVERTERS: dict[str, Callable] = {
+    **{name: _glue for name in ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli-mm", "qnli", "rte", "wnli")},
+    "conll2003": _conll, "squad": _squad, "squad2": _squad, "swag": _swag,
+}
+
+__all__ = ["hub_split", "is_table_source", "find_split", "read_examples", "glue_label", "CONLL_TAGS"]
