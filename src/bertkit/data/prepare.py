@@ -21,7 +21,10 @@ import logging
 import os
 import random
 import shlex
+import shutil
+import signal
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -99,6 +102,7 @@ class _Job:
     info: TokenInfo
     out: str
     config_hash: str
+    tokenizer_hash: str
     token_dtype: str
     lowercase: bool
 
@@ -107,13 +111,36 @@ _JOB: _Job | None = None
 _BACKEND = None
 
 
-def _init_worker(job: _Job, single_thread: bool) -> None:
+def _init_worker(job: _Job, single_thread: bool, parent: int | None = None) -> None:
     global _JOB, _BACKEND
+    if parent is not None:
+        _die_with_parent(parent)
     if single_thread:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer as RustTokenizer
     from .encode import CachedEncoder
     _JOB, _BACKEND = job, CachedEncoder(RustTokenizer.from_str(job.tokenizer_json), job.lowercase)
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker ends when the process that started it ends, even by kill -9 (no orphans left
+    blocked on the task queue): Linux's PR_SET_PDEATHSIG, else a thread watching the parent."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0:   # PR_SET_PDEATHSIG
+                if os.getppid() != parent:          # the parent died before the call
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+    threading.Thread(target=watch, name="bertkit-parent-watch", daemon=True).start()
 
 
 def tokenize_documents(docs: list[list[str]], encoder) -> list[Doc]:
@@ -197,7 +224,8 @@ def chunk_hash(docs: list[list[str]]) -> str:
 def _run_chunk(chunk_index: int, docs: list[list[str]], digest: str) -> dict:
     job = _JOB
     arrays, stats = build_chunk(chunk_index, docs, job, _BACKEND)
-    info = {"chunk": chunk_index, "chunk_hash": digest, "config_hash": job.config_hash, **stats}
+    info = {"chunk": chunk_index, "chunk_hash": digest, "config_hash": job.config_hash,
+            "tokenizer_hash": job.tokenizer_hash, **stats}
     write_shard(Path(job.out), shard_name(chunk_index), arrays, info)
     return info
 
@@ -228,16 +256,32 @@ def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, w
     out = Path(out)
     info = TokenInfo.from_vocab(tokenizer.vocab)
     tok_hash = tokenizer.fingerprint()
+    created = not out.exists()
     _check_existing(out, tok_hash, overwrite)
+    try:
+        return _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_shards, shard_index,
+                        progress, command)
+    except BertkitError:
+        if created:                  # bad input: leave no half-made folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_shards, shard_index, progress,
+             command) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(out / "tokenizer")
+    # From here until the new meta file is written the folder is visibly incomplete: the old meta
+    # goes first, so a rerun killed midway never leaves it describing a mix of old and new shards.
+    _remove_meta(out, num_shards, shard_index)
+    _save_tokenizer(tokenizer, out, tok_hash)
     token_dtype = "uint16" if info.vocab_size <= 65536 else "int32"
-    job = _Job(cfg, tokenizer.backend.to_str(), info, str(out), cfg.hash(), token_dtype, tokenizer.lowercase)
+    job = _Job(cfg, tokenizer.backend.to_str(), info, str(out), cfg.hash(), tok_hash, token_dtype,
+               tokenizer.lowercase)
     counts = TextCounts()
     total_bytes = sum(f.stat().st_size for f in files)
     t0 = time.time()
     executor = _InProcess(job) if workers <= 1 else ProcessPoolExecutor(
-        workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(job, True))
+        workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(job, True, os.getpid()))
     if workers > 1:       # start the workers now, before the progress bar starts its thread
         executor.submit(os.getpid).result()
     from tqdm import tqdm
@@ -254,7 +298,8 @@ def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, w
                 continue
             digest = chunk_hash(chunk)
             old = read_shard_info(out / shard_name(c))
-            if old and old.get("chunk_hash") == digest and old.get("config_hash") == job.config_hash:
+            if old and (old.get("chunk_hash"), old.get("config_hash"), old.get("tokenizer_hash")) == \
+                    (digest, job.config_hash, job.tokenizer_hash):
                 results[c] = old
                 reused += 1
                 continue
@@ -262,8 +307,10 @@ def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, w
             while len(inflight) >= 2 * max(workers, 1):           # bounded: a few chunks in memory
                 done = min(inflight)
                 results[done] = inflight.pop(done).result()
+                _test_kill(len(results) - reused)
         for c in sorted(inflight):
             results[c] = inflight.pop(c).result()
+            _test_kill(len(results) - reused)
     finally:
         for f in inflight.values():
             f.cancel()
@@ -294,22 +341,73 @@ def _mp_context():
 
 
 def _check_existing(out: Path, tok_hash: str, overwrite: bool) -> None:
-    """Refuse to mix shards of another tokenizer into OUT (unless --overwrite)."""
+    """Refuse to replace data made with another tokenizer (unless --overwrite). A tokenizer folder
+    that does not load (left by a run killed while writing it) blocks nothing: shards are only
+    reused when their key names this tokenizer."""
     if not out.exists():
         return
     if not out.is_dir():
         raise BertkitError(f"--out {out}: exists and is not a folder")
-    old = out / "tokenizer" / "vocab.txt"
-    if old.is_file() and not overwrite:
+    if (out / "tokenizer").is_dir() and not overwrite:
         from ..tokenizer import Tokenizer
-        prev = Tokenizer.from_dir(out / "tokenizer").fingerprint()
-        if prev != tok_hash:
-            raise BertkitError(f"--out {out}: holds shards made with another tokenizer (hash {prev[:12]}, this one "
-                               f"{tok_hash[:12]}); use a new --out or --overwrite")
+        try:
+            prev = Tokenizer.from_dir(out / "tokenizer")
+            TokenInfo.from_vocab(prev.vocab)
+            prev_hash = prev.fingerprint()
+        except (BertkitError, OSError, KeyError, ValueError) as e:
+            log.warning("%s: unreadable (%s), left by an interrupted run: replacing it", out / "tokenizer",
+                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+        else:
+            if prev_hash != tok_hash:
+                raise BertkitError(f"--out {out}: holds shards made with another tokenizer (hash {prev_hash[:12]}, "
+                                   f"this one {tok_hash[:12]}); use a new --out or --overwrite")
     if overwrite:
-        import shutil
         for p in list(out.glob("shard-*")) + list(out.glob(".shard-*")) + list(out.glob("meta*.json")):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def _remove_meta(out: Path, num_shards: int, shard_index: int) -> None:
+    """Delete the meta files this run replaces (all of them on one machine; on machine I of N its
+    own part and parts of another N), before any shard is touched."""
+    stale = [out / "meta.json"]
+    for p in out.glob("meta-*-of-*.json"):
+        if num_shards == 1 or p.name == f"meta-{shard_index:05d}-of-{num_shards:05d}.json" \
+                or not p.name.endswith(f"-of-{num_shards:05d}.json"):
+            stale.append(p)
+    for p in stale:
+        p.unlink(missing_ok=True)
+
+
+def _save_tokenizer(tokenizer, out: Path, tok_hash: str) -> None:
+    """OUT/tokenizer, written to a temporary sibling and renamed (never half-written)."""
+    final = out / "tokenizer"
+    for p in out.glob(".tokenizer.*"):                 # leftovers of killed runs
+        shutil.rmtree(p, ignore_errors=True)
+    if (final / "vocab.txt").is_file():
+        from ..tokenizer import Tokenizer
+        try:
+            if Tokenizer.from_dir(final).fingerprint() == tok_hash:
+                return
+        except (BertkitError, OSError, KeyError, ValueError):
+            pass
+    tmp = out / f".tokenizer.tmp-{os.getpid()}"
+    tokenizer.save(tmp)
+    if final.exists():
+        old = out / f".tokenizer.old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
+
+# Tests set BERTKIT_TEST_KILL_AFTER_SHARDS=N to SIGKILL prepare right after its N-th new shard (no cleanup).
+_KILL_AFTER_SHARDS = int(os.environ.get("BERTKIT_TEST_KILL_AFTER_SHARDS", "-1"))
+
+
+def _test_kill(new_shards: int) -> None:
+    if new_shards == _KILL_AFTER_SHARDS:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, command, num_shards, shard_index,
