@@ -11,6 +11,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Tests never reach a hub: a dataset or model name that is not local fails at once instead of waiting
+# on the network (bertkit reads names through the `datasets` library when a path does not exist).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 def minilm_dir() -> Path:
@@ -27,7 +31,8 @@ def minilm() -> Path:
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
-        pytest.skip("shared data folder ../shared/data not present")
+        pytest.skip("needs ../shared/data (the project's real GLUE, CoNLL-2003, SQuAD and pre-training files, "
+                    "next to the repository; not part of a clone: see docs/reproduce.md)")
     return SHARED_DATA
 
 

@@ -159,16 +159,61 @@ class Window:
 
 
 def progress_bar(cfg, st, world):
+    """A progress bar on a terminal; in a log or a pipe, a one-line status every 30 seconds instead
+    (`StatusLine`: a bar redrawn into a file is one endless line). None when progress is off."""
     if not (cfg.train.progress and world.main):
         return None
-    from tqdm import tqdm
-
     if cfg.train.budget:
         from .runconfig import parse_duration
 
-        b = parse_duration(cfg.train.budget)
-        return tqdm(total=int(b), initial=int(min(st.elapsed, b)), unit="s", desc="pretrain", dynamic_ncols=True)
-    return tqdm(total=cfg.train.max_steps, initial=st.step, unit="upd", desc="pretrain", dynamic_ncols=True)
+        total, initial, unit = int(parse_duration(cfg.train.budget)), int(st.elapsed), "s"
+        initial = min(initial, total)
+        fmt = "{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} s of the time budget{postfix}"
+    else:
+        total, initial, unit = cfg.train.max_steps, st.step, "update"
+        fmt = "{desc} {percentage:3.0f}%|{bar}| update {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}"
+    if not _on_terminal():
+        return StatusLine(total, initial, unit)
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="pretrain", bar_format=fmt, dynamic_ncols=True)
+
+
+def _on_terminal() -> bool:
+    import sys
+    return sys.stderr.isatty()
+
+
+class StatusLine:
+    """What a log gets instead of a progress bar: `pretrain: update 120/2000 (6%), 95 s, loss 6.912, ...`
+    every `every` seconds. Has the few methods of tqdm that the loop uses (update, set_postfix, write, close)."""
+
+    def __init__(self, total: int, initial: int = 0, unit: str = "update", every: float = 30.0):
+        self.total, self.n, self.unit, self.every = total, initial, unit, every
+        self.postfix: dict = {}
+        self.t0 = self.last = time.perf_counter()
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        now = time.perf_counter()
+        if now - self.last >= self.every:
+            self.last = now
+            log.info("%s", self.line())
+
+    def line(self) -> str:
+        done = f"{self.n}/{self.total} s of the time budget" if self.unit == "s" else f"update {self.n}/{self.total}"
+        pct = 100.0 * self.n / self.total if self.total else 0.0
+        post = "".join(f", {k} {v}" for k, v in self.postfix.items())
+        return f"pretrain: {done} ({pct:.0f}%), {time.perf_counter() - self.t0:.0f} s{post}"
+
+    def set_postfix(self, post: dict, refresh: bool = False) -> None:
+        self.postfix = dict(post)
+
+    def write(self, msg: str) -> None:
+        log.info("%s", msg)
+
+    def close(self) -> None:
+        pass
 
 
 def bar_update(bar, run: dict, s: dict) -> None:
@@ -230,8 +275,12 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path) -> Path | None:
-    """Training loss, MLM accuracy and learning rate against the step, held-out points on top."""
+def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path, card: dict | None = None) -> Path | None:
+    """Training loss, MLM accuracy and learning rate against the update, held-out points on top.
+
+    The title says what the curves are of: run name, model, parameters, tokens seen, updates, wall
+    time, the machine (CPU model / GPU) and the date, from `card` (the run card; default: the
+    run_card.json next to `path`, if there is one)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -241,25 +290,70 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path) -> Pat
         return None
     if not metrics:
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    path = Path(path)
+    if card is None and (path.parent / "run_card.json").is_file():
+        try:
+            card = json.loads((path.parent / "run_card.json").read_text(encoding="utf-8"))
+        except ValueError:
+            card = None
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     nan = float("nan")
     metrics = [{k: (nan if v is None else v) for k, v in m.items()} for m in metrics]
     evals = [{k: (nan if v is None else v) for k, v in e.items()} for e in evals]
     steps = [m["step"] for m in metrics]
-    axes[0].plot(steps, [m["loss"] for m in metrics], label="train loss", lw=1)
+    held = "o-" if len(evals) <= 40 else "-"
+    axes[0].plot(steps, [m["loss"] for m in metrics], label="train loss (MLM + NSP)", lw=1)
     axes[0].plot(steps, [m["mlm_loss"] for m in metrics], label="train MLM loss", lw=1)
     if evals:
-        axes[0].plot([e["step"] for e in evals], [e["eval_mlm_loss"] for e in evals], "o-", label="held-out MLM loss")
-    axes[0].set_xlabel("update"); axes[0].set_ylabel("loss"); axes[0].legend()
-    axes[1].plot(steps, [m["mlm_accuracy"] for m in metrics], label="train MLM acc", lw=1)
+        axes[0].plot([e["step"] for e in evals], [e["eval_mlm_loss"] for e in evals], held, ms=3,
+                     label=f"held-out MLM loss ({len(evals)} points)")
+    axes[0].set_xlabel("update"); axes[0].set_ylabel("loss"); axes[0].set_title("loss"); axes[0].legend(fontsize=8)
+    axes[1].plot(steps, [m["mlm_accuracy"] for m in metrics], label="train MLM accuracy", lw=1)
     if any(m.get("nsp_accuracy") == m.get("nsp_accuracy") for m in metrics):
-        axes[1].plot(steps, [m["nsp_accuracy"] for m in metrics], label="train NSP acc", lw=1)
+        axes[1].plot(steps, [m["nsp_accuracy"] for m in metrics], label="train NSP accuracy", lw=1)
     if evals:
-        axes[1].plot([e["step"] for e in evals], [e["eval_mlm_accuracy"] for e in evals], "o-", label="held-out MLM acc")
-    axes[1].set_xlabel("update"); axes[1].set_ylabel("accuracy"); axes[1].legend()
+        axes[1].plot([e["step"] for e in evals], [e["eval_mlm_accuracy"] for e in evals], held, ms=3,
+                     label="held-out MLM accuracy")
+        if any(e.get("eval_nsp_accuracy") == e.get("eval_nsp_accuracy") for e in evals):
+            axes[1].plot([e["step"] for e in evals], [e["eval_nsp_accuracy"] for e in evals], held, ms=3,
+                         label="held-out NSP accuracy", alpha=0.6)
+    axes[1].set_xlabel("update"); axes[1].set_ylabel("accuracy"); axes[1].set_title("accuracy")
+    axes[1].legend(fontsize=8)
     axes[2].plot(steps, [m["lr"] for m in metrics], lw=1)
-    axes[2].set_xlabel("update"); axes[2].set_ylabel("learning rate")
+    axes[2].set_xlabel("update"); axes[2].set_ylabel("learning rate"); axes[2].set_title("learning rate")
+    fig.suptitle(plot_title(card or {}, path, metrics), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return Path(path)
+    return path
+
+
+def plot_title(card: dict, path: Path, metrics: list[dict]) -> str:
+    """Two lines: run, model, parameters, tokens, updates, time; machine and date."""
+    import datetime
+
+    name = card.get("name") or path.parent.name
+    parts = [f"run {name}"]
+    if card.get("model"):
+        parts.append(str(card["model"]))
+    if card.get("parameters"):
+        parts.append(f"{card['parameters'] / 1e6:.1f} M parameters")
+    tokens = card.get("tokens_seen") or (metrics[-1].get("tokens") if metrics else None)
+    if tokens:
+        parts.append(f"{tokens:,.0f} tokens")
+    updates = card.get("updates") or (metrics[-1].get("step") if metrics else None)
+    if updates:
+        parts.append(f"{updates:,} updates")
+    if card.get("wall_time_s"):
+        parts.append(f"{card['wall_time_s']:.0f} s")
+    hw = card.get("hardware") or {}
+    machine = hw.get("gpu") or hw.get("cpu") or machine_name()
+    threads = f", {hw['torch_threads']} threads" if hw.get("torch_threads") and not hw.get("gpu") else ""
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return ", ".join(parts) + f"\n{machine}{threads}; {card.get('precision', 'float32')}; {when}"
+
+
+def machine_name() -> str:
+    """The CPU model (or the GPU's name), for figures and plots."""
+    hw = hardware()
+    return hw.get("gpu") or hw.get("cpu") or platform.processor() or platform.machine()
