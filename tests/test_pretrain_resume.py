@@ -81,7 +81,7 @@ def test_corrupt_and_partial_checkpoints_are_skipped(data64, tmp_path, caplog):
     weights.write_bytes(weights.read_bytes()[:1000])                          # truncated
     shutil.copytree(root / "step-00000004", root / "step-00000008")
     (root / "step-00000008" / "manifest.json").unlink()                      # never finished
-    trainer = root / "step-00000004" / "trainer.pt"
+    trainer = root / "step-00000004" / "trainer.safetensors"
     blob = bytearray(trainer.read_bytes())
     blob[len(blob) // 2] ^= 0xFF                                               # one flipped bit... byte
     trainer.write_bytes(bytes(blob))
@@ -152,3 +152,45 @@ def test_sigterm_saves_a_checkpoint_and_stops(data64, tmp_path):
     from bertkit.runstate import find_checkpoint
     assert find_checkpoint(tmp_path / "run" / "checkpoints").name == f"step-{card['updates']:08d}"
     assert "SIGTERM received: saving a checkpoint" in err
+
+
+def _to_format_1(ckpt: Path) -> None:
+    """Rewrite a checkpoint as bertkit 0.1 wrote it: trainer.pt and rng-rank0.pt pickles."""
+    import hashlib
+
+    import torch
+
+    from bertkit.runstate import _read_trainer, load_state
+
+    torch.save(_read_trainer(ckpt), ckpt / "trainer.pt")
+    torch.save(load_state(ckpt / "rng-rank0.safetensors"), ckpt / "rng-rank0.pt")
+    for name in ("trainer.json", "trainer.safetensors", "rng-rank0.safetensors"):
+        (ckpt / name).unlink()
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != "manifest.json")
+    manifest = {"step": int(ckpt.name[5:]), "files": {str(p.relative_to(ckpt)): {
+        "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in files}}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_checkpoints_hold_no_pickle_and_old_format_checkpoints_still_resume_exactly(data64, tmp_path, caplog):
+    """Format 2 is JSON + safetensors; a format-1 checkpoint (pickles) resumes through the weights-only
+    unpickler to the same losses as an uninterrupted run."""
+    from bertkit.train import pretrain
+
+    kw = {"train.max_steps": 8, "train.checkpoint_every": 4, "train.eval_every": 4}
+    pretrain(tiny_config(data64, tmp_path / "straight", **kw))
+    ckpt = tmp_path / "straight" / "checkpoints" / "step-00000008"
+    names = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
+    assert not [n for n in names if n.endswith((".pt", ".bin", ".pkl", ".npy"))], names
+    assert {"trainer.json", "trainer.safetensors", "rng-rank0.safetensors"} <= set(names)
+    assert json.loads((ckpt / "trainer.json").read_text())["state"]["step"] == 8
+
+    old = tiny_config(data64, tmp_path / "old", **kw)
+    pretrain(old)
+    shutil.rmtree(tmp_path / "old" / "checkpoints" / "step-00000008")          # as if killed after update 7
+    _to_format_1(tmp_path / "old" / "checkpoints" / "step-00000004")
+    old.resume = True
+    with caplog.at_level("INFO", logger="bertkit"):
+        pretrain(old)
+    assert "resumed from" in caplog.text and "step-00000004 (update 4)" in caplog.text
+    assert _losses(tmp_path / "old") == _losses(tmp_path / "straight")

@@ -1,16 +1,24 @@
-"""Training checkpoints: atomic, verifiable, the last K kept.
+"""Training checkpoints: atomic, verifiable, the last K kept, and nothing in them runs code.
 
     RUN/checkpoints/step-00001000/
-        model/            config.json + model.safetensors + tokenizer (transformers loads it)
-        trainer.pt        optimizer, grad scaler, loop state (step, data position, elapsed, counters)
-        rng-rank{R}.pt    torch / CUDA / numpy / python RNG states of each rank
-        config.yaml       the resolved run config
-        manifest.json     size and sha256 of every file above - written last
+        model/                 config.json + model.safetensors + tokenizer (transformers loads it)
+        trainer.json           loop state (step, data position, elapsed, counters), world size, format
+        trainer.safetensors    optimizer and grad-scaler state: tensors, with their structure as JSON
+        rng-rank{R}.safetensors  torch / CUDA / numpy / python RNG states of each rank, likewise
+        config.yaml            the resolved run config
+        manifest.json          size and sha256 of every file above - written last
 
 A checkpoint is written under a temporary name and renamed when complete, so a crash (even
 `kill -9`) leaves either the previous checkpoints or a `.tmp-*` folder, never a half-written
 `step-*`. `find_checkpoint` verifies the manifest and skips, with a message, any checkpoint whose
 files are missing, truncated or altered.
+
+No file is unpickled: a run folder may be shared, and a pickle runs whatever code it names (the
+manifest protects nothing, anyone who can edit a file can edit it too). State that is not a tensor
+(ints, floats, strings, tuples, dicts with int keys) is written as a JSON tree in the safetensors
+header, with `{"$tensor": name}` where a tensor goes. Checkpoints of bertkit 0.1 (`trainer.pt`,
+`rng-rank*.pt`) are still resumed, through torch's weights-only unpickler with numpy's array
+type allowed and nothing else.
 """
 from __future__ import annotations
 
@@ -28,11 +36,98 @@ import numpy as np
 import torch
 
 from . import distributed as D
-from .checkpoint import build, save_model
+from .checkpoint import CheckpointError, build, save_model
 from .runconfig import save_config
 
 log = logging.getLogger("bertkit")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+FORMAT = 2                 # 1: trainer.pt + rng-rank*.pt (pickles); 2: JSON + safetensors
+_TREE_KEY = "bertkit.tree"
+_NUMPY_DTYPES = {"uint32", "int32", "int64", "uint64", "float32", "float64", "uint8", "bool"}
+
+
+# ---- state as tensors + JSON ---------------------------------------------------------------------
+def _encode(obj, tensors: dict[str, torch.Tensor]):
+    """A JSON-able tree of `obj`; tensors (and numpy arrays) go into `tensors` under t0, t1, ..."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        name = f"t{len(tensors)}"
+        tensors[name] = obj.detach().to("cpu").contiguous()
+        return {"$tensor": name}
+    if isinstance(obj, np.ndarray):
+        name = f"t{len(tensors)}"
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(obj).astype(np.int64 if obj.dtype.kind == "u" else obj.dtype))
+        return {"$ndarray": name, "dtype": str(obj.dtype)}
+    if isinstance(obj, np.generic):
+        return _encode(obj.item(), tensors)
+    if isinstance(obj, tuple):
+        return {"$tuple": [_encode(x, tensors) for x in obj]}
+    if isinstance(obj, list):
+        return [_encode(x, tensors) for x in obj]
+    if isinstance(obj, dict):
+        if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in obj):
+            raise TypeError(f"cannot save a dict with keys {[type(k).__name__ for k in obj][:5]}")
+        return {"$dict": [[k, _encode(v, tensors)] for k, v in obj.items()]}
+    raise TypeError(f"cannot save a {type(obj).__name__} in a checkpoint (tensors, numbers, strings, "
+                    "lists, tuples and dicts only)")
+
+
+def _decode(node, tensors: dict[str, torch.Tensor], where: str):
+    """The inverse of `_encode`; anything it did not write is a CheckpointError naming `where`."""
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if isinstance(node, list):
+        return [_decode(x, tensors, where) for x in node]
+    if isinstance(node, dict) and len(node) == 1 and "$tensor" in node:
+        if node["$tensor"] not in tensors:
+            raise CheckpointError(f"{where}: names a tensor {str(node['$tensor'])[:50]!r} the file does not hold")
+        return tensors[node["$tensor"]]
+    if isinstance(node, dict) and set(node) == {"$ndarray", "dtype"}:
+        if node["$ndarray"] not in tensors or node["dtype"] not in _NUMPY_DTYPES:
+            raise CheckpointError(f"{where}: a bad numpy array entry {str(node)[:80]}")
+        return tensors[node["$ndarray"]].numpy().astype(node["dtype"])
+    if isinstance(node, dict) and len(node) == 1 and isinstance(node.get("$tuple"), list):
+        return tuple(_decode(x, tensors, where) for x in node["$tuple"])
+    if isinstance(node, dict) and len(node) == 1 and isinstance(node.get("$dict"), list):
+        out = {}
+        for item in node["$dict"]:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], (str, int))
+                    and not isinstance(item[0], bool)):
+                raise CheckpointError(f"{where}: a bad dict entry {str(item)[:80]}")
+            out[item[0]] = _decode(item[1], tensors, where)
+        return out
+    raise CheckpointError(f"{where}: unexpected entry {str(node)[:80]} (not written by bertkit)")
+
+
+def save_state(obj, path: Path) -> None:
+    """Write a tree of tensors, numbers, strings, lists, tuples and dicts to one safetensors file."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    tree = _encode(obj, tensors)
+    save_file(tensors, str(path), metadata={_TREE_KEY: json.dumps(tree), "format": "pt"})
+
+
+def load_state(path: Path):
+    """Read what `save_state` wrote; a file that is not one is a CheckpointError (nothing is unpickled)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # not a safetensors file, truncated, ...
+        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:150] if str(e) else ''})") from None
+    if _TREE_KEY not in meta:
+        raise CheckpointError(f"{path}: no {_TREE_KEY} entry in its header (not written by bertkit)")
+    try:
+        return _decode(json.loads(meta[_TREE_KEY]), tensors, str(path))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: its {_TREE_KEY} header is not valid JSON ({e})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: its {_TREE_KEY} header is nested too deeply") from None
 
 
 def _sha256(path: Path) -> str:
@@ -84,16 +179,17 @@ def save_checkpoint(run: dict, world: D.World) -> Path | None:
     D.barrier(world)
     rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-    torch.save(rng, tmp / f"rng-rank{world.rank}.pt")
+    save_state(rng, tmp / f"rng-rank{world.rank}.safetensors")
     fsdp = world.distributed and cfg.train.distributed == "fsdp"
     model_sd, optim_sd = D.full_state_dicts(run["model"], run["optimizer"], cfg.train.distributed, world) \
         if fsdp else (None, run["optimizer"].state_dict())
     export_model(run, world, tmp / "model", model_sd)
     D.barrier(world)
     if world.main:
-        trainer = {"optimizer": optim_sd, "scaler": run["scaler"].state_dict() if run["scaler"] else None,
-                   "state": dataclasses.asdict(st), "world_size": world.world_size}
-        torch.save(trainer, tmp / "trainer.pt")
+        save_state({"optimizer": optim_sd, "scaler": run["scaler"].state_dict() if run["scaler"] else None},
+                   tmp / "trainer.safetensors")
+        trainer = {"format": FORMAT, "state": dataclasses.asdict(st), "world_size": world.world_size}
+        (tmp / "trainer.json").write_text(json.dumps(trainer, indent=1) + "\n", encoding="utf-8")
         save_config(cfg, tmp / "config.yaml")
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest = {"step": st.step, "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size,
@@ -131,17 +227,26 @@ def verify(path: Path) -> str | None:
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
         files = manifest["files"]
-    except (ValueError, KeyError, UnicodeDecodeError) as e:
+        if not isinstance(files, dict) or not all(isinstance(m, dict) and isinstance(m.get("size"), int)
+                                                  and isinstance(m.get("sha256"), str) for m in files.values()):
+            raise ValueError("bad 'files' entry")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as e:
         return f"unreadable manifest.json ({e})"
     for name, meta in files.items():
         p = path / name
-        if not p.exists():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"manifest.json names a file outside the checkpoint ({name[:80]!r})"
+        if not p.is_file():
             return f"{name} is missing"
         if p.stat().st_size != meta["size"]:
             return f"{name} has {p.stat().st_size} bytes, expected {meta['size']} (truncated?)"
         if _sha256(p) != meta["sha256"]:
             return f"{name} does not match its checksum (corrupt)"
-    for need in ("trainer.pt", "model/model.safetensors", "model/config.json"):
+    legacy = "trainer.pt" in files and "trainer.json" not in files
+    for need in ("trainer.pt",) if legacy else ("trainer.json", "trainer.safetensors"):
+        if need not in files:
+            return f"{need} is not in the manifest"
+    for need in ("model/model.safetensors", "model/config.json"):
         if need not in files:
             return f"{need} is not in the manifest"
     return None
@@ -165,26 +270,95 @@ def load_checkpoint(run: dict, path: Path, world: D.World) -> None:
     """Restore optimizer, scaler, loop state and RNGs (the weights were loaded when the model was built)."""
     from .train import State
 
-    trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+    trainer, rng = _read_trainer(path), _read_rng(path, world.rank)
     cfg = run["cfg"]
-    if world.distributed and cfg.train.distributed == "fsdp":
-        D.load_optimizer_state(run["model"], run["optimizer"], trainer["optimizer"])
-    else:
-        run["optimizer"].load_state_dict(trainer["optimizer"])
-    if run["scaler"] is not None and trainer.get("scaler"):
-        run["scaler"].load_state_dict(trainer["scaler"])
+    try:
+        if world.distributed and cfg.train.distributed == "fsdp":
+            D.load_optimizer_state(run["model"], run["optimizer"], trainer["optimizer"])
+        else:
+            run["optimizer"].load_state_dict(trainer["optimizer"])
+        if run["scaler"] is not None and trainer.get("scaler"):
+            run["scaler"].load_state_dict(trainer["scaler"])
+    except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: its optimizer state does not fit this run's model and optimizer "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''})") from None
     st = run["state"]
-    for k, v in trainer["state"].items():
+    fields = {f.name: f.type for f in dataclasses.fields(State)}
+    saved = trainer["state"]
+    if not isinstance(saved, dict) or set(saved) - set(fields):
+        raise CheckpointError(f"{path}: loop state has unknown fields "
+                              f"{sorted(set(saved) - set(fields)) if isinstance(saved, dict) else saved!r:.80}")
+    for k, v in saved.items():
+        default = getattr(State(), k)
+        if type(v) is not type(default) and not (isinstance(default, float) and type(v) is int):
+            raise CheckpointError(f"{path}: loop state {k}={v!r:.40} is not a {type(default).__name__}")
         setattr(st, k, v)
     if trainer.get("world_size", 1) != world.world_size:
         log.warning("%s was written by %d processes, resuming on %d: the data order changes from here",
                     path, trainer.get("world_size", 1), world.world_size)
-    rng_file = path / f"rng-rank{world.rank}.pt"
-    if rng_file.exists():
-        rng = torch.load(rng_file, map_location="cpu", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        if rng.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+    if rng is not None:
+        try:
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+            if rng.get("cuda") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: unusable RNG state ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:150] if str(e) else ''})") from None
     assert isinstance(st, State)
+
+
+def _read_trainer(path: Path) -> dict:
+    """{'optimizer', 'scaler', 'state', 'world_size'} of a checkpoint, in either format."""
+    if (path / "trainer.json").is_file():
+        try:
+            meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path / 'trainer.json'}: not valid JSON ({e})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise CheckpointError(f"{path / 'trainer.json'}: format {meta.get('format') if isinstance(meta, dict) else '?'}"
+                                  f" is not {FORMAT} (written by another bertkit version?)")
+        tensors = load_state(path / "trainer.safetensors")
+        if not isinstance(tensors, dict) or not isinstance(tensors.get("optimizer"), dict):
+            raise CheckpointError(f"{path / 'trainer.safetensors'}: holds no optimizer state")
+        if not isinstance(meta.get("world_size", 1), int) or not isinstance(meta.get("state"), dict):
+            raise CheckpointError(f"{path / 'trainer.json'}: bad 'state' or 'world_size'")
+        return {**tensors, "state": meta["state"], "world_size": meta.get("world_size", 1)}
+    trainer = _legacy_load(path / "trainer.pt")
+    if not isinstance(trainer, dict) or not isinstance(trainer.get("optimizer"), dict) \
+            or not isinstance(trainer.get("state"), dict):
+        raise CheckpointError(f"{path / 'trainer.pt'}: not a bertkit trainer state")
+    return trainer
+
+
+def _read_rng(path: Path, rank: int) -> dict | None:
+    new, old = path / f"rng-rank{rank}.safetensors", path / f"rng-rank{rank}.pt"
+    if new.is_file():
+        rng = load_state(new)
+    elif old.is_file():
+        rng = _legacy_load(old)
+    else:
+        return None
+    if not isinstance(rng, dict):
+        raise CheckpointError(f"{new if new.is_file() else old}: not an RNG state")
+    return rng
+
+
+def _legacy_load(file: Path):
+    """A format-1 file (torch.save pickle) through torch's weights-only unpickler: tensors, numbers,
+    strings, containers and numpy's uint32 arrays (the numpy RNG state) load; any other object,
+    code included, is refused."""
+    import numpy
+
+    core = getattr(numpy, "_core", None) or numpy.core
+    allowed = [(core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+               (core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
+               numpy.ndarray, numpy.dtype, type(numpy.dtype("uint32"))]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # an UnpicklingError names the refused global
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise CheckpointError(f"{file}: refused to load this old-format (pickle) checkpoint file: it is corrupt "
+                              f"or holds objects other than tensors and numbers ({type(e).__name__}: {first})") from None
