@@ -48,18 +48,62 @@ class DataSection:
     long_path: str | None = None
     """Prepared data for the paper's second phase (length 512); None = one phase."""
     eval_path: str | None = None
-    """Held-out prepared data; None = hold out the last `eval_instances` instances of `path`."""
+    """Held-out prepared data; None = the held-out documents `prepare` split off (`path`/eval). Data
+    prepared without a split falls back on the last `eval_instances` instances of `path`, with a
+    warning: they share documents (and with static masks, text) with the training instances."""
     eval_instances: int = 256
-    """Size of the held-out slice used for periodic evaluation (0 = no evaluation)."""
-    mask_mode: str = "token"
+    """Held-out instances used for periodic evaluation, evenly spread over the held-out set (0 = none)."""
+    max_eval_overlap: float = 0.5
+    """Refuse to train when more than this share of the held-out set's 12-grams of token ids also
+    occur in the training data (the paper note's "mask leakage"); above 0.05 a warning. The
+    measured share is in the run card."""
+    # Masking. None = exactly as `bertkit prepare` recorded it (--masked-lm-prob, --whole-word,
+    # --span, --max-predictions-per-seq, the 80/10/10 fractions); a value overrides the prepared one
+    # (dynamic masking only: static data carries its masks) and the run card lists the override.
+    mask_mode: str | None = None
     """Dynamic masking: 'token' (BERT), 'whole_word' or 'span'. New masks every epoch, a pure
-    function of (seed, epoch, index). Data prepared with static masks uses its stored masks."""
-    mask_prob: float = 0.15
+    function of (seed, epoch, index)."""
+    mask_prob: float | None = None
     """Share of the maskable tokens selected for prediction."""
-    max_predictions: int = 20
-    """Cap on predictions per sequence (google-research/bert max_predictions_per_seq; 80 at length 512)."""
-    long_max_predictions: int = 80
-    """The cap in the long phase."""
+    max_predictions: int | None = None
+    """Cap on predictions per sequence (google-research/bert max_predictions_per_seq)."""
+    long_max_predictions: int | None = None
+    """The cap in the long phase (None = as `long_path` was prepared)."""
+    mask_token_fraction: float | None = None
+    """Of the selected positions, the share shown as [MASK] (BERT: 0.8)."""
+    random_token_fraction: float | None = None
+    """Of the selected positions, the share shown as a random token (BERT: 0.1); the rest keep theirs."""
+    span_p: float | None = None
+    """Span masking: parameter of the geometric distribution of span lengths in words."""
+    max_span: int | None = None
+    """Span masking: longest span in words."""
+
+    def check(self) -> None:
+        """Each value on its own (the prepared values complete the masking when training starts)."""
+        d = self
+        if d.eval_instances < 0:
+            raise RunConfigError(f"data.eval_instances must be >= 0, got {d.eval_instances}")
+        if not 0.0 <= d.max_eval_overlap <= 1.0:
+            raise RunConfigError(f"data.max_eval_overlap must be in [0, 1], got {d.max_eval_overlap}")
+        if d.mask_prob is not None and not 0.0 < d.mask_prob < 1.0:
+            raise RunConfigError(f"data.mask_prob must be in (0, 1), got {d.mask_prob}")
+        for key in ("max_predictions", "long_max_predictions", "max_span"):
+            if getattr(d, key) is not None and getattr(d, key) < 1:
+                raise RunConfigError(f"data.{key} must be >= 1, got {getattr(d, key)}")
+        for key in ("mask_token_fraction", "random_token_fraction"):
+            if getattr(d, key) is not None and not 0.0 <= getattr(d, key) <= 1.0:
+                raise RunConfigError(f"data.{key} must be in [0, 1], got {getattr(d, key)}")
+        if d.span_p is not None and not 0.0 < d.span_p <= 1.0:
+            raise RunConfigError(f"data.span_p must be in (0, 1], got {d.span_p}")
+
+    def masking_overrides(self, long: bool = False) -> dict:
+        """The masking keys given here, as `MaskingConfig` field names (None = as prepared)."""
+        given = {"mode": self.mask_mode, "mask_prob": self.mask_prob,
+                 "max_predictions": self.long_max_predictions if long else self.max_predictions,
+                 "mask_token_fraction": self.mask_token_fraction,
+                 "random_token_fraction": self.random_token_fraction, "span_p": self.span_p,
+                 "max_span": self.max_span}
+        return {k: v for k, v in given.items() if v is not None}
 
 
 @dataclass
@@ -140,7 +184,7 @@ class PretrainConfig:
         choices = {"train.precision": (self.train.precision, ("auto", "fp32", "bf16", "fp16")),
                    "train.packed": (str(self.train.packed).lower(), ("auto", "true", "false")),
                    "train.distributed": (self.train.distributed, ("ddp", "fsdp")),
-                   "data.mask_mode": (self.data.mask_mode, ("token", "whole_word", "span")),
+                   "data.mask_mode": (self.data.mask_mode or "token", ("token", "whole_word", "span")),
                    "optim.name": (self.optim.name, ("adamw", "adamw_google", "lamb")),
                    "optim.schedule": (self.optim.schedule, ("linear", "cosine", "constant"))}
         for key, (value, allowed) in choices.items():
@@ -153,6 +197,7 @@ class PretrainConfig:
             raise RunConfigError(f"train.long_fraction must be in [0, 1), got {self.train.long_fraction}")
         if self.train.budget is not None:
             parse_duration(self.train.budget, "train.budget")
+        self.data.check()
 
 
 # ---- loading, overriding, saving ---------------------------------------------------------------

@@ -214,7 +214,7 @@ def _precision(name: str, device: torch.device) -> torch.dtype:
 
 
 def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
-    from .data.masking import Collator, MaskingConfig
+    from .data.masking import Collator
     from .data.pretraining import open_dataset
 
     tc, dc = cfg.train, cfg.data
@@ -240,14 +240,32 @@ def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
         phases.append(Phase("long", dc.long_path, long, None, np.arange(len(long)), lb,
                             tc.batch_size * tc.grad_accum // lb, int(long.meta.get("max_seq_length", 0))))
     for i, ph in enumerate(phases):
-        masking = MaskingConfig(mode=dc.mask_mode, mask_prob=dc.mask_prob,
-                                max_predictions=dc.max_predictions if i == 0 else dc.long_max_predictions)
-        ph.collator = Collator(ph.data, masking, seed=tc.seed)
+        ph.collator = Collator(ph.data, _masking(ph, dc.masking_overrides(long=i == 1), i == 1), seed=tc.seed)
         G = ph.batch_size * ph.grad_accum * world.world_size
         if len(ph.indices) < G:
             raise RunConfigError(f"{ph.path}: {len(ph.indices)} training instances, fewer than one global batch "
                                  f"({G}); lower train.batch_size or prepare more data")
     return phases, tokenizer
+
+
+def _masking(ph: Phase, overrides: dict, long: bool):
+    """Exactly the masking `prepare` recorded for the phase's data, with the config's data.* keys
+    over it (dynamic masking only: static data carries its masks, so an override is an error)."""
+    from .data.masking import MaskingConfig, MaskingError, with_overrides
+
+    key = {"mode": "data.mask_mode", "max_predictions": "data.long_max_predictions" if long else "data.max_predictions"}
+    prepared = MaskingConfig(**ph.data.meta.get("masking_config", {}))
+    try:
+        masking, changed = with_overrides(prepared, overrides)
+    except MaskingError as e:
+        raise RunConfigError(f"data.* masking keys over {ph.path}'s prepared masking: {e}") from None
+    names = ", ".join(f"{key.get(k, 'data.' + k)}={v['trained']} (prepared: {v['prepared']})" for k, v in changed.items())
+    if changed and ph.data.static:
+        raise RunConfigError(f"{ph.path} was prepared with static masks, which training uses as stored: {names} "
+                             "cannot apply (prepare with --masking dynamic, or drop these keys)")
+    if changed:
+        log.info("%s: masking overridden by the config: %s", ph.path, names)
+    return masking
 
 
 def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
@@ -525,6 +543,21 @@ class _StopFlag:
 
 
 # ---- the end -------------------------------------------------------------------------------------
+def _masking_card(phases: list[Phase]) -> list[dict]:
+    """Per phase: the masking as trained, as prepared, and the config keys that changed it."""
+    from .data.masking import MaskingConfig
+
+    rows = []
+    for p in phases:
+        prepared = MaskingConfig(**p.data.meta.get("masking_config", {})).to_dict()
+        trained = p.collator.cfg.to_dict()
+        rows.append({"phase": p.name, "masks": "static (stored with the data)" if p.data.static
+                     else "dynamic (new every epoch)", "as_trained": trained, "prepared": prepared,
+                     "overridden": {k: {"prepared": prepared.get(k), "trained": v} for k, v in trained.items()
+                                    if prepared.get(k) != v}})
+    return rows
+
+
 def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None, command: str) -> dict:
     """Final HF folder, run card (md + json) and plot, on rank 0."""
     cfg, st, model = run["cfg"], run["state"], run["model"]
@@ -554,6 +587,7 @@ def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None,
         "tokens_per_s": st.tokens / max(st.elapsed, 1e-9), "train_flops": st.flops,
         "achieved_flops_per_s": achieved, "gemm_peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,
         "stop_reason": stop_reason, "data": [p.path for p in ph], "seed": cfg.train.seed,
+        "masking": _masking_card(ph),
         "final_eval": final_eval, "final_train": metrics[-1] if metrics else None,
         "hardware": hardware(), "config": to_dict(cfg),
         "flop_model": "per step 3 x (2 x matmul weights x tokens + 4 T^2 C L per sequence + MLM head on masked "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shlex
 import sys
 
@@ -95,7 +96,9 @@ def setup_prepare(parser: argparse.ArgumentParser) -> None:
                    help="dynamic: masks drawn per epoch by the collator; static: Google's pre-masked copies")
     p.add_argument("--dupe-factor", type=int, default=None, help="copies with different splits/masks "
                    "(default 10 static, 1 dynamic)")
-    p.add_argument("--max-predictions-per-seq", type=int, default=20)
+    p.add_argument("--max-predictions-per-seq", type=int, default=None,
+                   help="cap on predictions per instance (default: max-seq-length x masked-lm-prob rounded up to "
+                   "a multiple of 10: 20 at 128, 80 at 512, as Google's scripts); pretrain uses it unless overridden")
     p.add_argument("--masked-lm-prob", type=float, default=0.15)
     p.add_argument("--whole-word", action="store_true", help="whole-word masking")
     p.add_argument("--span", action="store_true", help="span masking (SpanBERT)")
@@ -136,9 +139,12 @@ def masking_from_args(args):
     from ..data.masking import MaskingConfig, MaskingError
     if args.whole_word and args.span:
         raise BertkitError("--whole-word and --span exclude each other")
+    cap = args.max_predictions_per_seq
+    if cap is None:
+        cap = max(1, math.ceil(args.max_seq_length * args.masked_lm_prob / 10 - 1e-9) * 10)
     try:
         return MaskingConfig(mode="span" if args.span else "whole_word" if args.whole_word else "token",
-                             mask_prob=args.masked_lm_prob, max_predictions=args.max_predictions_per_seq,
+                             mask_prob=args.masked_lm_prob, max_predictions=cap,
                              mask_token_fraction=args.mask_token_fraction,
                              random_token_fraction=args.random_token_fraction)
     except MaskingError as e:
@@ -173,6 +179,7 @@ def setup_data(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--sample", type=int, default=20000, help="instances to measure masking on")
     p.add_argument("--whole-word", action="store_true", help="dynamic data: measure whole-word masking")
     p.add_argument("--span", action="store_true", help="dynamic data: measure span masking")
+    p.add_argument("--seed", type=int, default=0, help="dynamic data: the collator seed (pretrain's train.seed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_data_stats)
     p = _sub(parser, "show", "print decoded instances with segments and masks marked {shown|target}")
@@ -197,7 +204,7 @@ def run_data_stats(args) -> int:
     from ..data.pretraining import open_dataset
     from ..data.stats import data_stats
     ds = open_dataset(args.dir)
-    s = data_stats(ds, _dynamic_cfg(args, ds), sample=args.sample)
+    s = data_stats(ds, _dynamic_cfg(args, ds), sample=args.sample, seed=args.seed)
     if args.json:
         print(json.dumps(s))
         return 0

@@ -4,6 +4,7 @@ API (the pre-training loop codes against this):
 
   MaskingConfig(mode='token'|'whole_word'|'span', mask_prob=0.15, max_predictions=20,
                 mask_token_fraction=0.8, random_token_fraction=0.1, span_p=0.2, max_span=10)
+  with_overrides(prepared_cfg, {field: value}) -> (cfg, changed)   the prepared masking, overridden
   mask_sequence(input_ids, cfg, rng, vocab_size, mask_id, special_ids, is_subword=None)
       -> (masked_ids, labels)        labels = -100 where not selected, else the original id
   TokenInfo(vocab_size, pad_id, cls_id, sep_id, mask_id, subword=None)   ids the masker needs
@@ -78,6 +79,14 @@ class MaskingConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def with_overrides(prepared: MaskingConfig, overrides: dict) -> tuple[MaskingConfig, dict]:
+    """The masking to train with: what was prepared, with the given fields replaced. Returns it and
+    {field: {"prepared": old, "trained": new}} for each field whose value changes."""
+    changed = {k: {"prepared": getattr(prepared, k), "trained": v} for k, v in overrides.items()
+               if getattr(prepared, k) != v}
+    return MaskingConfig(**{**prepared.to_dict(), **overrides}), changed
 
 
 def num_to_predict(n_candidates: int, cfg: MaskingConfig) -> int:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .masking import MaskingConfig, TokenInfo, mask_sequence
+from .masking import Collator, MaskingConfig, TokenInfo
 from .pretraining import PretrainingData
 from .text import TextCounts, expand_inputs, read_documents
 
@@ -69,7 +69,8 @@ def _mask_breakdown(ids: np.ndarray, labels: np.ndarray, info: TokenInfo) -> tup
 
 def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample: int = 20000, seed: int = 0,
                bins: int = 16) -> dict:
-    """Counts over all instances; masking measured over an even sample of `sample` instances."""
+    """Counts over all instances; masking measured over an even sample of `sample` instances with
+    the collator training uses (`masking`: default as prepared; `seed`: pretrain's train.seed)."""
     meta, info = ds.meta, ds.token_info()
     max_len = int(meta["max_seq_length"])
     lengths, nsp, short, b_start = [], [], [], []
@@ -106,34 +107,28 @@ def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample
         "mean_b_length": float((L[pairs] - b[pairs] - 1).mean()) if pairs.any() else None,
         "malformed": bad, "shards": len(ds.shard_paths), "counts": meta.get("counts", {}),
     }
-    # masking, over an even sample
+    # masking, over an even sample, as training sees it: the same Collator, seed and epoch 0
     idx = np.unique(np.linspace(0, n - 1, min(sample, n)).astype(np.int64)) if n else np.zeros(0, np.int64)
     static = meta.get("masking") == "static"
     cfg = masking or MaskingConfig(**meta.get("masking_config", {}))
+    collator = Collator(ds, cfg, seed=seed)
     cand = sel = m = k = r = at_cap = 0
-    for i in idx:
-        x = ds[int(i)]
-        ids = x["input_ids"]
-        if static:                                   # stored ids are masked: restore the originals
-            pos = x["masked_lm_positions"]
-            labels = np.full(len(ids), -100, dtype=np.int64)
-            labels[pos] = x["masked_lm_ids"]
-            shown, ids = ids, ids.copy()
-            ids[pos] = x["masked_lm_ids"]
-        else:
-            rng = np.random.default_rng([seed, 0, int(i)])
-            sub = info.subword[ids] if info.subword is not None and cfg.mode != "token" else None
-            shown, labels = mask_sequence(ids, cfg, rng, info.vocab_size, info.mask_id, info.never_mask, sub)
-        n_cand = int((~np.isin(ids, info.never_mask)).sum())
+    for lo in range(0, len(idx), 256):
+        batch = collator([ds[int(i)] for i in idx[lo:lo + 256]], epoch=0)
+        shown, labels = batch["input_ids"].numpy(), batch["mlm_labels"].numpy()
+        real = batch["attention_mask"].numpy().astype(bool)
+        chosen = labels != -100
+        original = np.where(chosen, labels, shown)
+        cand += int((real & ~np.isin(original, info.never_mask)).sum())
         cm, ck, cr = _mask_breakdown(shown, labels, info)
-        s_ = int((labels != -100).sum())
-        cand, sel, m, k, r = cand + n_cand, sel + s_, m + cm, k + ck, r + cr
-        at_cap += int(s_ >= cfg.max_predictions)
+        per = chosen.sum(1)
+        sel, m, k, r = sel + int(per.sum()), m + cm, k + ck, r + cr
+        at_cap += int((per >= cfg.max_predictions).sum())
     out["masking"] = {
         "mode": "static" if static else "dynamic", "config": cfg.to_dict(), "instances_measured": int(len(idx)),
-        "selected_fraction": sel / max(cand, 1), "mask_fraction": m / max(sel, 1), "keep_fraction": k / max(sel, 1),
-        "random_fraction": r / max(sel, 1), "at_cap_fraction": at_cap / max(len(idx), 1),
-        "predictions_per_instance": sel / max(len(idx), 1),
+        "seed": seed, "selected_fraction": sel / max(cand, 1), "mask_fraction": m / max(sel, 1),
+        "keep_fraction": k / max(sel, 1), "random_fraction": r / max(sel, 1),
+        "at_cap_fraction": at_cap / max(len(idx), 1), "predictions_per_instance": sel / max(len(idx), 1),
     }
     return out
 
@@ -142,8 +137,8 @@ def show_instances(ds: PretrainingData, n: int = 5, start: int = 0, masking: Mas
                    seed: int = 0, epoch: int = 0) -> str:
     """Decoded instances: segments on their own lines, masked positions as {shown|target}."""
     tok = ds.tokenizer()
-    info = ds.token_info()
     cfg = masking or MaskingConfig(**ds.meta.get("masking_config", {}))
+    collator = Collator(ds, cfg, seed=seed)
     lines = []
     for i in range(start, min(start + n, len(ds))):
         x = ds[i]
@@ -152,9 +147,7 @@ def show_instances(ds: PretrainingData, n: int = 5, start: int = 0, masking: Mas
             shown, labels = ids, np.full(len(ids), -100, dtype=np.int64)
             labels[x["masked_lm_positions"]] = x["masked_lm_ids"]
         else:
-            rng = np.random.default_rng([seed, epoch, i])
-            sub = info.subword[ids] if info.subword is not None and cfg.mode != "token" else None
-            shown, labels = mask_sequence(ids, cfg, rng, info.vocab_size, info.mask_id, info.never_mask, sub)
+            shown, labels = collator.mask(ids, i, epoch)
         toks = tok.convert_ids_to_tokens(shown)
         tgt = tok.convert_ids_to_tokens(np.where(labels >= 0, labels, 0))
         words = [f"{{{t}|{g}}}" if lab >= 0 else t for t, g, lab in zip(toks, tgt, labels)]
