@@ -53,6 +53,10 @@ class BertConfig:
     """Id of [PAD]; its embedding row starts at zero."""
     causal: bool = False
     """Attention pattern: False = bidirectional (BERT), True = causal (left-to-right, for comparison)."""
+    norm_position: str = "post"
+    """LayerNorm placement: 'post' (BERT, x = norm(x + f(x)); the Hugging Face layout) or 'pre'
+    (x = x + f(norm(x)), a final LayerNorm after the last block; later stacks use it for stability).
+    Pre-LN checkpoints load in bertkit only: transformers' BertModel is post-LN."""
     classifier_dropout: float | None = None
     """Dropout before task heads; None = hidden_dropout (as in Hugging Face)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -63,6 +67,8 @@ class BertConfig:
             raise ConfigError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
             )
+        if self.norm_position not in ("post", "pre"):
+            raise ConfigError(f"norm_position {self.norm_position!r}: expected 'post' or 'pre'")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; use one of {ACTIVATIONS}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -99,6 +105,10 @@ class BertConfig:
             d["bertkit_causal"] = True
         else:
             d.pop("bertkit_causal", None)
+        if self.norm_position != "post":
+            d["bertkit_norm_position"] = self.norm_position
+        else:
+            d.pop("bertkit_norm_position", None)
         if architectures:
             d["architectures"] = architectures
         d.update(more)
@@ -130,6 +140,8 @@ class BertConfig:
                     kwargs[mapping[k]] = v
             elif k == "bertkit_causal":
                 kwargs["causal"] = bool(v)
+            elif k == "bertkit_norm_position":
+                kwargs["norm_position"] = v
             elif k not in ("model_type", "position_embedding_type"):
                 extra[k] = v
         if isinstance(kwargs.get("hidden_act"), str):

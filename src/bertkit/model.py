@@ -102,15 +102,19 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """A post-LN Transformer encoder block."""
+    """A Transformer encoder block: post-LN as BERT, or pre-LN (`norm_position='pre'`)."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
         self.attn, self.norm1 = SelfAttention(cfg), nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.mlp, self.norm2 = FeedForward(cfg), nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.hidden_dropout)
+        self.pre_norm = cfg.norm_position == "pre"
 
     def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
+        if self.pre_norm:
+            x = x + self.drop(self.attn(self.norm1(x), layout))
+            return x + self.drop(self.mlp(self.norm2(x)))
         x = self.norm1(x + self.drop(self.attn(x, layout)))
         x = self.norm2(x + self.drop(self.mlp(x)))
         return x
@@ -124,6 +128,8 @@ class BertModel(nn.Module):
         self.config = cfg
         self.embeddings = Embeddings(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        # pre-LN leaves the residual stream un-normalised: one LayerNorm after the last block
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.norm_position == "pre" else None
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if add_pooler else None
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
@@ -150,6 +156,10 @@ class BertModel(nn.Module):
             x = block(x, layout)
             if all_layers:
                 states.append(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if all_layers:
+                states[-1] = x
         return states if all_layers else x
 
     def pool(self, hidden: Tensor, packed: Packed | None = None) -> Tensor:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .errors import BertkitError
 
 OPTIMIZERS = ("adamw", "adamw_google", "lamb")
-SCHEDULES = ("linear", "constant", "cosine")
+SCHEDULES = ("linear", "constant", "cosine", "wsd")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -135,19 +135,28 @@ def _moments(state: dict, p: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def lr_at(step: float, total_steps: float, warmup_steps: float, peak_lr: float,
-          schedule: str = "linear", end_lr: float = 0.0) -> float:
+          schedule: str = "linear", end_lr: float = 0.0, decay_fraction: float = 0.2) -> float:
     """The learning rate for update number `step` (0-based), a pure function.
 
     Warm-up rises linearly from 0 to `peak_lr` over `warmup_steps` (lr = peak * step / warmup,
     as Hugging Face's `get_linear_schedule_with_warmup` and Google's optimization.py), then:
     'linear' decays linearly to `end_lr` at `total_steps`, 'cosine' follows half a cosine to
-    `end_lr`, 'constant' stays at `peak_lr`. Arguments may be floats (seconds of a time budget)."""
+    `end_lr`, 'constant' stays at `peak_lr`, 'wsd' (warmup-stable-decay, a trapezoid) stays at
+    `peak_lr` until the last `decay_fraction` of the run and then decays linearly to `end_lr`.
+    Cramming's one-cycle schedule is 'linear' with the warm-up at half the run. Arguments may be
+    floats (seconds of a time budget)."""
     if schedule not in SCHEDULES:
         raise BertkitError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if warmup_steps > 0 and step < warmup_steps:
         return peak_lr * step / warmup_steps
     if schedule == "constant":
         return peak_lr
+    if schedule == "wsd":
+        decay_start = max(total_steps - decay_fraction * total_steps, warmup_steps)
+        if step < decay_start:
+            return peak_lr
+        progress = min((step - decay_start) / max(total_steps - decay_start, 1e-12), 1.0)
+        return end_lr + (peak_lr - end_lr) * (1.0 - progress)
     span = max(total_steps - warmup_steps, 1e-12)
     progress = min(max((step - warmup_steps) / span, 0.0), 1.0)
     if schedule == "linear":

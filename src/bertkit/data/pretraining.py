@@ -122,6 +122,17 @@ def load_meta(path: Path) -> dict:
     return meta
 
 
+def _load_array(f: Path) -> np.ndarray:
+    """A shard array as a read-only memory map; never unpickles (object arrays are refused)."""
+    try:
+        a = np.load(f, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise DataError(f"{f}: not a numeric .npy array ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})") from None
+    if a.dtype.kind not in "iub":
+        raise DataError(f"{f}: holds {a.dtype} values, expected integers")
+    return a
+
+
 class PretrainingData:
     """All instances of a prepared folder. Arrays are numpy memmaps, opened when first read."""
 
@@ -152,7 +163,7 @@ class PretrainingData:
         arrays = self._open.get(s)
         if arrays is None:
             names = ARRAYS + (STATIC_ARRAYS if self.static else ())
-            arrays = {k: np.load(self.shard_paths[s] / f"{k}.npy", mmap_mode="r") for k in names}
+            arrays = {k: _load_array(self.shard_paths[s] / f"{k}.npy") for k in names}
             self._open[s] = arrays
         return arrays
 
