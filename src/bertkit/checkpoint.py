@@ -40,6 +40,7 @@ _ENCODER_NAMES = [
     ("encoder.layer.{n}.output.dense.", "blocks.{n}.mlp.down."),
     ("encoder.layer.{n}.output.LayerNorm.", "blocks.{n}.norm2."),
     ("pooler.dense.", "pooler."),
+    ("bertkit_final_norm.", "final_norm."),              # pre-LN only (norm_position='pre'): not a HF name
 ]
 _HEAD_NAMES = [
     ("cls.predictions.transform.dense.", "mlm.dense."),

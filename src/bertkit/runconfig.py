@@ -37,6 +37,8 @@ class ModelSection:
     hidden_act: str = "gelu"
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
+    norm_position: str = "post"
+    """LayerNorm placement: 'post' (BERT, Hugging Face compatible) or 'pre' (pre-norm + a final LayerNorm)."""
     init_from: str | None = None
     """An HF/bertkit checkpoint folder to continue pre-training from (instead of random init)."""
 
@@ -165,8 +167,11 @@ class OptimSection:
     warmup: float = 0.01
     """Warm-up: a fraction of the run if < 1 (of steps, or of the time budget), else a number of updates."""
     schedule: str = "linear"
-    """'linear' decay to end_lr, 'cosine' or 'constant'."""
+    """'linear' decay to end_lr, 'cosine', 'constant' or 'wsd' (warmup-stable-decay: peak lr until
+    the last `decay_fraction` of the run, then linear to end_lr). One-cycle = 'linear' with warmup 0.5."""
     end_lr: float = 0.0
+    decay_fraction: float = 0.2
+    """'wsd': the share of the run (steps or time budget) spent decaying."""
 
 
 @dataclass
@@ -184,9 +189,10 @@ class PretrainConfig:
         choices = {"train.precision": (self.train.precision, ("auto", "fp32", "bf16", "fp16")),
                    "train.packed": (str(self.train.packed).lower(), ("auto", "true", "false")),
                    "train.distributed": (self.train.distributed, ("ddp", "fsdp")),
+                   "model.norm_position": (self.model.norm_position, ("post", "pre")),
                    "data.mask_mode": (self.data.mask_mode or "token", ("token", "whole_word", "span")),
                    "optim.name": (self.optim.name, ("adamw", "adamw_google", "lamb")),
-                   "optim.schedule": (self.optim.schedule, ("linear", "cosine", "constant"))}
+                   "optim.schedule": (self.optim.schedule, ("linear", "cosine", "constant", "wsd"))}
         for key, (value, allowed) in choices.items():
             if value not in allowed:
                 raise RunConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")

@@ -283,7 +283,7 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
                  if getattr(mc, k) is not None}
     bert_cfg = preset(mc.preset, vocab_size=vocab_size, max_position_embeddings=mc.max_position_embeddings,
                       hidden_act=mc.hidden_act, hidden_dropout=mc.hidden_dropout,
-                      attention_dropout=mc.attention_dropout, **overrides)
+                      attention_dropout=mc.attention_dropout, norm_position=mc.norm_position, **overrides)
     torch.manual_seed(cfg.train.seed)
     model = build("pretraining", bert_cfg, **head_args)
     return init_weights(model, bert_cfg)
@@ -426,10 +426,10 @@ def _lr(run: dict) -> float:
     cfg, st = run["cfg"], run["state"]
     oc = cfg.optim
     if run["budget"]:     # Cramming: the schedule follows elapsed time
-        return lr_at(st.elapsed, run["budget"], oc.warmup * run["budget"], oc.lr, oc.schedule, oc.end_lr)
+        return lr_at(st.elapsed, run["budget"], oc.warmup * run["budget"], oc.lr, oc.schedule, oc.end_lr, oc.decay_fraction)
     total = cfg.train.max_steps
     warm = oc.warmup * total if oc.warmup < 1 else oc.warmup
-    return lr_at(st.step, total, warm, oc.lr, oc.schedule, oc.end_lr)
+    return lr_at(st.step, total, warm, oc.lr, oc.schedule, oc.end_lr, oc.decay_fraction)
 
 
 def _maybe_switch_phase(run: dict) -> None:
