@@ -15,6 +15,7 @@ from bertkit.checkpoint import build, save_model  # noqa: E402
 from bertkit.cli import main  # noqa: E402
 from bertkit.infer import Predictor  # noqa: E402
 from bertkit.onnx_export import ExportError, export_onnx, load_session  # noqa: E402
+from test_infer import assert_fp32_close  # noqa: E402  (the fp32 reordering bound, explained there)
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hi", "Paris is the capital of France, they say.",
          "A much longer sentence, with commas and many words, to make the batch ragged enough.", "ok"]
@@ -56,13 +57,14 @@ def test_onnx_backend_equals_torch(classifier, exported):
     onnx_p = Predictor.from_dir(classifier, device="cpu", backend="onnx")
     assert onnx_p.backend == "onnx"
     pairs = [None, "second", None, "x y", None]
+    cfg = torch_p.config
     a, b = onnx_p.classify(TEXTS, pairs, raw=True), torch_p.classify(TEXTS, pairs, raw=True)
-    np.testing.assert_allclose([r["logits"] for r in a], [r["logits"] for r in b], atol=1e-4)
+    assert_fp32_close([r["logits"] for r in a], [r["logits"] for r in b], cfg, "logits")
     assert [r["label"] for r in a] == [r["label"] for r in b]
-    np.testing.assert_allclose(onnx_p.embed(TEXTS, batch_size=2), torch_p.embed(TEXTS), atol=1e-4)
+    assert_fp32_close(onnx_p.embed(TEXTS, batch_size=2), torch_p.embed(TEXTS), cfg, "embeddings")
     tok_a, tok_b = onnx_p.embed(TEXTS[:2], pooling="none"), torch_p.embed(TEXTS[:2], pooling="none")
     for x, y in zip(tok_a, tok_b):
-        np.testing.assert_allclose(x, y, atol=1e-4)
+        assert_fp32_close(x, y, cfg, "token states")
 
 
 def test_cli_int8_optimized_export_and_tolerance(classifier, exported, tmp_path, capsys):

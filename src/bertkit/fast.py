@@ -21,6 +21,7 @@ unchanged; the same numbers come out (checked when the weights are packed).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -155,11 +156,18 @@ def can_prepack(model: nn.Module) -> bool:
     return bool(params) and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in params)
 
 
+def prepack_disabled() -> bool:
+    """`BERTKIT_PREPACK=0` (or false/no/off) turns prepacking off everywhere: a switch to run the
+    same code (the test suite, a server, an evaluation) on the plain Linear layers."""
+    return os.environ.get("BERTKIT_PREPACK", "1").strip().lower() in ("0", "false", "no", "off")
+
+
 def prepack_linears(model: nn.Module, rtol: float = 1e-4) -> bool:
     """Swap every Linear of the encoder blocks for a PrepackedLinear (in place), GELU fused into
     the FFN's first GEMM. Each swap is checked against F.linear on a random input; on any error
-    or disagreement the model is left as it was. Returns whether the swap happened."""
-    if not can_prepack(model):
+    or disagreement the model is left as it was. Returns whether the swap happened (never under
+    BERTKIT_PREPACK=0)."""
+    if prepack_disabled() or not can_prepack(model):
         return False
     from .model import Block                    # a runtime import: model.py imports this file
     swaps = []                                  # (parent module, attribute, new module, activation)
