@@ -348,7 +348,8 @@ def plot_title(card: dict, path: Path, metrics: list[dict]) -> str:
         parts.append(f"{card['wall_time_s']:.0f} s")
     hw = card.get("hardware") or {}
     machine = hw.get("gpu") or hw.get("cpu") or machine_name()
-    threads = f", {hw['torch_threads']} threads" if hw.get("torch_threads") and not hw.get("gpu") else ""
+    n = hw.get("torch_threads")
+    threads = f", {n} thread{'s' * (n != 1)}" if n and not hw.get("gpu") else ""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return ", ".join(parts) + f"\n{machine}{threads}; {card.get('precision', 'float32')}; {when}"
 
