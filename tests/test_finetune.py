@@ -12,7 +12,8 @@ import torch
 from bertkit import Tokenizer, preset, save_model
 from bertkit.checkpoint import build
 from bertkit.cli import main
-from bertkit.finetune import FinetuneConfig, Probe, finetune, grid, load_finetuned
+from bertkit.finetune import FinetuneConfig, finetune, grid, load_finetuned
+from bertkit.probe import ProbeModel
 from bertkit.tasks import DataError
 
 POS, NEG = ["good", "great", "fine"], ["bad", "awful", "poor"]
@@ -164,8 +165,9 @@ def test_frozen_probe_keeps_encoder_and_concatenates_layers(tiny_model, conll_di
                           probe_layers=2, lr=1e-2, epochs=4))
     assert result["dev"]["f1"] > 0.9, result["history"]           # word identity is in the frozen features
     model, raw = load_finetuned(out)
-    assert isinstance(model, Probe) and raw["bertkit_probe_layers"] == 2
-    assert model.model.classifier.weight.shape == (4, 64)           # B-LOC, B-PER, I-LOC, O from 2 x 32
+    assert isinstance(model, ProbeModel) and raw["bertkit_probe"] == {"features": "concat_last_2",
+                                                                      "combine": "concat", "layers": [1, 2]}
+    assert model.classifier.weight.shape == (4, 64)                 # B-LOC, B-PER, I-LOC, O from 2 x 32
     from safetensors.torch import load_file
     before = load_file(str(tiny_model / "model.safetensors"))
     after = load_file(str(out / "model.safetensors"))

@@ -174,6 +174,9 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     """
     path = Path(path)
     cfg, raw = read_config(path)
+    if head != "encoder" and not new_head_ok and ("bertkit_probe" in raw or "bertkit_probe_layers" in raw):
+        from .probe import load_probe            # a linear head on frozen features (finetune --freeze)
+        return load_probe(path, raw, head)
     sd = read_state_dict(path)
     renamed: dict[str, torch.Tensor] = {}
     unknown: list[str] = []

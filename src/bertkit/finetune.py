@@ -12,9 +12,9 @@ The loop has the pre-training loop's shape - explicit phases you can read top to
                run_card.{md,json} + metrics.json (+ metrics.jsonl, dev_predictions.jsonl)
 
 `grid()` runs the paper's hyper-parameter grid (batch {16, 32} x lr {5e-5, 3e-5, 2e-5} x
-epochs {2, 3, 4}) and keeps the best run on dev. `freeze=True` trains a probe on the frozen
-encoder; with `probe_layers=4` its features are the concatenated last four layers (the paper's
-feature-based NER, section 5.4, with a linear classifier instead of the BiLSTM).
+epochs {2, 3, 4}) and keeps the best run on dev. `freeze=True` trains a linear probe on a frozen
+encoder over one of the paper's Table 7 feature choices (`bertkit.probe`; default the last four
+layers concatenated), never on a frozen random pooler.
 """
 from __future__ import annotations
 
@@ -94,9 +94,16 @@ class FinetuneConfig:
     eval_every: int = 0
     """Also evaluate every N updates (0 = at epoch ends only)."""
     freeze: bool = False
-    """Frozen-feature probe: only the head trains."""
-    probe_layers: int = 1
-    """With freeze: concatenate the last K layers as features (paper: 4)."""
+    """Frozen-feature probe: only a linear head trains, on `probe_features` of the frozen encoder."""
+    probe_features: str | None = None
+    """With freeze: embeddings, second_to_last, last, sum_last_four, concat_last_four (default:
+    the paper's best, Table 7), sum_all, or pooler (sentence tasks, pre-trained pooler only);
+    concat_last_N / sum_last_N for other depths (`bertkit.probe`)."""
+    probe_pooling: str | None = None
+    """With freeze, sentence tasks: read the features at [CLS] ('cls', default) or averaged over
+    the tokens ('mean')."""
+    probe_layers: int | None = None
+    """Older spelling: with freeze, concatenate the last K layers (= probe_features concat_last_K)."""
     packed: bool = True
     """Padding-free batches (`bertkit.fast.pack`) on heads that accept them."""
     skip_bad_rows: bool = False
@@ -116,6 +123,26 @@ class FinetuneConfig:
                 raise BertkitError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.lr <= 0 or self.epochs <= 0:
             raise BertkitError("lr and epochs must be positive")
+        if (self.probe_features, self.probe_layers, self.probe_pooling) != (None, None, None) and not self.freeze:
+            raise BertkitError("probe_features / probe_pooling / probe_layers choose a frozen probe's features: "
+                               "give freeze too (--freeze)")
+        if self.probe_features is not None and self.probe_layers is not None:
+            raise BertkitError("give probe_features or probe_layers (its older spelling), not both")
+        if self.probe_features is not None:
+            from .probe import probe_layers
+            probe_layers(self.probe_features, 10 ** 6)          # the name only; depth is checked on the model
+
+    @property
+    def features(self) -> str | None:
+        """The probe's feature choice (None: full fine-tuning)."""
+        from .probe import DEFAULT_FEATURES
+        if not self.freeze:
+            return None
+        if self.probe_features is not None:
+            return self.probe_features
+        if self.probe_layers is not None:
+            return "last" if self.probe_layers == 1 else f"concat_last_{self.probe_layers}"
+        return DEFAULT_FEATURES
 
 
 # ---- setup --------------------------------------------------------------------------------------
@@ -218,54 +245,25 @@ def featurize(task: Task, examples: list, tokenizer, labels, max_length: int, st
 
 
 def build_model(task: Task, cfg: FinetuneConfig, labels: Sequence[str] | None) -> nn.Module:
+    """The checkpoint with a new task head (or random weights of the same shape); with `freeze`,
+    a `ProbeModel` on the frozen encoder."""
     from .checkpoint import build, load_model, read_config
 
     args = task.head_args(labels)
+    if cfg.freeze:
+        from .probe import ProbeModel
+        if cfg.init == "random":
+            if cfg.features == "pooler":
+                raise BertkitError("probe features 'pooler' with init random: a frozen random pooler is not a feature")
+            encoder = build("encoder", read_config(Path(cfg.model))[0], add_pooler=False)
+        else:
+            encoder = load_model(cfg.model, head="encoder")   # a pooler only where the checkpoint has one
+        return ProbeModel(encoder, task.head, args.get("num_labels", 0), cfg.features, args.get("problem"),
+                          cfg.probe_pooling)
     if cfg.init == "random":
         config, _ = read_config(Path(cfg.model))
-        model = build(task.head, config, **args)
-    else:
-        model = load_model(cfg.model, head=task.head, new_head_ok=True, **args)
-    if cfg.freeze:
-        model = Probe(model, cfg.probe_layers)
-    return model
-
-
-class Probe(nn.Module):
-    """A head on a frozen encoder; features = the last `layers` layers concatenated (per token,
-    or at [CLS] for sequence tasks; with layers=1 a sequence task uses the frozen pooler)."""
-
-    def __init__(self, model: nn.Module, layers: int = 1):
-        super().__init__()
-        if model.head not in ("sequence_classification", "token_classification"):
-            raise BertkitError(f"freeze/probe mode supports classification and tagging heads, not {model.head}")
-        self.model, self.layers = model, layers
-        self.head, self.config = model.head, model.config
-        for p in model.bert.parameters():
-            p.requires_grad_(False)
-        if layers > 1:
-            model.classifier = nn.Linear(layers * model.config.hidden_size, model.num_labels)
-            nn.init.normal_(model.classifier.weight, std=model.config.initializer_range)
-            nn.init.zeros_(model.classifier.bias)
-
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, packed=None,
-                position_ids=None):
-        m = self.model
-        m.bert.eval()                                             # frozen: no dropout in the encoder
-        with torch.no_grad():
-            states = m.bert(input_ids, token_type_ids, attention_mask, position_ids, packed, all_layers=True)
-            h = torch.cat(states[-self.layers:], dim=-1)          # (..., K*C)
-            if m.head == "sequence_classification":
-                if self.layers == 1:
-                    h = m.bert.pool(h, packed)                    # (B, C)
-                else:
-                    h = h[packed.cu_seqlens[:-1].long()] if packed is not None else h[:, 0]
-        logits = m.classifier(m.drop(h))
-        if labels is None:
-            return logits, None
-        from .model import classification_loss
-        problem = m.problem if m.head == "sequence_classification" else "single_label"
-        return logits, classification_loss(logits, labels, problem)
+        return build(task.head, config, **args)
+    return load_model(cfg.model, head=task.head, new_head_ok=True, **args)
 
 
 # ---- batches ------------------------------------------------------------------------------------
@@ -494,42 +492,27 @@ def _evaluate_and_keep(model, task, cfg, dev_examples, dev_feats, labels, step, 
 
 def save_finetuned(model: nn.Module, tokenizer, out: Path, task: Task, cfg: FinetuneConfig, labels,
                    facts: dict | None = None) -> None:
-    """HF checkpoint (+ id2label, task, probe layers, `facts`: config.json keys such as the
+    """HF checkpoint (+ id2label, task, probe features, `facts`: config.json keys such as the
     stride inputs were read with) and the tokenizer into `out`."""
     from .checkpoint import save_model
+    from .probe import ProbeModel
 
-    inner = model.model if isinstance(model, Probe) else model
     extra: dict[str, Any] = {"bertkit_task": task_record(task, cfg),
                              "bertkit_max_length": cfg.max_length, **(facts or {})}
     if labels is not None:
         extra["id2label"] = {str(i): name for i, name in enumerate(labels)}
-    if isinstance(model, Probe) and model.layers > 1:
-        extra["bertkit_probe_layers"] = model.layers
-    save_model(inner, out, extra_config=extra)
+    if isinstance(model, ProbeModel):
+        extra["bertkit_probe"] = model.record()
+    save_model(model, out, extra_config=extra)
     tokenizer.save(out)
 
 
 def load_finetuned(path: str | Path) -> tuple[nn.Module, dict]:
-    """A fine-tuned checkpoint (any HF BERT head folder) and its config.json as a dict."""
-    from .checkpoint import load_model, read_config, read_state_dict
+    """A fine-tuned checkpoint (any HF BERT head folder, or a probe) in eval mode, and its config.json."""
+    from .checkpoint import load_model, read_config
 
-    path = Path(path)
-    _, raw = read_config(path)
-    layers = int(raw.get("bertkit_probe_layers", 1))
-    if layers == 1:
-        return load_model(path).eval(), raw
-    head = {"BertForTokenClassification": "token_classification"}.get((raw.get("architectures") or [""])[0],
-                                                                        "sequence_classification")
-    n = len(raw.get("id2label") or {})
-    from .checkpoint import build
-    encoder = load_model(path, head="encoder")
-    inner = build(head, encoder.config, num_labels=n)
-    inner.bert.load_state_dict(encoder.state_dict(), strict=False)
-    probe = Probe(inner, layers)
-    sd = read_state_dict(path)
-    probe.model.classifier.load_state_dict({"weight": sd["classifier.weight"], "bias": sd["classifier.bias"]})
-    probe.hf_config = raw
-    return probe.eval(), raw
+    _, raw = read_config(Path(path))
+    return load_model(path).eval(), raw
 
 
 def write_predictions(predictions: dict, path: Path, extra: dict | None = None) -> None:

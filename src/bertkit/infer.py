@@ -279,7 +279,12 @@ class Predictor:
         `token_logits` (N, L) for token classification, `span_logits` (N, 2) for QA."""
         if self.session is not None:
             return self._onnx(b)
-        m, h = self.model, self.hidden(b)
+        m = self.model
+        if getattr(m, "features", None):          # a frozen-feature probe (bertkit.probe) reads several layers
+            states = self.encoder(b.tensors["input_ids"], b.tensors["token_type_ids"], None,
+                                  b.tensors["position_ids"], packed=b.packed, all_layers=True)
+            return {"logits" if self.head == "sequence_classification" else "token_logits": m.logits(states, b.packed)}
+        h = self.hidden(b)
         if self.head == "sequence_classification":
             return {"logits": m.classifier(m.bert.pool(h, b.packed))}
         if self.head == "token_classification":

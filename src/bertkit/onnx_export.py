@@ -55,6 +55,9 @@ class Exportable(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> tuple[Tensor, ...]:
         m = self.model
         enc = m if self.head in ("encoder", "multiple_choice") else m.bert
+        if getattr(m, "features", None):          # a frozen-feature probe (bertkit.probe) reads several layers
+            states = enc(input_ids, token_type_ids, attention_mask, all_layers=True)
+            return states[-1], m.logits(states, None, attention_mask)
         h = enc(input_ids, token_type_ids, attention_mask)                     # (B, T, C)
         if self.head == "sequence_classification":
             return h, m.classifier(enc.pool(h))

@@ -80,9 +80,15 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-limit", dest="train_limit", type=int, help="use the first N training examples")
     p.add_argument("--dev-limit", dest="dev_limit", type=int, help="use the first N dev examples")
     p.add_argument("--eval-every", dest="eval_every", type=int, help="also evaluate every N updates")
-    p.add_argument("--freeze", action="store_const", const=True, help="frozen-encoder probe: train the head only")
+    p.add_argument("--freeze", action="store_const", const=True,
+                   help="frozen-feature probe: a linear head on the frozen encoder's --probe-features")
+    p.add_argument("--probe-features", dest="probe_features",
+                   help="with --freeze (the paper's Table 7): embeddings, second_to_last, last, sum_last_four, "
+                        "concat_last_four (default), sum_all, or pooler (sentence tasks; pre-trained pooler only)")
+    p.add_argument("--probe-pooling", dest="probe_pooling", choices=("cls", "mean"),
+                   help="with --freeze, sentence tasks: features at [CLS] (default) or averaged over the tokens")
     p.add_argument("--probe-layers", dest="probe_layers", type=int,
-                   help="with --freeze: concatenate the last K layers (paper's feature-based NER: 4)")
+                   help="with --freeze: concatenate the last K layers (older spelling of concat_last_K)")
     p.add_argument("--no-packed", dest="packed", action="store_const", const=False,
                    help="padded batches instead of padding-free ones")
     p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_const", const=True,
@@ -115,7 +121,7 @@ def finetune_config(args: argparse.Namespace):
         source = args.config
     for key in ("task", "data", "train_file", "dev_file", "model", "out", "init", "max_length", "stride", "windows",
                 "batch_size", "lr", "epochs", "warmup", "weight_decay", "optimizer", "seed", "train_limit",
-                "dev_limit", "eval_every", "freeze", "probe_layers", "packed", "skip_bad_rows", "threads",
+                "dev_limit", "eval_every", "freeze", "probe_features", "probe_pooling", "probe_layers", "packed", "skip_bad_rows", "threads",
                 "progress", "device", *COLUMN_ARGS):
         value = getattr(args, key, None)
         if value is not None:
