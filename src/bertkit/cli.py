@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score":      ("score",    "official metrics from prediction and reference files"),
     "serve":      ("serve",    "HTTP API with dynamic batching (embed, classify, fill-mask, ner, qa)"),
     "export":     ("serve",    "export to ONNX (parity-checked, optional int8)"),
+    "ablate":     ("ablate",   "a grid of pre-training + fine-tuning arms that differ in one setting each; a table"),
 }
 
 

@@ -1,0 +1,900 @@
+"""`bertkit ablate CONFIG.yaml`: which ingredients carry BERT's result, measured on your machine.
+
+A grid of arms, each differing from a base recipe in one setting, under a matched budget, with the
+same tokenizer and the same text. Each arm pre-trains (or not), is scored on held-out documents with
+one fixed MLM protocol, and is fine-tuned on every task with several seeds. Then a table.
+
+    OUT/shared/corpus/      train.txt + heldout.txt: a document-level split made once (same for all arms)
+    OUT/shared/tokenizer/   one WordPiece vocabulary, trained once on train.txt
+    OUT/shared/data/KEY/    prepared data, once per distinct prepare setting (train/ + heldout/)
+    OUT/arms/NAME/          arm.json (status, one-line error), log.txt, pretrain/ (its run card),
+                            finetune/TASK/seedS/ (run cards, metrics), results.jsonl
+    OUT/results.jsonl       one row per arm x task x seed, collected from the arms
+    OUT/REPORT.md, OUT/plots/*.png
+
+Honest by construction:
+  * resumable: a finished arm (arm.json status 'done' with the same settings) is skipped; inside an
+    arm, a finished pre-training or fine-tuning run with the same resolved config is reused, so an
+    interrupted grid loses at most the run in flight. Settings that changed under a finished
+    pre-training run are refused (delete the folder to redo it), never silently mixed.
+  * a failing arm is a row saying so (the error on one line; the traceback in arms/NAME/error.txt)
+    and the grid goes on.
+  * split across machines: `--arms a,b` or `--shard I/N` (arms reusing another arm's model go with
+    it), all writing into one shared OUT; shared files are written to a temporary name and renamed,
+    so two machines at worst do the same work twice. Any machine can write the report
+    (`--report-only`): it collects whatever is finished.
+  * `--launcher torchrun --nproc N` pre-trains each arm as `torchrun -m bertkit pretrain` (GPUs).
+
+The statistics and the report (Welch's t-test against the base arm over the fine-tuning seeds)
+are in `bertkit.ablate_report`. This file is longer than most (~850 lines) on purpose: the grid,
+its cache and one arm's procedure read top to bottom, in blocks of plain functions (config, shared
+inputs, one arm, the grid, the paper note's contract test).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import gzip
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import BertkitError
+
+log = logging.getLogger("bertkit")
+
+
+# ---- configuration ------------------------------------------------------------------------------
+@dataclass
+class Budget:
+    """What every arm gets, unless the arm's own `budget` changes it (the data/steps axis)."""
+    match: str = "tokens"
+    """'tokens': the same updates x global batch x sequence length for every arm (wall time is
+    recorded); 'time': the same pre-training wall time (tokens are recorded)."""
+    steps: int = 1000
+    """Updates per arm when matching tokens."""
+    time: str | None = None
+    """Pre-training wall time per arm when matching time ('3m', '90s')."""
+
+
+@dataclass
+class Arm:
+    name: str
+    setting: str = ""
+    """The one setting this arm changes, in words (default: written from the overrides)."""
+    pretrained: bool = True
+    """False: no pre-training, the fine-tuning encoder is a random initialisation of the same shape."""
+    model_from: str | None = None
+    """Reuse the pre-trained model of this (earlier) arm: e.g. frozen probes of the base model."""
+    corpus_fraction: float = 1.0
+    """Pre-train on this share of the training documents (a fixed random subset; smaller is nested)."""
+    prepare: dict = field(default_factory=dict)
+    """PrepareConfig keys over the base's."""
+    pretrain: dict = field(default_factory=dict)
+    """PretrainConfig sections over the base's: {model: {...}, data: {...}, train: {...}, optim: {...}}."""
+    finetune: dict = field(default_factory=dict)
+    """FinetuneConfig keys over the base's, for every task."""
+    budget: dict = field(default_factory=dict)
+    """Budget keys over the grid's (steps / time)."""
+    error: str | None = None
+    """A problem found when reading the arm (it becomes a failed row, the grid goes on)."""
+
+
+@dataclass
+class AblateConfig:
+    out: str = "runs/ablate"
+    data_dir: str = "../shared/data"
+    """Folder of the pre-training text and the task data (relative paths below are inside it)."""
+    corpus: list = field(default_factory=lambda: ["pretrain/wiki_vital_leads.txt.gz"])
+    """Pre-training text files: one sentence per line, a blank line between documents."""
+    eval_documents: int = 200
+    """Documents held out (the same for every arm): held-out MLM accuracy is measured on them."""
+    split_seed: int = 0
+    tokenizer: dict = field(default_factory=lambda: {"vocab_size": 8000})
+    """Tokenizer.train keys: vocab_size, lowercase, min_frequency."""
+    prepare: dict = field(default_factory=dict)
+    pretrain: dict = field(default_factory=dict)
+    finetune: dict = field(default_factory=dict)
+    tasks: dict = field(default_factory=dict)
+    """name -> {data: folder inside data_dir, FinetuneConfig keys for this task (train_limit, ...)}."""
+    seeds: list = field(default_factory=lambda: [0, 1, 2])
+    budget: Budget = field(default_factory=Budget)
+    mlm_eval_instances: int = 512
+    """Held-out instances for the fixed MLM protocol (token masking, 15%, 80/10/10, same positions)."""
+    base_arm: str = "base"
+    threads: int = 0
+    """torch CPU threads for every run (0 = torch's default)."""
+    keep_models: bool = False
+    """Keep fine-tuned weights (off: only metrics and run cards stay; pre-trained models always stay)."""
+    arms: list = field(default_factory=list)
+    source: str = ""
+
+
+TOP_KEYS = [f.name for f in dataclasses.fields(AblateConfig) if f.name != "source"]
+ARM_KEYS = [f.name for f in dataclasses.fields(Arm) if f.name != "error"]
+
+
+def _unknown(key: str, known: Sequence[str], where: str) -> str:
+    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)
+    return f"{where}: unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else
+                                               f"; known: {', '.join(known)}")
+
+
+def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str | None = None) -> AblateConfig:
+    """The grid from YAML. Grid-level mistakes are errors now; an arm's mistakes become its failed row."""
+    import yaml
+
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise BertkitError(f"{path}: no such config file") from None
+    except yaml.YAMLError as e:
+        raise BertkitError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise BertkitError(f"{path}: expected a mapping at the top level")
+    kw: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in TOP_KEYS:
+            raise BertkitError(_unknown(key, TOP_KEYS, str(path)))
+        kw[key] = value
+    for key in ("tokenizer", "prepare", "pretrain", "finetune", "tasks"):
+        if not isinstance(kw.get(key, {}), dict):
+            raise BertkitError(f"{path}: {key} must be a mapping")
+    budget = kw.pop("budget", {}) or {}
+    if not isinstance(budget, dict) or set(budget) - {"match", "steps", "time"}:
+        raise BertkitError(f"{path}: budget takes match, steps and time")
+    arms = kw.pop("arms", []) or []
+    cfg = AblateConfig(**kw, budget=Budget(**budget), source=str(path))
+    if out:
+        cfg.out = out
+    if data_dir:
+        cfg.data_dir = data_dir
+    cfg.arms = [_read_arm(a, i, str(path)) for i, a in enumerate(arms)]
+    _check_grid(cfg)
+    return cfg
+
+
+def _read_arm(raw: Any, i: int, where: str) -> Arm:
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise BertkitError(f"{where}: arms[{i}] needs a name (arms are mappings: - name: ...)")
+    arm = Arm(name=str(raw["name"]))
+    for key, value in raw.items():
+        if key not in ARM_KEYS:
+            arm.error = _unknown(key, ARM_KEYS, f"{where} arm {arm.name}")
+            continue
+        if key in ("prepare", "pretrain", "finetune", "budget") and not isinstance(value, dict):
+            arm.error = f"{where} arm {arm.name}: {key} must be a mapping of keys, not {value!r}"
+            continue
+        setattr(arm, key, value)
+    if not 0 < float(arm.corpus_fraction) <= 1:
+        arm.error = f"{where} arm {arm.name}: corpus_fraction must be in (0, 1]"
+    if set(arm.budget) - {"steps", "time"}:
+        arm.error = f"{where} arm {arm.name}: budget takes steps and time"
+    return arm
+
+
+def _check_grid(cfg: AblateConfig) -> None:
+    src = cfg.source
+    names = [a.name for a in cfg.arms]
+    if not names:
+        raise BertkitError(f"{src}: no arms")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise BertkitError(f"{src}: arm names must be unique ({', '.join(dup)} repeated)")
+    if cfg.base_arm not in names:
+        raise BertkitError(f"{src}: base_arm {cfg.base_arm!r} is not one of the arms")
+    if cfg.budget.match not in ("tokens", "time"):
+        raise BertkitError(f"{src}: budget.match must be 'tokens' or 'time', not {cfg.budget.match!r}")
+    if cfg.budget.match == "time" and not cfg.budget.time:
+        raise BertkitError(f"{src}: budget.match 'time' needs budget.time (e.g. 3m)")
+    if not cfg.tasks:
+        raise BertkitError(f"{src}: no tasks (e.g. tasks: {{sst2: {{data: glue/SST-2}}}})")
+    if len(cfg.seeds) < 2:
+        raise BertkitError(f"{src}: give at least 2 seeds (3 or more to see fine-tuning variance)")
+    for i, arm in enumerate(cfg.arms):
+        if arm.model_from is not None and arm.model_from not in names[:i]:
+            raise BertkitError(f"{src}: arm {arm.name}: model_from {arm.model_from!r} must name an earlier arm")
+
+
+def select_arms(cfg: AblateConfig, names: Sequence[str] | None = None, shard: str | None = None) -> list[Arm]:
+    """The arms this process runs: all, the named ones, or shard I of N (arms reusing another arm's
+    model stay with it, so every shard can run what it holds)."""
+    arms = list(cfg.arms)
+    if names:
+        known = {a.name for a in arms}
+        for n in names:
+            if n not in known:
+                raise BertkitError(_unknown(n, sorted(known), "--arms").replace("unknown key", "unknown arm"))
+        arms = [a for a in arms if a.name in set(names)]
+    if shard:
+        i, n = _parse_shard(shard)
+        groups: list[str] = []
+        for a in cfg.arms:
+            root = _root(cfg, a)
+            if root not in groups:
+                groups.append(root)
+        mine = {g for k, g in enumerate(groups) if k % n == i}
+        arms = [a for a in arms if _root(cfg, a) in mine]
+    return arms
+
+
+def _root(cfg: AblateConfig, arm: Arm) -> str:
+    by = {a.name: a for a in cfg.arms}
+    while arm.model_from is not None:
+        arm = by[arm.model_from]
+    return arm.name
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise BertkitError(f"--shard {text!r}: write I/N, e.g. 0/2 (the first of two machines)") from None
+    if not 0 <= i < n:
+        raise BertkitError(f"--shard {text}: I must be in 0..N-1")
+    return i, n
+
+
+def merge(a: dict, b: dict) -> dict:
+    """b over a, section by section."""
+    out = copy.deepcopy(a)
+    for k, v in (b or {}).items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def describe(arm: Arm) -> str:
+    """The arm's setting in words: its own text, or its overrides."""
+    if arm.setting:
+        return arm.setting
+    parts = []
+    if not arm.pretrained:
+        parts.append("no pre-training (random init, same shape)")
+    if arm.model_from:
+        parts.append(f"model of arm {arm.model_from}")
+    if arm.corpus_fraction != 1:
+        parts.append(f"{arm.corpus_fraction:g} of the text")
+    for section in ("prepare", "pretrain", "finetune", "budget"):
+        parts += [f"{section} {k}={v}" for k, v in flatten(getattr(arm, section)).items()]
+    return "; ".join(parts) or "the base recipe"
+
+
+def _key(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+# ---- shared inputs: split, tokenizer, prepared data ---------------------------------------------
+class Shared:
+    """The grid's shared inputs, made on first use and cached in OUT/shared (atomic renames)."""
+
+    def __init__(self, cfg: AblateConfig):
+        self.cfg = cfg
+        self.root = Path(cfg.out) / "shared"
+        self.data_dir = Path(cfg.data_dir)
+        self._tokenizer = None
+        self._split: dict | None = None
+
+    def split(self) -> dict:
+        """Training and held-out documents (held out: the eval_documents with the smallest seeded
+        hash of their text, so the choice does not depend on file order)."""
+        if self._split is not None:
+            return self._split
+        d = self.root / "corpus"
+        files = [self._path(f) for f in self.cfg.corpus]
+        key = _key({"files": [(str(f), f.stat().st_size) for f in files], "eval": self.cfg.eval_documents,
+                    "seed": self.cfg.split_seed})
+        info = _read_json(d / "split.json")
+        if not (info and info.get("key") == key):
+            docs = [doc for f in files for doc in read_documents(f)]
+            if len(docs) < self.cfg.eval_documents + 2:
+                raise BertkitError(f"corpus: {len(docs)} documents, fewer than eval_documents + 2")
+            ranked = sorted(range(len(docs)), key=lambda i: doc_hash(docs[i], self.cfg.split_seed))
+            held = set(ranked[:self.cfg.eval_documents])
+            tmp = self.root / f".corpus.{os.getpid()}.tmp"
+            tmp.mkdir(parents=True, exist_ok=True)
+            train = [doc for i, doc in enumerate(docs) if i not in held]
+            _write_docs(tmp / "train.txt", train)
+            _write_docs(tmp / "heldout.txt", [docs[i] for i in sorted(held)])
+            info = {"key": key, "files": [str(f) for f in files], "documents": len(docs),
+                    "train_documents": len(train), "heldout_documents": len(held)}
+            _write_json(tmp / "split.json", info)
+            _install(tmp, d)
+            info = _read_json(d / "split.json")
+        self._split = info
+        return info
+
+    def train_text(self, fraction: float) -> Path:
+        """train.txt, or a nested random subset of its documents (fraction < 1)."""
+        self.split()
+        full = self.root / "corpus" / "train.txt"
+        if fraction >= 1:
+            return full
+        path = self.root / "corpus" / f"train-{fraction:g}.txt"
+        if not path.is_file():
+            docs = [d for d in read_documents(full) if _unit(doc_hash(d, self.cfg.split_seed + 1)) < fraction]
+            if len(docs) < 2:
+                raise BertkitError(f"corpus_fraction {fraction:g} leaves {len(docs)} documents")
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            _write_docs(tmp, docs)
+            tmp.replace(path)
+        return path
+
+    def tokenizer(self):
+        from .tokenizer import Tokenizer
+
+        if self._tokenizer is not None:
+            return self._tokenizer
+        split = self.split()
+        d = self.root / "tokenizer"
+        opts = {"vocab_size": 8000, **self.cfg.tokenizer}
+        key = _key({"split": split["key"], **opts})
+        if (_read_json(d / "ablate_key.json") or {}).get("key") != key:
+            log.info("ablate: training the shared WordPiece vocabulary (%s) on %d documents", opts,
+                     split["train_documents"])
+            try:
+                tok = Tokenizer.train([str(self.root / "corpus" / "train.txt")], **opts)
+            except TypeError as e:
+                raise BertkitError(f"{self.cfg.source}: tokenizer: {e}") from None
+            tmp = self.root / f".tokenizer.{os.getpid()}.tmp"
+            tok.save(tmp)
+            _write_json(tmp / "ablate_key.json", {"key": key, **opts})
+            _install(tmp, d)
+        self._tokenizer = Tokenizer.from_dir(d)       # whoever renamed first, everyone uses that one
+        return self._tokenizer
+
+    def prepared(self, prepare: dict, fraction: float = 1.0) -> tuple[Path, Path, dict]:
+        """(train data, held-out data, key info) prepared with these PrepareConfig keys."""
+        from .data.prepare import PrepareConfig, prepare as run_prepare
+        from .runconfig import from_dict
+
+        tok = self.tokenizer()
+        names = {f.name for f in dataclasses.fields(PrepareConfig)}
+        opts = dict(prepare)
+        for k in ("eval_documents",):            # the grid holds out its own documents (see split)
+            if k in names:
+                opts[k] = 0
+        pcfg = from_dict(PrepareConfig, opts, "prepare")
+        info = {"prepare": pcfg.to_dict(), "fraction": fraction, "split": self.split()["key"],
+                "tokenizer": tok.fingerprint()}
+        key = _key(info)
+        d = self.root / "data" / key
+        if (_read_json(d / "ablate_key.json") or {}).get("key") != key:
+            log.info("ablate: preparing data %s (%s)", key, _short(prepare) or "the base settings")
+            tmp = self.root / "data" / f".{key}.{os.getpid()}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            text = self.train_text(fraction)
+            meta = run_prepare([str(text)], tok, tmp / "train", pcfg, progress=False, command="bertkit ablate")
+            held = run_prepare([str(self.root / "corpus" / "heldout.txt")], tok, tmp / "heldout", pcfg,
+                               progress=False, command="bertkit ablate")
+            _write_json(tmp / "ablate_key.json", {"key": key, **info, "train_tokens": meta["counts"]["tokens"],
+                                                  "train_instances": meta["counts"]["instances"],
+                                                  "heldout_instances": held["counts"]["instances"]})
+            _install(tmp, d)
+        return d / "train", d / "heldout", _read_json(d / "ablate_key.json")
+
+    def _path(self, name: str) -> Path:
+        p = Path(name)
+        p = p if p.is_absolute() else self.data_dir / p
+        if not p.exists():
+            raise BertkitError(f"{self.cfg.source}: {p}: no such file (data_dir {self.cfg.data_dir}; "
+                               f"set data_dir in the config or --data-dir)")
+        return p
+
+
+def _short(d: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in flatten(d).items())
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Rename a finished folder into place; if another process got there first, keep theirs."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        shutil.rmtree(final, ignore_errors=True)   # a stale or changed cache entry
+    try:
+        os.replace(tmp, final)
+    except OSError:                                # another machine installed it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_documents(path: Path) -> list[list[str]]:
+    """Documents (lists of lines) of a text file, plain or .gz, blank lines between documents."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    docs, cur = [], []
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                cur.append(line)
+            elif cur:
+                docs.append(cur)
+                cur = []
+    if cur:
+        docs.append(cur)
+    return docs
+
+
+def _write_docs(path: Path, docs: list[list[str]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
+
+
+def doc_hash(doc: list[str], seed: int) -> int:
+    h = hashlib.blake2b("\n".join(doc).encode("utf-8"), digest_size=8, key=f"ablate-{seed}".encode())
+    return int.from_bytes(h.digest(), "big")
+
+
+def _unit(h: int) -> float:
+    return h / 2 ** 64
+
+
+# ---- one arm --------------------------------------------------------------------------------------
+@dataclass
+class RunOptions:
+    launcher: str = "inprocess"
+    """'inprocess' or 'torchrun' (pre-training as a subprocess over `nproc` processes)."""
+    nproc: int = 1
+    command: str = ""
+    verbose: bool = False
+    """Show every run's log on the console (always written to OUT/arms/NAME/log.txt)."""
+
+
+class _GridLines(logging.Filter):
+    """On the console, only the grid's own lines and warnings; each arm's log.txt has everything."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or str(record.msg).startswith("ablate:")
+
+
+def arm_budget(cfg: AblateConfig, arm: Arm) -> dict:
+    b = {"match": cfg.budget.match, "steps": cfg.budget.steps, "time": cfg.budget.time, **arm.budget}
+    return {"train": {"max_steps": int(b["steps"]), "budget": None}} if b["match"] == "tokens" else \
+        {"train": {"max_steps": 10 ** 9, "budget": str(b["time"])}}
+
+
+def pretrain_config(cfg: AblateConfig, arm: Arm, train: Path, heldout: Path, out: Path):
+    """The arm's PretrainConfig: base sections, the arm's, the budget, the shared data."""
+    from .runconfig import PretrainConfig, from_dict
+
+    fixed = {"out": str(out), "data": {"path": str(train), "eval_path": str(heldout)},
+             "train": {"progress": False}}
+    if cfg.threads:
+        fixed["train"]["num_threads"] = cfg.threads
+    d = merge(merge(merge(cfg.pretrain, arm.pretrain), arm_budget(cfg, arm)), fixed)
+    return from_dict(PretrainConfig, d, f"arm {arm.name} pretrain")
+
+
+def finetune_config(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path, out: Path, init: str):
+    from .finetune import FinetuneConfig
+    from .runconfig import from_dict
+
+    spec = dict(cfg.tasks[task] or {})
+    data = spec.pop("data", None)
+    d = merge(merge(cfg.finetune, spec), arm.finetune)
+    d.update(task=spec.get("task", task), model=str(model), out=str(out), seed=int(seed), progress=False,
+             init=init)
+    if data is not None:
+        d["data"] = str(Path(data) if Path(data).is_absolute() else Path(cfg.data_dir) / data)
+    if cfg.threads:
+        d["threads"] = cfg.threads
+    return from_dict(FinetuneConfig, d, f"arm {arm.name} finetune {task}")
+
+
+def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> dict:
+    """Pre-train (or not), score held-out MLM, fine-tune every task x seed; returns arm.json."""
+    from .runlog import hardware
+
+    d = Path(cfg.out) / "arms" / arm.name
+    state = {"name": arm.name, "setting": describe(arm), "status": "running", "stage": "setup", "error": None,
+             "host": socket.gethostname(), "cpu": hardware().get("cpu"), "started": _now(), "pid": os.getpid()}
+    _write_json(d / "arm.json", state)
+    t0 = time.time()
+    handler = _file_log(d / "log.txt")
+    try:
+        if arm.error:
+            raise BertkitError(arm.error)
+        state["stage"] = "pretrain"
+        model, init, pre = _model_of_arm(cfg, arm, shared, opts, d)
+        state.update(pretrain=pre, model=str(model), init=init)
+        state["stage"] = "held-out MLM"
+        state["mlm"] = heldout_mlm(cfg, shared, model)
+        rows = []
+        for task in cfg.tasks:
+            for seed in cfg.seeds:
+                state["stage"] = f"finetune {task} seed {seed}"
+                _write_json(d / "arm.json", state)
+                rows.append(_finetune_one(cfg, arm, task, seed, model, init, d, pre))
+        _write_rows(d / "results.jsonl", [{**r, "mlm_accuracy": (state["mlm"] or {}).get("accuracy")} for r in rows])
+        state.update(status="done", stage=None, plan=plan_key(cfg, arm))
+    except KeyboardInterrupt:
+        state.update(status="interrupted", error="interrupted")
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure is this arm's row; the grid goes on
+        state.update(status="failed", error=one_line(e))
+        (d / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+        log.error("ablate: arm %s failed at %s: %s", arm.name, state["stage"], state["error"])
+    finally:
+        state.update(wall_s=round(time.time() - t0, 1), finished=_now())
+        _write_json(d / "arm.json", state)
+        logging.getLogger("bertkit").removeHandler(handler)
+        handler.close()
+    return state
+
+
+def plan_key(cfg: AblateConfig, arm: Arm) -> str:
+    """Everything that decides an arm's numbers (a finished arm with another plan is rerun)."""
+    return _key({"arm": dataclasses.asdict(arm), "base": [cfg.corpus, cfg.eval_documents, cfg.split_seed,
+                 cfg.tokenizer, cfg.prepare, cfg.pretrain, cfg.finetune, cfg.tasks, cfg.seeds,
+                 dataclasses.asdict(cfg.budget), cfg.mlm_eval_instances],
+                 "source": [dataclasses.asdict(a) for a in cfg.arms if a.name == arm.model_from]})
+
+
+def one_line(e: BaseException) -> str:
+    msg = " ".join(str(e).split()) or type(e).__name__
+    return msg if isinstance(e, BertkitError) else f"{type(e).__name__}: {msg}"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _file_log(path: Path) -> logging.Handler:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    h = logging.FileHandler(path, encoding="utf-8")
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    h.setLevel(logging.INFO)
+    logging.getLogger("bertkit").addHandler(h)
+    return h
+
+
+def _model_of_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions, d: Path
+                  ) -> tuple[Path, str, dict]:
+    """(model folder for fine-tuning, 'pretrained' or 'random', pre-training summary)."""
+    if arm.model_from is not None:
+        info = _read_json(Path(cfg.out) / "arms" / arm.model_from / "arm.json") or {}
+        model = Path(info.get("model") or "")
+        if not info.get("pretrain") or not (model / "config.json").is_file():
+            raise BertkitError(f"arm {arm.model_from} has no finished model yet (run it first, or on the "
+                               f"machine that holds it: --arms {arm.model_from},{arm.name})")
+        return model, info["init"], {**info["pretrain"], "model_from": arm.model_from}
+    train, heldout, data = shared.prepared(merge(cfg.prepare, arm.prepare), float(arm.corpus_fraction))
+    pcfg = pretrain_config(cfg, arm, train, heldout, d / "pretrain")
+    if not arm.pretrained:
+        return _random_model(pcfg, shared, d / "model"), "random", {"tokens": 0, "updates": 0, "wall_s": 0.0,
+                                                                    "data_tokens": data["train_tokens"]}
+    return d / "pretrain" / "final", "pretrained", _pretrain(cfg, arm, pcfg, opts, d, data)
+
+
+def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data: dict) -> dict:
+    from .runconfig import save_config, to_dict
+
+    out = Path(pcfg.out)
+    ident = {k: v for k, v in to_dict(pcfg).items() if k not in ("out", "resume")}
+    ident["train"] = {k: v for k, v in ident["train"].items() if k not in ("progress", "num_threads")}
+    key = _key({"config": ident, "data": data["key"], "launcher": opts.launcher, "nproc": opts.nproc})
+    card = _read_json(out / "run_card.json")
+    same = (_read_json(out / "ablate_key.json") or {}).get("key") == key
+    finished = bool(card) and (out / "final" / "config.json").is_file()
+    if finished and same:
+        log.info("ablate: arm %s: pre-training finished before; reusing %s", arm.name, out / "final")
+    else:
+        if finished:
+            raise BertkitError(f"{out}: pre-trained with other settings; delete that folder to pre-train this arm again")
+        if not same:                                     # an unfinished run of other settings: start afresh
+            shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        _write_json(out / "ablate_key.json", {"key": key})
+        pcfg.resume = (out / "checkpoints").is_dir()     # an interrupted run continues
+        log.info("ablate: arm %s: pre-training (%s)", arm.name, _budget_text(pcfg))
+        if opts.launcher == "torchrun":
+            save_config(pcfg, d / "pretrain.yaml")
+            _torchrun(d / "pretrain.yaml", opts.nproc, d / "pretrain.log")
+            card = _read_json(out / "run_card.json")
+        else:
+            from .train import pretrain
+            card = pretrain(pcfg, command=f"{opts.command}  # arm {arm.name}")
+        if not card:
+            raise BertkitError(f"{out}: pre-training ended without a run card")
+        if not cfg.keep_models:
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)   # final/ is the model
+    ev = card.get("final_eval") or {}
+    return {"tokens": card.get("tokens_seen"), "updates": card.get("updates"), "wall_s": card.get("wall_time_s"),
+            "global_batch": card.get("global_batch"), "sequence_lengths": card.get("sequence_lengths"),
+            "objective": card.get("objective"), "stop_reason": card.get("stop_reason"),
+            "parameters": card.get("parameters"), "model": card.get("model"), "data_tokens": data["train_tokens"],
+            "precision": card.get("precision"), "own_eval": {k: v for k, v in ev.items() if k != "step"},
+            "run_card": str(out / "run_card.md")}
+
+
+def _budget_text(pcfg) -> str:
+    t = pcfg.train
+    return f"time budget {t.budget}" if t.budget else f"{t.max_steps} updates of {t.batch_size} x {t.grad_accum}"
+
+
+def _torchrun(config: Path, nproc: int, logfile: Path) -> None:
+    """`torchrun --nproc_per_node N -m bertkit pretrain CONFIG`; its last error line becomes the row."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "bertkit", "pretrain", str(config)]
+    log.info("ablate: %s (log: %s)", " ".join(cmd), logfile)
+    with open(logfile, "w", encoding="utf-8") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        lines = [ln for ln in logfile.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        err = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1] if lines else "")
+        raise BertkitError(f"torchrun pre-training exited with {rc}: {err.strip()[:300]}")
+
+
+def _random_model(pcfg, shared: Shared, out: Path) -> Path:
+    """A random initialisation of the arm's shape (fine-tuning with init=random redraws it per seed)."""
+    import torch
+
+    from .checkpoint import build, save_model
+    from .config import BertConfig, preset
+
+    mc = pcfg.model
+    names = {f.name for f in dataclasses.fields(BertConfig)}
+    extra = {f.name: getattr(mc, f.name) for f in dataclasses.fields(mc)
+             if f.name in names and f.name != "vocab_size" and getattr(mc, f.name) is not None}
+    tok = shared.tokenizer()
+    torch.manual_seed(pcfg.train.seed)
+    model = build("pretraining", preset(mc.preset, vocab_size=tok.vocab_size, **extra), nsp=pcfg.train.nsp)
+    save_model(model, out)
+    tok.save(out)
+    return out
+
+
+def _finetune_one(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path, init: str, d: Path,
+                  pre: dict) -> dict:
+    from .finetune import finetune
+    from .runconfig import to_dict
+
+    out = d / "finetune" / task / f"seed{seed}"
+    fcfg = finetune_config(cfg, arm, task, seed, model, out, init)
+    ident = {k: v for k, v in to_dict(fcfg).items() if k not in ("out", "progress", "threads")}
+    weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model.glob("*.safetensors"))
+    key = _key({"config": ident, "model": str(model), "weights": weights})
+    result = _read_json(out / "metrics.json")
+    if not (result and (_read_json(out / "ablate_key.json") or {}).get("key") == key):
+        log.info("ablate: arm %s: fine-tuning %s, seed %d", arm.name, task, seed)
+        shutil.rmtree(out, ignore_errors=True)
+        result = finetune(fcfg, command=f"bertkit ablate {cfg.source}  # arm {arm.name} {task} seed {seed}")
+        _write_json(out / "ablate_key.json", {"key": key})
+        if not cfg.keep_models:
+            for p in out.glob("*.safetensors"):
+                p.unlink()
+    metric = result["main_metric"]
+    history = [h for h in result.get("history") or [] if f"dev_{metric}" in h]
+    last = history[-1][f"dev_{metric}"] if history else (result.get("dev") or {}).get(metric)
+    log.info("ablate: arm %s %s seed %d: dev %s %.4f (last epoch), %.4f (best)", arm.name, task, seed, metric,
+             last if last is not None else float("nan"), (result.get("dev") or {}).get(metric, float("nan")))
+    return {"arm": arm.name, "setting": describe(arm), "task": task, "seed": seed, "metric": metric,
+            "value": last, "best": (result.get("dev") or {}).get(metric), "init": init,
+            "frozen": bool(getattr(fcfg, "freeze", False)), "finetune_wall_s": result.get("wall_time_s"),
+            "train_examples": result.get("train_examples"), "dev_examples": result.get("dev_examples"),
+            "pretrain_tokens": pre.get("tokens"), "pretrain_updates": pre.get("updates"),
+            "pretrain_wall_s": pre.get("wall_s"), "run_card": str(out / "run_card.md"), "status": "ok"}
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows), encoding="utf-8")
+    tmp.replace(path)
+
+
+def heldout_mlm(cfg: AblateConfig, shared: Shared, model_dir: Path) -> dict | None:
+    """Held-out MLM accuracy under one protocol for every arm: the base prepare's held-out documents,
+    token masking of 15% with 80/10/10, the same positions (seeded) whatever the arm trained with.
+    None for a causal (left-to-right) model: it has no masked-LM objective."""
+    import numpy as np
+    import torch
+
+    from .checkpoint import load_model
+    from .data.masking import Collator, MaskingConfig
+    from .data.pretraining import open_dataset
+
+    raw = _read_json(model_dir / "config.json") or {}
+    if raw.get("bertkit_causal") or raw.get("is_decoder"):
+        return None
+    _, heldout, _ = shared.prepared(cfg.prepare)
+    data = open_dataset(heldout)
+    n = min(len(data), cfg.mlm_eval_instances)
+    idx = np.linspace(0, len(data) - 1, n).round().astype(int) if n else []
+    cap = 10 * math.ceil(0.15 * int(data.meta.get("max_seq_length", 128)) / 10)    # 20 at 128, 80 at 512
+    collator = Collator(data, MaskingConfig(mode="token", mask_prob=0.15, max_predictions=cap,
+                                            mask_token_fraction=0.8, random_token_fraction=0.1), seed=20190101)
+    model = load_model(model_dir, head="masked_lm").eval()
+    correct = count = 0
+    loss = 0.0
+    with torch.no_grad():
+        for s in range(0, n, 64):
+            batch = collator([data[int(i)] for i in idx[s:s + 64]], epoch=0)
+            out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                        mlm_labels=batch["mlm_labels"])
+            m = out["mlm_targets"].numel()
+            correct += int((out["mlm_logits"].argmax(-1) == out["mlm_targets"]).sum())
+            loss += float(out["mlm_loss"]) * m
+            count += m
+    return {"accuracy": correct / max(count, 1), "loss": loss / max(count, 1), "predictions": count,
+            "instances": n, "protocol": "token 15%, 80/10/10, fixed positions, base held-out documents"}
+
+
+# ---- the grid -------------------------------------------------------------------------------------
+def resolve(cfg: AblateConfig, arm: Arm) -> dict:
+    """The arm's configs with placeholder paths (no data made): raises what running the arm would."""
+    from .data.prepare import PrepareConfig
+    from .runconfig import from_dict, to_dict
+
+    if arm.error:
+        raise BertkitError(arm.error)
+    prep = to_dict(from_dict(PrepareConfig, merge(cfg.prepare, arm.prepare), f"arm {arm.name} prepare"))
+    out = Path(cfg.out) / "arms" / arm.name
+    pre = pretrain_config(cfg, arm, out / "<train>", out / "<heldout>", out / "pretrain")
+    tasks = {t: to_dict(finetune_config(cfg, arm, t, cfg.seeds[0], out / "<model>", out / "finetune" / t,
+                                        "pretrained" if arm.pretrained else "random")) for t in cfg.tasks}
+    return {"prepare": prep, "pretrain": to_dict(pre), "finetune": tasks}
+
+
+def check_base(cfg: AblateConfig) -> dict:
+    """The base recipe must resolve: a mistake there would fail every arm, so it stops the grid now."""
+    try:
+        return resolve(cfg, Arm(name="(base settings)"))
+    except (BertkitError, ValueError) as e:
+        raise BertkitError(f"{cfg.source}: the base settings do not resolve: {one_line(e)}") from None
+
+
+def dry_run(cfg: AblateConfig, arms: Sequence[Arm]) -> list[dict]:
+    """Per arm: what it changes against the base (resolved keys that differ) or why it would fail."""
+    base = check_base(cfg)
+    flat_base = {s: flatten(v) for s, v in base.items()}
+    rows = []
+    for arm in arms:
+        row = {"arm": arm.name, "setting": describe(arm), "pretrained": arm.pretrained, "model_from": arm.model_from}
+        try:
+            r = resolve(cfg, arm)
+            row["changes"] = {f"{s}.{k}": v for s, d in r.items() for k, v in flatten(d).items()
+                              if flat_base[s].get(k) != v and "<" not in str(v) and not k.endswith(".out")
+                              and k != "out" and not k.endswith(".init")}
+            row["status"] = "ok"
+        except (BertkitError, ValueError) as e:
+            row.update(status="would fail", error=one_line(e))
+        rows.append(row)
+    return rows
+
+
+def run_grid(cfg: AblateConfig, arms: Sequence[Arm] | None = None, opts: RunOptions | None = None,
+             report: bool = True) -> dict:
+    """Run the selected arms (skipping finished ones), then write the report over everything finished."""
+    opts = opts or RunOptions()
+    arms = list(cfg.arms if arms is None else arms)
+    check_base(cfg)
+    shared = Shared(cfg)
+    quiet = [] if opts.verbose else [h for h in logging.getLogger().handlers if not isinstance(h, logging.FileHandler)]
+    for h in quiet:
+        h.addFilter(_QUIET)
+    try:
+        return _run_arms(cfg, arms, shared, opts, report)
+    finally:
+        for h in quiet:
+            h.removeFilter(_QUIET)
+
+
+_QUIET = _GridLines()
+
+
+def _run_arms(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptions, report: bool) -> dict:
+    t0, ran, skipped = time.time(), [], []
+    for k, arm in enumerate(arms):
+        info = _read_json(Path(cfg.out) / "arms" / arm.name / "arm.json") or {}
+        if info.get("status") == "done" and info.get("plan") == plan_key(cfg, arm):
+            log.info("ablate: [%d/%d] arm %s finished before; skipped", k + 1, len(arms), arm.name)
+            skipped.append(arm.name)
+            continue
+        log.info("ablate: [%d/%d] arm %s: %s", k + 1, len(arms), arm.name, describe(arm))
+        t = time.time()
+        state = run_arm(cfg, arm, shared, opts)
+        ran.append(state)
+        left = len(arms) - k - 1
+        mean = (time.time() - t0) / len(ran)
+        log.info("ablate: arm %s %s in %.1f min; %d arm(s) left, about %.0f min at this pace",
+                 arm.name, state["status"], (time.time() - t) / 60, left, left * mean / 60)
+    summary = {"ran": [s["name"] for s in ran], "failed": [s["name"] for s in ran if s["status"] != "done"],
+               "skipped": skipped, "wall_s": round(time.time() - t0, 1)}
+    if report:
+        from .ablate_report import write_report
+        summary["report"] = str(write_report(cfg, opts.command))
+    return summary
+
+
+# ---- the paper note's minimal implementation test --------------------------------------------------
+def contract_test(model: str | Path | None = None, seed: int = 0) -> dict:
+    """Does right-hand context change a left token's state (it must, bidirectionally), and does a
+    causal mask change the contract (left states independent of the right; same tensor shapes)?
+
+    With `model`, its encoder and tokenizer; without, a random 2-layer encoder on random ids. The
+    right-hand segment is replaced by other tokens of the same length, so every tensor keeps its shape."""
+    import torch
+
+    from .model import BertModel
+
+    g = torch.Generator().manual_seed(seed)
+    if model is not None:
+        from .checkpoint import load_model
+        from .tokenizer import Tokenizer
+        enc = load_model(model, head="encoder").eval()
+        tok = Tokenizer.from_dir(model)
+        e = tok.encode("the river bank was steep and muddy", "so we walked along the road to the town")
+        ids, types = torch.tensor([e.input_ids]), torch.tensor([e.token_type_ids])
+        special = {tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")}
+    else:
+        from .config import preset
+        torch.manual_seed(seed)
+        enc = BertModel(preset("tiny", vocab_size=1000, hidden_size=64, num_heads=2, intermediate_size=128)).eval()
+        from .model import init_weights
+        init_weights(enc, enc.config)
+        ids = torch.randint(5, 1000, (1, 16), generator=g)
+        types = torch.tensor([[0] * 8 + [1] * 8])
+        special = set()
+    right = (types[0] == 1).nonzero().flatten()
+    left = (types[0] == 0).nonzero().flatten()
+    other = ids.clone()
+    vocab = enc.config.vocab_size
+    for i in right.tolist()[:-1] if model is not None else right.tolist():   # keep the final [SEP]
+        new = int(torch.randint(0, vocab, (1,), generator=g))
+        while new in special or new == int(ids[0, i]):
+            new = int(torch.randint(0, vocab, (1,), generator=g))
+        other[0, i] = new
+    causal = BertModel(enc.config.replace(causal=True), add_pooler=enc.pooler is not None).eval()
+    causal.load_state_dict(enc.state_dict())
+    with torch.no_grad():
+        h, h2 = enc(ids, types), enc(other, types)
+        c, c2 = causal(ids, types), causal(other, types)
+    scale = float(h[0, left].abs().mean())
+    res = {"model": str(model) if model else "random 2-layer encoder", "tokens": ids.shape[1],
+           "left_tokens": len(left), "shape_bidirectional": list(h.shape), "shape_causal": list(c.shape),
+           "left_change_bidirectional": float((h - h2)[0, left].abs().max()),
+           "left_change_causal": float((c - c2)[0, left].abs().max()),
+           "right_change_causal": float((c - c2)[0, right].abs().max()),
+           "causal_vs_bidirectional_left": float((h - c)[0, left].abs().max()), "state_scale": scale}
+    tol = 1e-5 * max(scale, 1.0)
+    res["right_context_changes_left"] = res["left_change_bidirectional"] > 100 * tol
+    res["causal_left_unchanged"] = res["left_change_causal"] <= tol
+    res["causal_changes_contract"] = (res["causal_left_unchanged"] and res["shape_causal"] == res["shape_bidirectional"]
+                                      and res["causal_vs_bidirectional_left"] > 100 * tol)
+    res["passed"] = res["right_context_changes_left"] and res["causal_changes_contract"]
+    return res

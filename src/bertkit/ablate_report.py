@@ -1,0 +1,305 @@
+"""The ablation grid's statistics and report: OUT/results.jsonl, OUT/REPORT.md, OUT/plots/*.png.
+
+Reads only what the arms wrote (OUT/arms/NAME/arm.json and results.jsonl), so any machine sharing
+OUT can write it at any time (`bertkit ablate CONFIG --report-only`): finished arms are rows with
+numbers, failed ones a row with their one-line error, the others 'not run' (or 'running').
+
+Per arm and task: the mean and sample standard deviation of the dev metric over the fine-tuning
+seeds, and against the base arm the difference of means with the p-value of Welch's unequal-variance
+t-test (scipy's when installed, else `welch_t_test` here, exact to ~1e-12; the report says which).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .ablate import AblateConfig, _read_json, _write_rows, describe, plan_key
+
+log = logging.getLogger("bertkit")
+
+
+# ---- statistics -----------------------------------------------------------------------------------
+def mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    n = len(xs)
+    m = sum(xs) / n
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else float("nan"))
+
+
+def welch_t_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Welch's unequal-variance t-test: (t, degrees of freedom, two-sided p)."""
+    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    va, vb = sa * sa / len(a), sb * sb / len(b)
+    if va + vb == 0:
+        return (0.0, float("nan"), 1.0) if ma == mb else (math.copysign(math.inf, ma - mb), float("nan"), 0.0)
+    t = (ma - mb) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / ((va * va / (len(a) - 1) if va else 0) + (vb * vb / (len(b) - 1) if vb else 0))
+    return t, df, betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b) (continued fraction, Numerical Recipes 6.4)."""
+    if x <= 0 or x >= 1:
+        return 0.0 if x <= 0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - betainc(b, a, 1.0 - x)
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-14:
+            break
+    return front * f / a
+
+
+def compare(a: Sequence[float], base: Sequence[float]) -> tuple[float, float | None, str]:
+    """(difference of means, p-value or None, which test)."""
+    delta = mean_std(a)[0] - mean_std(base)[0]
+    if len(a) < 2 or len(base) < 2:
+        return delta, None, "none (fewer than 2 seeds)"
+    try:
+        import warnings
+        from scipy import stats
+        if mean_std(a)[1] == 0 and mean_std(base)[1] == 0:
+            raise ImportError  # scipy returns nan here; ours says what it means
+        with warnings.catch_warnings():            # "nearly identical data": the p-value is still right
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return delta, float(stats.ttest_ind(a, base, equal_var=False).pvalue), "Welch's t-test (scipy)"
+    except ImportError:
+        return delta, welch_t_test(a, base)[2], "Welch's t-test (bertkit.ablate.welch_t_test)"
+
+
+# ---- report -------------------------------------------------------------------------------------
+def collect(cfg: AblateConfig) -> tuple[list[dict], list[dict]]:
+    """(arm states in config order, result rows) from OUT/arms; arms never run get a 'not run' state."""
+    states, rows = [], []
+    for arm in cfg.arms:
+        d = Path(cfg.out) / "arms" / arm.name
+        st = _read_json(d / "arm.json") or {"name": arm.name, "status": "not run"}
+        st["setting"] = describe(arm)
+        if st.get("status") == "done" and st.get("plan") != plan_key(cfg, arm):
+            st["status"] = "stale"
+            st["error"] = "finished with other settings; rerun the grid to redo it"
+        states.append(st)
+        if st["status"] == "done" and (d / "results.jsonl").is_file():
+            rows += [json.loads(x) for x in (d / "results.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    return states, rows
+
+
+def write_report(cfg: AblateConfig, command: str = "") -> Path:
+    """OUT/results.jsonl, OUT/REPORT.md and OUT/plots/*.png over the finished arms."""
+    from .runlog import hardware
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    states, rows = collect(cfg)
+    failed_rows = [{"arm": s["name"], "setting": s["setting"], "status": s["status"], "error": s.get("error"),
+                    "stage": s.get("stage")} for s in states if s["status"] in ("failed", "interrupted")]
+    _write_rows(out / "results.jsonl", rows + failed_rows)
+    hw = hardware()
+    header = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": git_commit(), "cpu": hw.get("cpu"),
+              "gpu": hw.get("gpu"), "torch": hw.get("torch"), "threads": cfg.threads or hw.get("torch_threads")}
+    plots = write_plots(cfg, states, rows, out / "plots", header)
+    text = report_markdown(cfg, states, rows, header, command, plots)
+    tmp = out / f".REPORT.md.{os.getpid()}.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out / "REPORT.md")
+    log.info("ablate: report %s (%d of %d arms finished)", out / "REPORT.md",
+             sum(s["status"] == "done" for s in states), len(states))
+    return out / "REPORT.md"
+
+
+def git_commit() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if not sha:
+        from . import __version__
+        return f"bertkit {__version__} (not a git checkout)"
+    return sha + (" + uncommitted changes" if dirty else "")
+
+
+def summarize(cfg: AblateConfig, rows: list[dict]) -> tuple[dict, list[str]]:
+    """({(arm, task): {values, mean, std, n, metric, delta, p}}, the tests used): deltas against the base arm."""
+    cells: dict = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("value") is not None:
+            c = cells.setdefault((r["arm"], r["task"]), {"values": [], "metric": r["metric"]})
+            c["values"].append(float(r["value"]))
+    tests = set()
+    for (arm, task), c in cells.items():
+        c["n"] = len(c["values"])
+        c["mean"], c["std"] = mean_std(c["values"])
+        base = cells.get((cfg.base_arm, task))
+        if base and arm != cfg.base_arm:
+            c["delta"], c["p"], test = compare(c["values"], base["values"])
+            tests.add(test)
+    return cells, sorted(tests)
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _tokens(v: Any) -> str:
+    if not v:
+        return "0"
+    return f"{v / 1e6:.2f}M" if v >= 1e5 else f"{v / 1e3:.0f}k"
+
+
+def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], header: dict, command: str,
+                    plots: list[Path]) -> str:
+    cells, tests = summarize(cfg, rows)
+    tasks = list(cfg.tasks)
+    metric = {t: next((r["metric"] for r in rows if r["task"] == t), "metric") for t in tasks}
+    done = sum(s["status"] == "done" for s in states)
+    b = cfg.budget
+    match = (f"**training tokens**: {b.steps} updates x the global batch x the sequence length for every arm "
+             "(unless the arm changes it); wall time is recorded, not matched" if b.match == "tokens" else
+             f"**wall time**: {b.time} of pre-training per arm; the tokens each arm saw are recorded")
+    lines = [f"# Ablation grid: {Path(cfg.source).name}", "",
+             f"{header['date']} · commit {header['commit']} · CPU {header['cpu']}"
+             + (f" · GPU {header['gpu']}" if header.get("gpu") else "")
+             + f" · torch {header['torch']}, threads {header['threads']}", "",
+             f"Command: `{command or 'bertkit ablate ' + cfg.source}`", "",
+             f"{done} of {len(states)} arms finished. Budget matched by {match}. Same tokenizer "
+             f"({cfg.tokenizer}) and the same held-out documents ({cfg.eval_documents}) for every arm.", "",
+             "| arm | setting | pretrain tokens | pretrain wall | held-out MLM acc | "
+             + " | ".join(f"{t} {metric[t]} | Δ {t}" for t in tasks) + " | status |",
+             "|---|---|---:|---:|---:|" + "---:|---:|" * len(tasks) + "---|"]
+    machines = {s.get("cpu") for s in states if s.get("cpu")}
+    for s in states:
+        pre = s.get("pretrain") or {}
+        mlm = s.get("mlm")
+        acc = "n/a (causal)" if s["status"] == "done" and mlm is None else _fmt((mlm or {}).get("accuracy"))
+        wall = f"{pre['wall_s'] / 60:.1f} min" if pre.get("wall_s") else ("0" if pre else "—")
+        row = [s["name"], s["setting"].replace("|", "/"), _tokens(pre.get("tokens")) if pre else "—", wall, acc]
+        for t in tasks:
+            c = cells.get((s["name"], t))
+            if not c:
+                row += ["—", "—"]
+                continue
+            row.append(f"{c['mean']:.3f} ± {_fmt(c['std'])} ({c['n']})")
+            if s["name"] == cfg.base_arm:
+                row.append("base")
+            elif "delta" in c:
+                mark = " *" if c["p"] is not None and c["p"] < 0.05 else ""
+                row.append(f"{c['delta']:+.3f} (p {_fmt(c['p'], '.2f')}){mark}")
+            else:
+                row.append("—")
+        err = s.get("error") or ""
+        err = err if len(err) <= 160 else err[:157] + "..."
+        status = s["status"] if s["status"] in ("done", "not run") else f"{s['status']}: {err}"
+        if s["status"] == "running":
+            status = f"running on {s.get('host')} since {s.get('started')}"
+        if s["status"] == "failed" and s.get("stage"):
+            status += f" (at {s['stage']})"
+        row.append(status.replace("|", "/"))
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "How to read it:", "",
+              f"- Each task cell: dev {', '.join(f'{t} {metric[t]}' for t in tasks)} after the last fine-tuning "
+              "epoch (no checkpoint chosen on dev), mean ± sample standard deviation over the seeds (n).",
+              f"- Δ: difference of means against the base arm `{cfg.base_arm}`; p from "
+              f"{', '.join(tests) or 'Welch’s t-test'}; * = p < 0.05, the difference is larger than "
+              f"seed noise. With {len(cfg.seeds)} seeds only large effects are detectable: no * means "
+              "'within seed noise', not 'no effect'.",
+              "- Held-out MLM acc: one protocol for every arm (token masking, 15% of tokens, 80/10/10, the same "
+              "positions), on documents no arm trained on; n/a for a left-to-right model (no MLM objective).",
+              "- Pretrain tokens: real (non-padding) tokens the arm's pre-training saw; wall: its pre-training time.",
+              ""]
+    lines += _variance_section(cfg, cells, tasks, metric)
+    if len(machines) > 1:
+        lines += ["", f"Arms ran on {len(machines)} machines: {', '.join(sorted(machines))} (wall times differ "
+                  "by machine)."]
+    lines += ["", "Each arm's run cards: `arms/NAME/pretrain/run_card.md` and "
+              "`arms/NAME/finetune/TASK/seedS/run_card.md`; all rows: `results.jsonl`."]
+    lines += [""] + [f"![{p.stem}](plots/{p.name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _variance_section(cfg: AblateConfig, cells: dict, tasks: list[str], metric: dict) -> list[str]:
+    """Fine-tuning variance (the paper note's failure mode 6): the base arm's seeds, and the spread."""
+    out = ["## Fine-tuning variance", "",
+           "| task | base arm's seeds | base std | median std over arms | largest max−min (arm) |",
+           "|---|---|---:|---:|---|"]
+    for t in tasks:
+        base = cells.get((cfg.base_arm, t))
+        per = [(a, c) for (a, tt), c in cells.items() if tt == t]
+        if not per:
+            continue
+        stds = sorted(c["std"] for _, c in per if not math.isnan(c["std"]))
+        arm, widest = max(per, key=lambda ac: max(ac[1]["values"]) - min(ac[1]["values"]))
+        out.append(f"| {t} {metric[t]} | {', '.join(f'{v:.3f}' for v in base['values']) if base else '—'} | "
+                   f"{_fmt(base['std']) if base else '—'} | {_fmt(stds[len(stds) // 2] if stds else None)} | "
+                   f"{max(widest['values']) - min(widest['values']):.3f} ({arm}) |")
+    return out
+
+
+def write_plots(cfg: AblateConfig, states: list[dict], rows: list[dict], d: Path, header: dict) -> list[Path]:
+    """Bar charts: each task's mean with a ±std bar and the seeds as dots; held-out MLM accuracy per arm."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("ablate: matplotlib is not installed: no plots (pip install 'bertkit[plot]')")
+        return []
+    cells, _ = summarize(cfg, rows)
+    d.mkdir(parents=True, exist_ok=True)
+    stamp = f"{header['date']} · {header['commit']} · {header['cpu']}"
+    names = [s["name"] for s in states]
+    colors = ["tab:orange" if n == cfg.base_arm else "tab:blue" for n in names]
+    tasks = list(cfg.tasks)
+    fig, axes = plt.subplots(len(tasks), 1, figsize=(max(8, 0.45 * len(names) + 2), 3.2 * len(tasks)), squeeze=False)
+    for ax, t in zip(axes[:, 0], tasks):
+        means = [cells[(n, t)]["mean"] if (n, t) in cells else float("nan") for n in names]
+        stds = [cells[(n, t)]["std"] if (n, t) in cells else 0.0 for n in names]
+        ax.bar(range(len(names)), means, yerr=stds, color=colors, capsize=3, alpha=0.8)
+        for i, n in enumerate(names):
+            vals = cells.get((n, t), {}).get("values", [])
+            ax.plot([i] * len(vals), vals, "k.", ms=4)
+        if (cfg.base_arm, t) in cells:
+            ax.axhline(cells[(cfg.base_arm, t)]["mean"], color="tab:orange", ls="--", lw=1)
+        metric = next((r["metric"] for r in rows if r["task"] == t), "")
+        ax.set_ylabel(f"{t} dev {metric}")
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        seen = [v for n in names for v in cells.get((n, t), {}).get("values", [])]
+        if seen:
+            ax.set_ylim(max(0.0, min(seen) - 0.05), min(1.0, max(seen) + 0.05))
+        for i, s in enumerate(states):
+            if (s["name"], t) not in cells:
+                ax.text(i, ax.get_ylim()[0], f" {s['status']}", rotation=90, va="bottom", ha="center", fontsize=7)
+    fig.suptitle(f"fine-tuning, mean ± std over {len(cfg.seeds)} seeds (dots: seeds)\n{stamp}", fontsize=9)
+    fig.tight_layout()
+    paths = [d / "downstream.png"]
+    fig.savefig(paths[0], dpi=100)
+    plt.close(fig)
+    accs = [(s.get("mlm") or {}).get("accuracy") for s in states]
+    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(names) + 2), 3.6))
+    ax.bar(range(len(names)), [a if a is not None else float("nan") for a in accs], color=colors)
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("held-out MLM accuracy")
+    ax.set_title(f"held-out MLM accuracy (token 15%, 80/10/10, same positions)\n{stamp}", fontsize=9)
+    fig.tight_layout()
+    paths.append(d / "mlm_accuracy.png")
+    fig.savefig(paths[1], dpi=100)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,228 @@
+"""`bertkit ablate`: a micro grid end to end (tiny model, a few updates, tiny synthetic task files),
+resuming, failing arms as rows, sharding, the statistics and the paper note's contract test."""
+from __future__ import annotations
+
+import json
+import math
+import random
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from bertkit import ablate
+from bertkit.ablate_report import betainc, compare, mean_std, welch_t_test, write_report
+from bertkit.errors import BertkitError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_tasks(root: Path) -> None:
+    """SST-2-style sentences whose label is carried by one word, and CoNLL-style tagged names."""
+    r = random.Random(0)
+    pos, neg = "good great fine lovely superb".split(), "bad awful poor terrible dull".split()
+    fill = "the movie was a story with some actors and it felt".split()
+
+    def sentence(label: int) -> str:
+        words = [r.choice(fill) for _ in range(r.randint(3, 8))]
+        words.insert(r.randrange(len(words) + 1), r.choice(pos if label else neg))
+        return " ".join(words)
+
+    (root / "sst").mkdir(parents=True)
+    for name, n in (("train.tsv", 48), ("dev.tsv", 24)):
+        rows = ["sentence\tlabel"] + [f"{sentence(lab)}\t{lab}" for lab in (i % 2 for i in range(n))]
+        (root / "sst" / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    tags = {"john": "B-PER", "mary": "B-PER", "paris": "B-LOC", "london": "B-LOC"}
+    (root / "ner").mkdir(parents=True)
+    for name, n in (("train.txt", 32), ("valid.txt", 16)):
+        lines = []
+        for _ in range(n):
+            words = [r.choice(fill) for _ in range(r.randint(3, 6))]
+            words.insert(r.randrange(len(words) + 1), r.choice(list(tags)))
+            lines += [f"{w} NN O {tags.get(w, 'O')}" for w in words] + [""]
+        (root / "ner" / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+MICRO = """\
+# a micro grid: seconds, not minutes
+out: {out}
+data_dir: {data}
+corpus: [{corpus}]
+eval_documents: 6
+tokenizer: {{vocab_size: 500}}
+prepare: {{max_seq_length: 48}}
+pretrain:
+  model: {{preset: tiny, num_layers: 1, hidden_size: 32, num_heads: 2, intermediate_size: 64}}
+  train: {{batch_size: 8, log_every: 1, eval_every: 0, checkpoint_every: 0}}
+  data: {{eval_instances: 16}}
+  optim: {{lr: 1.0e-3}}
+finetune: {{max_length: 32, batch_size: 8, epochs: 1, lr: 1.0e-3}}
+tasks:
+  sst2: {{data: sst}}
+  conll2003: {{data: ner}}
+seeds: [0, 1]
+budget: {{match: tokens, steps: 3}}
+mlm_eval_instances: 16
+threads: 1
+arms:
+  - {{name: base, setting: "the base recipe"}}
+  - {{name: no_pretraining, pretrained: false}}
+  - {{name: bad, pretrain: {{train: {{no_such_key: 1}}}}}}
+  - {{name: later, pretrain: {{train: {{nsp: false}}}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("ablate")
+    write_tasks(root / "data")
+    corpus = Path(str(resources.files("bertkit") / "sample" / "inaugural.txt.gz"))
+    path = root / "micro.yaml"
+    path.write_text(MICRO.format(out=root / "out", data=root / "data", corpus=corpus), encoding="utf-8")
+    cfg = ablate.load_ablate_config(path)
+    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base", "no_pretraining", "bad"]))
+    return path, summary
+
+
+def rows_of(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines() if x]
+
+
+def test_micro_grid_end_to_end(grid):
+    path, summary = grid
+    out = path.parent / "out"
+    assert summary["ran"] == ["base", "no_pretraining", "bad"] and summary["failed"] == ["bad"]
+    rows = rows_of(out)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert sorted({(r["arm"], r["task"], r["seed"]) for r in ok}) == sorted(
+        (a, t, s) for a in ("base", "no_pretraining") for t in ("sst2", "conll2003") for s in (0, 1))
+    assert all(0.0 <= r["value"] <= 1.0 for r in ok)
+    assert {r["metric"] for r in ok if r["task"] == "sst2"} == {"accuracy"}
+    base = json.loads((out / "arms" / "base" / "arm.json").read_text())
+    assert base["status"] == "done" and base["pretrain"]["updates"] == 3 and base["pretrain"]["tokens"] > 0
+    assert 0.0 <= base["mlm"]["accuracy"] <= 1.0 and base["mlm"]["instances"] == 16
+    assert (out / "arms" / "base" / "pretrain" / "run_card.md").is_file()
+    assert (out / "arms" / "base" / "finetune" / "sst2" / "seed1" / "run_card.md").is_file()
+    assert not list((out / "arms" / "base" / "finetune").rglob("*.safetensors"))   # keep_models: false
+    nopre = json.loads((out / "arms" / "no_pretraining" / "arm.json").read_text())
+    assert nopre["init"] == "random" and nopre["pretrain"]["tokens"] == 0
+    assert not (out / "arms" / "no_pretraining" / "pretrain").exists()
+    # the bad arm is a row with its one-line error, and the arms after it still ran
+    bad = [r for r in rows if r["arm"] == "bad"]
+    assert len(bad) == 1 and bad[0]["status"] == "failed" and "unknown key 'train.no_such_key'" in bad[0]["error"]
+    assert "\n" not in bad[0]["error"]
+    assert (out / "arms" / "bad" / "error.txt").is_file()
+    report = (out / "REPORT.md").read_text()
+    assert "| arm | setting | pretrain tokens | pretrain wall | held-out MLM acc | sst2 accuracy | Δ sst2 |" in report
+    lines = {ln.split(" | ")[0].strip("| "): ln for ln in report.splitlines() if ln.startswith("| ")}
+    assert "base" in lines["base"] and " ± " in lines["base"] and "| done |" in lines["base"]
+    assert "(p " in lines["no_pretraining"] and "failed: " in lines["bad"] and "not run" in lines["later"]
+    assert "commit " in report and "CPU " in report and "Welch" in report
+    assert (out / "plots" / "downstream.png").stat().st_size > 0 and (out / "plots" / "mlm_accuracy.png").is_file()
+    # the shared inputs were made once: one tokenizer, one prepared data set, a document-level split
+    assert len(list((out / "shared" / "data").iterdir())) == 1
+    split = json.loads((out / "shared" / "corpus" / "split.json").read_text())
+    held = (out / "shared" / "corpus" / "heldout.txt").read_text().split("\n\n")
+    train = (out / "shared" / "corpus" / "train.txt").read_text().split("\n\n")
+    assert split["heldout_documents"] == 6 and not {d.strip() for d in held} & {d.strip() for d in train}
+
+
+def test_rerun_skips_finished_arms_and_reuses_runs(grid):
+    path, _ = grid
+    out = path.parent / "out"
+    card = out / "arms" / "base" / "pretrain" / "run_card.json"
+    before = card.stat().st_mtime_ns
+    cfg = ablate.load_ablate_config(path)
+    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base", "no_pretraining", "bad"]))
+    assert summary["skipped"] == ["base", "no_pretraining"] and summary["ran"] == ["bad"]
+    assert card.stat().st_mtime_ns == before
+    # a third seed changes the plan: the arm runs again, but only the new fine-tuning runs are new
+    cfg.seeds = [0, 1, 2]
+    seed0 = out / "arms" / "base" / "finetune" / "sst2" / "seed0" / "metrics.json"
+    t0 = seed0.stat().st_mtime_ns
+    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base"]))
+    assert summary["ran"] == ["base"] and card.stat().st_mtime_ns == before and seed0.stat().st_mtime_ns == t0
+    assert {r["seed"] for r in rows_of(out) if r["arm"] == "base"} == {0, 1, 2}
+    # and a finished arm whose pre-training settings changed is refused, not mixed
+    cfg.pretrain["optim"]["lr"] = 5e-4
+    state = ablate.run_arm(cfg, cfg.arms[0], ablate.Shared(cfg), ablate.RunOptions())
+    assert state["status"] == "failed" and "pre-trained with other settings" in state["error"]
+
+
+def test_shards_split_arms_disjointly():
+    cfg = ablate.AblateConfig(tasks={"sst2": {}}, source="grid.yaml",
+                              arms=[ablate.Arm(n) for n in ("base", "a", "b", "c", "d")]
+                              + [ablate.Arm("probe", model_from="base"), ablate.Arm("probe2", model_from="probe")])
+    ablate._check_grid(cfg)
+    for n in (1, 2, 3, 7):
+        shards = [[a.name for a in ablate.select_arms(cfg, shard=f"{i}/{n}")] for i in range(n)]
+        names = [x for s in shards for x in s]
+        assert sorted(names) == sorted(a.name for a in cfg.arms) and len(names) == len(set(names))
+        assert any({"base", "probe", "probe2"} <= set(s) for s in shards)      # a model's users go with it
+    assert [a.name for a in ablate.select_arms(cfg, ["c", "a"])] == ["a", "c"]
+    with pytest.raises(BertkitError, match="unknown arm 'bsae'.*did you mean 'base'"):
+        ablate.select_arms(cfg, ["bsae"])
+    with pytest.raises(BertkitError, match="--shard"):
+        ablate.select_arms(cfg, shard="2/2")
+
+
+def test_config_mistakes(tmp_path):
+    p = tmp_path / "g.yaml"
+    p.write_text("tasks: {sst2: {}}\narms: [{name: base}]\nseedz: [1, 2]\n")
+    with pytest.raises(BertkitError, match="unknown key 'seedz'; did you mean 'seeds'"):
+        ablate.load_ablate_config(p)
+    p.write_text("tasks: {sst2: {}}\narms: [{name: base}, {name: p, model_from: q}]\n")
+    with pytest.raises(BertkitError, match="model_from 'q' must name an earlier arm"):
+        ablate.load_ablate_config(p)
+    p.write_text("tasks: {sst2: {}}\narms: [{name: x}]\n")
+    with pytest.raises(BertkitError, match="base_arm 'base'"):
+        ablate.load_ablate_config(p)
+    p.write_text("tasks: {sst2: {}}\npretrain: {train: {max_stepz: 3}}\narms: [{name: base}]\n")
+    with pytest.raises(BertkitError, match="base settings do not resolve.*max_stepz"):
+        ablate.check_base(ablate.load_ablate_config(p))
+    p.write_text("tasks: {sst2: {}}\narms: [{name: base}, {name: odd, pretrian: {}}, "
+                 "{name: worse, finetune: {lr: fast}}]\n")
+    rows = ablate.dry_run(ablate.load_ablate_config(p), ablate.load_ablate_config(p).arms)
+    assert [r["status"] for r in rows] == ["ok", "would fail", "would fail"]
+    assert "did you mean 'pretrain'" in rows[1]["error"] and "lr" in rows[2]["error"]
+
+
+# ---- statistics --------------------------------------------------------------------------------
+def test_welch_t_test_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    r = random.Random(1)
+    for _ in range(20):
+        a = [r.gauss(0.8, 0.02) for _ in range(r.randint(2, 6))]
+        b = [r.gauss(0.8 + r.choice([0, 0.01, 0.05]), r.uniform(0.001, 0.05)) for _ in range(r.randint(2, 6))]
+        t, df, p = welch_t_test(a, b)
+        ref = stats.ttest_ind(a, b, equal_var=False)
+        assert t == pytest.approx(ref.statistic, rel=1e-9) and p == pytest.approx(ref.pvalue, rel=1e-7, abs=1e-12)
+    assert welch_t_test([0.5, 0.5], [0.5, 0.5])[2] == 1.0 and welch_t_test([0.6, 0.6], [0.5, 0.5])[2] == 0.0
+    assert betainc(2.0, 3.0, 0.0) == 0.0 and betainc(2.0, 3.0, 1.0) == 1.0
+    assert betainc(1.0, 1.0, 0.3) == pytest.approx(0.3, abs=1e-12)        # I_x(1, 1) = x
+    delta, p, test = compare([0.9, 0.91, 0.92], [0.7, 0.71, 0.72])
+    assert delta == pytest.approx(0.2) and p < 0.001 and "Welch" in test
+    assert mean_std([0.5, 0.7]) == pytest.approx((0.6, math.sqrt(0.02))) and math.isnan(mean_std([0.5])[1])
+
+
+def test_report_only_on_an_empty_grid(tmp_path):
+    cfg = ablate.AblateConfig(out=str(tmp_path / "o"), tasks={"sst2": {}}, source="g.yaml",
+                              arms=[ablate.Arm("base"), ablate.Arm("x")])
+    text = write_report(cfg).read_text()
+    assert "0 of 2 arms finished" in text and text.count("not run") == 2
+
+
+# ---- the paper note's minimal implementation test -----------------------------------------------
+def test_contract_test_random_encoder_and_cli(capsys):
+    r = ablate.contract_test()
+    assert r["passed"] and r["left_change_causal"] <= 1e-5 < r["left_change_bidirectional"]
+    assert r["shape_causal"] == r["shape_bidirectional"] and r["right_change_causal"] > 1e-3
+    from bertkit.cli import main
+    assert main(["ablate", "--contract-test"]) == 0
+    assert "passed" in capsys.readouterr().out
+
+
+def test_contract_test_on_a_checkpoint(grid):
+    path, _ = grid
+    r = ablate.contract_test(path.parent / "out" / "arms" / "base" / "pretrain" / "final")
+    assert r["passed"] and r["tokens"] > r["left_tokens"] > 2
