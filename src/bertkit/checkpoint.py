@@ -104,26 +104,60 @@ def _hf_name(name: str, bare: bool) -> str:
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors of a checkpoint folder: model.safetensors (or shards), else pytorch_model.bin (weights only)."""
+    """Tensors of a checkpoint folder: model.safetensors (or shards), else pytorch_model.bin.
+
+    pytorch_model.bin is a pickle: it goes through torch's weights-only unpickler, which builds
+    tensors and plain containers and refuses anything else (a pickle can name code to run)."""
     st = path / "model.safetensors"
     index = path / "model.safetensors.index.json"
     binf = path / "pytorch_model.bin"
-    try:
-        if st.is_file():
-            from safetensors.torch import load_file
-            return load_file(str(st))
-        if index.is_file():
-            from safetensors.torch import load_file
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            sd: dict[str, torch.Tensor] = {}
-            for f in files:
-                sd.update(load_file(str(path / f)))
-            return sd
-        if binf.is_file():
-            return torch.load(str(binf), map_location="cpu", weights_only=True)
-    except Exception as e:  # corrupt file, pickle with code, ...
-        raise CheckpointError(f"{path}: cannot read weights ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    if st.is_file():
+        return _read_safetensors(st)
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted(set(weight_map.values()))
+            if not all(isinstance(f, str) and f.endswith(".safetensors") and "/" not in f and "\\" not in f
+                       for f in files):
+                raise ValueError("weight_map must map names to .safetensors files in this folder")
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({type(e).__name__}: "
+                                  f"{_first_line(e)})") from None
+        sd: dict[str, torch.Tensor] = {}
+        for f in files:
+            if not (path / f).is_file():
+                raise CheckpointError(f"{index}: names {f}, which is not in {path}")
+            sd.update(_read_safetensors(path / f))
+        return sd
+    if binf.is_file():
+        import pickle
+
+        try:
+            sd = torch.load(str(binf), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise CheckpointError(f"{binf}: refused: this pickle holds objects other than tensors (it could run "
+                                  "code) or is corrupt; convert trusted weights to model.safetensors") from None
+        except Exception as e:  # not a zip / pickle at all, truncated, ...
+            raise CheckpointError(f"{binf}: cannot read weights ({type(e).__name__}: {_first_line(e)})") from None
+        if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                               for k, v in sd.items()):
+            raise CheckpointError(f"{binf}: not a state dict of named tensors")
+        return sd
     raise CheckpointError(f"{path}: no model.safetensors or pytorch_model.bin (not a checkpoint folder)")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def _read_safetensors(f: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(f))
+    except Exception as e:  # not a safetensors file, truncated, unknown dtype, ...
+        raise CheckpointError(f"{f}: cannot read weights ({type(e).__name__}: {_first_line(e)})") from None
 
 
 def read_config(path: Path) -> tuple[BertConfig, dict[str, Any]]:
