@@ -56,9 +56,9 @@ class DataSection:
     eval_instances: int = 256
     """Held-out instances used for periodic evaluation, evenly spread over the held-out set (0 = none)."""
     max_eval_overlap: float = 0.5
-    """Refuse to train when more than this share of the held-out set's 12-grams of token ids also
-    occur in the training data (the paper note's "mask leakage"); above 0.05 a warning. The
-    measured share is in the run card."""
+    """Refuse a held-out set (split or eval_path) when more than this share of its 12-grams of token
+    ids also occur in the training data (the paper note's "mask leakage"); above 0.05 a warning.
+    The measured share is in the run card (and, for the fallback on training instances, warned)."""
     # Masking. None = exactly as `bertkit prepare` recorded it (--masked-lm-prob, --whole-word,
     # --span, --max-predictions-per-seq, the 80/10/10 fractions); a value overrides the prepared one
     # (dynamic masking only: static data carries its masks) and the run card lists the override.

@@ -59,6 +59,7 @@ class Phase:
     batch_size: int
     grad_accum: int
     max_len: int = 0
+    held_out: Any = None         # data.heldout.HeldOut: what evaluation uses (first phase), measured against training
 
 
 @dataclass
@@ -215,6 +216,7 @@ def _precision(name: str, device: torch.device) -> torch.dtype:
 
 def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
     from .data.masking import Collator
+    from .data.heldout import choose_held_out
     from .data.pretraining import open_dataset
 
     tc, dc = cfg.train, cfg.data
@@ -226,9 +228,9 @@ def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
     if tc.nsp and not first.meta.get("nsp", True):
         log.warning("%s was prepared without NSP pairs: training MLM only (train.nsp=false)", dc.path)
         tc.nsp = False
-    n_eval = 0 if dc.eval_path else min(dc.eval_instances, len(first) // 10)
-    phases = [Phase("short", dc.path, first, None, np.arange(len(first) - n_eval), tc.batch_size, tc.grad_accum,
-                    int(first.meta.get("max_seq_length", 0)))]
+    held = choose_held_out(first, dc.eval_path, dc.eval_instances)
+    phases = [Phase("short", dc.path, first, None, np.arange(held.train_stop), tc.batch_size, tc.grad_accum,
+                    int(first.meta.get("max_seq_length", 0)), held)]
     if dc.long_path:
         long = open_dataset(dc.long_path)
         if long.tokenizer().fingerprint() != tokenizer.fingerprint():
@@ -246,9 +248,36 @@ def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
             raise RunConfigError(f"{ph.path}: {len(ph.indices)} training instances, fewer than one global batch "
                                  f"({G}); lower train.batch_size or prepare more data")
     return phases, tokenizer
+    _check_held_out(held, phases, dc.max_eval_overlap)
 
 
 def _masking(ph: Phase, overrides: dict, long: bool):
+def _check_held_out(held, phases: list[Phase], limit: float) -> None:
+    """Measure how much of the held-out text the training data holds ("mask leakage"): a held-out
+    set over `data.max_eval_overlap` is refused, over 5% warned about; data prepared without a
+    held-out split falls back on its last instances with a loud warning (and the figure)."""
+    from .data.heldout import WARN_OVERLAP, ngram_overlap
+
+    held.report.update(ngram_overlap(held, [(p.data, len(p.data) if i else held.train_stop)
+                                            for i, p in enumerate(phases)]))
+    share, src = held.report.get("overlap"), held.report.get("path")
+    if share is None:
+        return
+    said = f"{share:.1%} of the held-out set's 12-grams also occur in the training data"
+    if held.source == "last_instances":
+        log.warning("NO HELD-OUT DOCUMENTS: %s was prepared without an evaluation split, so evaluation uses its last "
+                    "%d instances, which share documents with training: %s (mask leakage). Prepare again (it holds "
+                    "out 1%% of the documents by default) or set data.eval_path", src, len(held.indices), said)
+    elif share > limit:
+        raise RunConfigError(f"held-out set {src} ({held.source}): {said} (mask leakage: the evaluation would "
+                             "reward memorised text). Hold out other documents (bertkit prepare --eval-fraction F) "
+                             f"or set data.eval_path; data.max_eval_overlap={limit} is the limit (1 accepts it)")
+    elif share > WARN_OVERLAP:
+        log.warning("held-out set %s: %s (mask leakage: held-out scores will be optimistic)", src, said)
+    else:
+        log.info("held-out set %s (%s, %d instances): %s", src, held.source, len(held.indices), said)
+
+
     """Exactly the masking `prepare` recorded for the phase's data, with the config's data.* keys
     over it (dynamic masking only: static data carries its masks, so an override is an error)."""
     from .data.masking import MaskingConfig, MaskingError, with_overrides
@@ -445,20 +474,13 @@ def _maybe_switch_phase(run: dict) -> None:
 
 # ---- evaluation ----------------------------------------------------------------------------------
 def _eval_batches(cfg: PretrainConfig, phase: Phase, world: D.World) -> list[dict]:
-    """The held-out slice, masked once (seed + 1, epoch 0) and split across ranks."""
-    from .data.pretraining import open_dataset
-
-    dc = cfg.data
-    if dc.eval_path:
-        data = open_dataset(dc.eval_path)
-        idx = np.arange(min(len(data), dc.eval_instances or len(data)))
-    else:
-        data, idx = phase.data, np.arange(len(phase.indices), len(phase.data))
-    if not len(idx):
-        return []
+    """The held-out set (`phase.held_out`), masked once (seed + 1, epoch 0) as training masks, split across ranks."""
     from .data.masking import Collator
 
     collator = Collator(data, phase.collator.cfg, seed=cfg.train.seed + 1)
+    data, idx = phase.held_out.data, phase.held_out.indices
+    if data is None or not len(idx):
+        return []
     mine = idx[world.rank::world.world_size]
     B = cfg.train.batch_size
     return [collator([data[int(i)] for i in mine[s:s + B]], epoch=0) for s in range(0, len(mine), B)]
@@ -587,7 +609,7 @@ def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None,
         "tokens_per_s": st.tokens / max(st.elapsed, 1e-9), "train_flops": st.flops,
         "achieved_flops_per_s": achieved, "gemm_peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,
         "stop_reason": stop_reason, "data": [p.path for p in ph], "seed": cfg.train.seed,
-        "masking": _masking_card(ph),
+        "masking": _masking_card(ph), "held_out": ph[0].held_out.report,
         "final_eval": final_eval, "final_train": metrics[-1] if metrics else None,
         "hardware": hardware(), "config": to_dict(cfg),
         "flop_model": "per step 3 x (2 x matmul weights x tokens + 4 T^2 C L per sequence + MLM head on masked "

@@ -104,6 +104,10 @@ def setup_prepare(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--span", action="store_true", help="span masking (SpanBERT)")
     p.add_argument("--mask-token-fraction", type=float, default=0.8)
     p.add_argument("--random-token-fraction", type=float, default=0.1)
+    p.add_argument("--eval-fraction", type=float, default=0.01,
+                   help="share of the documents held out for evaluation, written to OUT/eval/ (chosen by a hash of "
+                   "seed and text, before any instance is built; at least 2 when the input has 20 or more; 0 = none)")
+    p.add_argument("--eval-documents", type=int, default=None, help="hold out exactly N documents instead")
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--workers", type=int, default=1, help="processes (output is identical for any number)")
     p.add_argument("--num-shards", type=int, default=1, help="split the corpus over N machines ...")
@@ -156,7 +160,8 @@ def run_prepare(args) -> int:
     cfg = PrepareConfig(max_seq_length=args.max_seq_length, nsp=args.nsp, short_seq_prob=args.short_seq_prob,
                         lone_segment=args.lone_segment, masking=args.masking, dupe_factor=args.dupe_factor,
                         masking_config=masking_from_args(args), seed=args.seed, chunk_mb=args.chunk_mb,
-                        sentence_split=args.sentence_split, strict=args.strict)
+                        sentence_split=args.sentence_split, strict=args.strict, eval_fraction=args.eval_fraction,
+                        eval_documents=args.eval_documents)
     if args.workers < 1:
         raise BertkitError(f"--workers {args.workers}: expected >= 1")
     command = command_line(args)
@@ -222,9 +227,23 @@ def run_data_stats(args) -> int:
           f"{m['at_cap_fraction']:.1%} at the cap of {m['config']['max_predictions']}); of those "
           f"{m['mask_fraction']:.1%} [MASK], {m['keep_fraction']:.1%} kept, {m['random_fraction']:.1%} random")
     print("length histogram: " + ", ".join(f"{k}: {v}" for k, v in s["length_histogram"].items() if v))
+    print(_held_out_line(s["held_out"]))
     if s["malformed"]:
         print(f"WARNING: {s['malformed']} malformed instances")
     return 0
+
+
+def _held_out_line(h: dict) -> str:
+    if h.get("overlap") is None:
+        return f"held-out: {h.get('source', 'none')}"
+    seen = (f"{h['overlap']:.2%} of its 12-grams occur in training ({h['eval_instances']} instances measured "
+            f"against {h['train_tokens_scanned'] / 1e6:.2f} M of {h['train_tokens'] / 1e6:.2f} M training tokens)")
+    if h["source"] == "split":
+        sp = h["split"]
+        return (f"held-out split: {sp['documents']:,} of {sp['of_documents']:,} documents ({sp['fraction']:.1%}), "
+                f"{sp['instances']:,} instances in {h['path']}; {seen}")
+    return (f"held-out: NONE - prepared without a split, so pretrain would evaluate on the last "
+            f"{h['instances']} instances; {seen}: mask leakage (prepare again to hold documents out)")
 
 
 def run_data_show(args) -> int:

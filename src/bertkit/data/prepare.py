@@ -1,17 +1,26 @@
 """`bertkit prepare`: raw text -> sharded pre-training instances, streaming, in parallel, resumable.
 
-The main process reads the inputs in order and cuts them into chunks of whole documents
-(`text.chunk_documents`: >= chunk_mb of text and >= 2 documents). Chunk C becomes shard C; a
-worker tokenizes it (Rust, batched), builds the instances (`instances.py`: Google's NSP builder or
-FULL-SENTENCES packing), masks them when masking is static, shuffles them and writes the shard
-atomically. Everything random in chunk C comes from generators seeded by (seed, C) (`random.Random` for the
-builder as Google, `np.random.default_rng([seed, C])` for static masks), and the
-random-next document pool is the chunk's own documents, so the output is byte-identical for any
---workers, memory is bounded by a few chunks in flight (never by the corpus), and a cluster can
-split one corpus with --num-shards N --shard-index I (machine I does the chunks C = I mod N).
+Held-out documents first: a quick pass over the input (reading only) gives every document a key,
+blake2b(seed, text); the documents with the smallest keys (--eval-fraction of them, default 1%,
+or exactly --eval-documents) form the evaluation split, written to OUT/eval/ as a prepared folder
+of its own. No instance ever mixes the two sides, so held-out text is never trained on (only
+text that also occurs in other documents can overlap; `data stats` and `pretrain` measure it).
 
-Resume: a shard whose shard.json carries the same configuration hash and the same input-chunk
-hash is kept; anything else is rewritten. Data made with another tokenizer is refused.
+The main process then reads the inputs in order, sends each document to its side and cuts each
+side into chunks of whole documents (`text.Chunker`: >= chunk_mb of text and >= 2 documents).
+Chunk C becomes shard C; a worker tokenizes it (Rust, batched), builds the instances
+(`instances.py`: Google's NSP builder or FULL-SENTENCES packing), masks them when masking is
+static, shuffles them and writes the shard atomically. Everything random in chunk C comes from
+generators seeded by (seed, C) (`random.Random` for the builder as Google,
+`np.random.default_rng([seed, C])` for static masks; the held-out chunks have their own), and
+the random-next document pool is the chunk's own documents, so the output is byte-identical for
+any --workers, memory is bounded by a few chunks in flight (never by the corpus), and a cluster
+can split one corpus with --num-shards N --shard-index I (machine I does the chunks C = I mod N).
+
+Resume: a shard whose shard.json carries the same configuration, tokenizer and input-chunk
+hashes is kept; anything else is rewritten. Data made with another tokenizer is refused. The
+meta file is the completion mark: a rerun deletes it first and writes it last, so an
+interrupted run is visibly incomplete (readers refuse it) until the same command finishes it.
 """
 from __future__ import annotations
 
@@ -27,8 +36,10 @@ import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from array import array
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -36,7 +47,7 @@ from ..errors import BertkitError
 from .instances import BuildCounts, Doc, nsp_instances, packed_instances
 from .masking import MaskingConfig, TokenInfo, mask_many
 from .pretraining import FORMAT_VERSION, read_shard_info, shard_name, write_shard
-from .text import TextCounts, chunk_documents, expand_inputs, read_documents
+from .text import Chunker, TextCounts, expand_inputs, read_documents
 
 log = logging.getLogger("bertkit")
 
@@ -68,6 +79,13 @@ class PrepareConfig:
     """Fail on invalid UTF-8 (file:line) instead of replacing and counting it."""
     max_line_bytes: int = 65536
     """Longer lines are cut at a space into several sentences (counted)."""
+    eval_fraction: float = 0.01
+    """Share of the documents held out as the evaluation split (OUT/eval/, a prepared folder of
+    its own), chosen before any instance is built: the documents with the smallest keys
+    blake2b(seed, text), so the choice is deterministic and an exact duplicate of a held-out
+    document is held out with it. At least 2 documents when the input has 20 or more; none below."""
+    eval_documents: int | None = None
+    """Hold out exactly this many documents instead (0 = no evaluation split)."""
 
     def __post_init__(self):
         if isinstance(self.masking_config, dict):
@@ -86,6 +104,16 @@ class PrepareConfig:
             raise BertkitError(f"--lone-segment {self.lone_segment!r}: expected next or random")
         if self.chunk_mb <= 0:
             raise BertkitError("--chunk-mb must be > 0")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise BertkitError(f"--eval-fraction {self.eval_fraction}: expected 0 <= F < 1")
+        if self.eval_documents is not None and self.eval_documents < 0:
+            raise BertkitError(f"--eval-documents {self.eval_documents}: expected >= 0")
+        if self.nsp and self.eval_documents == 1:
+            raise BertkitError("--eval-documents 1: NSP pairs need at least 2 held-out documents (or use --no-nsp)")
+
+    @property
+    def eval_requested(self) -> bool:
+        return self.eval_documents != 0 and (self.eval_documents is not None or self.eval_fraction > 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,13 +126,19 @@ class PrepareConfig:
 class _Job:
     """What a worker needs (sent once per worker)."""
     cfg: PrepareConfig
+    eval_cfg: PrepareConfig                # the held-out split: one pass (dupe factor 1), no split of its own
     tokenizer_json: str
     info: TokenInfo
     out: str
-    config_hash: str
     tokenizer_hash: str
     token_dtype: str
     lowercase: bool
+
+    def split_cfg(self, split: str) -> PrepareConfig:
+        return self.eval_cfg if split == "eval" else self.cfg
+
+    def folder(self, split: str) -> Path:
+        return Path(self.out) / EVAL_DIR if split == "eval" else Path(self.out)
 
 
 _JOB: _Job | None = None
@@ -160,11 +194,13 @@ def tokenize_documents(docs: list[list[str]], encoder) -> list[Doc]:
     return out
 
 
-def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder) -> tuple[dict, dict]:
+def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder, split: str = "train"
+                ) -> tuple[dict, dict]:
     """One chunk of documents -> (arrays of its shard, counts). Pure function of its inputs."""
-    cfg, info = job.cfg, job.info
-    rng = chunk_rng(cfg.seed, chunk_index)                 # the builder's draws, as Google's random.Random
-    mask_rng = np.random.default_rng([cfg.seed, chunk_index])
+    cfg, info = job.split_cfg(split), job.info
+    held = split == "eval"                                 # held-out chunks draw from their own generators
+    rng = chunk_rng(cfg.seed, f"eval-{chunk_index}" if held else chunk_index)   # as Google's random.Random
+    mask_rng = np.random.default_rng([cfg.seed, chunk_index, 1] if held else [cfg.seed, chunk_index])
     tok_docs = tokenize_documents(docs, encoder)
     counts = BuildCounts()
     instances = []
@@ -212,7 +248,7 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder) -> 
     return arrays, stats
 
 
-def chunk_rng(seed: int, chunk_index: int) -> random.Random:
+def chunk_rng(seed: int, chunk_index: int | str) -> random.Random:
     return random.Random(int.from_bytes(hashlib.sha256(f"{seed}:{chunk_index}".encode()).digest()[:8], "big"))
 
 
@@ -221,13 +257,76 @@ def chunk_hash(docs: list[list[str]]) -> str:
     return hashlib.sha1("\n\n".join("\n".join(d) for d in docs).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _run_chunk(chunk_index: int, docs: list[list[str]], digest: str) -> dict:
+def _run_chunk(split: str, chunk_index: int, docs: list[list[str]], digest: str) -> dict:
     job = _JOB
-    arrays, stats = build_chunk(chunk_index, docs, job, _BACKEND)
-    info = {"chunk": chunk_index, "chunk_hash": digest, "config_hash": job.config_hash,
+    arrays, stats = build_chunk(chunk_index, docs, job, _BACKEND, split)
+    info = {"chunk": chunk_index, "chunk_hash": digest, "config_hash": job.split_cfg(split).hash(),
             "tokenizer_hash": job.tokenizer_hash, **stats}
-    write_shard(Path(job.out), shard_name(chunk_index), arrays, info)
+    write_shard(job.folder(split), shard_name(chunk_index), arrays, info)
     return info
+
+
+# ---- the held-out split ----------------------------------------------------------------------------
+EVAL_DIR = "eval"
+
+
+def document_key(seed: int, doc: list[str]) -> int:
+    """64-bit key of a document's text under the seed: the split holds out the smallest keys."""
+    h = hashlib.blake2b("\n".join(doc).encode("utf-8", "surrogatepass"), digest_size=8,
+                        key=str(seed).encode())
+    return int.from_bytes(h.digest(), "big")
+
+
+def held_out_documents(files: list[Path], cfg: PrepareConfig, progress=None) -> tuple[np.ndarray | None, dict]:
+    """A first pass over the input (read, no tokenizing): which documents, by position, form the
+    evaluation split. Returns (True per held-out document, or None for no split; a summary)."""
+    if not cfg.eval_requested:
+        return None, {"documents": 0, "note": "no split requested (--eval-fraction 0 / --eval-documents 0)"}
+    keys = array("Q")
+    for doc in read_documents(files, TextCounts(), sentence_split=cfg.sentence_split, strict=cfg.strict,
+                              max_line_bytes=cfg.max_line_bytes, max_document_bytes=int(cfg.chunk_mb * 8e6),
+                              progress=progress, warn=False):
+        keys.append(document_key(cfg.seed, doc))
+    key = np.frombuffer(keys, dtype=np.uint64) if len(keys) else np.zeros(0, np.uint64)
+    n = len(key)
+    if cfg.eval_documents is not None:
+        k = cfg.eval_documents
+    else:
+        k = int(round(cfg.eval_fraction * n))
+        if k < 2:
+            k = 2 if n >= 20 else 0
+    if k == 0:
+        note = f"the input has {n} documents, too few to hold 2 out by default (--eval-documents N forces a split)"
+        log.warning("no evaluation split: %s; pretrain will evaluate on training instances", note)
+        return None, {"documents": 0, "note": note}
+    keep = 2 if cfg.nsp else 1
+    if k > n - keep:
+        raise BertkitError(f"--eval-documents {k}: the input has {n} documents and at least {keep} must stay "
+                           "for training")
+    held = key <= np.partition(key, k - 1)[k - 1]
+    return held, {"documents": int(held.sum()), "requested": k, "of_documents": n,
+                  "fraction": float(held.mean()), "selection": f"the {k} documents with the smallest "
+                  f"blake2b(seed={cfg.seed}, text) keys (exact duplicates of them too)"}
+
+
+def split_chunks(docs: Iterator[list[str]], chunk_bytes: int, held: np.ndarray | None
+                 ) -> Iterator[tuple[str, list[list[str]]]]:
+    """('train' | 'eval', chunk) pairs: the documents of each side chunked as `chunk_documents` does."""
+    sides = {"train": Chunker(chunk_bytes), "eval": Chunker(chunk_bytes)}
+    n = 0
+    for doc in docs:
+        if held is not None and n >= len(held):
+            raise BertkitError("the input changed while prepare was reading it (more documents than before)")
+        side = "eval" if held is not None and held[n] else "train"
+        n += 1
+        done = sides[side].add(doc)
+        if done is not None:
+            yield side, done
+    if held is not None and n != len(held):
+        raise BertkitError("the input changed while prepare was reading it (fewer documents than before)")
+    for side in ("train", "eval"):
+        for chunk in sides[side].finish():
+            yield side, chunk
 
 
 class _InProcess:
@@ -273,12 +372,14 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
     # From here until the new meta file is written the folder is visibly incomplete: the old meta
     # goes first, so a rerun killed midway never leaves it describing a mix of old and new shards.
     _remove_meta(out, num_shards, shard_index)
+    if (out / EVAL_DIR).is_dir():
+        _remove_meta(out / EVAL_DIR, num_shards, shard_index)
     _save_tokenizer(tokenizer, out, tok_hash)
     token_dtype = "uint16" if info.vocab_size <= 65536 else "int32"
-    job = _Job(cfg, tokenizer.backend.to_str(), info, str(out), cfg.hash(), tok_hash, token_dtype,
-               tokenizer.lowercase)
+    eval_cfg = replace(cfg, dupe_factor=1, eval_fraction=0.0, eval_documents=0)
+    job = _Job(cfg, eval_cfg, tokenizer.backend.to_str(), info, str(out), tok_hash, token_dtype, tokenizer.lowercase)
     counts = TextCounts()
-    total_bytes = sum(f.stat().st_size for f in files)
+    total_bytes = sum(f.stat().st_size for f in files) * (2 if cfg.eval_requested else 1)
     t0 = time.time()
     executor = _InProcess(job) if workers <= 1 else ProcessPoolExecutor(
         workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(job, True, os.getpid()))
@@ -286,53 +387,91 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
         executor.submit(os.getpid).result()
     from tqdm import tqdm
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress, smoothing=0.1)
-    results: dict[int, dict] = {}
-    inflight: dict[int, object] = {}
-    reused = 0
     try:
-        docs = read_documents(files, counts, sentence_split=cfg.sentence_split, strict=cfg.strict,
-                              max_line_bytes=cfg.max_line_bytes, max_document_bytes=int(cfg.chunk_mb * 8e6),
-                              progress=bar.update)
-        for c, chunk in enumerate(chunk_documents(docs, int(cfg.chunk_mb * 1e6))):
-            if c % num_shards != shard_index:
-                continue
-            digest = chunk_hash(chunk)
-            old = read_shard_info(out / shard_name(c))
-            if old and (old.get("chunk_hash"), old.get("config_hash"), old.get("tokenizer_hash")) == \
-                    (digest, job.config_hash, job.tokenizer_hash):
-                results[c] = old
-                reused += 1
-                continue
-            inflight[c] = executor.submit(_run_chunk, c, chunk, digest)
-            while len(inflight) >= 2 * max(workers, 1):           # bounded: a few chunks in memory
-                done = min(inflight)
-                results[done] = inflight.pop(done).result()
-                _test_kill(len(results) - reused)
-        for c in sorted(inflight):
-            results[c] = inflight.pop(c).result()
-            _test_kill(len(results) - reused)
+        held, held_info = held_out_documents(files, cfg, progress=bar.update)
+        if held is None:
+            shutil.rmtree(out / EVAL_DIR, ignore_errors=True)       # a split of an earlier run
+        else:
+            (out / EVAL_DIR).mkdir(exist_ok=True)
+            _save_tokenizer(tokenizer, out / EVAL_DIR, tok_hash)
+        results, reused = _build_shards(executor, files, job, counts, held, workers, num_shards, shard_index,
+                                        bar)
     finally:
-        for f in inflight.values():
-            f.cancel()
         executor.shutdown(cancel_futures=True) if workers > 1 else None
         bar.close()
     seconds = time.time() - t0
     if counts.sentences == 0:
         raise BertkitError(f"{', '.join(map(str, inputs))}: no text in the input")
-    if not results:
+    if not results["train"]:
         raise BertkitError(f"no chunks for --shard-index {shard_index} of {num_shards} (the corpus has fewer chunks)")
     if cfg.nsp and counts.documents < 2:
         raise BertkitError("NSP needs at least 2 documents (blank lines separate documents); use --no-nsp")
-    meta = _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, command,
+    meta = _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results["train"], files, command,
                  num_shards, shard_index, seconds, reused)
+    meta["counts"]["held_out_documents"] = held_info["documents"]
+    meta["eval"] = None
+    if held is not None:          # the split's own meta first: the parent's, written last, vouches for both
+        ev = _meta(eval_cfg, tokenizer, info, tok_hash, token_dtype, counts, results["eval"], files, command,
+                   num_shards, shard_index, seconds, 0)
+        ev["split"] = "eval"
+        ev["counts"]["documents"] = held_info["documents"]
+        _write_meta(out / EVAL_DIR, ev, num_shards, shard_index)
+        meta["eval"] = {"path": EVAL_DIR, "config_hash": eval_cfg.hash(), **held_info,
+                        "instances": ev["counts"]["instances"], "tokens": ev["counts"]["tokens"]}
+    _write_meta(out, meta, num_shards, shard_index)
+    log.info("prepared %d instances (%d tokens) in %d shards from %.1f MB in %.1f s (%.2f MB/s)%s -> %s",
+             meta["counts"]["instances"], meta["counts"]["tokens"], len(results["train"]), counts.bytes / 1e6, seconds,
+             counts.bytes / 1e6 / max(seconds, 1e-9), f", {reused} shards kept from before" if reused else "", out)
+    if held is not None:
+        log.info("held out %d of %d documents for evaluation: %d instances -> %s", held_info["documents"],
+                 held_info["of_documents"], meta["eval"]["instances"], out / EVAL_DIR)
+    return meta
+
+
+def _build_shards(executor, files, job: _Job, counts: TextCounts, held, workers, num_shards, shard_index, bar
+                  ) -> tuple[dict[str, dict[int, dict]], int]:
+    """Read, split and chunk the input; build (or keep) this machine's shards of both splits."""
+    cfg = job.cfg
+    results: dict[str, dict[int, dict]] = {"train": {}, "eval": {}}
+    inflight: dict[tuple[str, int], object] = {}         # in submission order
+    reused, built, seen = 0, 0, {"train": 0, "eval": 0}
+    try:
+        docs = read_documents(files, counts, sentence_split=cfg.sentence_split, strict=cfg.strict,
+                              max_line_bytes=cfg.max_line_bytes, max_document_bytes=int(cfg.chunk_mb * 8e6),
+                              progress=bar.update)
+        for split, chunk in split_chunks(docs, int(cfg.chunk_mb * 1e6), held):
+            c = seen[split]
+            seen[split] += 1
+            if c % num_shards != shard_index:
+                continue
+            digest = chunk_hash(chunk)
+            old = read_shard_info(job.folder(split) / shard_name(c))
+            if old and (old.get("chunk_hash"), old.get("config_hash"), old.get("tokenizer_hash")) == \
+                    (digest, job.split_cfg(split).hash(), job.tokenizer_hash):
+                results[split][c] = old
+                reused += 1
+                continue
+            inflight[(split, c)] = executor.submit(_run_chunk, split, c, chunk, digest)
+            while len(inflight) >= 2 * max(workers, 1):           # bounded: a few chunks in memory
+                key = next(iter(inflight))
+                results[key[0]][key[1]] = inflight.pop(key).result()
+                built += 1
+                _test_kill(built)
+        for key in list(inflight):
+            results[key[0]][key[1]] = inflight.pop(key).result()
+            built += 1
+            _test_kill(built)
+    finally:
+        for f in inflight.values():
+            f.cancel()
+    return results, reused
+
+
+def _write_meta(out: Path, meta: dict, num_shards: int, shard_index: int) -> None:
     name = "meta.json" if num_shards == 1 else f"meta-{shard_index:05d}-of-{num_shards:05d}.json"
     tmp = out / f".{name}.tmp"
     tmp.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(tmp, out / name)
-    log.info("prepared %d instances (%d tokens) in %d shards from %.1f MB in %.1f s (%.2f MB/s)%s -> %s",
-             meta["counts"]["instances"], meta["counts"]["tokens"], len(results), counts.bytes / 1e6, seconds,
-             counts.bytes / 1e6 / max(seconds, 1e-9), f", {reused} shards kept from before" if reused else "", out)
-    return meta
 
 
 def _mp_context():

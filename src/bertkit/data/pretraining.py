@@ -8,6 +8,9 @@ On-disk format (written by `bertkit prepare`, see `bertkit.data.prepare`):
                               (a cluster run with --num-shards N writes meta-IIIII-of-NNNNN.json per
                               machine instead; copy the folders together and they read as one)
   OUT/tokenizer/              the tokenizer the data was made with (vocab.txt, tokenizer.json, ...)
+  OUT/eval/                   the held-out documents (`meta.json` "eval" says how many and how
+                              chosen), prepared the same way in a folder of the same format;
+                              written before OUT/meta.json, which vouches for both
   OUT/shard-CCCCC/            one per input chunk C, written to a temporary folder then renamed
                               (a partial shard never looks complete):
       input_ids.npy           all instances' ids concatenated, incl. [CLS]/[SEP] (uint16 when the
@@ -24,6 +27,7 @@ On-disk format (written by `bertkit prepare`, see `bertkit.data.prepare`):
 
 API:
   open_dataset(path) -> PretrainingData
+  eval_split(ds) -> PretrainingData | None     the held-out split of a prepared folder, checked
   len(ds); ds.meta; ds.shard_paths
   ds[i] -> {"index": i, "input_ids": int64 (L,), "token_type_ids": int64 (L,), "nsp_label": int,
             + static: "masked_lm_positions": int64 (M,), "masked_lm_ids": int64 (M,)}
@@ -254,3 +258,18 @@ class Subset:
 def open_dataset(path: str | Path) -> PretrainingData:
     """Open a folder written by `bertkit prepare` (meta.json + shards) without copying it."""
     return PretrainingData(path)
+
+
+def eval_split(ds: PretrainingData) -> PretrainingData | None:
+    """The held-out documents `prepare` split off from `ds` (None when it made no split), checked
+    to be that split: same tokenizer, and the configuration the parent's meta.json recorded."""
+    info = ds.meta.get("eval")
+    if not info:
+        return None
+    path = ds.path / info.get("path", "eval")
+    held = PretrainingData(path)
+    if held.meta.get("tokenizer_hash") != ds.meta.get("tokenizer_hash") or \
+            held.meta.get("config_hash") != info.get("config_hash"):
+        raise DataError(f"{path}: not the held-out split recorded in {ds.path}/meta.json (another tokenizer or "
+                        "configuration); rerun the prepare command")
+    return held

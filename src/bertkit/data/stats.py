@@ -67,8 +67,19 @@ def _mask_breakdown(ids: np.ndarray, labels: np.ndarray, info: TokenInfo) -> tup
     return mask, keep, int(sel.sum()) - mask - keep
 
 
+def held_out_stats(ds: PretrainingData, eval_instances: int = 256) -> dict:
+    """What `pretrain` would evaluate on with this data (its held-out split, else its last instances)
+    and the share of that set's 12-grams found in the training instances (mask leakage)."""
+    from .heldout import choose_held_out, ngram_overlap
+
+    if ds.meta.get("split") == "eval":
+        return {"source": "this folder is a held-out split"}
+    held = choose_held_out(ds, None, eval_instances)
+    return {**held.report, **ngram_overlap(held, [(ds, held.train_stop)]), "split": ds.meta.get("eval")}
+
+
 def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample: int = 20000, seed: int = 0,
-               bins: int = 16) -> dict:
+               bins: int = 16, eval_instances: int = 256) -> dict:
     """Counts over all instances; masking measured over an even sample of `sample` instances with
     the collator training uses (`masking`: default as prepared; `seed`: pretrain's train.seed)."""
     meta, info = ds.meta, ds.token_info()
@@ -130,6 +141,7 @@ def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample
         "keep_fraction": k / max(sel, 1), "random_fraction": r / max(sel, 1),
         "at_cap_fraction": at_cap / max(len(idx), 1), "predictions_per_instance": sel / max(len(idx), 1),
     }
+    out["held_out"] = held_out_stats(ds, eval_instances)
     return out
 
 

@@ -184,8 +184,8 @@ def _read_lines(fh, name: Path, limit: int, counts: TextCounts, strict: bool, bl
 
 def read_documents(files: list[Path], counts: TextCounts, *, sentence_split: bool = False, strict: bool = False,
                    max_line_bytes: int = 65536, max_document_bytes: int = 32 << 20,
-                   progress: Callable[[int], None] | None = None) -> Iterator[list[str]]:
-    """Yield documents (lists of sentence strings) from the files, in order."""
+                   progress: Callable[[int], None] | None = None, warn: bool = True) -> Iterator[list[str]]:
+    """Yield documents (lists of sentence strings) from the files, in order (`warn`: log empty files)."""
     for f in files:
         if is_table_file(f):                   # Parquet / Arrow / JSONL / CSV: a row is a document
             from ..sources import table_documents
@@ -232,28 +232,51 @@ def read_documents(files: list[Path], counts: TextCounts, *, sentence_split: boo
                 yield doc
         if counts.sentences == before:
             counts.empty_files += 1
-            log.warning("%s: no text (empty file)", f)
+            if warn:
+                log.warning("%s: no text (empty file)", f)
+
+
+class Chunker:
+    """`chunk_documents` one document at a time: `add(doc)` returns a finished chunk or None,
+    `finish()` the last ones. (Two of them split one stream of documents into two streams of chunks.)"""
+
+    def __init__(self, chunk_bytes: int):
+        self.chunk_bytes = chunk_bytes
+        self.pending: list[list[str]] | None = None      # a full chunk, held back in case the last is short
+        self.cur: list[list[str]] = []
+        self.size = 0
+
+    def add(self, doc: list[str]) -> list[list[str]] | None:
+        self.cur.append(doc)
+        self.size += sum(len(s) for s in doc)
+        if self.size >= self.chunk_bytes and len(self.cur) >= 2:
+            done, self.pending = self.pending, self.cur
+            self.cur, self.size = [], 0
+            return done
+        return None
+
+    def finish(self) -> list[list[list[str]]]:
+        """The chunks still held (the last chunk absorbs a final lone document)."""
+        out = []
+        if self.cur:
+            if len(self.cur) < 2 and self.pending is not None:
+                self.pending = self.pending + self.cur
+            else:
+                if self.pending is not None:
+                    out.append(self.pending)
+                self.pending = self.cur
+        if self.pending is not None:
+            out.append(self.pending)
+        self.pending, self.cur, self.size = None, [], 0
+        return out
 
 
 def chunk_documents(docs: Iterable[list[str]], chunk_bytes: int) -> Iterator[list[list[str]]]:
     """Group documents into chunks of >= chunk_bytes of text and >= 2 documents (the last chunk is
     merged into the one before when it would hold a single document)."""
-    pending: list[list[str]] | None = None
-    cur: list[list[str]] = []
-    size = 0
+    chunker = Chunker(chunk_bytes)
     for d in docs:
-        cur.append(d)
-        size += sum(len(s) for s in d)
-        if size >= chunk_bytes and len(cur) >= 2:
-            if pending is not None:
-                yield pending
-            pending, cur, size = cur, [], 0
-    if cur:
-        if len(cur) < 2 and pending is not None:
-            pending = pending + cur
-        else:
-            if pending is not None:
-                yield pending
-            pending = cur
-    if pending is not None:
-        yield pending
+        done = chunker.add(d)
+        if done is not None:
+            yield done
+    yield from chunker.finish()
