@@ -215,8 +215,8 @@ def _precision(name: str, device: torch.device) -> torch.dtype:
 
 
 def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
-    from .data.masking import Collator
     from .data.heldout import choose_held_out
+    from .data.masking import Collator
     from .data.pretraining import open_dataset
 
     tc, dc = cfg.train, cfg.data
@@ -247,11 +247,10 @@ def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
         if len(ph.indices) < G:
             raise RunConfigError(f"{ph.path}: {len(ph.indices)} training instances, fewer than one global batch "
                                  f"({G}); lower train.batch_size or prepare more data")
-    return phases, tokenizer
     _check_held_out(held, phases, dc.max_eval_overlap)
+    return phases, tokenizer
 
 
-def _masking(ph: Phase, overrides: dict, long: bool):
 def _check_held_out(held, phases: list[Phase], limit: float) -> None:
     """Measure how much of the held-out text the training data holds ("mask leakage"): a held-out
     set over `data.max_eval_overlap` is refused, over 5% warned about; data prepared without a
@@ -278,6 +277,7 @@ def _check_held_out(held, phases: list[Phase], limit: float) -> None:
         log.info("held-out set %s (%s, %d instances): %s", src, held.source, len(held.indices), said)
 
 
+def _masking(ph: Phase, overrides: dict, long: bool):
     """Exactly the masking `prepare` recorded for the phase's data, with the config's data.* keys
     over it (dynamic masking only: static data carries its masks, so an override is an error)."""
     from .data.masking import MaskingConfig, MaskingError, with_overrides
@@ -477,10 +477,10 @@ def _eval_batches(cfg: PretrainConfig, phase: Phase, world: D.World) -> list[dic
     """The held-out set (`phase.held_out`), masked once (seed + 1, epoch 0) as training masks, split across ranks."""
     from .data.masking import Collator
 
-    collator = Collator(data, phase.collator.cfg, seed=cfg.train.seed + 1)
     data, idx = phase.held_out.data, phase.held_out.indices
     if data is None or not len(idx):
         return []
+    collator = Collator(data, phase.collator.cfg, seed=cfg.train.seed + 1)
     mine = idx[world.rank::world.world_size]
     B = cfg.train.batch_size
     return [collator([data[int(i)] for i in mine[s:s + B]], epoch=0) for s in range(0, len(mine), B)]
