@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -295,3 +296,70 @@ def test_long_inputs_truncated_or_windowed_and_recorded(tiny_model, sst_dir, tmp
     assert main(["evaluate", "--model", str(out), "--data", str(sst_dir / "dev.tsv"), "--json"]) == 0
     ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert ev["accuracy"] == pytest.approx(result["dev"]["accuracy"])
+
+
+def squad2_json(n: int, seed: int) -> dict:
+    """SQuAD v2.0 JSON: as squad_json, but a third of the questions ask about someone the
+    context does not mention (no answer)."""
+    doc = squad_json(n, seed)
+    rng = random.Random(seed + 100)
+    for para in doc["data"][0]["paragraphs"]:
+        qa = para["qas"][0]
+        if rng.random() < 1 / 3:
+            who = qa["question"].split()[0]
+            qa["question"] = qa["question"].replace(who, "mary" if who == "john" else "john", 1)
+            qa["answers"], qa["is_impossible"] = [], True
+    doc["version"] = "v2.0"
+    return doc
+
+
+def test_squad2_null_threshold_and_doc_stride_travel_with_the_model(tiny_model, tmp_path, capsys, monkeypatch):
+    from bertkit.infer import Predictor
+    from bertkit.tasks import get_task
+
+    d = tmp_path / "squad2"
+    d.mkdir()
+    for split, n, seed in (("train-v2.0", 400, 1), ("dev-v2.0", 80, 2)):
+        (d / f"{split}.json").write_text(json.dumps(squad2_json(n, seed)), encoding="utf-8")
+    out = tmp_path / "run"
+    result = finetune(cfg(task="squad2", data=str(d), model=str(tiny_model), out=str(out), max_length=40,
+                          stride=16, epochs=6))
+    dev = result["dev"]
+    assert dev["best_f1"] >= 60, result["history"]            # all-null: 1/3 of questions
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["bertkit_null_threshold"] == dev["best_f1_thresh"] and raw["bertkit_stride"] == 16
+    # evaluate applies the saved threshold: its F1 is the best F1 found on dev
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(out), "--data", str(d), "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ev["f1"] == pytest.approx(dev["best_f1"])
+    assert main(["evaluate", "--model", str(out), "--data", str(d), "--json", "--null-threshold", "1e6"]) == 0
+    never_null = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert never_null["NoAns_f1"] == 0.0                   # every question answered
+    # predict: the saved threshold and doc stride; the Predictor (serve) answers the same
+    strides = []
+    task = get_task("squad2")
+    featurize = task.featurize
+    monkeypatch.setattr(task, "featurize", lambda *a, **kw: strides.append(kw["stride"]) or featurize(*a, **kw))
+    paras = squad2_json(30, 3)["data"][0]["paragraphs"]
+    rows = [{"id": p["qas"][0]["id"], "question": p["qas"][0]["question"], "context": p["context"]} for p in paras]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main(["predict", "--model", str(out), str(inp)]) == 0
+    got = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert strides == [16]
+    threshold = raw["bertkit_null_threshold"]
+    assert all((r["prediction"] == "") == (r["null_odds"] > threshold) for r in got)
+    median = float(np.median([r["null_odds"] for r in got]))
+    assert main(["predict", "--model", str(out), str(inp), "--null-threshold", str(median)]) == 0
+    cut = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert all((r["prediction"] == "") == (r["null_odds"] > median) for r in cut)
+    assert 0 < sum(r["prediction"] == "" for r in cut) < len(cut)
+    predictor = Predictor.from_dir(out)
+    predictor.null_threshold = median                      # what `serve --null-threshold` sets
+    assert [a["answer"] for a in predictor.qa([r["question"] for r in rows], [r["context"] for r in rows])] == \
+        [r["prediction"] for r in cut]
+    answers = Predictor.from_dir(out).qa([r["question"] for r in rows], [r["context"] for r in rows])
+    assert [a["answer"] for a in answers] == [r["prediction"] for r in got]
+    assert main(["predict", "--model", str(out), str(inp), "--null-threshold", "nan"]) == 1
+    assert "finite" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import unicodedata
 
 import numpy as np
 import pytest
@@ -255,10 +256,101 @@ def test_qa_head_runs_on_collated_windows(examples, tokenizer):
     assert all(p in e.context for p, e in zip(preds.values(), exs))
 
 
-def run_squad_write_predictions(examples, features, outputs, version, n_best_size=20, max_answer_length=30,
-                                null_score_diff_threshold=0.0):
-    """google-research/bert run_squad.py's write_predictions loop, copied (TF plumbing and
-    get_final_text aside: the final text is cut from the context by piece offsets, as bertkit does)."""
+# ---- google-research/bert run_squad.py, copied for reference (TF plumbing aside) -----------------
+def _is_whitespace(c):                                   # run_squad.py's, for doc_tokens
+    return c in " \t\r\n" or ord(c) == 0x202F
+
+
+def _bert_punct(ch):                                     # tokenization._is_punctuation
+    cp = ord(ch)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(ch).startswith("P")
+
+
+def _basic_tokenize(text):
+    """tokenization.BasicTokenizer(do_lower_case=True).tokenize (enough of it for get_final_text)."""
+    out = []
+    for tok in text.split():
+        tok = "".join(c for c in unicodedata.normalize("NFD", tok.lower()) if unicodedata.category(c) != "Mn")
+        cur = ""
+        for c in tok:
+            if _bert_punct(c):
+                out += [cur] if cur else []
+                out.append(c)
+                cur = ""
+            else:
+                cur += c
+        out += [cur] if cur else []
+    return out
+
+
+def get_final_text(pred_text, orig_text):
+    """run_squad.py's get_final_text (do_lower_case=True): project the normalised piece text
+    back onto the original words by aligning the two strings without spaces."""
+    def strip_spaces(text):
+        ns_chars, ns_to_s = [], {}
+        for i, c in enumerate(text):
+            if c == " ":
+                continue
+            ns_to_s[len(ns_chars)] = i
+            ns_chars.append(c)
+        return "".join(ns_chars), ns_to_s
+
+    tok_text = " ".join(_basic_tokenize(orig_text))
+    start_position = tok_text.find(pred_text)
+    if start_position == -1:
+        return orig_text
+    end_position = start_position + len(pred_text) - 1
+    orig_ns_text, orig_ns_to_s_map = strip_spaces(orig_text)
+    tok_ns_text, tok_ns_to_s_map = strip_spaces(tok_text)
+    if len(orig_ns_text) != len(tok_ns_text):
+        return orig_text
+    tok_s_to_ns_map = {v: k for k, v in tok_ns_to_s_map.items()}
+    orig_start = orig_ns_to_s_map.get(tok_s_to_ns_map.get(start_position))
+    orig_end = orig_ns_to_s_map.get(tok_s_to_ns_map.get(end_position))
+    if orig_start is None or orig_end is None:
+        return orig_text
+    return orig_text[orig_start:orig_end + 1]
+
+
+def run_squad_text(example, feature, start_index, end_index, tokenizer):
+    """run_squad.py's answer text: pieces -> whitespace doc words (token_to_orig_map) ->
+    get_final_text."""
+    doc_tokens, char_to_word, prev_ws = [], [], True
+    for c in example.context:
+        if _is_whitespace(c):
+            prev_ws = True
+        else:
+            if prev_ws:
+                doc_tokens.append(c)
+            else:
+                doc_tokens[-1] += c
+            prev_ws = False
+        char_to_word.append(len(doc_tokens) - 1)
+    c0 = feature["context_start"]
+    orig_start = char_to_word[feature["offsets"][start_index - c0][0]]
+    orig_end = char_to_word[feature["offsets"][end_index - c0][1] - 1]
+    tok_text = " ".join(tokenizer.convert_ids_to_tokens(feature["input_ids"][start_index:end_index + 1]))
+    tok_text = " ".join(tok_text.replace(" ##", "").replace("##", "").strip().split())
+    return get_final_text(tok_text, " ".join(doc_tokens[orig_start:orig_end + 1]))
+
+
+def whole_words(context, start, end):
+    """[start, end) widened to whole words: runs of characters that are neither whitespace nor
+    punctuation (BERT's basic tokenizer's words; written here without the tokenizer)."""
+    word = lambda c: not (c.isspace() or _bert_punct(c))
+    while start > 0 and word(context[start]) and word(context[start - 1]):
+        start -= 1
+    while end < len(context) and word(context[end - 1]) and word(context[end]):
+        end += 1
+    return context[start:end]
+
+
+def run_squad_write_predictions(examples, features, outputs, version, tokenizer, n_best_size=20,
+                                max_answer_length=30, null_score_diff_threshold=0.0):
+    """google-research/bert run_squad.py's write_predictions loop, copied; returns run_squad's
+    answers, the null score diffs and, per answer, the piece span it came from (context chars)."""
     def _get_best_indexes(logits, n_best_size):
         index_and_score = sorted(enumerate(logits), key=lambda x: x[1], reverse=True)
         return [index_and_score[i][0] for i in range(min(n_best_size, len(index_and_score)))]
@@ -266,7 +358,7 @@ def run_squad_write_predictions(examples, features, outputs, version, n_best_siz
     by_ex = {}
     for j, f in enumerate(features):
         by_ex.setdefault(f["example_index"], []).append(j)
-    all_predictions, scores_diff_json = {}, {}
+    all_predictions, scores_diff_json, spans = {}, {}, {}
     for example_index, example in enumerate(examples):
         feats = [features[j] for j in by_ex[example_index]]
         results = [outputs[j] for j in by_ex[example_index]]
@@ -303,50 +395,103 @@ def run_squad_write_predictions(examples, features, outputs, version, n_best_siz
             if len(nbest) >= n_best_size:
                 break
             feature = feats[feature_index]
+            span = None
             if start_index > 0:
-                c0 = feature["context_start"]
-                final_text = example.context[feature["offsets"][start_index - c0][0]:
-                                             feature["offsets"][end_index - c0][1]]
+                final_text = run_squad_text(example, feature, start_index, end_index, tokenizer)
                 if final_text in seen_predictions:
                     continue
                 seen_predictions[final_text] = True
+                c0 = feature["context_start"]
+                span = (feature["offsets"][start_index - c0][0], feature["offsets"][end_index - c0][1])
             else:
                 final_text = ""
                 seen_predictions[final_text] = True
-            nbest.append((final_text, start_logit, end_logit))
+            nbest.append((final_text, start_logit, end_logit, span))
         if version == 2 and "" not in seen_predictions:
-            nbest.append(("", null_start_logit, null_end_logit))
+            nbest.append(("", null_start_logit, null_end_logit, None))
         if not nbest:
-            nbest.append(("empty", 0.0, 0.0))
+            nbest.append(("empty", 0.0, 0.0, None))
         best_non_null_entry = next((e for e in nbest if e[0]), None)
         if version == 1:
-            all_predictions[example.id] = nbest[0][0]
+            all_predictions[example.id], spans[example.id] = nbest[0][0], nbest[0][3]
         elif best_non_null_entry is None:          # run_squad.py fails here; bertkit answers ""
             all_predictions[example.id] = None
         else:
             score_diff = score_null - best_non_null_entry[1] - best_non_null_entry[2]
             scores_diff_json[example.id] = score_diff
-            all_predictions[example.id] = "" if score_diff > null_score_diff_threshold else best_non_null_entry[0]
-    return all_predictions, scores_diff_json
+            answer = score_diff <= null_score_diff_threshold
+            all_predictions[example.id] = best_non_null_entry[0] if answer else ""
+            spans[example.id] = best_non_null_entry[3] if answer else None
+    return all_predictions, scores_diff_json, spans
 
 
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_postprocess_equals_run_squad_on_random_logits(examples, tokenizer, version, seed):
+    """The same spans as run_squad.py's write_predictions; the answer is that span widened to whole
+    words, which is run_squad's own answer whenever the span does not start or end mid-word."""
     rng = np.random.default_rng(seed)
     exs = examples[200:260]
+    by_id = {e.id: e for e in exs}
     feats = S.featurize_qa(exs, tokenizer, max_length=80, stride=20)
     # rounded logits: many ties, which the stable sorts must break the same way
     outs = [(np.round(rng.normal(0, 2, len(f["input_ids"])), 1), np.round(rng.normal(0, 2, len(f["input_ids"])), 1))
             for f in feats]
+    mid_word = same = 0
     for n_best, max_len in ((20, 30), (5, 4)):
         ours = S.postprocess_qa(outs, feats, exs, version=version, n_best=n_best, max_answer_length=max_len)
-        ref, diffs = run_squad_write_predictions(exs, feats, outs, version, n_best, max_len)
+        ref, diffs, spans = run_squad_write_predictions(exs, feats, outs, version, tokenizer, n_best, max_len)
         unanswerable = {q for q, a in ref.items() if a is None}
         assert all(ours[q] == "" and ours.null_odds[q] > 0 for q in unanswerable)
-        assert {q: a for q, a in ours.items() if q not in unanswerable} == {q: a for q, a in ref.items() if a is not None}
+        for q, a in ref.items():
+            if a is None:
+                continue
+            if spans[q] is None:                             # no answer ("") or no span at all ("empty")
+                assert ours[q] == a and a in ("", "empty")
+                continue
+            ctx = by_id[q].context
+            assert ours[q] == whole_words(ctx, *spans[q]), q
+            if ours[q] == ctx[spans[q][0]:spans[q][1]]:        # the span is whole words already
+                assert a == ours[q], q
+                same += 1
+            else:                                             # run_squad keeps the cut word ("scadero")
+                assert a in ours[q] and len(a) < len(ours[q]), q
+                mid_word += 1
         if version == 2:
             assert {q: d for q, d in ours.null_odds.items() if q not in unanswerable} == pytest.approx(diffs)
+    assert same > mid_word > 0                  # random logits often start or end inside a word
+
+
+def test_answers_are_whole_words(tokenizer):
+    """A span that starts or ends on a piece inside a word answers with the whole word, the
+    original characters (case, accents, punctuation inside the span) untouched."""
+    context = ("Mrs. Ödegaard-Wills sold tyrannosaurus bones (wholesale, retail, or online) for $1,250,000 in "
+               "1999's auction. Unbelievably.")
+    ex = S.QAExample("q", "What did she sell?", context, [])
+    f = S.featurize_qa([ex], tokenizer, max_length=96, stride=32)[0]
+    pieces = tokenizer.convert_ids_to_tokens(f["input_ids"])
+    T, c0 = len(pieces), f["context_start"]
+
+    def answer(first, last):                                 # piece texts (first occurrence) or positions
+        at = lambda p: p if isinstance(p, int) else pieces.index(p, c0)
+        start, end = np.full(T, -5.0), np.full(T, -5.0)
+        start[at(first)], end[at(last)] = 5.0, 5.0
+        return S.postprocess_qa([(start, end)], [f], [ex])["q"]
+
+    # ty ##ran ##nos ##aurus, ode ##gaard - wills, un ##bel ##ie ##va ##bly (the MiniLM vocabulary)
+    assert pieces[c0:c0 + 6] == ["mrs", ".", "ode", "##gaard", "-", "wills"]
+    assert answer("##ran", "##nos") == "tyrannosaurus"                   # piece text: "rannos"
+    assert answer("##ran", "bones") == "tyrannosaurus bones"
+    assert answer("ode", "ode") == answer("##gaard", "##gaard") == "Ödegaard"
+    assert answer("##gaard", "wills") == "Ödegaard-Wills"
+    assert answer("wholesale", "retail") == "wholesale, retail"        # punctuation inside kept
+    assert answer("retail", "retail") == "retail"                       # ... and not added around
+    assert answer("1", "000") == "1,250,000" and answer("1999", "s") == "1999's"
+    assert answer("##bel", "##va") == "Unbelievably"
+    for i in range(c0, T - 1):                               # no piece alone answers with part of a word
+        a = answer(i, i)
+        s_, e_ = f["word_offsets"][i - c0]
+        assert a == context[s_:e_] == whole_words(context, *f["offsets"][i - c0])
 
 
 def test_windows_always_overlap(tokenizer, caplog):

@@ -338,10 +338,11 @@ def predict_features(model: nn.Module, task: Task, features: Sequence[dict], bat
 
 
 def evaluate(model: nn.Module, task: Task, examples: list, features: list, labels, batch_size: int = 64,
-             packed: bool = True, progress: bool = False) -> tuple[dict, dict]:
-    """(metrics, predictions) of `model` on examples that carry references."""
+             packed: bool = True, progress: bool = False, post: dict | None = None) -> tuple[dict, dict]:
+    """(metrics, predictions) of `model` on examples that carry references; `post`: options of
+    the task's postprocess (SQuAD v2.0: null_threshold)."""
     outputs = predict_features(model, task, features, batch_size, packed, progress, desc="evaluate")
-    predictions = task.postprocess(outputs, features, examples, labels)
+    predictions = task.postprocess(outputs, features, examples, labels, **(post or {}))
     return task.metrics(predictions, examples), predictions
 
 
@@ -486,6 +487,10 @@ def _evaluate_and_keep(model, task, cfg, dev_examples, dev_feats, labels, step, 
                                                    if not isinstance(v, dict)))
     if state["best"] is None or main > state["best"]:
         state.update(best=main, best_metrics=scores, best_step=step)
+        if "best_f1_thresh" in scores:           # SQuAD v2.0: answer "" above the null threshold best on dev
+            from .tasks.squad import apply_null_threshold
+            state["facts"]["bertkit_null_threshold"] = float(scores["best_f1_thresh"])
+            predictions = apply_null_threshold(predictions, state["facts"]["bertkit_null_threshold"])
         save_finetuned(model, tokenizer, out, task, cfg, labels, state["facts"])
         write_predictions(predictions, out / "dev_predictions.jsonl")
 

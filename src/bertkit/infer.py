@@ -146,6 +146,7 @@ class Predictor:
         self.int8 = False
         self.compiled = False
         self.prepacked = False
+        self.null_threshold: float | None = None      # SQuAD v2.0: overrides the checkpoint's (serve --null-threshold)
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
@@ -466,11 +467,14 @@ class Predictor:
         return words, offs
 
     def qa(self, questions: Sequence[str], contexts: Sequence[str], max_length: int | None = None,
-           stride: int = 128, max_answer_length: int = 30, batch_size: int = 32) -> list[dict]:
-        """Extractive answers: per question {"answer", "score" (start + end logit)}. Long contexts
+           stride: int | None = None, max_answer_length: int = 30, batch_size: int = 32,
+           null_threshold: float | None = None) -> list[dict]:
+        """Extractive answers: per question {"answer", "score" (start + end logit)}, plus "null_odds"
+        for a SQuAD v2.0 model (its answer is "" when they exceed the null threshold). Long contexts
         are read in windows `stride` pieces apart; the answer rules are run_squad.py's
-        (`bertkit.tasks.squad`)."""
-        from .tasks.squad import QAExample, featurize_qa, postprocess_qa
+        (`bertkit.tasks.squad`). max_length, stride and the null threshold default to what the
+        checkpoint was fine-tuned with (`self.null_threshold` overrides the saved threshold)."""
+        from .tasks.squad import QAExample, featurize_qa, postprocess_qa, qa_settings
 
         self._require("question_answering", "qa")
         if len(questions) != len(contexts):
@@ -478,11 +482,16 @@ class Predictor:
         for i, (q, c) in enumerate(zip(questions, contexts)):
             if not isinstance(q, str) or not isinstance(c, str) or not q.strip() or not c.strip():
                 raise PredictorError(f"question {i}: question and context must be non-empty strings")
+        saved = qa_settings(getattr(self.model, "hf_config", None) or {})
+        if null_threshold is None:
+            null_threshold = self.null_threshold if self.null_threshold is not None else saved["null_threshold"]
         examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(zip(questions, contexts))]
-        feats = featurize_qa(examples, self.tokenizer, max_length=min(max_length or 384, self.max_length),
-                             stride=stride)
-        preds = postprocess_qa(self.outputs(feats, batch_size), feats, examples, max_answer_length=max_answer_length)
-        return [{"answer": preds[ex.id], "score": preds.nbest[ex.id][0][1]} for ex in examples]
+        feats = featurize_qa(examples, self.tokenizer, max_length=min(max_length or saved["max_length"], self.max_length),
+                             stride=stride or saved["doc_stride"])
+        preds = postprocess_qa(self.outputs(feats, batch_size), feats, examples, max_answer_length=max_answer_length,
+                               version=saved["version"], null_threshold=null_threshold)
+        return [{"answer": preds[ex.id], "score": preds.nbest[ex.id][0][1],
+                 **({"null_odds": preds.null_odds[ex.id]} if ex.id in preds.null_odds else {})} for ex in examples]
 
     # ---- onnx backend --------------------------------------------------------------------------
     def _onnx_outputs(self) -> list[str]:

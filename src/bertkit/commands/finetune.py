@@ -31,6 +31,32 @@ def _window_options(p: argparse.ArgumentParser, help_windows: str) -> None:
                    help="sentence classification: longest-first truncation of long inputs")
 
 
+def qa_options(args: argparse.Namespace, task, raw: dict, where: str) -> dict:
+    """Postprocess options of a QA checkpoint: SQuAD v2.0's null threshold (--null-threshold, else
+    the one fine-tuning found best on dev, config.json `bertkit_null_threshold`, else 0)."""
+    threshold = getattr(args, "null_threshold", None)
+    if task is None or task.head != "question_answering":
+        if threshold is not None:
+            raise BertkitError("--null-threshold applies to SQuAD v2.0 question answering")
+        return {}
+    from ..tasks.squad import qa_settings
+    if threshold is not None and task.name != "squad2":
+        raise BertkitError(f"--null-threshold applies to SQuAD v2.0 models; this one answers {task.name}")
+    try:
+        saved = qa_settings(raw)["null_threshold"]
+    except BertkitError as e:
+        raise BertkitError(f"{where}/{e}") from None
+    if threshold is not None and (threshold != threshold or abs(threshold) == float("inf")):
+        raise BertkitError(f"--null-threshold must be a finite number, got {threshold}")
+    return {"null_threshold": saved if threshold is None else threshold}
+
+
+def _null_threshold_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--null-threshold", dest="null_threshold", type=float,
+                   help="SQuAD v2.0: answer \"\" when the null odds exceed this (default: the threshold "
+                        "best on dev, saved by finetune; else 0)")
+
+
 def inference_stride(args: argparse.Namespace, task, raw: dict, where: str, max_length: int) -> int | None:
     """--stride / --windows / --no-windows, else how the checkpoint was fine-tuned to read long
     inputs (config.json `bertkit_stride`), else the task's default."""
@@ -163,6 +189,7 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
     p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_true")
     p.add_argument("--predictions", help="also write {id, prediction} JSONL here (input to `bertkit score`)")
+    _null_threshold_option(p)
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument("--threads", type=int)
     _column_options(p)
@@ -225,7 +252,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
     stride = inference_stride(args, task, raw, args.model, max_length)
     feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "evaluate")
-    scores, predictions = evaluate(model, task, examples, feats, labels, args.batch_size, progress=True)
+    post = qa_options(args, task, raw, args.model)
+    scores, predictions = evaluate(model, task, examples, feats, labels, args.batch_size, progress=True, post=post)
     if args.predictions:
         write_predictions(predictions, Path(args.predictions))
     flat = {k: v for k, v in scores.items() if not isinstance(v, dict)}
@@ -255,6 +283,7 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
     _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
     p.add_argument("--top-k", dest="top_k", type=int, default=5, help="masked LM: candidates per [MASK]")
+    _null_threshold_option(p)
     p.add_argument("--threads", type=int)
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="run the model on PyTorch or on onnxruntime (a file from `bertkit export onnx`)")
@@ -332,13 +361,15 @@ def predict_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list
         outputs = predictor.outputs(feats, args.batch_size)
     else:
         outputs = predict_features(model, task, feats, args.batch_size, progress=True)
-    predictions = task.postprocess(outputs, feats, examples, labels)
+    predictions = task.postprocess(outputs, feats, examples, labels, **qa_options(args, task, raw, args.model))
     extra: dict = {}
     if model.head == "sequence_classification" and labels is not None:
         from ..tasks.glue import class_probabilities
         extra = {k: {"scores": v} for k, v in class_probabilities(outputs, feats, examples, labels).items()}
     if model.head == "token_classification":
         extra = {ex.id: {"words": ex.words} for ex in examples}
+    if getattr(predictions, "null_odds", None):          # SQuAD v2.0: null score - best span score
+        extra = {q: {"null_odds": round(v, 6)} for q, v in predictions.null_odds.items()}
     return [{"id": ex.id, "prediction": predictions[ex.id], **extra.get(ex.id, {})} for ex in examples]
 
 

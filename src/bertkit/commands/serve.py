@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 
 from ..errors import BertkitError
 
@@ -76,6 +77,9 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
                    help="tokens per text at most (default: the checkpoint's limit); longer: 413")
     p.add_argument("--max-request-items", type=int, default=64, help="texts per request at most; more: 413 (default %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="request body size at most; more: 413 (default %(default)s)")
+    p.add_argument("--null-threshold", type=float, default=None,
+                   help="/v1/qa on a SQuAD v2.0 model: answer \"\" above these null odds (default: the threshold "
+                        "fine-tuning found best on dev)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(run=run_serve)
 
@@ -91,6 +95,10 @@ def run_serve(args) -> int:
     if args.max_wait_ms < 0:
         raise BertkitError("--max-wait-ms must be >= 0")
     predictor = load_predictor(args, args.max_length)
+    if args.null_threshold is not None:
+        if not math.isfinite(args.null_threshold):
+            raise BertkitError("--null-threshold must be a finite number")
+        predictor.null_threshold = args.null_threshold
     if args.int8:
         report_int8(args, predictor)
     if args.max_length is not None and args.max_length > predictor.max_length:

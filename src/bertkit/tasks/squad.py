@@ -10,10 +10,16 @@
   postprocess  per window the n_best (20) start and end logits; spans inside the context, not
                inverted, at most max_answer_length (30) pieces, whose start piece has its maximal
                context in that window; score = start + end logit; the answer is the context's
-               characters under the span (tokenizer offsets). v2.0: null score = the minimum over
+               original characters from the start of the first piece's word to the end of the last
+               piece's word (words as BERT's basic tokenizer splits them: whitespace and every
+               punctuation mark), so an answer never starts or ends inside a word. run_squad.py
+               maps pieces to whitespace words and back with get_final_text, which keeps a span
+               that starts on a "##" piece mid-word ("lesale, retail"); the tokenizer's character
+               offsets make that alignment exact here. v2.0: null score = the minimum over
                windows of start[CLS] + end[CLS]; null odds = null score - best non-null score;
-               the answer is "" when the odds exceed `null_threshold` (0 by default; the
-               official evaluation reports best_f1_thresh, the value to tune on dev)
+               the answer is "" when the odds exceed `null_threshold` (0 by default). Fine-tuning
+               saves the threshold that maximises F1 on dev with the model
+               (config.json `bertkit_null_threshold`), and evaluate / predict / serve apply it
   metrics      the official evaluate-v1.1.py / evaluate-v2.0.py (`bertkit.tasks.metrics`)
 
 `stride` here is run_squad.py's doc_stride, the step between window starts (Hugging Face's
@@ -195,14 +201,18 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
     questions = tokenizer.backend.encode_batch([ex.question for ex in examples], add_special_tokens=False)
     contexts: dict[str, object] = {}
     unique = list(dict.fromkeys(ex.context for ex in examples))    # contexts repeat across questions
+    word_spans: dict[str, list[tuple[int, int]]] = {}
     for c, enc in zip(unique, tokenizer.backend.encode_batch(unique, add_special_tokens=False)):
-        contexts[c] = enc
+        contexts[c], word_spans[c] = enc, piece_words(enc)
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
-    feats, no_target, narrowed = [], 0, 0
+    feats, no_target, narrowed, q_cut = [], 0, 0, 0
     for i, ex in enumerate(examples):
         q_ids = questions[i].ids[:max_query_length]
+        if len(questions[i].ids) > max_query_length:
+            q_cut += 1
+            tokenizer.stats.tokens_cut += len(questions[i].ids) - max_query_length
         enc = contexts[ex.context]
-        doc_ids, offsets = enc.ids, [tuple(o) for o in enc.offsets]
+        doc_ids, offsets, words = enc.ids, [tuple(o) for o in enc.offsets], word_spans[ex.context]
         room = max_length - len(q_ids) - 3
         if room < 1:
             raise DataError(f"max_length {max_length} leaves no room for the context after a "
@@ -224,7 +234,7 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
             first = len(q_ids) + 2                                   # input position of piece s
             feat = {"input_ids": ids, "token_type_ids": types, "example_index": i,
                     "context_start": first, "doc_start": s,
-                    "offsets": offsets[s:s + length],
+                    "offsets": offsets[s:s + length], "word_offsets": words[s:s + length],
                     "max_context": [max_context(spans, k, s + j) for j in range(length)]}
             if ex.answers or ex.is_impossible:
                 sp, ep = 0, 0                                        # [CLS]: no answer in this window
@@ -238,7 +248,20 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
                     max_length)
     if no_target:
         log.warning("%d answers cover no word piece of their context; they train towards [CLS]", no_target)
+    if q_cut:
+        log.warning("cut %d questions to their first %d word pieces", q_cut, max_query_length)
+        tokenizer.stats.truncated_inputs += q_cut
+    tokenizer.stats.inputs += len(examples)
     return feats
+
+
+def piece_words(enc) -> list[tuple[int, int]]:
+    """Per word piece of an encoded text, the character span of the whole word it belongs to."""
+    spans: dict[int, list[int]] = {}
+    for w, (s, e) in zip(enc.word_ids, enc.offsets):
+        span = spans.setdefault(w, [s, e])
+        span[0], span[1] = min(span[0], s), max(span[1], e)
+    return [tuple(spans[w]) for w in enc.word_ids]
 
 
 # ---- post-processing -----------------------------------------------------------------------------
@@ -271,7 +294,8 @@ def postprocess_qa(outputs: Sequence, features: Sequence[dict], examples: Sequen
                     ce = e - first
                     if ce < 0 or ce >= n_ctx or e < s or e - s + 1 > max_answer_length:
                         continue
-                    prelim.append((start[s] + end[e], start[s], end[e], f["offsets"][cs][0], f["offsets"][ce][1]))
+                    prelim.append((start[s] + end[e], start[s], end[e], f["word_offsets"][cs][0],
+                                   f["word_offsets"][ce][1]))
         if null is not None:
             prelim.append((null[0], null[1], null[2], -1, -1))
         prelim.sort(key=lambda p: p[0], reverse=True)             # stable, as run_squad's sorted()
@@ -340,9 +364,36 @@ def metrics_v1(predictions: dict, examples: Sequence[QAExample]) -> dict:
 
 
 def metrics_v2(predictions: dict, examples: Sequence[QAExample]) -> dict:
+    """evaluate-v2.0.py on the answers as given; best_exact / best_f1 and their thresholds over
+    every question answered by its best non-null span (the official sweep on answers already cut
+    at threshold 0 cannot find a threshold above 0)."""
     from .metrics import squad_v2
     odds = getattr(predictions, "null_odds", None) or None
-    return squad_v2(references(examples), predictions, odds)
+    out = squad_v2(references(examples), predictions, odds)
+    if odds and getattr(predictions, "nbest", None):
+        every = squad_v2(references(examples), apply_null_threshold(predictions, float("inf")), odds)
+        out.update({k: every[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")})
+    return out
+
+
+def qa_settings(raw: dict) -> dict:
+    """How a fine-tuned QA checkpoint reads inputs and answers, from its config.json: SQuAD
+    version, max_length, doc stride and the v2.0 null threshold tuned on dev (defaults otherwise)."""
+    from ..errors import BertkitError
+
+    task = raw.get("bertkit_task")
+    out = {"version": 2 if isinstance(task, dict) and task.get("name") == "squad2" else 1,
+           "max_length": raw.get("bertkit_max_length", 384), "doc_stride": raw.get("bertkit_stride", 128),
+           "null_threshold": raw.get("bertkit_null_threshold", 0.0)}
+    for key, field in (("max_length", "bertkit_max_length"), ("doc_stride", "bertkit_stride")):
+        v = out[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise BertkitError(f"config.json: {field} must be a positive integer, got {v!r}")
+    t = out["null_threshold"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t or abs(t) == float("inf"):
+        raise BertkitError(f"config.json: bertkit_null_threshold must be a finite number, got {t!r}")
+    out["null_threshold"] = float(t)
+    return out
 
 
 def _task(version: int) -> Task:
@@ -355,7 +406,7 @@ def _task(version: int) -> Task:
         postprocess=lambda outputs, features, examples, labels=None, **kw: postprocess_qa(
             outputs, features, examples, labels, version=version, **kw),
         metrics=metrics_v1 if version == 1 else metrics_v2,
-        main_metric="f1", parse=parse_question,
+        main_metric="f1" if version == 1 else "best_f1", parse=parse_question,
         files={"train": "train.json", "dev": "dev.json"} if version == 1 else
               {"train": "train-v2.0.json", "dev": "dev-v2.0.json"},
         max_length=384, stride=128)
