@@ -142,3 +142,112 @@ def test_train_small_vocab(tmp_path):
     tok.save(tmp_path / "tok")
     ref = transformers.BertTokenizer.from_pretrained(tmp_path / "tok")
     assert Tokenizer.from_dir(tmp_path / "tok").encode("the cat sat").input_ids == ref("the cat sat")["input_ids"]
+
+
+# ---- training is deterministic ---------------------------------------------------------------------
+def test_training_gives_byte_identical_files_run_after_run(tmp_path):
+    """Three `bertkit tokenizer train` processes (each with its own hash seed) on the bundled sample:
+    the same bytes in every file. (The `tokenizers` trainer breaks ties in hash-map order: its
+    vocabularies differ from run to run, ids and tokens.)"""
+    import gzip
+    import os
+    import subprocess
+    import sys
+    from importlib import resources
+
+    sample = tmp_path / "inaugural.txt"
+    sample.write_bytes(gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()))
+    outs = []
+    for seed in ("0", "1", "random"):
+        out = tmp_path / f"tok{seed}"
+        env = {**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, "-m", "bertkit", "tokenizer", "train", str(sample), "--vocab-size",
+                               "3000", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(out)
+    names = sorted(p.name for p in outs[0].iterdir())
+    assert names == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+    for out in outs[1:]:
+        for name in names:
+            assert (out / name).read_bytes() == (outs[0] / name).read_bytes(), name
+    assert len((outs[0] / "vocab.txt").read_text(encoding="utf-8").splitlines()) == 3000
+
+
+def _reference_wordpiece(word_counts: dict, vocab_size: int, min_frequency: int, limit_alphabet: int) -> list[str]:
+    """The same rules as `learn_wordpiece`, the slow obvious way: recount every pair after each merge."""
+    from bertkit.tokenizer import SPECIAL_TOKENS
+
+    chars: dict[str, int] = {}
+    for w, n in word_counts.items():
+        for ch in w:
+            chars[ch] = chars.get(ch, 0) + n
+    alphabet = {ch for ch, _ in sorted(chars.items(), key=lambda kv: (-kv[1], kv[0]))[:limit_alphabet]}
+    tokens = [*SPECIAL_TOKENS, *sorted(alphabet)]
+    kept = {w: n for w, n in word_counts.items() if set(w) <= alphabet}
+    tokens += ["##" + ch for ch in sorted({ch for w in kept for ch in w[1:]})]
+    words = {w: [tokens.index(w[0])] + [tokens.index("##" + ch) for ch in w[1:]] for w in kept}
+    while len(tokens) < vocab_size:
+        counts: dict = {}
+        for w, ids in words.items():
+            for p in zip(ids, ids[1:]):
+                counts[p] = counts.get(p, 0) + kept[w]
+        if not counts:
+            break
+        (a, b), c = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        if c < min_frequency:
+            break
+        new = tokens[a] + tokens[b][2:]
+        if new not in tokens:
+            tokens.append(new)
+        nid = tokens.index(new)
+        for w, ids in words.items():
+            out, i = [], 0
+            while i < len(ids):
+                if i + 1 < len(ids) and (ids[i], ids[i + 1]) == (a, b):
+                    out.append(nid)
+                    i += 2
+                else:
+                    out.append(ids[i])
+                    i += 1
+            words[w] = out
+    return tokens
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_learner_equals_the_obvious_algorithm(seed):
+    """Incremental pair counts give the merges that recounting everything gives: runs of one letter
+    ('aaaa'), repeats ('abab'), merges that make an existing token, ties, an alphabet limit."""
+    import random
+
+    from bertkit.tokenizer import learn_wordpiece
+
+    rng = random.Random(seed)
+    letters = "aab" if seed % 2 else "abcdeé"
+    counts = {"".join(rng.choice(letters) for _ in range(rng.randint(1, 7))): rng.randint(1, 5) for _ in range(60)}
+    for vocab_size, min_frequency, limit in ((40, 1, 100), (80, 2, 4), (200, 1, 3)):
+        assert learn_wordpiece(counts, vocab_size, min_frequency, limit) == \
+            _reference_wordpiece(counts, vocab_size, min_frequency, limit), (vocab_size, min_frequency, limit)
+
+
+def test_word_counts_equal_the_normalizer_and_pre_tokenizer(tmp_path):
+    """The fast ASCII path and the regular-expression split give the words `tokenizers` gives."""
+    import random
+    from collections import Counter
+
+    from tokenizers import normalizers, pre_tokenizers
+
+    from bertkit.tokenizer import count_words
+
+    rng = random.Random(0)
+    lines = [c["text"] + " " + (c.get("text_pair") or "") for c in HARD]
+    lines += ["".join(chr(rng.randrange(0, 128)) for _ in range(80)) for _ in range(100)]       # control chars
+    lines += ["".join(chr(rng.randrange(0, 0x3100)) for _ in range(80)) for _ in range(100)]    # accents, CJK
+    lines = [line.replace("\n", " ").replace("\r", " ") for line in lines]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
+    for lowercase in (True, False):
+        norm = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
+        pre = pre_tokenizers.BertPreTokenizer()
+        expected = Counter(w for line in corpus.read_text(encoding="utf-8").split("\n") if line.strip()
+                           for w, _ in pre.pre_tokenize_str(norm.normalize_str(line)))
+        assert count_words([corpus], lowercase) == expected

@@ -39,6 +39,9 @@ class ModelSection:
     attention_dropout: float = 0.1
     norm_position: str = "post"
     """LayerNorm placement: 'post' (BERT, Hugging Face compatible) or 'pre' (pre-norm + a final LayerNorm)."""
+    causal: bool | None = None
+    """Attention: false = bidirectional (BERT), true = causal (left-to-right, recorded in config.json
+    so fine-tuning keeps it); None = what train.objective needs (clm: causal)."""
     init_from: str | None = None
     """An HF/bertkit checkpoint folder to continue pre-training from (instead of random init)."""
 
@@ -124,6 +127,10 @@ class TrainSection:
     """Fraction of the run spent in the long phase when `data.long_path` is set (paper: 0.1)."""
     nsp: bool = True
     """Train the next-sentence-prediction head too (the paper's objective); False = MLM only."""
+    objective: str | None = None
+    """'mlm' (masked LM: BERT) or 'clm' (next-token prediction under causal attention: the paper's
+    "LTR & No NSP" baseline; the MLM head, tied to the word embeddings, is the LM head, so no new
+    parameters; no NSP). None = clm when model.causal is true, else mlm."""
     seed: int = 0
     precision: str = "auto"
     """'auto' (bf16 autocast on CUDA with bf16 support, else fp32), 'fp32', 'bf16' or 'fp16' (with a scaler)."""
@@ -190,6 +197,7 @@ class PretrainConfig:
                    "train.packed": (str(self.train.packed).lower(), ("auto", "true", "false")),
                    "train.distributed": (self.train.distributed, ("ddp", "fsdp")),
                    "model.norm_position": (self.model.norm_position, ("post", "pre")),
+                   "train.objective": (self.train.objective or "mlm", ("mlm", "clm")),
                    "data.mask_mode": (self.data.mask_mode or "token", ("token", "whole_word", "span")),
                    "optim.name": (self.optim.name, ("adamw", "adamw_google", "lamb")),
                    "optim.schedule": (self.optim.schedule, ("linear", "cosine", "constant", "wsd"))}
@@ -204,6 +212,17 @@ class PretrainConfig:
         if self.train.budget is not None:
             parse_duration(self.train.budget, "train.budget")
         self.data.check()
+        causal, objective = self.model.causal, self.train.objective
+        if objective is None:
+            self.train.objective = objective = "clm" if causal else "mlm"
+        if causal is None:
+            self.model.causal = causal = objective == "clm"
+        if objective == "clm" and not causal:
+            raise RunConfigError("train.objective=clm predicts each next token: it needs causal attention "
+                                 "(model.causal=false would show the model the token it must predict)")
+        if objective == "mlm" and causal:
+            raise RunConfigError("model.causal=true with train.objective=mlm: a left-to-right model is trained on "
+                                 "next tokens; set train.objective=clm (the paper's LTR baseline)")
 
 
 # ---- loading, overriding, saving ---------------------------------------------------------------

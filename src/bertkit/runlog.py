@@ -147,11 +147,14 @@ class Window:
             self.sums[k] = self.sums.get(k, 0.0) + s[k]
 
     def record(self, st, run: dict) -> dict:
+        """Averages over the window; a left-to-right run (train.objective=clm) names its head's
+        figures next_token_loss / next_token_accuracy instead of mlm_*."""
         dt = max(time.perf_counter() - self.t0, 1e-9)
         n, s = max(self.n, 1), self.sums
-        return {"step": st.step, "loss": s["loss"] / n, "mlm_loss": s["mlm_loss"] / n,
+        lm = "next_token" if getattr(run["cfg"].train, "objective", "mlm") == "clm" else "mlm"
+        return {"step": st.step, "loss": s["loss"] / n, f"{lm}_loss": s["mlm_loss"] / n,
                 "nsp_loss": s["nsp_loss"] / n if run["cfg"].train.nsp else None,
-                "mlm_accuracy": s["mlm_correct"] / max(s["mlm_count"], 1),
+                f"{lm}_accuracy": s["mlm_correct"] / max(s["mlm_count"], 1),
                 "nsp_accuracy": s["nsp_correct"] / s["nsp_count"] if s["nsp_count"] else None,
                 "lr": self.last["lr"], "grad_norm": self.last["grad_norm"], "tokens_per_s": s["tokens"] / dt,
                 "flops_per_s": s["flops"] / dt, "tokens": st.tokens, "elapsed_s": round(st.elapsed, 3),
@@ -220,7 +223,8 @@ def bar_update(bar, run: dict, s: dict) -> None:
     st = run["state"]
     bar.update(int(st.elapsed) - bar.n if run["budget"] else 1)
     if st.step % max(1, min(run["cfg"].train.log_every, 10)) == 0:
-        post = {"loss": f"{s['loss']:.3f}", "mlm": f"{s['mlm_correct'] / max(s['mlm_count'], 1):.3f}"}
+        head = "next" if getattr(run["cfg"].train, "objective", "mlm") == "clm" else "mlm"
+        post = {"loss": f"{s['loss']:.3f}", head: f"{s['mlm_correct'] / max(s['mlm_count'], 1):.3f}"}
         if s["nsp_count"]:
             post["nsp"] = f"{s['nsp_correct'] / s['nsp_count']:.3f}"
         post["tok/s"] = f"{st.tokens / max(st.elapsed, 1e-9):.0f}"
@@ -302,18 +306,20 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path, card: 
     evals = [{k: (nan if v is None else v) for k, v in e.items()} for e in evals]
     steps = [m["step"] for m in metrics]
     held = "o-" if len(evals) <= 40 else "-"
-    axes[0].plot(steps, [m["loss"] for m in metrics], label="train loss (MLM + NSP)", lw=1)
-    axes[0].plot(steps, [m["mlm_loss"] for m in metrics], label="train MLM loss", lw=1)
+    lm, name = ("next_token", "next-token") if "next_token_loss" in metrics[0] else ("mlm", "MLM")
+    axes[0].plot(steps, [m["loss"] for m in metrics], label="train loss (MLM + NSP)" if lm == "mlm" else
+                 "train loss", lw=1)
+    axes[0].plot(steps, [m[f"{lm}_loss"] for m in metrics], label=f"train {name} loss", lw=1)
     if evals:
-        axes[0].plot([e["step"] for e in evals], [e["eval_mlm_loss"] for e in evals], held, ms=3,
-                     label=f"held-out MLM loss ({len(evals)} points)")
+        axes[0].plot([e["step"] for e in evals], [e[f"eval_{lm}_loss"] for e in evals], held, ms=3,
+                     label=f"held-out {name} loss ({len(evals)} points)")
     axes[0].set_xlabel("update"); axes[0].set_ylabel("loss"); axes[0].set_title("loss"); axes[0].legend(fontsize=8)
-    axes[1].plot(steps, [m["mlm_accuracy"] for m in metrics], label="train MLM accuracy", lw=1)
+    axes[1].plot(steps, [m[f"{lm}_accuracy"] for m in metrics], label=f"train {name} accuracy", lw=1)
     if any(m.get("nsp_accuracy") == m.get("nsp_accuracy") for m in metrics):
         axes[1].plot(steps, [m["nsp_accuracy"] for m in metrics], label="train NSP accuracy", lw=1)
     if evals:
-        axes[1].plot([e["step"] for e in evals], [e["eval_mlm_accuracy"] for e in evals], held, ms=3,
-                     label="held-out MLM accuracy")
+        axes[1].plot([e["step"] for e in evals], [e[f"eval_{lm}_accuracy"] for e in evals], held, ms=3,
+                     label=f"held-out {name} accuracy")
         if any(e.get("eval_nsp_accuracy") == e.get("eval_nsp_accuracy") for e in evals):
             axes[1].plot([e["step"] for e in evals], [e["eval_nsp_accuracy"] for e in evals], held, ms=3,
                          label="held-out NSP accuracy", alpha=0.6)

@@ -225,9 +225,18 @@ def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
                              "(--data.path=DIR)")
     first = open_dataset(dc.path)
     tokenizer = first.tokenizer()
+    if tc.nsp and tc.objective == "clm":
+        log.info("train.objective=clm: no NSP head (the paper's LTR & No NSP baseline; train.nsp=false)")
+        tc.nsp = False
     if tc.nsp and not first.meta.get("nsp", True):
         log.warning("%s was prepared without NSP pairs: training MLM only (train.nsp=false)", dc.path)
         tc.nsp = False
+    if tc.objective == "clm" and dc.masking_overrides():
+        raise RunConfigError(f"train.objective=clm masks nothing: drop the data.* masking keys "
+                             f"({', '.join(dc.masking_overrides())})")
+    if tc.objective == "clm" and first.meta.get("nsp"):
+        log.info("%s holds NSP pairs: half of the B segments come from another document (prepare --no-nsp for "
+                 "contiguous text)", dc.path)
     held = choose_held_out(first, dc.eval_path, dc.eval_instances)
     phases = [Phase("short", dc.path, first, None, np.arange(held.train_stop), tc.batch_size, tc.grad_accum,
                     int(first.meta.get("max_seq_length", 0)), held)]
@@ -242,7 +251,8 @@ def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
         phases.append(Phase("long", dc.long_path, long, None, np.arange(len(long)), lb,
                             tc.batch_size * tc.grad_accum // lb, int(long.meta.get("max_seq_length", 0))))
     for i, ph in enumerate(phases):
-        ph.collator = Collator(ph.data, _masking(ph, dc.masking_overrides(long=i == 1), i == 1), seed=tc.seed)
+        ph.collator = Collator(ph.data, _masking(ph, dc.masking_overrides(long=i == 1), i == 1), seed=tc.seed,
+                               objective=tc.objective)
         G = ph.batch_size * ph.grad_accum * world.world_size
         if len(ph.indices) < G:
             raise RunConfigError(f"{ph.path}: {len(ph.indices)} training instances, fewer than one global batch "
@@ -301,21 +311,34 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
     mc = cfg.model
     head_args = {"nsp": cfg.train.nsp}
     if ckpt is not None:                     # weights come from the checkpoint's HF folder
-        return load_model(ckpt / "model", head="pretraining", **head_args)
+        return _attention(load_model(ckpt / "model", head="pretraining", **head_args), mc.causal)
     if mc.init_from:
         model = load_model(mc.init_from, head="pretraining", new_head_ok=True, **head_args)
         if model.config.vocab_size != vocab_size:
             raise RunConfigError(f"model.init_from {mc.init_from} has vocab_size {model.config.vocab_size}, "
                                  f"the data's tokenizer {vocab_size}")
-        return model
+        return _attention(model, mc.causal)
     overrides = {k: getattr(mc, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
                  if getattr(mc, k) is not None}
     bert_cfg = preset(mc.preset, vocab_size=vocab_size, max_position_embeddings=mc.max_position_embeddings,
                       hidden_act=mc.hidden_act, hidden_dropout=mc.hidden_dropout,
-                      attention_dropout=mc.attention_dropout, norm_position=mc.norm_position, **overrides)
+                      attention_dropout=mc.attention_dropout, norm_position=mc.norm_position, causal=mc.causal,
+                      **overrides)
     torch.manual_seed(cfg.train.seed)
     model = build("pretraining", bert_cfg, **head_args)
     return init_weights(model, bert_cfg)
+
+
+def _attention(model, causal: bool):
+    """The attention direction the config asks for (model.causal / train.objective), also on a loaded
+    model; config.json records it (bertkit_causal), so fine-tuning the checkpoint keeps it."""
+    if bool(model.config.causal) != bool(causal):
+        log.info("attention switched to %s for this run", "causal" if causal else "bidirectional")
+        model.config.causal = bool(causal)
+        for m in model.modules():
+            if hasattr(m, "causal"):
+                m.causal = bool(causal)
+    return model
 
 
 # ---- one update ----------------------------------------------------------------------------------
@@ -480,7 +503,7 @@ def _eval_batches(cfg: PretrainConfig, phase: Phase, world: D.World) -> list[dic
     data, idx = phase.held_out.data, phase.held_out.indices
     if data is None or not len(idx):
         return []
-    collator = Collator(data, phase.collator.cfg, seed=cfg.train.seed + 1)
+    collator = Collator(data, phase.collator.cfg, seed=cfg.train.seed + 1, objective=phase.collator.objective)
     mine = idx[world.rank::world.world_size]
     B = cfg.train.batch_size
     return [collator([data[int(i)] for i in mine[s:s + B]], epoch=0) for s in range(0, len(mine), B)]
@@ -488,7 +511,8 @@ def _eval_batches(cfg: PretrainConfig, phase: Phase, world: D.World) -> list[dic
 
 @torch.no_grad()
 def evaluate(run: dict) -> dict | None:
-    """Held-out MLM loss (per predicted token), accuracy, perplexity and NSP accuracy."""
+    """Held-out MLM loss (per predicted token), accuracy, perplexity and NSP accuracy; for
+    train.objective=clm the next-token loss, accuracy and perplexity (eval_next_token_*)."""
     if not run["eval"] and not run["world"].distributed:
         return None
     model, world = run["wrapped"], run["world"]
@@ -512,8 +536,13 @@ def evaluate(run: dict) -> dict | None:
     if s[2] == 0:
         return None
     loss = s[0].item() / s[2].item()
-    rec = {"step": run["state"].step, "eval_mlm_loss": loss, "eval_mlm_accuracy": s[1].item() / s[2].item(),
-           "eval_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s[2])}
+    if run["cfg"].train.objective == "clm":
+        rec = {"step": run["state"].step, "eval_next_token_loss": loss,
+               "eval_next_token_accuracy": s[1].item() / s[2].item(),
+               "eval_next_token_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s[2])}
+    else:
+        rec = {"step": run["state"].step, "eval_mlm_loss": loss, "eval_mlm_accuracy": s[1].item() / s[2].item(),
+               "eval_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s[2])}
     rec["eval_nsp_accuracy"] = s[3].item() / s[4].item() if s[4] else None
     return rec
 
@@ -527,8 +556,10 @@ def _eval_and_log(run, evals, board, bar) -> dict | None:
             for k, v in rec.items():
                 if v is not None and k != "step":
                     board.add_scalar(f"eval/{k[5:]}", v, rec["step"])
-        msg = (f"update {rec['step']}: held-out MLM loss {rec['eval_mlm_loss']:.4f}, accuracy "
-               f"{rec['eval_mlm_accuracy']:.4f}, perplexity {rec['eval_perplexity']:.1f}"
+        lm = ("next-token", "eval_next_token") if "eval_next_token_loss" in rec else ("MLM", "eval_mlm")
+        msg = (f"update {rec['step']}: held-out {lm[0]} loss {rec[lm[1] + '_loss']:.4f}, accuracy "
+               f"{rec[lm[1] + '_accuracy']:.4f}, perplexity "
+               f"{rec.get('eval_perplexity', rec.get('eval_next_token_perplexity')):.1f}"
                + (f", NSP accuracy {rec['eval_nsp_accuracy']:.4f}" if rec["eval_nsp_accuracy"] is not None else ""))
         (bar.write(msg) if bar is not None else log.info(msg))
     return rec
@@ -599,7 +630,9 @@ def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None,
         "model": f"{cfg.model.preset}: {mc.num_layers} layers, hidden {mc.hidden_size}, {mc.num_heads} heads, "
                  f"FFN {mc.intermediate_size}",
         "parameters": num_parameters(model), "vocab_size": mc.vocab_size,
-        "objective": "MLM + NSP" if cfg.train.nsp else "MLM",
+        "objective": "CLM (next-token prediction)" if cfg.train.objective == "clm"
+                     else "MLM + NSP" if cfg.train.nsp else "MLM",
+        "attention": "causal (left-to-right)" if mc.causal else "bidirectional",
         "sequence_lengths": [p.max_len for p in ph],
         "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,
         "updates": st.step, "tokens_seen": st.tokens, "skipped_updates": st.skipped,

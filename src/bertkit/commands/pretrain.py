@@ -93,8 +93,10 @@ def run_pretrain(args) -> int:
     card = pretrain(cfg, command=" ".join(["bertkit", "pretrain"] + [shlex.quote(a) for a in sys.argv[2:]]))
     if card and card.get("final_eval"):
         e = card["final_eval"]
-        log.info("done: %d updates in %.0f s; held-out MLM accuracy %.4f, perplexity %.1f", card["updates"],
-                 card["wall_time_s"], e["eval_mlm_accuracy"], e["eval_perplexity"])
+        lm = ("next-token", "eval_next_token_accuracy", "eval_next_token_perplexity") if "eval_next_token_loss" in e \
+            else ("MLM", "eval_mlm_accuracy", "eval_perplexity")
+        log.info("done: %d updates in %.0f s; held-out %s accuracy %.4f, perplexity %.1f", card["updates"],
+                 card["wall_time_s"], lm[0], e[lm[1]], e[lm[2]])
     return 0
 
 
@@ -149,7 +151,7 @@ def quickstart(out: str, minutes: float = 3.0, vocab_size: int = 8000, preset: s
     tok = Tokenizer.train([str(root / "text" / "train.txt")], vocab_size=vocab_size, lowercase=True)
     tok.save(root / "tokenizer")
     print(f"2/4 WordPiece vocabulary: {tok.vocab_size} tokens -> {root / 'tokenizer'}", flush=True)
-    pcfg = PrepareConfig(max_seq_length=128, seed=seed)
+    pcfg = PrepareConfig(max_seq_length=128, seed=seed, eval_fraction=0.0)     # the held-out text is its own file
     meta = prepare([str(root / "text" / "train.txt")], tok, root / "data" / "train", pcfg, progress=False,
                    overwrite=True)
     prepare([str(root / "text" / "heldout.txt")], tok, root / "data" / "heldout", pcfg, progress=False, overwrite=True)

@@ -11,6 +11,7 @@ API (the pre-training loop codes against this):
   Collator(tokenizer_or_ids_info, masking_cfg, seed, pad_to_multiple_of=None)
       collator(batch, epoch=None) -> dict of torch tensors: input_ids (B, T), token_type_ids,
       attention_mask, mlm_labels (-100 where not predicted), nsp_labels (B,) when the data has NSP
+  Collator(..., objective='clm'): no masks; mlm_labels = the next token (left-to-right LM)
 
 Selection follows google-research/bert `create_masked_lm_predictions`: the candidates are every
 position whose id is not special ([CLS], [SEP], [PAD], [MASK]); they are shuffled (whole-word mode
@@ -271,13 +272,20 @@ class Collator:
     Call with a list of instances (dicts from `PretrainingData[i]`, which carry their global
     `index`) or of (index, instance) pairs. `epoch` comes from the argument or the `epoch`
     attribute (set it each epoch: `collator.epoch = e`).
+
+    objective='clm' (left-to-right LM): nothing is masked (static masks are undone) and
+    `mlm_labels` holds each position's next token, labels[i] = ids[i + 1] within the sequence
+    (-100 at its last token and on padding), for the same head.
     """
 
     def __init__(self, tokenizer_or_ids_info: Any, masking_cfg: MaskingConfig | None = None, seed: int = 0,
-                 pad_to_multiple_of: int | None = None):
+                 pad_to_multiple_of: int | None = None, objective: str = "mlm"):
         self.info = TokenInfo.of(tokenizer_or_ids_info)
         self.cfg = masking_cfg or MaskingConfig()
         self.seed, self.pad_to_multiple_of, self.epoch = int(seed), pad_to_multiple_of, 0
+        if objective not in ("mlm", "clm"):
+            raise MaskingError(f"objective {objective!r}: expected mlm or clm")
+        self.objective = objective
         if self.cfg.mode != "token" and self.info.subword is None:
             raise MaskingError(f"{self.cfg.mode} masking needs the vocabulary (pass the tokenizer or dataset)")
 
@@ -307,7 +315,13 @@ class Collator:
         for r, (idx, inst) in enumerate(items):
             x = np.asarray(inst["input_ids"], dtype=np.int64)
             n = len(x)
-            if "masked_lm_positions" in inst:                     # static: stored masks
+            if self.objective == "clm":                           # next token; static masks undone
+                if "masked_lm_positions" in inst:
+                    x = x.copy()
+                    x[np.asarray(inst["masked_lm_positions"])] = inst["masked_lm_ids"]
+                masked, lab = x, np.full(n, -100, dtype=np.int64)
+                lab[:-1] = x[1:]
+            elif "masked_lm_positions" in inst:                   # static: stored masks
                 masked, lab = x, np.full(n, -100, dtype=np.int64)
                 lab[np.asarray(inst["masked_lm_positions"])] = inst["masked_lm_ids"]
             else:
