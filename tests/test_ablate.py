@@ -226,3 +226,43 @@ def test_contract_test_on_a_checkpoint(grid):
     path, _ = grid
     r = ablate.contract_test(path.parent / "out" / "arms" / "base" / "pretrain" / "final")
     assert r["passed"] and r["tokens"] > r["left_tokens"] > 2
+
+
+# ---- sentence-order prediction pairs (prepare pair_mode: sop), the sop arm's data ----------------
+def test_sop_pairs_are_consecutive_text_half_swapped():
+    import numpy as np
+    from bertkit.data.instances import BuildCounts, as_doc, sop_instances
+
+    r = random.Random(0)
+    docs = [as_doc([[1000 * d + 10 * s + k for k in range(r.randint(1, 9))] for s in range(r.randint(1, 7))])
+            for d in range(300)]
+    counts, insts = BuildCounts(), []
+    for d in range(len(docs)):
+        insts += sop_instances(docs, d, 512, 0.1, r, cls_id=1, sep_id=2, counts=counts)
+    assert len(insts) > 250 and counts.random_next == sum(x.nsp_label for x in insts)
+    assert 0.4 < counts.random_next / len(insts) < 0.6
+    for x in insts:                 # no truncation at 512: in document order, A then B is one stretch of text
+        t = x.tokens
+        a, b = t[1:x.b_start - 1], t[x.b_start:-1]
+        first, second = (b, a) if x.nsp_label else (a, b)
+        text = np.concatenate([first, second])
+        doc = docs[int(text[0]) // 1000].flat
+        start = int(np.flatnonzero(doc == text[0])[0])
+        assert len(a) and len(b) and np.array_equal(doc[start:start + len(text)], text)
+
+
+def test_prepare_sop_and_its_checks(tmp_path):
+    from bertkit import Tokenizer
+    from bertkit.data.prepare import PrepareConfig, prepare
+
+    with pytest.raises(BertkitError, match="pair_mode 'sap'"):
+        PrepareConfig(pair_mode="sap")
+    with pytest.raises(BertkitError, match="sop builds sentence pairs"):
+        PrepareConfig(pair_mode="sop", nsp=False)
+    text = tmp_path / "t.txt"
+    text.write_text((resources.files("bertkit") / "sample" / "sample.txt").read_text(encoding="utf-8"))
+    tok = Tokenizer.train([str(text)], vocab_size=300)
+    meta = prepare([str(text)], tok, tmp_path / "sop", PrepareConfig(max_seq_length=64, pair_mode="sop"),
+                   progress=False)
+    assert meta["config"]["pair_mode"] == "sop" and meta["nsp"] and meta["counts"]["instances"] > 0
+    assert 0.2 < meta["counts"]["random_next_fraction"] < 0.8

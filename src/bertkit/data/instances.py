@@ -204,3 +204,56 @@ def packed_instances(docs: list[Doc], max_seq_length: int, cls_id: int, sep_id: 
                 length += len(p)
     emit()
     return out
+
+
+# ---- sentence-order prediction (PrepareConfig.pair_mode = 'sop') --------------------------------------
+def sop_instances(docs: list[Doc], doc_index: int, max_seq_length: int, short_seq_prob: float,
+                  rng: random.Random, cls_id: int, sep_id: int, counts: BuildCounts) -> list[Instance]:
+    """Sentence-order prediction (ALBERT, Lan et al. 2020), the replacement for NSP the paper note
+    mentions: A and B are always consecutive text of the same document, and with probability 0.5
+    they are swapped; the label (stored where NSP's is) is 1 = swapped, 0 = in order. Target lengths,
+    accumulation, the split point and truncation are those of `nsp_instances`. A lone sentence takes
+    the next sentence as B, or (the document's last) is split at a random token; a one-token
+    sentence left alone is dropped. `counts.random_next` counts the swapped pairs."""
+    flat, off = docs[doc_index]
+    n_sent = len(off) - 1
+    cls, sep = np.array([cls_id]), np.array([sep_id])
+    max_num_tokens = max_seq_length - 3
+    target_seq_length, short = max_num_tokens, False
+    if rng.random() < short_seq_prob:
+        target_seq_length, short = rng.randint(2, max_num_tokens), True
+    if n_sent == 1:
+        counts.one_sentence_documents += 1
+    instances: list[Instance] = []
+    count, current_length, i = 0, 0, 0
+    while i < n_sent:
+        count += 1
+        current_length += off[i + 1] - off[i]
+        if i == n_sent - 1 or current_length >= target_seq_length:
+            first = i - count + 1
+            if count == 1 and i + 1 < n_sent:                 # B = the next sentence
+                i += 1
+                count = 2
+            a_lo, b_hi = off[first], off[first + count]
+            if count >= 2:
+                a_hi = off[first + rng.randint(1, count - 1)]
+            elif b_hi - a_lo >= 2:                              # the last sentence alone: split it
+                a_hi = a_lo + rng.randint(1, b_hi - a_lo - 1)
+            else:
+                count, current_length, i = 0, 0, i + 1
+                continue
+            tokens_a, tokens_b = flat[a_lo:a_hi], flat[a_hi:b_hi]
+            (fa, ba), (fb, bb) = truncate_pair(len(tokens_a), len(tokens_b), max_num_tokens, rng)
+            tokens_a = tokens_a[fa:len(tokens_a) - ba]
+            tokens_b = tokens_b[fb:len(tokens_b) - bb]
+            counts.tokens_truncated += fa + ba + fb + bb
+            swapped = rng.random() < 0.5
+            if swapped:
+                tokens_a, tokens_b = tokens_b, tokens_a
+            n = len(tokens_a) + len(tokens_b) + 3
+            instances.append(Instance([cls, tokens_a, sep, tokens_b, sep], n, len(tokens_a) + 2, int(swapped), short))
+            counts.random_next += int(swapped)
+            counts.short += int(short)
+            count, current_length = 0, 0
+        i += 1
+    return instances

@@ -44,7 +44,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import BertkitError
-from .instances import BuildCounts, Doc, nsp_instances, packed_instances
+from .instances import BuildCounts, Doc, nsp_instances, packed_instances, sop_instances
 from .masking import MaskingConfig, TokenInfo, mask_many
 from .pretraining import FORMAT_VERSION, read_shard_info, shard_name, write_shard
 from .text import Chunker, TextCounts, expand_inputs, read_documents
@@ -63,6 +63,10 @@ class PrepareConfig:
     lone_segment: str = "next"
     """NSP, when one sentence fills the target: 'next' keeps random-next at 50% (B = the next
     sentence); 'random' is Google's exact rule (B always random then: ~60% random-next)."""
+    pair_mode: str = "nsp"
+    """With nsp: 'nsp' (B follows A or, half the time, comes from another document) or 'sop'
+    (sentence-order prediction, ALBERT: B always follows A and half the pairs are swapped; the
+    pair label, read by the NSP head, is 1 = swapped). See `instances.sop_instances`."""
     masking: str = "dynamic"
     """'dynamic' (masks drawn by the collator every epoch) or 'static' (Google: stored with the data)."""
     dupe_factor: int | None = None
@@ -102,6 +106,10 @@ class PrepareConfig:
             raise BertkitError(f"--short-seq-prob {self.short_seq_prob}: expected 0..1")
         if self.lone_segment not in ("next", "random"):
             raise BertkitError(f"--lone-segment {self.lone_segment!r}: expected next or random")
+        if self.pair_mode not in ("nsp", "sop"):
+            raise BertkitError(f"pair_mode {self.pair_mode!r}: expected nsp or sop")
+        if self.pair_mode == "sop" and not self.nsp:
+            raise BertkitError("pair_mode sop builds sentence pairs: it needs nsp (pairs), not --no-nsp packing")
         if self.chunk_mb <= 0:
             raise BertkitError("--chunk-mb must be > 0")
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -206,12 +214,16 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder, spl
     instances = []
     for _ in range(cfg.dupe_factor):
         if cfg.nsp:
-            if len(tok_docs) < 2:
+            if len(tok_docs) < 2 and cfg.pair_mode == "nsp":     # SOP pairs stay inside a document
                 raise BertkitError(f"chunk {chunk_index}: NSP needs at least 2 documents with text "
                                    "(blank lines separate documents); use --no-nsp for one long text")
             order = list(range(len(tok_docs)))
             rng.shuffle(order)                               # Google shuffles the documents first
             for d in order:
+                if cfg.pair_mode == "sop":                   # sentence-order pairs (ALBERT)
+                    instances.extend(sop_instances(tok_docs, int(d), cfg.max_seq_length, cfg.short_seq_prob,
+                                                   rng, info.cls_id, info.sep_id, counts))
+                    continue
                 instances.extend(nsp_instances(tok_docs, int(d), cfg.max_seq_length, cfg.short_seq_prob, rng,
                                                info.cls_id, info.sep_id, counts, cfg.lone_segment))
         else:
@@ -404,7 +416,7 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
         raise BertkitError(f"{', '.join(map(str, inputs))}: no text in the input")
     if not results["train"]:
         raise BertkitError(f"no chunks for --shard-index {shard_index} of {num_shards} (the corpus has fewer chunks)")
-    if cfg.nsp and counts.documents < 2:
+    if cfg.nsp and cfg.pair_mode == "nsp" and counts.documents < 2:
         raise BertkitError("NSP needs at least 2 documents (blank lines separate documents); use --no-nsp")
     meta = _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results["train"], files, command,
                  num_shards, shard_index, seconds, reused)
