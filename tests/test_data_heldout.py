@@ -138,6 +138,7 @@ def test_pretrain_evaluates_on_the_split(data, tmp_path, caplog):
     h = card["held_out"]
     assert h["source"] == "split" and h["path"].endswith("eval") and h["overlap"] < 0.05 and h["ngram"] == 12
     assert card["final_eval"]["eval_predictions"] > 0
+    assert "| held-out set | split: " in (tmp_path / "a" / "run_card.md").read_text()
     with caplog.at_level(logging.WARNING, logger="bertkit"):
         card = pretrain(tiny_config(data["none"], tmp_path / "b", **{"train.max_steps": 2, "train.eval_every": 0}))
     assert card["held_out"]["source"] == "last_instances" and card["held_out"]["overlap"] > 0.08

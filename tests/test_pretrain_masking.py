@@ -142,6 +142,7 @@ def test_run_card_records_masking_as_trained_and_overrides(prepared, tmp_path):
     assert m["overridden"] == {"mask_token_fraction": {"prepared": 1.0, "trained": 0.7},
                                "random_token_fraction": {"prepared": 0.0, "trained": 0.2}}
     assert json.loads((tmp_path / "run" / "run_card.json").read_text())["masking"] == card["masking"]
+    assert "overridden: mask_token_fraction 1.0 -> 0.7" in (tmp_path / "run" / "run_card.md").read_text()
     card = pretrain(tiny_config(prepared["whole_word"], tmp_path / "run2", **{"train.max_steps": 1,
                                                                               "train.eval_every": 0}))
     assert card["masking"][0]["as_trained"]["mode"] == "whole_word" and card["masking"][0]["overridden"] == {}

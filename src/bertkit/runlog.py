@@ -250,12 +250,13 @@ def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
     lines = [f"# Run card: {card.get('name', out.name)}", "",
              f"Command: `{card.get('command', '')}`", "",
              "| item | value |", "|---|---|"]
-    for key in ("model", "parameters", "vocab_size", "objective", "sequence_lengths", "global_batch",
+    for key in ("model", "parameters", "vocab_size", "objective", "attention", "sequence_lengths", "global_batch",
                 "updates", "tokens_seen", "optimizer", "peak_lr", "precision", "packed", "world_size",
                 "wall_time_s", "tokens_per_s", "train_flops", "achieved_flops_per_s", "gemm_peak_flops_per_s",
                 "mfu", "stop_reason", "data", "seed"):
         if key in card:
             lines.append(f"| {key} | {_fmt(card[key])} |")
+    lines += _masking_lines(card)
     if card.get("final_eval"):
         lines += ["", "## Held-out evaluation (final)", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v)} |" for k, v in card["final_eval"].items()]
@@ -269,6 +270,26 @@ def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
               "`checkpoints/`, `final/` (Hugging Face format)."]
     mpath.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return mpath, jpath
+
+
+def _masking_lines(card: dict) -> list[str]:
+    """Masking as trained (and what the config changed from the prepared data), and the held-out
+    set with its measured 12-gram overlap with the training data."""
+    lines = []
+    for m in card.get("masking") or []:
+        t = m["as_trained"]
+        what = ("none (next-token objective)" if str(card.get("objective", "")).startswith("CLM") else
+                f"{t['mode']}, {t['mask_prob']:.0%} of tokens (at most {t['max_predictions']} per sequence), "
+                f"{t['mask_token_fraction']:.0%} [MASK] / {t['random_token_fraction']:.0%} random / "
+                f"{1 - t['mask_token_fraction'] - t['random_token_fraction']:.0%} kept; {m['masks']}")
+        changed = ", ".join(f"{k} {v['prepared']} -> {v['trained']}" for k, v in m["overridden"].items())
+        lines.append(f"| masking ({m['phase']}) | {what}{'; overridden: ' + changed if changed else ''} |")
+    h = card.get("held_out") or {}
+    if h.get("source"):
+        share = f"; {h['overlap']:.2%} of its 12-grams occur in training" if h.get("overlap") is not None else ""
+        lines.append(f"| held-out set | {h['source']}: {h.get('path', '-')} ({h.get('instances', 0)} instances)"
+                     f"{share} |")
+    return lines
 
 
 def _fmt(v: Any) -> str:
