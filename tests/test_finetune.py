@@ -355,11 +355,58 @@ def test_squad2_null_threshold_and_doc_stride_travel_with_the_model(tiny_model, 
     cut = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert all((r["prediction"] == "") == (r["null_odds"] > median) for r in cut)
     assert 0 < sum(r["prediction"] == "" for r in cut) < len(cut)
-    predictor = Predictor.from_dir(out)
+    predictor = Predictor.from_dir(out, dtype="float32")
     predictor.null_threshold = median                      # what `serve --null-threshold` sets
     assert [a["answer"] for a in predictor.qa([r["question"] for r in rows], [r["context"] for r in rows])] == \
         [r["prediction"] for r in cut]
-    answers = Predictor.from_dir(out).qa([r["question"] for r in rows], [r["context"] for r in rows])
+    answers = Predictor.from_dir(out, dtype="float32").qa([r["question"] for r in rows], [r["context"] for r in rows])
     assert [a["answer"] for a in answers] == [r["prediction"] for r in got]
     assert main(["predict", "--model", str(out), str(inp), "--null-threshold", "nan"]) == 1
     assert "finite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_run_card_answers_the_reproduction_checklist(tiny_model, sst_dir, tmp_path, freeze):
+    """Probe or full fine-tuning (and the features), attention direction, normalisation, inputs,
+    tokens seen and FLOPs (3 x forward per update, 1 x for a frozen probe), seed, resolved config."""
+    from bertkit.finetune_card import forward_flops
+    from bertkit.tasks import get_task
+
+    out = tmp_path / "run"
+    kw = dict(freeze=True, probe_features="last", probe_pooling="mean") if freeze else {}
+    result = finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out), epochs=1, seed=7,
+                          **kw))
+    card = json.loads((out / "run_card.json").read_text())
+    assert card["mode"] == ("frozen-feature probe" if freeze else "full fine-tuning")
+    assert card["probe"] == ({"features": "last", "combine": "concat", "layers": [2], "pooling": "mean"}
+                             if freeze else None)
+    assert card["attention"] == "bidirectional" and card["normalization"] == "post-LN"
+    assert card["seed"] == 7 and card["config"]["seed"] == 7 and card["config"]["task"] == "sst2"
+    assert card["trainable_parameters"] < card["parameters"] if freeze else \
+        card["trainable_parameters"] == card["parameters"]
+    # one epoch of 320 examples (20 updates of 16, packed): every training input once
+    task = get_task("sst2")
+    tok = Tokenizer.from_dir(tiny_model)
+    lengths = [len(f["input_ids"]) for f in task.featurize(task.read(sst_dir / "train.tsv"), tok, ["0", "1"],
+                                                           max_length=32)]
+    assert card["tokens_seen"] == result["tokens_seen"] == sum(lengths)
+    config = load_finetuned(out)[0].config
+    forward = forward_flops(config, sum(lengths), sum(n * n for n in lengths))
+    assert card["train_flops"] == pytest.approx(forward * (1 if freeze else 3))
+    assert card["eval_flops"] > 0 and card["updates"] == 20
+    md = (out / "run_card.md").read_text()
+    assert "| frozen probe or full fine-tuning | " + card["mode"] in md
+    assert "| attention direction | bidirectional |" in md and "longest-first truncation" in md
+
+
+def test_run_card_records_a_causal_model(tiny_model, sst_dir, tmp_path):
+    from bertkit.checkpoint import load_model, read_config
+    src = tmp_path / "causal"
+    model = load_model(tiny_model, head="encoder")
+    model.config.causal = True                       # saved as bertkit_causal: the run builds causal attention
+    save_model(model, src)
+    Tokenizer.from_dir(tiny_model).save(src)
+    assert read_config(src)[0].causal
+    finetune(cfg(task="sst2", data=str(sst_dir), model=str(src), out=str(tmp_path / "run"), epochs=1))
+    card = json.loads((tmp_path / "run" / "run_card.json").read_text())
+    assert card["attention"] == "causal (left-to-right)"

@@ -128,7 +128,7 @@ def test_sentence_probe_round_trips(tiny_model, sst_dir, tmp_path, capsys, featu
     ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert ev["accuracy"] == pytest.approx(result["dev"]["accuracy"])
     from bertkit.infer import Predictor
-    p = Predictor.from_dir(out)
+    p = Predictor.from_dir(out, dtype="float32")
     got = np.array([r["logits"] for r in p.classify(["the movie was good", "a bad plot and it is very poor"],
                                                      raw=True)])
     np.testing.assert_allclose(got, logits.numpy(), atol=1e-4, rtol=1e-4)
@@ -145,7 +145,7 @@ def test_token_probe_loads_in_predict_and_predictor(tiny_model, conll_dir, tmp_p
     assert main(["predict", "--model", str(out), str(inp)]) == 0
     row = json.loads(capsys.readouterr().out)
     from bertkit.infer import Predictor
-    tags = Predictor.from_dir(out).ner([["mary", "lives", "in", "rome", "."]])[0]["tags"]
+    tags = Predictor.from_dir(out, dtype="float32").ner([["mary", "lives", "in", "rome", "."]])[0]["tags"]
     assert tags == row["prediction"] == ["B-PER", "O", "O", "B-LOC", "O"]
 
 
@@ -188,5 +188,5 @@ def test_probe_exports_to_onnx(minilm, sst_dir, tmp_path):
     export_onnx(out, out / "model.onnx")
     texts = ["the movie was good", "a bad plot and it is very poor", "fine"]
     got = [r["logits"] for r in Predictor.from_dir(out, backend="onnx").classify(texts, raw=True)]
-    want = [r["logits"] for r in Predictor.from_dir(out).classify(texts, raw=True)]
+    want = [r["logits"] for r in Predictor.from_dir(out, dtype="float32").classify(texts, raw=True)]
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)

@@ -362,8 +362,9 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     """Fine-tune `cfg.model` on `cfg.task`; returns the metrics written to `out/metrics.json`.
 
     One long function on purpose: the phases (setup, step, evaluate, checkpoint) read top to bottom."""
+    from .finetune_card import batch_flops, build_card, eval_flops, write_card
     from .optim import build_optimizer, lr_at
-    from .runlog import MetricsLog, hardware, write_run_card
+    from .runlog import MetricsLog, hardware
     from .runconfig import save_config
     from .tokenizer import Tokenizer
     from tqdm.auto import tqdm
@@ -415,6 +416,8 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     state = {"best": None, "best_metrics": None, "best_step": None, "history": [],
              "facts": {"bertkit_stride": stride}}       # saved in config.json: how inputs were read
     rng = random.Random(cfg.seed)
+    counts = {"tokens": 0, "train_flops": 0.0, "eval_flops": 0.0}          # the run card's compute
+    dev_pass = eval_flops(model.config, dev_feats) if dev_feats is not None else 0.0
     step, epoch, tokens, t_train = 0, 0, 0, time.time()
     bar = tqdm(total=total, desc=f"finetune {task.name}", disable=not cfg.progress, dynamic_ncols=True)
     while step < total:
@@ -428,7 +431,7 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
                 group["lr"] = lr
             model.train()
             feats = [train_feats[i] for i in order[start:start + cfg.batch_size]]
-            _, loss, batch, _ = run_batch(model, task, feats, cfg.packed, with_targets=True)
+            _, loss, batch, layout = run_batch(model, task, feats, cfg.packed, with_targets=True)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip_norm:
@@ -436,6 +439,7 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
             optimizer.step()
             step += 1
             tokens += int(batch["attention_mask"].sum())  # (one sync per update; cheap next to the step)
+            counts["train_flops"] += batch_flops(model.config, batch["attention_mask"], layout is not None, cfg.freeze)
             bar.update(1)
             if not math.isfinite(loss.item()):
                 raise BertkitError(f"loss is {loss.item()} at update {step}; lower the learning rate")
@@ -448,6 +452,7 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
             if dev_feats is not None and (end_of_epoch or (cfg.eval_every and step % cfg.eval_every == 0)):
                 _evaluate_and_keep(model, task, cfg, dev_examples, dev_feats, labels, step, steps_per_epoch,
                                    state, metrics_log, tokenizer, out)
+                counts["eval_flops"] += dev_pass
         epoch += 1
     bar.close()
     if dev_feats is None:
@@ -460,16 +465,11 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
               "dev": _plain(state["best_metrics"]), "history": state["history"],
               "train_time_s": round(train_time, 1), "wall_time_s": round(time.time() - t_start, 1),
               "tokens_per_s": round(tokens / max(train_time, 1e-9), 1), "init": cfg.init,
+              "tokens_seen": tokens, "train_flops": counts["train_flops"], "eval_flops": counts["eval_flops"],
               "train_file": str(train_path), "dev_file": str(dev_path) if dev_path else None}
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    card = {"name": f"finetune {task.name}", "command": command, "model": cfg.model, "init": cfg.init,
-            "task": task.name, "labels": labels, "seed": cfg.seed, "peak_lr": cfg.lr, "optimizer": cfg.optimizer,
-            "global_batch": cfg.batch_size, "updates": total, "packed": cfg.packed, "precision": "fp32",
-            "data": f"{train_path} ({len(train_examples)} examples), dev {dev_path}", "inputs": inputs,
-            "wall_time_s": result["wall_time_s"], "tokens_per_s": result["tokens_per_s"],
-            "final_eval": {k: v for k, v in _plain(state["best_metrics"] or {}).items() if not isinstance(v, dict)},
-            "hardware": hardware()}
-    write_run_card(out, card)
+    counts["tokens"] = tokens
+    write_card(out, build_card(cfg, task, model, labels, inputs, result, command, counts, state["facts"], hardware()))
     log.info("%s: best %s on dev %s at update %s; checkpoint in %s", task.name, task.main_metric,
              _fmt_metric((state["best_metrics"] or {}).get(task.main_metric)), state["best_step"], out)
     return result

@@ -1,0 +1,133 @@
+"""The fine-tuning run card: the paper note's reproduction checklist, answered for one run.
+
+run_card.json holds everything (the resolved FinetuneConfig included); run_card.md is the same
+read as a checklist: frozen probe or full fine-tuning (and the probe's features), the model's
+attention direction and normalisation placement, how long inputs were read (windows per example
+or truncation counts), batch, updates, tokens seen and FLOPs, seed, the dev result.
+
+FLOP model (as `runlog`'s for pre-training): a multiply-add is 2 FLOPs; the encoder's forward costs
+2 x (matmul weights) x tokens + 4 T^2 C L per sequence; an update costs 3 x forward (backward =
+2 x forward), or 1 x forward for a frozen probe (no backward through the encoder). Tokens are the
+real ones on packed batches, B x T on padded ones. Task heads (C x labels) are left out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+FILES = ("config.json + model.safetensors + tokenizer files: the best checkpoint on dev; finetune.yaml: the "
+         "resolved config; metrics.json, metrics.jsonl, dev_predictions.jsonl; run_card.json")
+
+
+def forward_flops(config, tokens: int, squares: int) -> float:
+    """Encoder forward FLOPs over `tokens` processed tokens whose sequences' squared lengths sum
+    to `squares`."""
+    from .runlog import matmul_weights
+
+    return 2.0 * matmul_weights(config) * tokens + 4.0 * squares * config.hidden_size * config.num_layers
+
+
+def batch_flops(config, attention_mask, packed: bool, frozen: bool) -> float:
+    """FLOPs of one update on a collated batch ((B, T) or (B, K, T) attention mask)."""
+    lengths = attention_mask.reshape(-1, attention_mask.shape[-1]).sum(-1)
+    if packed:
+        tokens, squares = int(lengths.sum()), int((lengths * lengths).sum())
+    else:
+        n, T = lengths.numel(), attention_mask.shape[-1]
+        tokens, squares = n * T, n * T * T
+    return forward_flops(config, tokens, squares) * (1.0 if frozen else 3.0)
+
+
+def eval_flops(config, features: Sequence[dict]) -> float:
+    """FLOPs of one pass over evaluation features (packed: real tokens only)."""
+    lengths = [len(r) for f in features for r in (f["input_ids"] if f["input_ids"] and
+                                                 isinstance(f["input_ids"][0], list) else [f["input_ids"]])]
+    return forward_flops(config, sum(lengths), sum(n * n for n in lengths))
+
+
+def describe_inputs(inputs: dict, max_length: int) -> str:
+    """One line: how inputs longer than max_length were read."""
+    parts = []
+    for split in ("train", "dev"):
+        s = inputs.get(split)
+        if not s:
+            continue
+        text = f"{split}: {s['examples']} examples -> {s['features']} inputs"
+        if s["windowed_examples"]:
+            text += (f", {s['windowed_examples']} examples in 2..{s['max_windows']} windows "
+                     f"({s['windows_per_example']:.2f} per example)")
+        if s["truncated_examples"]:
+            text += f", {s['truncated_examples']} truncated ({s['tokens_cut']} tokens cut)"
+        parts.append(text)
+    how = (f"windows (stride {inputs['stride']})" if inputs.get("windows") else "longest-first truncation")
+    return f"max length {max_length}, {how}; " + "; ".join(parts)
+
+
+def build_card(cfg, task, model, labels, inputs: dict, result: dict, command: str, counts: dict,
+               facts: dict, hardware: dict) -> dict[str, Any]:
+    """run_card.json of a fine-tuning run."""
+    config = model.config
+    probe = model.record() if hasattr(model, "record") else None
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    card = {
+        "name": f"finetune {task.name}", "command": command,
+        "mode": "frozen-feature probe" if probe else "full fine-tuning", "probe": probe,
+        "model": cfg.model, "init": cfg.init, "parameters": sum(p.numel() for p in model.parameters()),
+        "trainable_parameters": trainable,
+        "attention": "causal (left-to-right)" if config.causal else "bidirectional",
+        "normalization": f"{getattr(config, 'norm_position', 'post')}-LN",
+        "layers": config.num_layers, "hidden_size": config.hidden_size, "heads": config.num_heads,
+        "task": task.name, "head": task.head, "labels": labels, "max_length": cfg.max_length,
+        "inputs": inputs, "global_batch": cfg.batch_size, "epochs": cfg.epochs, "updates": result["updates"],
+        "optimizer": cfg.optimizer, "peak_lr": cfg.lr, "warmup": cfg.warmup, "weight_decay": cfg.weight_decay,
+        "tokens_seen": counts["tokens"], "train_flops": counts["train_flops"],
+        "eval_flops": counts["eval_flops"], "packed": cfg.packed, "precision": "fp32", "seed": cfg.seed,
+        "data": f"{result['train_file']} ({result['train_examples']} examples), dev {result['dev_file']}",
+        "best_step": result["best_step"],
+        "final_eval": {k: v for k, v in (result["dev"] or {}).items() if not isinstance(v, dict)},
+        "wall_time_s": result["wall_time_s"], "tokens_per_s": result["tokens_per_s"], "hardware": hardware,
+        "config": dataclasses.asdict(cfg)}
+    if "bertkit_null_threshold" in facts:
+        card["null_threshold"] = facts["bertkit_null_threshold"]
+    return card
+
+
+def write_card(out: Path, card: dict) -> None:
+    """run_card.json and run_card.md."""
+    from .runlog import _fmt
+
+    (out / "run_card.json").write_text(json.dumps(card, indent=2, default=str) + "\n", encoding="utf-8")
+    probe = card["probe"]
+    mode = card["mode"] + (f" on {probe['features']} (layers {probe['layers']}"
+                           f"{', ' + probe['pooling'] + ' pooling' if probe.get('pooling') else ''})" if probe else "")
+    rows = [("frozen probe or full fine-tuning", mode),
+            ("model", f"{card['model']} (init {card['init']}): {card['layers']} layers, hidden {card['hidden_size']}, "
+                      f"{card['heads']} heads, {_fmt(card['parameters'])} parameters "
+                      f"({_fmt(card['trainable_parameters'])} trained)"),
+            ("attention direction", card["attention"]), ("normalization placement", card["normalization"]),
+            ("task / head", f"{card['task']} / {card['head']}" + (f", labels {card['labels']}" if card["labels"] else "")),
+            ("long inputs", describe_inputs(card["inputs"], card["max_length"])),
+            ("batch / epochs / updates", f"{card['global_batch']} / {card['epochs']} / {card['updates']}"),
+            ("optimizer", f"{card['optimizer']}, peak lr {card['peak_lr']}, warmup {card['warmup']}, "
+                          f"weight decay {card['weight_decay']}"),
+            ("tokens seen (training)", _fmt(card["tokens_seen"])),
+            ("compute", f"{_fmt(card['train_flops'])} FLOPs training + {_fmt(card['eval_flops'])} FLOPs dev "
+                        f"evaluation"),
+            ("seed", card["seed"]), ("data", card["data"]), ("precision", card["precision"]),
+            ("wall time (s)", card["wall_time_s"])]
+    if "null_threshold" in card:
+        rows.append(("SQuAD 2.0 null threshold (best F1 on dev, saved)", card["null_threshold"]))
+    lines = [f"# Run card: {card['name']}", "", f"Command: `{card['command']}`", "",
+             "## Reproduction checklist", "", "| item | value |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in rows]
+    if card["final_eval"]:
+        lines += ["", f"## Dev evaluation (best checkpoint, update {card['best_step']})", "",
+                  "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["final_eval"].items()]
+    if card.get("hardware"):
+        lines += ["", "## Hardware", "", "| item | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["hardware"].items()]
+    lines += ["", "Files: " + FILES + ". The resolved config is also in run_card.json (`config`)."]
+    (out / "run_card.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
