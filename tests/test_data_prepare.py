@@ -172,6 +172,7 @@ def test_prepare_nsp_workers_resume_cluster(tok, corpus, tmp_path):
     (tmp_path / "w1" / ".shard-00003.tmp-1").mkdir()
     m3 = prepare([str(corpus)], tok, tmp_path / "w1", cfg, workers=1, progress=False)
     assert m3["counts"]["shards_kept_from_before"] == len(m1["shards"]) - 1
+    assert not (tmp_path / "w1" / ".shard-00003.tmp-1").exists()
     assert _files(tmp_path / "w1") == _files(tmp_path / "w2")
     # a cluster of 2 machines writing into one folder reads as the single-machine run
     for part in range(2):

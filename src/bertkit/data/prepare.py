@@ -515,6 +515,7 @@ def _check_existing(out: Path, tok_hash: str, overwrite: bool) -> None:
     if overwrite:
         for p in list(out.glob("shard-*")) + list(out.glob(".shard-*")) + list(out.glob("meta*.json")):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
+        shutil.rmtree(out / EVAL_DIR, ignore_errors=True)
 
 
 def _remove_meta(out: Path, num_shards: int, shard_index: int) -> None:
@@ -527,6 +528,9 @@ def _remove_meta(out: Path, num_shards: int, shard_index: int) -> None:
             stale.append(p)
     for p in stale:
         p.unlink(missing_ok=True)
+    if num_shards == 1:            # shards half-written by a killed run (on a cluster, others may be writing)
+        for p in out.glob(".shard-*.tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _save_tokenizer(tokenizer, out: Path, tok_hash: str) -> None:
