@@ -174,6 +174,38 @@ def test_old_gamma_beta_names_and_pytorch_bin(tmp_path):
         assert (ours(**batch)["nsp_logits"] - hf(**batch).seq_relationship_logits).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("head", [None, "encoder", "masked_lm", "sequence_classification"])
+def test_loaded_models_are_in_eval_mode_and_deterministic(tmp_path, head):
+    """load_model is for inference: dropout off, so two calls give the same outputs (the README's
+    API example once differed by up to 5.6 between calls); training sets train mode itself."""
+    import bertkit
+
+    hf = transformers.BertForPreTraining(hf_tiny_config(hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3))
+    hf.save_pretrained(tmp_path)
+    model = bertkit.load_model(tmp_path, head=head, new_head_ok=True)
+    assert not model.training and not any(m.training for m in model.modules())
+    ids = torch.randint(5, 1000, (2, 12))
+
+    def outputs() -> list[torch.Tensor]:
+        with torch.no_grad():
+            out = model(ids)
+        flat, todo = [], [out]
+        while todo:
+            x = todo.pop()
+            if isinstance(x, torch.Tensor):
+                flat.append(x)
+            elif isinstance(x, (tuple, list)):
+                todo += list(x)
+            elif isinstance(x, dict):
+                todo += [x[k] for k in sorted(x)]
+        assert flat
+        return flat
+
+    assert all(torch.equal(x, y) for x, y in zip(outputs(), outputs()))
+    model.train()                  # the check above can fail: in train mode dropout changes the outputs
+    assert not all(torch.equal(x, y) for x, y in zip(outputs(), outputs()))
+
+
 def test_pickled_code_is_refused(tmp_path):
     class Evil:
         def __reduce__(self):

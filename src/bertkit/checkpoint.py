@@ -205,6 +205,7 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     Weights of other heads are ignored; encoder weights that are missing, unknown or of the
     wrong shape are one CheckpointError listing them. A head the checkpoint lacks is an error
     unless `new_head_ok` (fine-tuning), in which case it is freshly initialised.
+    The model is returned in eval mode, as `from_pretrained` does: two calls give the same outputs.
     """
     path = Path(path)
     cfg, raw = read_config(path)
@@ -257,7 +258,7 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
         _untie_decoder(model, decoder)
     model.config.extra = {k: v for k, v in cfg.extra.items()}
     model.hf_config = raw  # id2label etc. for callers
-    return model
+    return model.eval()    # inference is deterministic (no dropout); training calls model.train() itself
 
 
 def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, head: str, new_head_ok: bool) -> None:
