@@ -83,3 +83,18 @@ def test_cli_errors_are_one_line(minilm, tmp_path, capsys):
     assert main(["prepare", "--model", str(minilm), "--input", str(tmp_path / "one.txt"), "--out",
                  str(tmp_path / "o"), "--no-progress"]) == 1
     assert "--no-nsp" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--chunk-mb", "nan"], "--chunk-mb nan"), (["--chunk-mb", "inf"], "--chunk-mb inf"),
+    (["--num-shards", "0"], "--num-shards 0"), (["--mask-token-fraction", "nan"], "--mask-token-fraction nan"),
+    (["--seed", "-1", "--masking", "static"], "--seed -1"), (["--random-token-fraction", "-0.1"], "-0.1"),
+    (["--masked-lm-prob", "1.5"], "--masked-lm-prob 1.5"), (["--eval-fraction", "nan"], "--eval-fraction nan"),
+    (["--eval-documents", "1"], "--eval-documents 1"), (["--max-predictions-per-seq", "0"], "per-seq 0")])
+def test_bad_prepare_options_are_one_line_and_leave_nothing(minilm, small_corpus, tmp_path, capsys, extra, says):
+    out = tmp_path / "o"
+    assert main(["prepare", "--model", str(minilm), "--input", str(small_corpus), "--out", str(out),
+                 "--no-progress", *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("bertkit prepare: error:") and says in err and "Traceback" not in err, err
+    assert not out.exists()

@@ -151,8 +151,13 @@ def masking_from_args(args):
                              mask_prob=args.masked_lm_prob, max_predictions=cap,
                              mask_token_fraction=args.mask_token_fraction,
                              random_token_fraction=args.random_token_fraction)
-    except MaskingError as e:
-        raise BertkitError(str(e)) from None
+    except MaskingError as e:              # name the options, not the fields
+        msg = str(e)
+        for field, flag in (("mask_token_fraction", "--mask-token-fraction"),
+                            ("random_token_fraction", "--random-token-fraction"),
+                            ("max_predictions", "--max-predictions-per-seq"), ("mask_prob", "--masked-lm-prob")):
+            msg = msg.replace(field, flag)
+        raise BertkitError(msg) from None
 
 
 def run_prepare(args) -> int:
@@ -205,9 +210,16 @@ def _dynamic_cfg(args, ds):
     return cfg
 
 
+def _non_negative(args, *names: str) -> None:
+    for name in names:
+        if getattr(args, name) < 0:
+            raise BertkitError(f"{'-n' if name == 'n' else '--' + name} {getattr(args, name)}: expected >= 0")
+
+
 def run_data_stats(args) -> int:
     from ..data.pretraining import open_dataset
     from ..data.stats import data_stats
+    _non_negative(args, "sample", "seed")
     ds = open_dataset(args.dir)
     s = data_stats(ds, _dynamic_cfg(args, ds), sample=args.sample, seed=args.seed)
     if args.json:
@@ -249,6 +261,7 @@ def _held_out_line(h: dict) -> str:
 def run_data_show(args) -> int:
     from ..data.pretraining import open_dataset
     from ..data.stats import show_instances
+    _non_negative(args, "n", "start", "seed", "epoch")
     ds = open_dataset(args.dir)
     print(show_instances(ds, args.n, args.start, _dynamic_cfg(args, ds), args.seed, args.epoch))
     return 0

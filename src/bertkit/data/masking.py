@@ -37,11 +37,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..errors import BertkitError
+
 MODES = ("token", "whole_word", "span")
 
 
-class MaskingError(ValueError):
-    pass
+class MaskingError(BertkitError, ValueError):
+    """A masking setting is out of range; the message names it."""
 
 
 @dataclass
@@ -64,15 +66,20 @@ class MaskingConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise MaskingError(f"masking mode {self.mode!r}: expected one of {', '.join(MODES)}")
-        if not 0.0 < self.mask_prob < 1.0:
+        if not 0.0 < self.mask_prob < 1.0:                  # (NaN fails every comparison: refused too)
             raise MaskingError(f"mask_prob {self.mask_prob}: expected 0 < p < 1")
         if self.max_predictions < 1:
             raise MaskingError(f"max_predictions {self.max_predictions}: expected >= 1")
-        if self.mask_token_fraction < 0 or self.random_token_fraction < 0 or \
-                self.mask_token_fraction + self.random_token_fraction > 1.0 + 1e-9:
-            raise MaskingError("mask_token_fraction + random_token_fraction must lie in [0, 1]")
-        if not 0.0 < self.span_p <= 1.0 or self.max_span < 1:
-            raise MaskingError("span_p must lie in (0, 1] and max_span be >= 1")
+        for name in ("mask_token_fraction", "random_token_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise MaskingError(f"{name} {getattr(self, name)}: expected 0..1")
+        if self.mask_token_fraction + self.random_token_fraction > 1.0 + 1e-9:
+            raise MaskingError(f"mask_token_fraction + random_token_fraction = "
+                               f"{self.mask_token_fraction + self.random_token_fraction:g}: must be at most 1")
+        if not 0.0 < self.span_p <= 1.0:
+            raise MaskingError(f"span_p {self.span_p}: expected 0 < p <= 1")
+        if self.max_span < 1:
+            raise MaskingError(f"max_span {self.max_span}: expected >= 1")
 
     @property
     def keep_fraction(self) -> float:
@@ -285,6 +292,8 @@ class Collator:
         self.seed, self.pad_to_multiple_of, self.epoch = int(seed), pad_to_multiple_of, 0
         if objective not in ("mlm", "clm"):
             raise MaskingError(f"objective {objective!r}: expected mlm or clm")
+        if self.seed < 0:
+            raise MaskingError(f"seed {seed}: expected >= 0")
         self.objective = objective
         if self.cfg.mode != "token" and self.info.subword is None:
             raise MaskingError(f"{self.cfg.mode} masking needs the vocabulary (pass the tokenizer or dataset)")

@@ -110,8 +110,10 @@ class PrepareConfig:
             raise BertkitError(f"pair_mode {self.pair_mode!r}: expected nsp or sop")
         if self.pair_mode == "sop" and not self.nsp:
             raise BertkitError("pair_mode sop builds sentence pairs: it needs nsp (pairs), not --no-nsp packing")
-        if self.chunk_mb <= 0:
-            raise BertkitError("--chunk-mb must be > 0")
+        if not 0 < self.chunk_mb < 1e6:
+            raise BertkitError(f"--chunk-mb {self.chunk_mb}: expected a size in MB, > 0")
+        if self.seed < 0:
+            raise BertkitError(f"--seed {self.seed}: expected >= 0")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise BertkitError(f"--eval-fraction {self.eval_fraction}: expected 0 <= F < 1")
         if self.eval_documents is not None and self.eval_documents < 0:
@@ -361,6 +363,8 @@ def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, w
             num_shards: int = 1, shard_index: int = 0, overwrite: bool = False, progress: bool = True,
             command: str | None = None) -> dict:
     """Prepare the data; returns the meta dict written to OUT/meta.json (or meta-I-of-N.json)."""
+    if num_shards < 1:
+        raise BertkitError(f"--num-shards {num_shards}: expected >= 1")
     if not 0 <= shard_index < num_shards:
         raise BertkitError(f"--shard-index {shard_index}: expected 0..{num_shards - 1}")
     files = expand_inputs(inputs)
