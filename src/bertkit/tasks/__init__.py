@@ -125,12 +125,14 @@ class Task:
         Also: a dataset name (``nyu-mll/glue:sst2`` -> ``nyu-mll/glue:sst2:validation`` for dev; one
         that names its split is used as is) and a split stored as a table in the folder
         (``validation.parquet``, ``train-*.parquet``, a save_to_disk folder): `bertkit.tasks.tables`."""
-        from ..sources import dataset_name, is_saved_dataset
+        from ..sources import dataset_name, is_saved_dataset, is_table_file
         from .tables import find_split, hub_split, reads
 
         named = dataset_name(data) if reads(self) else None
         if named is not None:
             return Path(str(named if named.split else named.with_split(hub_split(self, split))))
+        if reads(self) and is_table_file(data) and any(c in str(data) for c in "*?["):
+            return Path(data)                    # a glob of table files (train-*.parquet) reads as one split
         data = Path(data)
         if data.is_file() or (reads(self) and is_saved_dataset(data)):
             return data
