@@ -75,3 +75,19 @@ def test_incomplete_data_is_refused(tmp_path):
     (out / "shard-00001" / "shard.json").unlink()
     with pytest.raises(DataError, match="shard-00001"):
         open_dataset(out)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda m: "{not json", "not valid JSON"), (lambda m: json.dumps([1]), "JSON object"),
+    (lambda m: json.dumps({**m, "shards": ["../../etc"]}), "'shards'"),
+    (lambda m: json.dumps({**m, "shard_instances": [3]}), "'shard_instances'"),
+    (lambda m: json.dumps({**m, "vocab_size": "big"}), "'vocab_size'"),
+    (lambda m: json.dumps({**m, "masking": "sometimes"}), "'masking'"),
+    (lambda m: json.dumps({**m, "masking_config": {"mask_prob": 7}}), "'masking_config'"),
+    (lambda m: json.dumps({**m, "masking_config": {"nope": 1}}), "'masking_config'")])
+def test_bad_meta_is_a_one_line_error(tmp_path, change, says):
+    out = _fake(tmp_path / "d", [3, 2])
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(change(meta))
+    with pytest.raises(DataError, match=says):
+        open_dataset(out)

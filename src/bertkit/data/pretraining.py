@@ -95,13 +95,13 @@ def load_meta(path: Path) -> dict:
         raise DataError(f"{path}: not a prepared data folder (run `bertkit prepare --out {path}`)")
     f = path / "meta.json"
     if f.is_file():
-        return json.loads(f.read_text())
+        return _checked_meta(f)
     parts = sorted(path.glob("meta-*-of-*.json"))
     if not parts:
         partial = sorted(p.name for p in path.glob("shard-*"))
         hint = f" ({len(partial)} shards so far: rerun the same prepare command to finish)" if partial else ""
         raise DataError(f"{path}: no meta.json, the data is not complete{hint}")
-    metas = [json.loads(p.read_text()) for p in parts]
+    metas = [_checked_meta(p) for p in parts]
     n = metas[0].get("num_shards", 1)
     have = {m.get("shard_index") for m in metas}
     if len(have) != n:
@@ -135,6 +135,35 @@ def _load_array(f: Path) -> np.ndarray:
     if a.dtype.kind not in "iub":
         raise DataError(f"{f}: holds {a.dtype} values, expected integers")
     return a
+
+
+def _checked_meta(f: Path) -> dict:
+    """A meta file, with the fields readers rely on checked (a one-line DataError naming the field)."""
+    try:
+        meta = json.loads(f.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{f}: not valid JSON ({e}); rerun the prepare command") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{f}: expected a JSON object")
+    shards, counts = meta.get("shards"), meta.get("shard_instances")
+    if not isinstance(shards, list) or not all(isinstance(x, str) and x.startswith("shard-") and "/" not in x
+                                               for x in shards):
+        raise DataError(f"{f}: 'shards' must be a list of shard-NNNNN folder names")
+    if not isinstance(counts, list) or len(counts) != len(shards) or \
+            not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        raise DataError(f"{f}: 'shard_instances' must hold one instance count (>= 0) per shard")
+    for key, kind in (("max_seq_length", int), ("vocab_size", int)):
+        if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool) or meta[key] < 1):
+            raise DataError(f"{f}: '{key}' must be a positive integer, got {meta[key]!r}")
+    if meta.get("masking", "dynamic") not in ("dynamic", "static"):
+        raise DataError(f"{f}: 'masking' must be dynamic or static, got {meta.get('masking')!r}")
+    if "masking_config" in meta:
+        from .masking import MaskingConfig
+        try:
+            MaskingConfig(**meta["masking_config"])
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{f}: 'masking_config': {str(e).splitlines()[0]}") from None
+    return meta
 
 
 class PretrainingData:
