@@ -85,7 +85,9 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="YAML file of FinetuneConfig values (options below override it)")
     p.add_argument("--task", help="sst2, mrpc, stsb, cola, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003, squad, "
                                   "squad2, swag; or classify / regress / tokens for your own files")
-    p.add_argument("--data", help="folder with the task's files as distributed (train.tsv, dev.tsv, ...)")
+    p.add_argument("--data", help="folder with the task's files as distributed (train.tsv, dev.tsv, ...) or as "
+                                  "tables (train.parquet, validation.jsonl, ...), or a dataset name NAME:CONFIG "
+                                  "as datasets.load_dataset takes it (e.g. nyu-mll/glue:sst2)")
     p.add_argument("--train-file", dest="train_file", help="training file (instead of --data)")
     p.add_argument("--dev-file", dest="dev_file", help="dev file to choose the best checkpoint on")
     p.add_argument("--model", help="pre-trained checkpoint folder (Hugging Face format, with tokenizer)")
@@ -181,7 +183,8 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.epilog = "example: bertkit evaluate --model runs/sst2 --data ../shared/data/glue/SST-2/dev.tsv.gz"
     p.add_argument("--model", required=True, help="fine-tuned checkpoint folder")
     p.add_argument("--task", help="task (default: the one the checkpoint was fine-tuned on)")
-    p.add_argument("--data", required=True, help="a data file with references, or a task folder (see --split)")
+    p.add_argument("--data", required=True, help="a data file with references (also Parquet / Arrow / JSONL), a "
+                                                "task folder (see --split), or a dataset name NAME:CONFIG[:SPLIT]")
     p.add_argument("--split", default="dev", help="split to read when --data is a folder (default dev)")
     p.add_argument("--max-length", dest="max_length", type=int, help="default: the fine-tuning length")
     p.add_argument("--stride", type=int, help="default: the stride the model was fine-tuned with")
