@@ -119,6 +119,11 @@ def test_overlap_tells_a_document_split_from_training_instances(data):
     held = choose_held_out(ds, None, 256)
     static_split = ngram_overlap(held, [(ds, held.train_stop)])["overlap"]
     assert split < 0.02 and static_split < 0.02 and last > 0.08, (split, static_split, last)
+    ds = open_dataset(data["none"])                   # over the token budget: a sample, the held-out shard whole
+    held = choose_held_out(ds, None, 256)
+    part = ngram_overlap(held, [(ds, held.train_stop)], max_train_tokens=1000)
+    assert part["sampled"] and part["train_tokens_scanned"] < part["train_tokens"] and part["overlap"] > 0.08
+    ds = open_dataset(data["static"])
     whole = choose_held_out(ds, str(data["static"]), 256)   # the training data as its own held-out set
     assert ngram_overlap(whole, [(ds, whole.train_stop)])["overlap"] > 0.99
 

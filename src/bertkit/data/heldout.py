@@ -10,8 +10,9 @@ the held-out set's 12-grams of token ids (windows of 12 consecutive tokens insid
 the original ids where static masks replaced them) that also occur anywhere in the training
 data. A document split keeps it near the rate at which natural text repeats itself (quotes,
 boilerplate); evaluating on training documents does not. It is exact for the held-out instances
-used and scans up to `max_train_tokens` of training text (evenly spaced shards beyond that; the
-result says how much was scanned). Windows are hashed to 64 bits (a false match among a few
+used and scans up to `max_train_tokens` of training text (beyond that, the same random share of
+every shard, so a lower bound; the shards holding the held-out instances themselves are read
+whole; the result says how much was scanned). Windows are hashed to 64 bits (a false match among a few
 million distinct 12-grams has odds of ~1e-7).
 """
 from __future__ import annotations
@@ -86,11 +87,11 @@ def _instance_ids(ds, i: int) -> np.ndarray:
     return ids
 
 
-def _shard_ids(ds: PretrainingData, s: int, stop: int | None = None) -> np.ndarray:
-    """All ids of shard s (its first `stop` instances), static masks undone."""
+def _shard_ids(ds: PretrainingData, s: int, stop: int) -> np.ndarray:
+    """The ids of the first `stop` instances of shard s, static masks undone."""
     a = ds._shard(s)
     off = np.asarray(a["offsets"])
-    end = int(off[stop if stop is not None else len(off) - 1])
+    end = int(off[stop])
     flat = np.asarray(a["input_ids"][:end], dtype=np.int64)
     if ds.static:
         mo = np.asarray(a["masked_lm_offsets"])
@@ -100,21 +101,25 @@ def _shard_ids(ds: PretrainingData, s: int, stop: int | None = None) -> np.ndarr
     return flat
 
 
-def _training_shards(ds: PretrainingData, stop: int, budget: int) -> tuple[list[tuple[int, int | None]], int]:
-    """(shard, instances to read or None for all) for up to `budget` tokens of the first `stop`
-    instances, evenly spaced over the shards; and the total token count of those instances."""
+def _training_shards(ds: PretrainingData, stop: int, budget: int, full: set[int]) -> tuple[list[tuple[int, int]], int]:
+    """(shard, instances to read) covering up to `budget` tokens of the first `stop` instances, and
+    their total token count. Over the budget each shard gives the same share of its instances, read
+    from its start (a shard's instances are shuffled, so that is a random sample of all its
+    documents); the shards in `full` (those holding the held-out instances themselves) are read whole."""
     parts, total = [], 0
     for s in range(len(ds.shard_paths)):
         lo = int(ds._starts[s])
         if lo >= stop:
             break
-        k = None if int(ds._starts[s + 1]) <= stop else stop - lo
         off = np.asarray(ds._shard(s)["offsets"])
-        tokens = int(off[k if k is not None else len(off) - 1])
-        parts.append((s, k, tokens))
-        total += tokens
-    stride = max(1, -(-total // max(budget, 1)))          # every stride-th shard when over the budget
-    return [(s, k) for s, k, _ in parts[::stride]], total
+        k = min(len(off) - 1, stop - lo)
+        parts.append((s, k, off))
+        total += int(off[k])
+    rest = sum(int(off[k]) for s, k, off in parts if s not in full)
+    share = min(1.0, max(budget - (total - rest), 0) / max(rest, 1))
+    chosen = [(s, k if s in full or share >= 1.0 else int(np.searchsorted(off, share * off[k])))
+              for s, k, off in parts]
+    return [(s, k) for s, k in chosen if k > 0], total
 
 
 def ngram_overlap(held: HeldOut, train: list[tuple[PretrainingData, int]], n: int = NGRAM,
@@ -133,7 +138,9 @@ def ngram_overlap(held: HeldOut, train: list[tuple[PretrainingData, int]], n: in
     scanned = total = 0
     for ds, stop in train:
         never = np.asarray(ds.token_info().never_mask)
-        shards, size = _training_shards(ds, stop, max_train_tokens // max(len(train), 1))
+        mine = held.data is ds or (held.data is not None and held.data.path == ds.path)
+        full = {int(np.searchsorted(ds._starts, i, side="right") - 1) for i in held.indices} if mine else set()
+        shards, size = _training_shards(ds, stop, max_train_tokens // max(len(train), 1), full)
         total += size
         for s, k in shards:
             flat = _shard_ids(ds, s, k)
@@ -144,4 +151,4 @@ def ngram_overlap(held: HeldOut, train: list[tuple[PretrainingData, int]], n: in
             found[pos[hit]] = True
     return {"ngram": n, "overlap": float(found[inverse].mean()), "eval_ngrams": int(len(ev)),
             "eval_instances": int(len(held.indices)), "train_tokens_scanned": int(scanned),
-            "train_tokens": int(total), "against": [str(ds.path) for ds, _ in train]}
+            "train_tokens": int(total), "sampled": scanned < total, "against": [str(ds.path) for ds, _ in train]}
