@@ -304,6 +304,11 @@ def _masking(ph: Phase, overrides: dict, long: bool):
                              "cannot apply (prepare with --masking dynamic, or drop these keys)")
     if changed:
         log.info("%s: masking overridden by the config: %s", ph.path, names)
+    want = round((ph.max_len - 3) * masking.mask_prob)      # what the probability selects in a full sequence
+    if not ph.data.static and masking.max_predictions < 0.9 * want:
+        log.warning("%s: the cap of %d predictions per sequence binds: %.0f%% of %d tokens would select %d "
+                    "(set %s, or prepare with --max-predictions-per-seq)", ph.path, masking.max_predictions,
+                    100 * masking.mask_prob, ph.max_len, want, key["max_predictions"])
     return masking
 
 
