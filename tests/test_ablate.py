@@ -149,6 +149,38 @@ def test_rerun_skips_finished_arms_and_reuses_runs(grid):
     assert state["status"] == "failed" and "pre-trained with other settings" in state["error"]
 
 
+def test_claims_leave_running_arms_to_their_process(grid, tmp_path):
+    path, _ = grid
+    cfg = ablate.load_ablate_config(path)
+    d = path.parent / "out" / "arms" / "later"
+    d.mkdir(parents=True, exist_ok=True)
+    import os
+    import socket
+    (d / ".claim").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["later"]), report=False)
+    assert summary["elsewhere"] == ["later"] and summary["ran"] == []          # a live holder: left to it
+    (d / ".claim").write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 4321}))
+    claim = ablate._claim(d)                                                   # a dead holder: taken over
+    assert claim is not None and json.loads(claim.read_text())["pid"] == os.getpid()
+    assert ablate._claim(d) is None                                            # and now held by us
+    claim.unlink()
+
+
+def test_jobs_share_the_arms(grid, capsys):
+    """Two processes: finished arms are skipped by both, the one new arm runs once, the report follows."""
+    path, _ = grid
+    from bertkit.cli import main
+    out = path.parent / "out"
+    assert main(["ablate", str(path), "--jobs", "2", "--arms", "base,later"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["jobs"] == 2 and summary["exit_codes"] == [0, 0] and set(summary["done"]) == {"base", "later"}
+    later = json.loads((out / "arms" / "later" / "arm.json").read_text())
+    assert later["status"] == "done" and not (out / "arms" / "later" / ".claim").exists()
+    log = (out / "arms" / "later" / "log.txt").read_text()
+    assert log.count("ablate: arm later: pre-training") == 1
+    assert "| later |" in (out / "REPORT.md").read_text()
+
+
 def test_shards_split_arms_disjointly():
     cfg = ablate.AblateConfig(tasks={"sst2": {}}, source="grid.yaml",
                               arms=[ablate.Arm(n) for n in ("base", "a", "b", "c", "d")]
@@ -185,6 +217,29 @@ def test_config_mistakes(tmp_path):
     rows = ablate.dry_run(ablate.load_ablate_config(p), ablate.load_ablate_config(p).arms)
     assert [r["status"] for r in rows] == ["ok", "would fail", "would fail"]
     assert "did you mean 'pretrain'" in rows[1]["error"] and "lr" in rows[2]["error"]
+
+
+@pytest.mark.parametrize("name", ["small", "gpu"])
+def test_shipped_grids_resolve(name):
+    path = REPO / "configs" / "ablate" / f"{name}.yaml"
+    text = path.read_text()
+    assert text.startswith("#") and "bertkit ablate configs/ablate/" in text.split("\n\n")[0]
+    assert "wall time" in text.split("\n\n")[0].lower()
+    cfg = ablate.load_ablate_config(path)
+    rows = ablate.dry_run(cfg, cfg.arms)
+    assert [r for r in rows if r["status"] != "ok"] == []
+    names = {a.name for a in cfg.arms}
+    assert len(cfg.seeds) >= 3 and {"sst2", "mrpc", "conll2003"} <= set(cfg.tasks)
+    assert {"base", "no_pretraining", "mlm_only", "sop", "ltr", "whole_word", "span"} <= names
+    assert sum(n.startswith("mask_") for n in names) == 5 and sum(n.startswith("size_") for n in names) >= 2
+    assert any(a.finetune.get("freeze") for a in cfg.arms)
+    assert sum(a.corpus_fraction < 1 for a in cfg.arms) >= 2 and sum("steps" in a.budget for a in cfg.arms) >= 2
+    assert sum(a.model_from is not None for a in cfg.arms) >= 1
+    changed = {r["arm"]: r["changes"] for r in rows}
+    for arm in cfg.arms:           # one setting each: the arms that pre-train change something
+        if arm.name != cfg.base_arm and arm.pretrained and arm.model_from is None and not arm.budget \
+                and arm.corpus_fraction == 1:
+            assert changed[arm.name], arm.name
 
 
 # ---- statistics --------------------------------------------------------------------------------

@@ -335,7 +335,7 @@ class Shared:
             info = {"key": key, "files": [str(f) for f in files], "documents": len(docs),
                     "train_documents": len(train), "heldout_documents": len(held)}
             _write_json(tmp / "split.json", info)
-            _install(tmp, d)
+            _install(tmp, d, key, "split.json")
             info = _read_json(d / "split.json")
         self._split = info
         return info
@@ -375,7 +375,7 @@ class Shared:
             tmp = self.root / f".tokenizer.{os.getpid()}.tmp"
             tok.save(tmp)
             _write_json(tmp / "ablate_key.json", {"key": key, **opts})
-            _install(tmp, d)
+            _install(tmp, d, key)
         self._tokenizer = Tokenizer.from_dir(d)       # whoever renamed first, everyone uses that one
         return self._tokenizer
 
@@ -406,7 +406,7 @@ class Shared:
             _write_json(tmp / "ablate_key.json", {"key": key, **info, "train_tokens": meta["counts"]["tokens"],
                                                   "train_instances": meta["counts"]["instances"],
                                                   "heldout_instances": held["counts"]["instances"]})
-            _install(tmp, d)
+            _install(tmp, d, key)
         return d / "train", d / "heldout", _read_json(d / "ablate_key.json")
 
     def _path(self, name: str) -> Path:
@@ -422,14 +422,20 @@ def _short(d: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in flatten(d).items())
 
 
-def _install(tmp: Path, final: Path) -> None:
-    """Rename a finished folder into place; if another process got there first, keep theirs."""
+def _install(tmp: Path, final: Path, key: str, marker: str = "ablate_key.json") -> None:
+    """Rename a finished folder into place. If another process installed the same thing meanwhile,
+    keep theirs (it may be in use); a stale entry (another key) is replaced."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    if (_read_json(final / marker) or {}).get("key") == key:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     if final.exists():
-        shutil.rmtree(final, ignore_errors=True)   # a stale or changed cache entry
+        old = final.with_name(f".{final.name}.old.{os.getpid()}")
+        os.replace(final, old)
+        shutil.rmtree(old, ignore_errors=True)
     try:
         os.replace(tmp, final)
-    except OSError:                                # another machine installed it meanwhile
+    except OSError:                                # another process installed it meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -473,13 +479,18 @@ class RunOptions:
     command: str = ""
     verbose: bool = False
     """Show every run's log on the console (always written to OUT/arms/NAME/log.txt)."""
+    jobs: int = 1
+    """Arms run in this many processes at once on this machine (each takes the next unclaimed arm)."""
+    threads: int | None = None
+    """Override the config's torch threads per run."""
 
 
 class _GridLines(logging.Filter):
-    """On the console, only the grid's own lines and warnings; each arm's log.txt has everything."""
+    """On the console, only the grid's own lines and errors; each arm's log.txt has everything (the
+    grid says how many warnings an arm logged)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or str(record.msg).startswith("ablate:")
+        return record.levelno >= logging.ERROR or str(record.msg).startswith("ablate:")
 
 
 def arm_budget(cfg: AblateConfig, arm: Arm) -> dict:
@@ -524,7 +535,7 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
     state = {"name": arm.name, "setting": describe(arm), "status": "running", "stage": "setup", "error": None,
              "host": socket.gethostname(), "cpu": hardware().get("cpu"), "started": _now(), "pid": os.getpid()}
     _write_json(d / "arm.json", state)
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     handler = _file_log(d / "log.txt")
     try:
         if arm.error:
@@ -550,7 +561,8 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
         (d / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
         log.error("ablate: arm %s failed at %s: %s", arm.name, state["stage"], state["error"])
     finally:
-        state.update(wall_s=round(time.time() - t0, 1), finished=_now())
+        state.update(wall_s=round(time.time() - t0, 1), cpu_s=round(time.process_time() - c0, 1), finished=_now(),
+                     warnings=handler.warnings)
         _write_json(d / "arm.json", state)
         logging.getLogger("bertkit").removeHandler(handler)
         handler.close()
@@ -574,11 +586,23 @@ def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def _file_log(path: Path) -> logging.Handler:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    h = logging.FileHandler(path, encoding="utf-8")
-    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    h.setLevel(logging.INFO)
+class _ArmLog(logging.FileHandler):
+    """The arm's log.txt (everything at INFO and above), counting the warnings."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        super().__init__(path, encoding="utf-8")
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        self.setLevel(logging.INFO)
+        self.warnings = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.warnings += record.levelno == logging.WARNING
+        super().emit(record)
+
+
+def _file_log(path: Path) -> _ArmLog:
+    h = _ArmLog(path)
     logging.getLogger("bertkit").addHandler(h)
     return h
 
@@ -628,7 +652,9 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
             card = _read_json(out / "run_card.json")
         else:
             from .train import pretrain
+            c0 = time.process_time()
             card = pretrain(pcfg, command=f"{opts.command}  # arm {arm.name}")
+            _write_json(out / "ablate_key.json", {"key": key, "cpu_s": round(time.process_time() - c0, 1)})
         if not card:
             raise BertkitError(f"{out}: pre-training ended without a run card")
         if not cfg.keep_models:
@@ -639,6 +665,7 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
             "objective": card.get("objective"), "stop_reason": card.get("stop_reason"),
             "parameters": card.get("parameters"), "model": card.get("model"), "data_tokens": data["train_tokens"],
             "precision": card.get("precision"), "own_eval": {k: v for k, v in ev.items() if k != "step"},
+            "cpu_s": (_read_json(out / "ablate_key.json") or {}).get("cpu_s"),
             "run_card": str(out / "run_card.md")}
 
 
@@ -693,8 +720,9 @@ def _finetune_one(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path
     if not (result and (_read_json(out / "ablate_key.json") or {}).get("key") == key):
         log.info("ablate: arm %s: fine-tuning %s, seed %d", arm.name, task, seed)
         shutil.rmtree(out, ignore_errors=True)
+        c0 = time.process_time()
         result = finetune(fcfg, command=f"bertkit ablate {cfg.source}  # arm {arm.name} {task} seed {seed}")
-        _write_json(out / "ablate_key.json", {"key": key})
+        _write_json(out / "ablate_key.json", {"key": key, "cpu_s": round(time.process_time() - c0, 1)})
         if not cfg.keep_models:
             for p in out.glob("*.safetensors"):
                 p.unlink()
@@ -706,6 +734,7 @@ def _finetune_one(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path
     return {"arm": arm.name, "setting": describe(arm), "task": task, "seed": seed, "metric": metric,
             "value": last, "best": (result.get("dev") or {}).get(metric), "init": init,
             "frozen": bool(getattr(fcfg, "freeze", False)), "finetune_wall_s": result.get("wall_time_s"),
+            "finetune_cpu_s": (_read_json(out / "ablate_key.json") or {}).get("cpu_s"),
             "train_examples": result.get("train_examples"), "dev_examples": result.get("dev_examples"),
             "pretrain_tokens": pre.get("tokens"), "pretrain_updates": pre.get("updates"),
             "pretrain_wall_s": pre.get("wall_s"), "run_card": str(out / "run_card.md"), "status": "ok"}
@@ -799,46 +828,136 @@ def dry_run(cfg: AblateConfig, arms: Sequence[Arm]) -> list[dict]:
 
 def run_grid(cfg: AblateConfig, arms: Sequence[Arm] | None = None, opts: RunOptions | None = None,
              report: bool = True) -> dict:
-    """Run the selected arms (skipping finished ones), then write the report over everything finished."""
+    """Run the selected arms (skipping finished ones and arms another process holds), then write the
+    report over everything finished. With opts.jobs > 1 the arms run in that many processes."""
     opts = opts or RunOptions()
     arms = list(cfg.arms if arms is None else arms)
+    if opts.threads is not None:
+        cfg.threads = opts.threads
     check_base(cfg)
     shared = Shared(cfg)
     quiet = [] if opts.verbose else [h for h in logging.getLogger().handlers if not isinstance(h, logging.FileHandler)]
     for h in quiet:
         h.addFilter(_QUIET)
     try:
-        return _run_arms(cfg, arms, shared, opts, report)
+        summary = _run_jobs(cfg, arms, shared, opts) if opts.jobs > 1 else _run_arms(cfg, arms, shared, opts)
     finally:
         for h in quiet:
             h.removeFilter(_QUIET)
+    if report:
+        from .ablate_report import write_report
+        summary["report"] = str(write_report(cfg, opts.command))
+    return summary
 
 
 _QUIET = _GridLines()
 
 
-def _run_arms(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptions, report: bool) -> dict:
-    t0, ran, skipped = time.time(), [], []
-    for k, arm in enumerate(arms):
-        info = _read_json(Path(cfg.out) / "arms" / arm.name / "arm.json") or {}
-        if info.get("status") == "done" and info.get("plan") == plan_key(cfg, arm):
-            log.info("ablate: [%d/%d] arm %s finished before; skipped", k + 1, len(arms), arm.name)
-            skipped.append(arm.name)
+def _run_arms(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptions) -> dict:
+    """Each arm in order; an arm held by another process is left to it, and an arm whose source model
+    (model_from) is being trained by another process waits for it."""
+    t0, ran, skipped, elsewhere = time.time(), [], [], []
+    pending, total = list(arms), len(arms)
+    while pending:
+        progressed = False
+        for arm in list(pending):
+            d = Path(cfg.out) / "arms" / arm.name
+            info = _read_json(d / "arm.json") or {}
+            if info.get("status") == "done" and info.get("plan") == plan_key(cfg, arm):
+                log.info("ablate: arm %s finished before; skipped", arm.name)
+                skipped.append(arm.name)
+            elif arm.model_from and _claimed(Path(cfg.out) / "arms" / arm.model_from):
+                continue                                   # its model is still being trained elsewhere
+            else:
+                claim = _claim(d)
+                if claim is None:
+                    holder = _read_json(d / ".claim") or {}
+                    log.info("ablate: arm %s is running in another process (%s, pid %s); left to it", arm.name,
+                             holder.get("host"), holder.get("pid"))
+                    elsewhere.append(arm.name)
+                else:
+                    try:
+                        _one_arm(cfg, arm, shared, opts, ran, total - len(pending) + 1, total, t0, len(pending) - 1)
+                    finally:
+                        claim.unlink(missing_ok=True)
+            pending.remove(arm)
+            progressed = True
+        if pending and not progressed:
+            time.sleep(5)
+    return {"ran": [s["name"] for s in ran], "failed": [s["name"] for s in ran if s["status"] != "done"],
+            "skipped": skipped, "elsewhere": elsewhere, "wall_s": round(time.time() - t0, 1)}
+
+
+def _one_arm(cfg, arm, shared, opts, ran, k, total, t0, left) -> None:
+    log.info("ablate: [%d/%d] arm %s: %s", k, total, arm.name, describe(arm))
+    t = time.time()
+    state = run_arm(cfg, arm, shared, opts)
+    ran.append(state)
+    mean = (time.time() - t0) / len(ran)
+    log.info("ablate: arm %s %s in %.1f min%s; %d arm(s) left, about %.0f min at this pace", arm.name,
+             state["status"], (time.time() - t) / 60,
+             f" ({state['warnings']} warnings in its log.txt)" if state.get("warnings") else "", left,
+             left * mean / max(opts.jobs, 1) / 60)
+
+
+def _claim(d: Path) -> Path | None:
+    """Create d/.claim (host, pid) atomically; None if a live process holds it. A claim left by a dead
+    process of this machine is taken over; claims of other machines are honoured (delete the file if
+    that run is gone)."""
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / ".claim"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _claimed(d):
+                return None
+            path.unlink(missing_ok=True)
             continue
-        log.info("ablate: [%d/%d] arm %s: %s", k + 1, len(arms), arm.name, describe(arm))
-        t = time.time()
-        state = run_arm(cfg, arm, shared, opts)
-        ran.append(state)
-        left = len(arms) - k - 1
-        mean = (time.time() - t0) / len(ran)
-        log.info("ablate: arm %s %s in %.1f min; %d arm(s) left, about %.0f min at this pace",
-                 arm.name, state["status"], (time.time() - t) / 60, left, left * mean / 60)
-    summary = {"ran": [s["name"] for s in ran], "failed": [s["name"] for s in ran if s["status"] != "done"],
-               "skipped": skipped, "wall_s": round(time.time() - t0, 1)}
-    if report:
-        from .ablate_report import write_report
-        summary["report"] = str(write_report(cfg, opts.command))
-    return summary
+        with os.fdopen(fd, "w") as f:
+            json.dump({"host": socket.gethostname(), "pid": os.getpid(), "since": _now()}, f)
+        return path
+    return None
+
+
+def _claimed(d: Path) -> bool:
+    """Whether a live process holds the arm in folder d."""
+    holder = _read_json(d / ".claim")
+    if not holder:
+        return (d / ".claim").exists()            # being written right now
+    if holder.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except (OSError, ValueError, KeyError):
+        return False
+    return True
+
+
+def _run_jobs(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptions) -> dict:
+    """opts.jobs processes (`bertkit ablate CONFIG --arms ... --jobs 1`) share the arms through claims;
+    the shared inputs are made first, here, so the jobs do not make them twice."""
+    if not Path(cfg.source).is_file():
+        raise BertkitError("--jobs re-reads the grid config: give it as a file")
+    t0 = time.time()
+    shared.tokenizer()
+    for arm in arms:
+        if arm.model_from is None and not arm.error:
+            try:
+                shared.prepared(merge(cfg.prepare, arm.prepare), float(arm.corpus_fraction))
+            except (BertkitError, ValueError):
+                pass                                   # the arm itself will fail as a row, with this error
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // opts.jobs)
+    cmd = [sys.executable, "-m", "bertkit"] + (["-v"] if opts.verbose else []) + [
+        "ablate", cfg.source, "--out", cfg.out, "--data-dir", cfg.data_dir, "--no-report", "--jobs", "1",
+        "--threads", str(threads), "--arms", ",".join(a.name for a in arms)]
+    log.info("ablate: %d jobs of %d thread(s) each over %d arms", opts.jobs, threads, len(arms))
+    procs = [subprocess.Popen(cmd, env={**os.environ, "BERTKIT_ABLATE_JOB": str(j)}) for j in range(opts.jobs)]
+    codes = [p.wait() for p in procs]
+    states = [_read_json(Path(cfg.out) / "arms" / a.name / "arm.json") or {} for a in arms]
+    return {"jobs": opts.jobs, "exit_codes": codes, "done": [s.get("name") for s in states if s.get("status") == "done"],
+            "failed": [s.get("name") for s in states if s.get("status") in ("failed", "interrupted")],
+            "wall_s": round(time.time() - t0, 1)}
 
 
 # ---- the paper note's minimal implementation test --------------------------------------------------

@@ -172,8 +172,12 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
     metric = {t: next((r["metric"] for r in rows if r["task"] == t), "metric") for t in tasks}
     done = sum(s["status"] == "done" for s in states)
     b = cfg.budget
-    match = (f"**training tokens**: {b.steps} updates x the global batch x the sequence length for every arm "
-             "(unless the arm changes it); wall time is recorded, not matched" if b.match == "tokens" else
+    base = next((s.get("pretrain") or {} for s in states if s["name"] == cfg.base_arm), {})
+    shape = (f"global batch {base['global_batch']} x length {base['sequence_lengths'][0]} = "
+             f"{b.steps * base['global_batch'] * base['sequence_lengths'][0] / 1e6:.2f}M token slots"
+             if base.get("global_batch") and base.get("sequence_lengths") else "the global batch x the sequence length")
+    match = (f"**training tokens**: {b.steps} updates x {shape} for every arm (unless the arm changes "
+             "it); wall time is recorded, not matched" if b.match == "tokens" else
              f"**wall time**: {b.time} of pre-training per arm; the tokens each arm saw are recorded")
     lines = [f"# Ablation grid: {Path(cfg.source).name}", "",
              f"{header['date']} · commit {header['commit']} · CPU {header['cpu']}"
@@ -189,7 +193,10 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
     for s in states:
         pre = s.get("pretrain") or {}
         mlm = s.get("mlm")
-        acc = "n/a (causal)" if s["status"] == "done" and mlm is None else _fmt((mlm or {}).get("accuracy"))
+        acc = _fmt((mlm or {}).get("accuracy"))
+        if s["status"] == "done" and mlm is None:
+            own = (pre.get("own_eval") or {}).get("eval_next_token_accuracy")
+            acc = "n/a (causal" + (f"; next-token acc {own:.3f})" if own is not None else ")")
         wall = f"{pre['wall_s'] / 60:.1f} min" if pre.get("wall_s") else ("0" if pre else "—")
         row = [s["name"], s["setting"].replace("|", "/"), _tokens(pre.get("tokens")) if pre else "—", wall, acc]
         for t in tasks:

@@ -17,6 +17,7 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "  bertkit ablate configs/ablate/gpu.yaml --shard 0/4 --out /shared/ablate   # machine 1 of 4\n"
         "  bertkit ablate configs/ablate/gpu.yaml --report-only --out /shared/ablate # table of what finished\n"
         "  bertkit ablate configs/ablate/small.yaml --arms base,mlm_only            # some arms\n"
+        "  bertkit ablate configs/ablate/small.yaml --jobs 2 --threads 1            # 2 arms at a time\n"
         "  bertkit ablate --contract-test [MODEL]     # right-hand context and the causal mask, checked\n"
         "A finished arm is skipped on a rerun; a failing arm becomes a row saying so. See bertkit/ablate.py.")
     p.add_argument("config", nargs="?", help="grid YAML (configs/ablate/small.yaml, configs/ablate/gpu.yaml)")
@@ -24,6 +25,11 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", dest="data_dir", help="folder of the corpus and task data (default: the config's)")
     p.add_argument("--arms", help="run only these arms (comma-separated names)")
     p.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based): for N machines sharing --out")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="run arms in N processes at once on this machine (each takes the next unclaimed arm; "
+                        "on a small CPU, N = cores with threads 1 beats one process with N threads)")
+    p.add_argument("--threads", type=int, help="torch threads per run (default: the config's; with --jobs N, "
+                                               "cores / N)")
     p.add_argument("--launcher", choices=("inprocess", "torchrun"), default="inprocess",
                    help="pre-train in this process (default) or as `torchrun --nproc_per_node N -m bertkit pretrain`")
     p.add_argument("--nproc", type=int, default=1, help="processes per arm with --launcher torchrun (e.g. GPUs)")
@@ -55,10 +61,10 @@ def run_ablate(args: argparse.Namespace) -> int:
         for row in ablate.dry_run(cfg, arms):
             print(json.dumps(row))
         return 0
-    if args.nproc < 1:
-        raise BertkitError("--nproc must be >= 1")
-    opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command,
-                             verbose=bool(getattr(args, "verbose", False)))
+    if args.nproc < 1 or args.jobs < 1 or (args.threads is not None and args.threads < 0):
+        raise BertkitError("--nproc and --jobs must be >= 1, --threads >= 0")
+    opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command, jobs=args.jobs,
+                             threads=args.threads, verbose=bool(getattr(args, "verbose", False)))
     summary = ablate.run_grid(cfg, arms, opts, report=not args.no_report)
     print(json.dumps(summary))
     return 0
