@@ -168,6 +168,9 @@ def read_config(path: Path) -> tuple[BertConfig, dict[str, Any]]:
         raise CheckpointError(f"{path}: no config.json (not a checkpoint folder)")
     try:
         raw = json.loads(cj.read_text(encoding="utf-8"))
+        if isinstance(raw, dict) and raw.get("bertkit_incomplete"):   # see bertkit.outdir
+            raise CheckpointError(f"{path}: the checkpoint of an unfinished run ({raw['bertkit_incomplete']}; "
+                                  f"killed, failed or still running): not loaded")
         return BertConfig.from_hf_dict(raw, source=str(cj)), raw
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{cj}: not valid JSON ({e})") from None

@@ -358,10 +358,30 @@ def check_references(task: Task, examples: list, labels, where: str) -> None:
 
 
 # ---- the loop -----------------------------------------------------------------------------------
+def is_finetune_output(path: Path) -> bool:
+    """Whether a folder holds a previous fine-tuning run (which a new run into it may replace)."""
+    return (path / "finetune.yaml").is_file() or (path / "grid.json").is_file()
+
+
 def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     """Fine-tune `cfg.model` on `cfg.task`; returns the metrics written to `out/metrics.json`.
 
+    Everything is written into `OUT.incomplete` and replaces `OUT` only when the run is complete
+    (`bertkit.outdir`): a killed or failed run never leaves a finished-looking folder."""
+    from .outdir import staged_dir
+
+    with staged_dir(cfg.out, is_finetune_output, "fine-tuning run") as out:
+        result = _finetune(cfg, command, out)
+    log.info("%s: best %s on dev %s at update %s; checkpoint in %s", result["task"], result["main_metric"],
+             _fmt_metric((result["dev"] or {}).get(result["main_metric"])), result["best_step"], cfg.out)
+    return result
+
+
+def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
+    """The run, written into `out` (the staging folder).
+
     One long function on purpose: the phases (setup, step, evaluate, checkpoint) read top to bottom."""
+    from .outdir import INCOMPLETE_KEY
     from .finetune_card import batch_flops, build_card, eval_flops, write_card
     from .optim import build_optimizer, lr_at
     from .runlog import MetricsLog, hardware
@@ -375,8 +395,6 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
 
     # setup
     task = resolve_task(cfg.task, columns_of(cfg))
@@ -414,7 +432,8 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
 
     # step / evaluate / checkpoint
     state = {"best": None, "best_metrics": None, "best_step": None, "history": [],
-             "facts": {"bertkit_stride": stride}}       # saved in config.json: how inputs were read
+             "facts": {"bertkit_stride": stride,        # saved in config.json: how inputs were read
+                       INCOMPLETE_KEY: "fine-tuning in progress"}}   # removed when the run completes
     rng = random.Random(cfg.seed)
     counts = {"tokens": 0, "train_flops": 0.0, "eval_flops": 0.0}          # the run card's compute
     dev_pass = eval_flops(model.config, dev_feats) if dev_feats is not None else 0.0
@@ -470,8 +489,6 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     counts["tokens"] = tokens
     write_card(out, build_card(cfg, task, model, labels, inputs, result, command, counts, state["facts"], hardware()))
-    log.info("%s: best %s on dev %s at update %s; checkpoint in %s", task.name, task.main_metric,
-             _fmt_metric((state["best_metrics"] or {}).get(task.main_metric)), state["best_step"], out)
     return result
 
 
@@ -557,26 +574,27 @@ def grid(cfg: FinetuneConfig, command: str = "", space: dict | None = None) -> d
     import dataclasses
     import itertools
 
+    from .outdir import staged_dir
+
     space = space or PAPER_GRID
-    out = Path(cfg.out)
-    runs = []
     keys = list(space)
-    for values in itertools.product(*(space[k] for k in keys)):
-        setting = dict(zip(keys, values))
-        name = "_".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in setting.items())
-        run_cfg = dataclasses.replace(cfg, out=str(out / "grid" / name), **setting)
-        result = finetune(run_cfg, command=command + f"  # grid run {name}")
-        main = (result["dev"] or {}).get(result["main_metric"])
-        runs.append({"name": name, **setting, result["main_metric"]: main})
-        log.info("grid %s: dev %s %s", name, result["main_metric"], _fmt_metric(main))
-    scored = [r for r in runs if r[result["main_metric"]] is not None]
-    if not scored:
-        raise BertkitError("grid search needs a dev file to choose the best run")
-    best = max(scored, key=lambda r: r[result["main_metric"]])
-    src = out / "grid" / best["name"]
-    for item in src.iterdir():
-        if item.is_file():
-            shutil.copy2(item, out / item.name)
-    summary = {"main_metric": result["main_metric"], "best": best, "runs": runs}
-    (out / "grid.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    with staged_dir(cfg.out, is_finetune_output, "fine-tuning run") as out:
+        runs = []
+        for values in itertools.product(*(space[k] for k in keys)):
+            setting = dict(zip(keys, values))
+            name = "_".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in setting.items())
+            run_cfg = dataclasses.replace(cfg, out=str(out / "grid" / name), **setting)
+            result = finetune(run_cfg, command=command + f"  # grid run {name}")
+            main = (result["dev"] or {}).get(result["main_metric"])
+            runs.append({"name": name, **setting, result["main_metric"]: main})
+            log.info("grid %s: dev %s %s", name, result["main_metric"], _fmt_metric(main))
+        scored = [r for r in runs if r[result["main_metric"]] is not None]
+        if not scored:
+            raise BertkitError("grid search needs a dev file to choose the best run")
+        best = max(scored, key=lambda r: r[result["main_metric"]])
+        for item in (out / "grid" / best["name"]).iterdir():
+            if item.is_file():
+                shutil.copy2(item, out / item.name)
+        summary = {"main_metric": result["main_metric"], "best": best, "runs": runs}
+        (out / "grid.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
