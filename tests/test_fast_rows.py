@@ -1,0 +1,31 @@
+"""PrepackedLinear pads its rows to few GEMM sizes (bounded oneDNN kernel memory) and still
+answers exactly what F.linear does for every row count."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertkit.fast import PrepackedLinear, can_prepack, gemm_rows
+
+
+def test_gemm_rows_few_sizes_little_padding():
+    sizes = [gemm_rows(n) for n in range(1, 8193)]
+    assert all(m >= n for n, m in zip(range(1, 8193), sizes))
+    assert all(m <= n + n // 8 for n, m in zip(range(1, 8193), sizes))
+    assert sizes == sorted(sizes)
+    assert len(set(sizes)) <= 32 + 8 * 8            # 1..32 exact, then 8 per power of two
+    assert [gemm_rows(n) for n in (1, 16, 32, 33, 35, 64, 65, 1000)] == [1, 16, 32, 36, 36, 64, 72, 1024]
+
+
+def test_prepacked_rows_padded_equal_plain():
+    lin = torch.nn.Linear(24, 40)
+    if not can_prepack(lin):
+        pytest.skip("no oneDNN prepacked Linear in this torch build")
+    packed = PrepackedLinear(lin)
+    with torch.no_grad():
+        for n in (1, 7, 33, 45, 100, 257):
+            x = torch.randn(n, 24)
+            got = packed(x)
+            assert got.shape == (n, 40) and got.is_contiguous()
+            torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias), rtol=1e-4, atol=1e-5)
