@@ -92,12 +92,13 @@ def test_never_a_frozen_random_pooler(mlm_only, tiny_model, sst_dir, tmp_path):
     with pytest.raises(BertkitError, match="tagging"):
         ProbeModel(encoder, "token_classification", 3, "pooler")
     with pytest.raises(BertkitError, match="same vector for every input"):
-        ProbeModel(encoder, "sequence_classification", 2, "embeddings")            # [CLS] embedding
+        ProbeModel(encoder, "sequence_classification", 2, "embeddings", pooling="cls")   # [CLS] embedding
+    assert ProbeModel(encoder, "sequence_classification", 2, "embeddings").pooling == "mean"
     with pytest.raises(BertkitError, match="tagging"):
         ProbeModel(encoder, "token_classification", 3, "last", pooling="mean")
 
 
-@pytest.mark.parametrize("features, pooling", [("embeddings", "mean"), ("second_to_last", "cls"),
+@pytest.mark.parametrize("features, pooling", [("embeddings", None), ("second_to_last", "cls"),
                                                ("sum_all", "mean"), ("concat_last_2", None)])
 def test_sentence_probe_round_trips(tiny_model, sst_dir, tmp_path, capsys, features, pooling):
     """Train a probe; the saved folder loads as the same ProbeModel (same logits), `evaluate`
@@ -107,8 +108,9 @@ def test_sentence_probe_round_trips(tiny_model, sst_dir, tmp_path, capsys, featu
                           probe_features=features, probe_pooling=pooling, epochs=2))
     raw = json.loads((out / "config.json").read_text())
     combine, layers = probe_layers(features, 2)
+    pooling = pooling or ("mean" if features == "embeddings" else "cls")
     assert raw["bertkit_probe"] == {"features": features, "combine": combine, "layers": layers,
-                                    "pooling": pooling or "cls"}
+                                    "pooling": pooling}
     model = load_model(out)
     assert isinstance(model, ProbeModel) and not model.training and model.features == features
     if combine == "sum":                       # the layer weights trained and were saved

@@ -14,9 +14,9 @@ or the [CLS] token (sentence tasks):
                       pre-trained (NSP); an MLM-only checkpoint's pooler is random, so it is refused
 
 `concat_last_N` / `sum_last_N` name other depths. Sentence tasks read the chosen states at the
-[CLS] token (`pooling="cls"`, the paper's sentence-level output) or averaged over the input's
-tokens (`pooling="mean"`; the [CLS] state of a model pre-trained without NSP has no sentence-level
-objective behind it). The encoder never trains: no gradients, and it
+[CLS] token (`pooling="cls"`, the paper's sentence-level output; the default) or averaged over
+the input's tokens (`pooling="mean"`; the [CLS] state of a model pre-trained without NSP has no
+sentence-level objective behind it; the default for `embeddings`, whose [CLS] vector is constant). The encoder never trains: no gradients, and it
 stays in eval mode (no dropout) while the head trains. A probe checkpoint is the encoder's weights
 unchanged plus `classifier.weight` / `classifier.bias` (and `classifier.layer_weights` for the
 weighted sums), with `bertkit_probe` in config.json; `bertkit.load_model` rebuilds it. transformers
@@ -148,13 +148,14 @@ class ProbeModel(nn.Module):
 
 
 def check_pooling(head: str, features: str, pooling: str | None) -> str | None:
-    """A sentence probe's pooling ('cls' by default); None for tagging and the pooler."""
+    """A sentence probe's pooling: 'cls' by default, 'mean' for the embeddings (the [CLS] token's
+    embedding is the same vector for every input); None for tagging and the pooler."""
     if head != "sequence_classification" or features == "pooler":
         if pooling is not None:
             raise BertkitError(f"probe pooling {pooling!r} applies to sentence tasks over token states, not to "
                                f"{'the pooler' if features == 'pooler' else 'tagging'}")
         return None
-    pooling = pooling or "cls"
+    pooling = pooling or ("mean" if features == "embeddings" else "cls")
     if pooling not in POOLINGS:
         raise BertkitError(f"probe pooling {pooling!r}: choose cls or mean")
     if pooling == "cls" and features == "embeddings":
