@@ -69,6 +69,7 @@ arms:
   - {{name: no_pretraining, pretrained: false}}
   - {{name: bad, pretrain: {{train: {{no_such_key: 1}}}}}}
   - {{name: later, pretrain: {{train: {{nsp: false}}}}}}
+  - {{name: probe_later, model_from: later, finetune: {{freeze: true, probe_features: last}}}}
 """
 
 
@@ -167,18 +168,22 @@ def test_claims_leave_running_arms_to_their_process(grid, tmp_path):
 
 
 def test_jobs_share_the_arms(grid, capsys):
-    """Two processes: finished arms are skipped by both, the one new arm runs once, the report follows."""
+    """Two processes: a finished arm is skipped by both, each new arm runs once, the probe arm waits for
+    the model it reads, and the report follows."""
     path, _ = grid
     from bertkit.cli import main
     out = path.parent / "out"
-    assert main(["ablate", str(path), "--jobs", "2", "--arms", "base,later"]) == 0
+    assert main(["ablate", str(path), "--jobs", "2", "--arms", "base,later,probe_later"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["jobs"] == 2 and summary["exit_codes"] == [0, 0] and set(summary["done"]) == {"base", "later"}
-    later = json.loads((out / "arms" / "later" / "arm.json").read_text())
-    assert later["status"] == "done" and not (out / "arms" / "later" / ".claim").exists()
-    log = (out / "arms" / "later" / "log.txt").read_text()
-    assert log.count("ablate: arm later: pre-training") == 1
-    assert "| later |" in (out / "REPORT.md").read_text()
+    assert summary["jobs"] == 2 and summary["exit_codes"] == [0, 0]
+    assert set(summary["done"]) == {"base", "later", "probe_later"}
+    for name in ("later", "probe_later"):
+        assert not (out / "arms" / name / ".claim").exists()
+    assert (out / "arms" / "later" / "log.txt").read_text().count("ablate: arm later: pre-training") == 1
+    probe = json.loads((out / "arms" / "probe_later" / "arm.json").read_text())
+    assert probe["pretrain"]["model_from"] == "later" and probe["model"].endswith("later/pretrain/final")
+    report = (out / "REPORT.md").read_text()
+    assert "| later |" in report and "| probe_later |" in report
 
 
 def test_shards_split_arms_disjointly():

@@ -25,9 +25,9 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", dest="data_dir", help="folder of the corpus and task data (default: the config's)")
     p.add_argument("--arms", help="run only these arms (comma-separated names)")
     p.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based): for N machines sharing --out")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="run arms in N processes at once on this machine (each takes the next unclaimed arm; "
-                        "on a small CPU, N = cores with threads 1 beats one process with N threads)")
+    p.add_argument("--jobs", type=int,
+                   help="run arms in N processes at once on this machine (default: the config's `jobs`); each "
+                        "takes the next unclaimed arm")
     p.add_argument("--threads", type=int, help="torch threads per run (default: the config's; with --jobs N, "
                                                "cores / N)")
     p.add_argument("--launcher", choices=("inprocess", "torchrun"), default="inprocess",
@@ -61,7 +61,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         for row in ablate.dry_run(cfg, arms):
             print(json.dumps(row))
         return 0
-    if args.nproc < 1 or args.jobs < 1 or (args.threads is not None and args.threads < 0):
+    if args.nproc < 1 or (args.jobs is not None and args.jobs < 1) or (args.threads is not None and args.threads < 0):
         raise BertkitError("--nproc and --jobs must be >= 1, --threads >= 0")
     opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command, jobs=args.jobs,
                              threads=args.threads, verbose=bool(getattr(args, "verbose", False)))
