@@ -159,6 +159,10 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+def _minutes(v: Any) -> str:
+    return "—" if v is None else "0" if v == 0 else f"{v / 60:.1f} min"
+
+
 def _tokens(v: Any) -> str:
     if not v:
         return "0"
@@ -186,7 +190,7 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
              f"Command: `{command or 'bertkit ablate ' + cfg.source}`", "",
              f"{done} of {len(states)} arms finished. Budget matched by {match}. Same tokenizer "
              f"({cfg.tokenizer}) and the same held-out documents ({cfg.eval_documents}) for every arm.", "",
-             "| arm | setting | pretrain tokens | pretrain wall | held-out MLM acc | "
+             "| arm | setting | pretrain tokens | wall: pretrain / arm | held-out MLM acc | "
              + " | ".join(f"{t} {metric[t]} | Δ {t}" for t in tasks) + " | status |",
              "|---|---|---:|---:|---:|" + "---:|---:|" * len(tasks) + "---|"]
     machines = {s.get("cpu") for s in states if s.get("cpu")}
@@ -197,8 +201,12 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
         if s["status"] == "done" and mlm is None:
             own = (pre.get("own_eval") or {}).get("eval_next_token_accuracy")
             acc = "n/a (causal" + (f"; next-token acc {own:.3f})" if own is not None else ")")
-        wall = f"{pre['wall_s'] / 60:.1f} min" if pre.get("wall_s") else ("0" if pre else "—")
-        row = [s["name"], s["setting"].replace("|", "/"), _tokens(pre.get("tokens")) if pre else "—", wall, acc]
+        if pre.get("model_from"):
+            tokens, wall = f"{_tokens(pre.get('tokens'))} ({pre['model_from']}'s)", f"0 / {_minutes(s.get('wall_s'))}"
+        else:
+            tokens = _tokens(pre.get("tokens")) if pre else "—"
+            wall = f"{_minutes(pre.get('wall_s'))} / {_minutes(s.get('wall_s'))}" if pre else "—"
+        row = [s["name"], s["setting"].replace("|", "/"), tokens, wall, acc]
         for t in tasks:
             c = cells.get((s["name"], t))
             if not c:
@@ -230,7 +238,8 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
               "'within seed noise', not 'no effect'.",
               "- Held-out MLM acc: one protocol for every arm (token masking, 15% of tokens, 80/10/10, the same "
               "positions), on documents no arm trained on; n/a for a left-to-right model (no MLM objective).",
-              "- Pretrain tokens: real (non-padding) tokens the arm's pre-training saw; wall: its pre-training time.",
+              "- Pretrain tokens: real (non-padding) tokens the arm's pre-training saw; wall: its pre-training "
+              "time / the whole arm's (pre-training, held-out MLM and every fine-tuning run).",
               ""]
     lines += _variance_section(cfg, cells, tasks, metric)
     if len(machines) > 1:
