@@ -11,6 +11,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# The suite's numbers must not depend on the CPU: a default Predictor picks bf16 where bf16 is
+# measured faster (AMX, AVX512_BF16), fp32 elsewhere. Tests run fp32 unless they ask otherwise;
+# tests/test_infer.py and tests/test_hardware.py force each path (BERTKIT_BF16=1 / 0) everywhere.
+os.environ.setdefault("BERTKIT_BF16", "0")
 # Tests never reach a hub: a dataset or model name that is not local fails at once instead of waiting
 # on the network (bertkit reads names through the `datasets` library when a path does not exist).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -67,7 +67,7 @@ def prepack(request) -> bool:
 
 @pytest.fixture(scope="module")
 def minilm(prepack) -> Predictor:
-    p = Predictor.from_dir(minilm_dir(), device="cpu", prepack=prepack)
+    p = Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", prepack=prepack)
     if prepack and not p.prepacked:
         pytest.skip("this torch build has no oneDNN prepacked Linear")
     return p
@@ -75,7 +75,7 @@ def minilm(prepack) -> Predictor:
 
 @pytest.fixture(scope="module")
 def minilm_default() -> Predictor:
-    return Predictor.from_dir(minilm_dir(), device="cpu")
+    return Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_fp32_bound_covers_fp32_rounding(tmp_path_factory, tok):
         m64 = cls.from_pretrained(path).double().eval()
         with torch.no_grad():
             a, b = getattr(m32(**enc), out)[real], getattr(m64(**enc), out)[real]
-        cfg = Predictor.from_dir(path, device="cpu", prepack=False).config
+        cfg = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=False).config
         diff = float((a.double() - b).abs().max())
         assert 0 < diff <= fp32_bound(b.numpy(), cfg) / 2, (path, diff, fp32_bound(b.numpy(), cfg))
 
@@ -136,7 +136,7 @@ def test_fp32_bound_catches_real_bugs(tmp_path_factory, tok, prepack):
     """The parity tests would fail on a real bug: bertkit against a transformers model with the
     tanh GELU instead of erf, one LayerNorm missing or positions shifted by one is far over the bound."""
     path = _tiny_token_classifier(tmp_path_factory, tok)
-    p = Predictor.from_dir(path, device="cpu", prepack=prepack)
+    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
     enc = tok(TEXTS)
     real = enc["attention_mask"].bool()
     got = np.concatenate(p.outputs([{"input_ids": e.input_ids, "token_type_ids": e.token_type_ids}
@@ -155,7 +155,7 @@ def test_fp32_bound_catches_real_bugs(tmp_path_factory, tok, prepack):
         diff = float(np.abs(got - out[real].numpy()).max())
         assert diff > 5 * fp32_bound(ref, p.config), (bug, diff, fp32_bound(ref, p.config))
     minilm_tanh = transformers.AutoModel.from_pretrained(minilm_dir(), hidden_act="gelu_new").eval()
-    m = Predictor.from_dir(minilm_dir(), device="cpu", prepack=prepack)
+    m = Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", prepack=prepack)
     got = np.concatenate(m.embed(TEXTS, pooling="none"))
     with torch.no_grad():
         bad = minilm_tanh(**m.tokenizer(TEXTS)).last_hidden_state[real].numpy()
@@ -213,7 +213,7 @@ def test_truncation_limit(minilm_default):
 
 def test_fill_mask_matches_transformers(tmp_path_factory, tok, prepack):
     path = tiny_checkpoint(tmp_path_factory, tok, "masked_lm", "mlm")
-    p = Predictor.from_dir(path, device="cpu", prepack=prepack)
+    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
     texts = ["paris is the [MASK] of [MASK].", "hello [MASK] world", "[MASK]"]
     got = p.fill_mask(texts, top_k=4, batch_size=2)
     hf = transformers.BertForMaskedLM.from_pretrained(path).eval()
@@ -238,7 +238,7 @@ def test_fill_mask_matches_transformers(tmp_path_factory, tok, prepack):
 def test_classify_matches_transformers(tmp_path_factory, tok, prepack):
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "cls", num_labels=3,
                            names=["neg", "neu", "pos"])
-    p = Predictor.from_dir(path, device="cpu", prepack=prepack)
+    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
     pairs = ["second segment", None, "x", "y z", None, "w"]
     got = p.classify(TEXTS, pairs=pairs, batch_size=4, raw=True)
     hf = transformers.BertForSequenceClassification.from_pretrained(path).eval()
@@ -258,7 +258,7 @@ def test_classify_matches_transformers(tmp_path_factory, tok, prepack):
 def test_regression_head(tmp_path_factory, tok, prepack):
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "reg", num_labels=1,
                            problem="regression", names=["score"])
-    p = Predictor.from_dir(path, device="cpu", prepack=prepack)
+    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
     got = p.classify(TEXTS[:2])
     hf = transformers.BertForSequenceClassification.from_pretrained(path).eval()
     with torch.no_grad():
@@ -269,7 +269,7 @@ def test_regression_head(tmp_path_factory, tok, prepack):
 def test_ner_word_level(tmp_path_factory, tok, prepack):
     names = ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
     path = tiny_checkpoint(tmp_path_factory, tok, "token_classification", "ner", num_labels=5, names=names)
-    p = Predictor.from_dir(path, device="cpu", prepack=prepack)
+    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
     texts = ["Angela Merkel visited New York City yesterday.", ["Jean-Pierre", "lives", "in", "Lyon"]]
     got = p.ner(texts)
     hf = transformers.BertForTokenClassification.from_pretrained(path).eval()
@@ -297,7 +297,7 @@ def test_qa_matches_transformers(tmp_path_factory, tok, prepack):
     from bertkit.tasks.squad import QAExample, featurize_qa, postprocess_qa
 
     path = tiny_checkpoint(tmp_path_factory, tok, "question_answering", "qa")
-    p = Predictor.from_dir(path, device="cpu", prepack=prepack)
+    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
     qs = ["Where is the fox?", "Who wrote it?"]
     cs = ["The quick brown fox sits in the garden of the old house near the river.",
           " ".join(["Émile Zola wrote novels in Paris."] * 40)]
@@ -321,6 +321,7 @@ def test_int8_agreement(minilm_default):
     q = Predictor.from_dir(minilm_dir(), device="cpu", int8=True)
     linears = [m for m in q.model.modules() if type(m).__name__ == "Int8Linear"]
     assert len(linears) == 6 * 6                          # every Linear of the 6 blocks
+    assert q.precision == "int8" and 0.97 < q.precision_check["cosine_min"] < 1, q.precision_check
     rep = agreement(q, minilm_default, TEXTS)
     assert rep["cosine_min"] > 0.97 and rep["cosine_mean"] > 0.985, rep
     assert 0 < rep["max_abs_diff"] < 0.5, rep
@@ -331,7 +332,7 @@ def test_outputs_follow_the_task_contract(tmp_path_factory, tok, prepack):
 
     names = ["B-LOC", "I-LOC", "O"]
     path = tiny_checkpoint(tmp_path_factory, tok, "token_classification", "ner3", num_labels=3, names=names)
-    p = Predictor.from_dir(path, device="cpu", prepack=prepack)
+    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
     feats = featurize_tokens([TaggedExample("0", ["New", "York", "is", "big"]), TaggedExample("1", ["hi"])],
                              tok, None, max_length=32)
     outs = p.outputs(feats)
@@ -363,7 +364,7 @@ def test_fixed_length_packed_batch_equals_padded(causal):
 
 def test_agreement_reports_accuracy_on_labels(tmp_path_factory, tok):
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "agree", num_labels=2, names=["no", "yes"])
-    ref = Predictor.from_dir(path, device="cpu")
+    ref = Predictor.from_dir(path, device="cpu", dtype="float32")
     q = Predictor.from_dir(path, device="cpu", int8=True)
     preds = [r["label"] for r in ref.classify(TEXTS)]
     labels = [preds[0]] * len(TEXTS)                      # a labelled set the fp32 model half gets right
@@ -425,7 +426,7 @@ def test_prepack_falls_back_when_the_kernel_disagrees_or_fails(monkeypatch):
 def test_predictor_prepacks_on_cpu_only_when_it_applies(minilm_default, monkeypatch):
     from bertkit.fast import can_prepack
 
-    plain = Predictor.from_dir(minilm_dir(), device="cpu", prepack=False)
+    plain = Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", prepack=False)
     if not can_prepack(plain.model) or prepack_disabled():
         pytest.skip("this torch build has no oneDNN prepacked Linear (or BERTKIT_PREPACK=0)")
     assert minilm_default.prepacked and not plain.prepacked
@@ -434,4 +435,92 @@ def test_predictor_prepacks_on_cpu_only_when_it_applies(minilm_default, monkeypa
     with pytest.raises(PredictorError, match="prepack=False"):
         minilm_default.compile()
     monkeypatch.setenv("BERTKIT_PREPACK", "0")                  # the switch that runs a suite on plain layers
-    assert not Predictor.from_dir(minilm_dir(), device="cpu").prepacked
+    assert not Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32").prepacked
+
+
+# ---- precision: bf16 where it is faster and accurate, fp32 elsewhere --------------------------
+def _cosines(a, b):
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def test_auto_precision_runs_bf16_where_fast_and_accurate(monkeypatch):
+    """BERTKIT_BF16=1 stands for a CPU where bf16 was measured faster (AMX, AVX512_BF16): the
+    default Predictor then runs bf16, checked against fp32 at load; tolerances are cosines."""
+    monkeypatch.setenv("BERTKIT_BF16", "1")
+    p = Predictor.from_dir(minilm_dir(), device="cpu")
+    assert p.precision == "bfloat16" and {t.dtype for t in p.model.parameters()} == {torch.bfloat16}
+    assert p.precision_reason.startswith("BERTKIT_BF16=1; cosine 0.99")
+    check = p.precision_check
+    assert check["texts"] == 23 and check["tokens"] > 500
+    assert 0.999 <= check["cosine_min"] <= check["cosine_mean"] < 1 and check["token_cosine_min"] > 0.995
+    st = pytest.importorskip("sentence_transformers").SentenceTransformer(minilm_dir(), device="cpu")
+    ref = st.encode(TEXTS, convert_to_numpy=True)
+    got = p.embed(TEXTS)
+    assert got.dtype == np.float32 and _cosines(got, ref).min() >= 0.999
+    info = p.describe()
+    assert info["precision"] == "bfloat16" and info["precision_check"] == check and "cpu" in info
+
+
+def test_auto_precision_runs_fp32_where_bf16_is_slow(monkeypatch):
+    monkeypatch.setenv("BERTKIT_BF16", "0")
+    p = Predictor.from_dir(minilm_dir(), device="cpu")
+    assert p.precision == "float32" and p.precision_reason == "BERTKIT_BF16=0" and p.precision_check is None
+    assert {t.dtype for t in p.model.parameters()} == {torch.float32}
+    assert p.describe()["prepacked"] == p.prepacked
+
+
+def test_auto_precision_falls_back_to_fp32_when_bf16_is_inaccurate(monkeypatch, tmp_path_factory, tok):
+    import bertkit.infer as infer
+
+    monkeypatch.setenv("BERTKIT_BF16", "1")
+    monkeypatch.setattr(infer, "BF16_MIN_COSINE", 1.01)           # no bf16 run can reach it
+    path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "fallback", num_labels=3)
+    p = Predictor.from_dir(path, device="cpu")
+    assert p.precision == "float32" and "but bf16 cosine 0." in p.precision_reason
+    assert {t.dtype for t in p.model.parameters()} == {torch.float32}
+    ref = Predictor.from_dir(path, device="cpu", dtype="float32")
+    got, want = p.classify(TEXTS, raw=True), ref.classify(TEXTS, raw=True)
+    assert_fp32_close([r["logits"] for r in got], [r["logits"] for r in want], p.config, "fallback logits")
+
+
+@pytest.fixture(scope="module")
+def minilm_heads(tmp_path_factory, tok) -> dict:
+    """all-MiniLM-L6-v2's real encoder under freshly initialised task heads (std 0.02)."""
+    from bertkit.checkpoint import load_model
+
+    out = {}
+    for head, args in (("token_classification", {"num_labels": 5}), ("question_answering", {}),
+                       ("sequence_classification", {"num_labels": 3})):
+        torch.manual_seed(0)
+        model = load_model(minilm_dir(), head=head, new_head_ok=True, **args)
+        out[head] = tmp_path_factory.mktemp(head)
+        save_model(model, out[head])
+        tok.save(out[head])
+    return out
+
+
+@pytest.mark.parametrize("head", ["token_classification", "question_answering", "sequence_classification"])
+def test_bf16_tasks_follow_fp32_by_cosine(monkeypatch, minilm_heads, head):
+    """Every head runs in bf16 (outputs come back float32); agreement with fp32 as cosines."""
+    monkeypatch.setenv("BERTKIT_BF16", "1")
+    path = minilm_heads[head]
+    p, ref = Predictor.from_dir(path, device="cpu"), Predictor.from_dir(path, device="cpu", dtype="float32")
+    assert p.precision == "bfloat16" and p.precision_check["head_cosine_min"] >= 0.999, p.precision_reason
+    feats = [{"input_ids": e.input_ids, "token_type_ids": e.token_type_ids} for e in p.encode(TEXTS, TEXTS[::-1])]
+    for a, b in zip(p.outputs(feats), ref.outputs(feats)):
+        a, b = np.concatenate(a) if head == "question_answering" else a, np.concatenate(b) if head == "question_answering" else b
+        assert a.dtype == np.float32 and a.shape == b.shape
+        assert _cosines(a.flatten(), b.flatten()) >= 0.999
+
+
+def test_explicit_dtype_is_not_measured(monkeypatch):
+    from bertkit import hardware
+
+    monkeypatch.setattr(hardware, "capabilities", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+    p = Predictor.from_dir(minilm_dir(), device="cpu", dtype="bfloat16")
+    assert p.precision == "bfloat16" and p.precision_reason == "dtype=bfloat16 asked for"
+    assert Predictor.from_dir(minilm_dir(), device="cpu", dtype=torch.float32).precision == "float32"
+    with pytest.raises(PredictorError, match="dtype must be auto, float32, bfloat16 or float16, not 'int4'"):
+        Predictor.from_dir(minilm_dir(), device="cpu", dtype="int4")
+    with pytest.raises(PredictorError, match="exclusive"):
+        Predictor.from_dir(minilm_dir(), device="cpu", dtype="bfloat16", int8=True)

@@ -127,7 +127,8 @@ _FUSED_GELU = {"gelu": "none", "gelu_python": "none",              # oneDNN's ex
 
 
 class PrepackedLinear(nn.Module):
-    """act(x W^T + b) with W reordered once into oneDNN's blocked layout; inference only, fp32 CPU.
+    """act(x W^T + b) with W reordered once into oneDNN's blocked layout; inference only, CPU,
+    fp32 or bf16 (input, weight and output of the Linear's dtype).
 
     `post` is a pointwise op fused into the GEMM ("none" or "gelu" with `algorithm` "none" =
     erf, "tanh" = tanh approximation). The packed weight is opaque: keep the original module if
@@ -166,11 +167,21 @@ def gemm_rows(n: int) -> int:
 
 
 def can_prepack(model: nn.Module) -> bool:
-    """Whether `prepack_linears` applies: x86 oneDNN build, fp32 weights on the CPU."""
+    """Whether `prepack_linears` applies: x86 oneDNN build, fp32 (or bf16, where oneDNN has bf16
+    kernels) weights on the CPU."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     params = list(model.parameters())
-    return bool(params) and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in params)
+    dtypes = {t.dtype for t in params}
+    if dtypes == {torch.bfloat16}:
+        try:
+            if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+                return False
+        except (RuntimeError, AttributeError):
+            return False
+    elif dtypes != {torch.float32}:
+        return False
+    return all(t.device.type == "cpu" for t in params)
 
 
 def prepack_disabled() -> bool:
@@ -179,16 +190,18 @@ def prepack_disabled() -> bool:
     return os.environ.get("BERTKIT_PREPACK", "1").strip().lower() in ("0", "false", "no", "off")
 
 
-def prepack_linears(model: nn.Module, rtol: float = 1e-4) -> bool:
+def prepack_linears(model: nn.Module, rtol: float | None = None) -> bool:
     """Swap every Linear of the encoder blocks for a PrepackedLinear (in place), GELU fused into
-    the FFN's first GEMM. Each swap is checked against F.linear on a random input; on any error
-    or disagreement the model is left as it was. Returns whether the swap happened (never under
-    BERTKIT_PREPACK=0)."""
+    the FFN's first GEMM. Each swap is checked against F.linear on a random input (rtol: 1e-4 in
+    fp32, 2e-2 in bf16, about 5 bf16 ulps); on any error or disagreement the model is left as it
+    was. Returns whether the swap happened (never under BERTKIT_PREPACK=0)."""
     if prepack_disabled() or not can_prepack(model):
         return False
     from .model import Block                    # a runtime import: model.py imports this file
     swaps = []                                  # (parent module, attribute, new module, activation)
     fused = _FUSED_GELU.get(getattr(getattr(model, "config", None), "hidden_act", None))
+    dtype = next(model.parameters()).dtype
+    rtol = rtol if rtol is not None else (1e-4 if dtype == torch.float32 else 2e-2)
     try:
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -201,11 +214,11 @@ def prepack_linears(model: nn.Module, rtol: float = 1e-4) -> bool:
                         return False
                     post = ("gelu", fused) if (parent is ff and name == "up" and fused) else ("none", "")
                     new = PrepackedLinear(lin, *post)
-                    x = torch.randn(7, lin.in_features, generator=gen)
-                    want = F.linear(x, lin.weight, lin.bias)
+                    x = torch.randn(7, lin.in_features, generator=gen).to(dtype)
+                    want = F.linear(x.float(), lin.weight.float(), lin.bias.float() if lin.bias is not None else None)
                     if post[0] == "gelu":
                         want = F.gelu(want, approximate=post[1])
-                    got = new(x)
+                    got = new(x).float()
                     if not torch.allclose(got, want, rtol=rtol, atol=rtol * float(want.abs().max())):
                         log.warning("prepacked Linear disagrees with F.linear (max diff %.3g); kept the plain layers",
                                     float((got - want).abs().max()))

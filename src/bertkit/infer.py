@@ -9,15 +9,22 @@ each batch runs the padding-free encoder path (`fast.pack` -> `model(..., packed
     p.embed(["a sentence", "another"], pooling="mean", normalize=True)   # (2, C) float32
     p.fill_mask(["paris is the [MASK] of france."])                       # top-k per [MASK]
 
-On the CPU in fp32 the encoder's Linear weights are prepacked for oneDNN with GELU fused into
-the FFN (`fast.prepack_linears`, same outputs to ~1e-5; `prepack=False` keeps plain layers).
+Precision (`dtype`, default "auto"): on a CPU whose bf16 matrix multiplies are measurably faster
+than fp32 (`hardware.capabilities`: AMX, AVX512_BF16; not AVX2-only CPUs, where bf16 is emulated
+and 10-40x slower) the model runs in bf16 if, on a fixed sample of texts at load, its sentence
+embeddings, token states and head outputs keep cosine >= 0.999 to fp32; otherwise, and on GPUs,
+fp32. `precision`, `precision_reason` and `precision_check` (or `describe()`) say what runs and
+why; `BERTKIT_BF16=0/1` overrides the measurement. On the CPU the encoder's Linear weights are
+prepacked for oneDNN with GELU fused into the FFN (`fast.prepack_linears`, fp32: same outputs to
+fp32 rounding; `prepack=False` or `BERTKIT_PREPACK=0` keeps plain layers).
 Options: `threads` (torch intra-op threads), `int8` (dynamic int8 quantisation of the Linear
-layers, per output channel; `agreement()` reports cosine / max abs diff / accuracy against fp32),
-`compile` (torch.compile of the encoder), `backend="onnx"` (an exported graph on onnxruntime,
-see `onnx_export.py`).
+layers, per output channel; its agreement with fp32 on the sample is measured at load, and
+`agreement()` reports cosine / max abs diff / accuracy on any texts), `compile` (torch.compile of
+the encoder), `backend="onnx"` (an exported graph on onnxruntime, see `onnx_export.py`).
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from dataclasses import dataclass
@@ -37,6 +44,8 @@ from .tokenizer import Encoding, Tokenizer
 log = logging.getLogger("bertkit")
 
 POOLINGS = ("mean", "cls", "none")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BF16_MIN_COSINE = 0.999     # the bf16 default keeps every sample sentence, token state and head output this close to fp32
 
 
 class PredictorError(BertkitError, ValueError):
@@ -146,6 +155,9 @@ class Predictor:
         self.int8 = False
         self.compiled = False
         self.prepacked = False
+        self.precision = str(next(model.parameters()).dtype).replace("torch.", "")
+        self.precision_reason = "as loaded"
+        self.precision_check: dict | None = None        # agreement with fp32 on the sample (bf16, int8)
         self.null_threshold: float | None = None      # SQuAD v2.0: overrides the checkpoint's (serve --null-threshold)
 
     # ---- loading -------------------------------------------------------------------------------
@@ -160,16 +172,20 @@ class Predictor:
         head: which head to load (default: the one config.json names); device: 'cpu', 'cuda', ...
         (default cuda when available); threads: torch intra-op threads; int8: quantise the Linear
         layers; compile: torch.compile the encoder; backend 'onnx': run `onnx_file` (default
-        DIR/model.onnx) on onnxruntime, tokenization and post-processing stay here; dtype:
-        'float16' / 'bfloat16' weights (GPU; the packed path then runs varlen flash attention);
-        prepack: on the CPU in fp32 (no int8, no compile), reorder the encoder's Linear weights for
-        oneDNN and fuse the FFN's GELU (`fast.prepack_linears`).
+        DIR/model.onnx) on onnxruntime, tokenization and post-processing stay here; dtype: None
+        or 'auto' (bf16 on a CPU where it is faster and accurate, else fp32; see the module
+        docstring), 'float32', 'bfloat16' or 'float16' (GPU; the packed path then runs varlen
+        flash attention); prepack: on the CPU in fp32 or bf16 (no int8, no compile), reorder the
+        encoder's Linear weights for oneDNN and fuse the FFN's GELU (`fast.prepack_linears`).
         """
         from .checkpoint import load_model
 
         path = Path(path)
         if backend not in ("torch", "onnx"):
             raise PredictorError(f"backend must be 'torch' or 'onnx', not {backend!r}")
+        dt = _parse_dtype(dtype)
+        if int8 and dt not in (None, torch.float32):
+            raise PredictorError("dtype and int8 are exclusive")
         if threads:
             torch.set_num_threads(int(threads))
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -177,32 +193,98 @@ class Predictor:
         model.eval()
         tokenizer = Tokenizer.from_dir(path)
         max_len = max_length or _read_max_length(path, model.config.max_position_embeddings)
-        session = None
         if backend == "onnx":
             from .onnx_export import load_session
-            session = load_session(Path(onnx_file) if onnx_file else path / "model.onnx", threads=threads,
-                                   device=device)
-            device = "cpu"
-        else:
-            if int8:
-                if str(device).startswith("cuda"):
-                    raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
-                model = quantize_int8(model)
-            model.to(device)
-            if dtype is not None:
-                dt = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-                if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
-                    raise PredictorError(f"dtype must be float32, float16 or bfloat16, not {dtype!r}")
-                if int8:
-                    raise PredictorError("dtype and int8 are exclusive")
-                model.to(dt)
-        p = cls(model, tokenizer, device=device, max_length=max_len, session=session)
-        p.int8 = bool(int8) and backend == "torch"
-        if compile and backend == "torch":
+            onnx_path = Path(onnx_file) if onnx_file else path / "model.onnx"
+            session = load_session(onnx_path, threads=threads, device=device)
+            p = cls(model, tokenizer, device="cpu", max_length=max_len, session=session)
+            p.precision, p.precision_reason = "float32", f"onnxruntime on {onnx_path.name}"
+            return p
+        if int8 and str(device).startswith("cuda"):
+            raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
+        p = cls(model.to(device), tokenizer, device=device, max_length=max_len)
+        p._choose_precision(dt, bool(int8), prepack=prepack and not compile)
+        log.info("precision %s: %s", p.precision, p.precision_reason)
+        if compile:
             p.compile()
-        elif prepack and backend == "torch" and not int8:
-            p.prepacked = prepack_linears(model)
         return p
+
+    def _choose_precision(self, dtype: torch.dtype | None, int8: bool, prepack: bool) -> None:
+        """Set self.model to the int8 / bf16 / fp32 model that will run, and say why."""
+        from . import hardware
+
+        fp32 = self.model
+        if int8:
+            self.model, self.int8, self.precision = quantize_int8(fp32), True, "int8"
+            self.precision_check = self._check_against(fp32)
+            self.precision_reason = (f"int8=True (dynamic, per output channel); cosine "
+                                     f"{self.precision_check['cosine_min']:.4f} to fp32 on the sample")
+            return
+        if dtype is not None:
+            self.model, self.precision = fp32.to(dtype), _dtype_name(dtype)
+            self.precision_reason = f"dtype={self.precision} asked for"
+        elif self.device.type != "cpu":
+            self.precision, self.precision_reason = "float32", (
+                f"default on {self.device.type} (dtype='bfloat16' or 'float16' for the tensor cores)")
+        else:
+            cfg = self.config
+            caps = hardware.capabilities(cfg.hidden_size, cfg.intermediate_size)
+            self.precision, self.precision_reason = "float32", caps.reason
+            if caps.bf16_fast:
+                bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+                packed = prepack and prepack_linears(bf16)
+                self.model = bf16
+                check = self._check_against(fp32)
+                cos = min(check["cosine_min"], check["token_cosine_min"], check.get("head_cosine_min", 1.0))
+                if cos >= BF16_MIN_COSINE:
+                    self.precision, self.prepacked, self.precision_check = "bfloat16", packed, check
+                    self.precision_reason = f"{caps.reason}; cosine {cos:.5f} to fp32 on the sample"
+                    return
+                self.model = fp32
+                self.precision_reason = (f"{caps.reason}, but bf16 cosine {cos:.5f} < {BF16_MIN_COSINE} to fp32 "
+                                         "on the sample")
+        if prepack and self.device.type == "cpu":
+            self.prepacked = prepack_linears(self.model)
+
+    def _check_against(self, reference: nn.Module) -> dict[str, float]:
+        """How closely this model follows `reference` (fp32) on the sample texts: cosine of the
+        last hidden states per sentence (mean-pooled: `cosine_min`, `cosine_mean`) and per token,
+        and for a task head the cosine of each text's outputs (logits, token logits or span
+        logits, flattened: `head_cosine_min`)."""
+        rows = sample_rows(self.tokenizer, self.max_length)
+        task = self.head in ("sequence_classification", "token_classification", "question_answering")
+
+        def run(p: "Predictor") -> list[tuple[np.ndarray, np.ndarray | None]]:
+            def fn(b: Batch) -> list:
+                layout = _cpu(b.packed)
+                h = split_packed(p.hidden(b).float().cpu(), layout)
+                if not task:
+                    return [(x.numpy(), None) for x in h]
+                out = next(iter(p.head_outputs(b).values())).float().cpu()     # (B, L), (N, L) or (N, 2)
+                per_text = list(out) if self.head == "sequence_classification" else split_packed(out, layout)
+                return [(x.numpy(), y.flatten().numpy()) for x, y in zip(h, per_text)]
+            return p._run(rows, fn)
+
+        a, b = run(self), run(Predictor(reference, self.tokenizer, self.device, self.max_length))
+        sent = np.array([_cosine(x.mean(0), y.mean(0)) for (x, _), (y, _) in zip(a, b)])
+        tok = np.concatenate([_cosine(x, y) for (x, _), (y, _) in zip(a, b)])
+        report = {"texts": len(rows), "tokens": int(tok.size), "cosine_min": float(sent.min()),
+                  "cosine_mean": float(sent.mean()), "token_cosine_min": float(tok.min()),
+                  "max_abs_diff": float(max(np.abs(x - y).max() for (x, _), (y, _) in zip(a, b)))}
+        if task:
+            report["head_cosine_min"] = float(min(_cosine(x, y) for (_, x), (_, y) in zip(a, b)))
+        return report
+
+    def describe(self) -> dict:
+        """What runs and why: backend, device, precision (and the reason, and the agreement with
+        fp32 measured at load), prepacked / compiled, threads, and the CPU's bf16 summary."""
+        info = {"backend": self.backend, "device": str(self.device), "precision": self.precision,
+                "precision_reason": self.precision_reason, "precision_check": self.precision_check,
+                "prepacked": self.prepacked, "compiled": self.compiled, "threads": torch.get_num_threads()}
+        if self.device.type == "cpu":
+            from .hardware import cpu_flags, cpu_model
+            info["cpu"] = f"{cpu_model()} ({' '.join(cpu_flags())}; torch {torch.backends.cpu.get_cpu_capability()})"
+        return info
 
     def compile(self) -> "Predictor":
         """torch.compile the encoder (dynamic shapes: packed batches change size every call).
@@ -505,6 +587,39 @@ class Predictor:
 
 def _rows(encodings: Sequence[Encoding]) -> list[tuple[list[int], list[int]]]:
     return [(e.input_ids, e.token_type_ids) for e in encodings]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine along the last axis."""
+    return (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
+
+
+def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or dtype == "auto":
+        return None
+    dt = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype).replace("torch.", ""))
+    if dt not in DTYPES.values():
+        raise PredictorError(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
+    return dt
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def sample_rows(tokenizer: Tokenizer, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """The fixed sample a precision is checked on: the 13 bundled sample sentences, 4 passages of
+    three of them and 6 short queries (their first 1 to 8 words): 23 texts of 3 to ~100 word
+    pieces, as [CLS] ... [SEP] rows cut to max_length."""
+    lines = [l for l in (Path(__file__).parent / "sample" / "sample.txt").read_text(encoding="utf-8").splitlines()
+             if l.strip()]
+    texts = (lines + [" ".join(lines[i:i + 3]) for i in range(0, len(lines) - 1, 3)][:4]
+             + [" ".join(l.split()[:n]) for l, n in zip(lines, (1, 2, 3, 4, 6, 8))])
+    rows = []
+    for ids in tokenizer.encode_ids(texts):
+        ids = [tokenizer.cls_id, *ids[:max(max_length - 2, 0)], tokenizer.sep_id]
+        rows.append((ids, [0] * len(ids)))
+    return rows
 
 
 def agreement(candidate: Predictor, reference: Predictor, texts: Sequence[str],

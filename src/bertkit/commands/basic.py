@@ -123,11 +123,15 @@ def describe(path: str | Path) -> dict:
 
 
 def run_info(args) -> int:
+    from ..hardware import capabilities
+
     info = describe(args.model)
+    c = info["config"]
+    caps = capabilities(c["hidden_size"], c["intermediate_size"])     # bf16 vs fp32 speed on this CPU
+    info["hardware"] = caps.as_dict()
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    c = info["config"]
     tok = info["tokenizer"]
     lines = [
         f"checkpoint   {info['path']}",
@@ -148,6 +152,7 @@ def run_info(args) -> int:
                      f"{'uncased (lower-cased, accents stripped)' if tok['lowercase'] else 'cased'}")
         if "error" in tok:
             lines.append(f"warning      {tok['error']}")
+    lines.append(f"runs here    {caps.summary()}" + (" if it matches fp32 at load" if caps.bf16_fast else ""))
     print("\n".join(lines))
     return 0
 

@@ -46,7 +46,8 @@ def report_int8(args, predictor) -> dict:
 
     from ..infer import Predictor, agreement
 
-    reference = Predictor.from_dir(args.model, head=args.head, device="cpu", max_length=predictor.max_length)
+    reference = Predictor.from_dir(args.model, head=args.head, device="cpu", dtype="float32",
+                                   max_length=predictor.max_length)
     sample = Path(__file__).resolve().parents[1] / "sample" / "sample.txt"
     texts = [l for l in sample.read_text(encoding="utf-8").splitlines() if l.strip()]
     rep = agreement(predictor, reference, texts)

@@ -1,0 +1,164 @@
+"""What this machine runs fast: the CPU's model and ISA flags, and bf16 GEMM speed *measured*.
+
+Flags do not say whether bf16 pays. An Intel Xeon with AMX multiplies bf16 tiles 3-6x faster
+than fp32; an AMD EPYC Zen 4 (AVX512_BF16 dot products) about 2-2.5x; a CPU with AVX2 only has
+no bf16 arithmetic at all, and bf16 GEMMs there run 10-40x *slower* than fp32 (converted in
+software). So `capabilities()` times a GEMM of the model's FFN shape in fp32 and in bf16 (a few
+milliseconds, once per process and shape) and reports the ratio, together with what the CPU
+says it has. `bf16_fast()` is the yes/no that inference (`infer.Predictor`) and training use.
+
+Override with the environment: `BERTKIT_BF16=1` treats bf16 as fast (no timing), `0` as slow;
+unset or `auto` measures.
+
+    >>> from bertkit.hardware import capabilities
+    >>> capabilities().summary()
+    'AMD EPYC (avx512_bf16 avx512_vnni avx512f avx2; torch AVX512): bf16 GEMM 2.05x fp32 (measured) -> bf16'
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .errors import BertkitError
+
+ENV = "BERTKIT_BF16"
+MIN_SPEEDUP = 1.3          # bf16 must beat fp32 by this much: clusters measured at 0.03-0.1, 2-2.5, 3-6
+FLAGS = ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx2", "bf16")
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    cpu: str                       # model name, e.g. "Intel(R) Xeon(R) Platinum 8488C"
+    flags: tuple[str, ...]         # which of FLAGS the CPU reports
+    torch_isa: str                 # the kernels torch dispatches to: "AVX512", "AVX2", "DEFAULT"...
+    bf16_speedup: float | None     # fp32 GEMM time / bf16 GEMM time (None: not measured)
+    bf16_fast: bool                # whether bf16 is the faster precision here
+    reason: str                    # how bf16_fast was decided
+
+    def summary(self) -> str:
+        """One line for `bertkit info` and logs."""
+        flags = " ".join(f for f in self.flags if f != "amx_tile") or "no bf16/AVX flags"
+        return f"{self.cpu} ({flags}; torch {self.torch_isa}): {self.reason} -> {'bf16' if self.bf16_fast else 'fp32'}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else what `platform` knows)."""
+    info = _cpuinfo()
+    for key in ("model name", "Model", "Hardware", "cpu model"):
+        if info.get(key):
+            return info[key]
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_flags() -> tuple[str, ...]:
+    """The ISA flags of FLAGS that the CPU reports (x86 `flags`, ARM `Features`)."""
+    info = _cpuinfo()
+    have = set((info.get("flags") or info.get("Features") or "").split())
+    return tuple(f for f in FLAGS if f in have)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break                                   # the first processor is enough
+                key, _, value = line.partition(":")
+                out.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return out
+
+
+def _best_times(fns, rounds: int) -> list[float]:
+    """Fastest of `rounds` interleaved runs of each function (after one warm-up run each):
+    interleaving and the minimum keep a noisy, shared machine from favouring either."""
+    for f in fns:
+        f()
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, f in enumerate(fns):
+            t0 = time.perf_counter()
+            f()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def measure_bf16_speedup(hidden: int = 384, intermediate: int = 1536, tokens: int | None = None,
+                         rounds: int = 3) -> float:
+    """fp32 / bf16 time of a (tokens, hidden) x (hidden, intermediate) GEMM, the FFN's first
+    Linear, on one thread (the per-core ratio: threads scale both alike, and one thread is least
+    disturbed by other processes). `tokens` defaults to a fixed budget of ~38M multiply-adds
+    (64 tokens at all-MiniLM-L6-v2's width, 16 at BERT-base's): about 10 ms in all. A small
+    probe runs first: where bf16 is emulated it is already 2x slower on a (32, hidden) x
+    (hidden, hidden) GEMM, and the big one is skipped."""
+    tokens = tokens or max(8, round(64 * 384 * 1536 / (hidden * intermediate)))
+    threads = torch.get_num_threads()
+    g = torch.Generator().manual_seed(0)
+    try:
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            for m, n, r in ((32, hidden, 2), (tokens, intermediate, rounds)):
+                x, w = torch.randn(m, hidden, generator=g), torch.randn(n, hidden, generator=g)
+                xb, wb = x.bfloat16(), w.bfloat16()
+                t32, t16 = _best_times([lambda: F.linear(x, w), lambda: F.linear(xb, wb)], r)
+                speedup = t32 / t16
+                if speedup < 0.5:
+                    break
+    except RuntimeError:                                   # no bf16 GEMM in this build
+        speedup = 0.0
+    finally:
+        torch.set_num_threads(threads)
+    return speedup
+
+
+@functools.lru_cache(maxsize=8)
+def _measured(hidden: int, intermediate: int) -> float:
+    return measure_bf16_speedup(hidden, intermediate)
+
+
+def env_override() -> bool | None:
+    """BERTKIT_BF16 as True / False, or None when unset or 'auto' (then bf16 speed is measured)."""
+    raw = os.environ.get(ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if raw in _ON:
+        return True
+    if raw in _OFF:
+        return False
+    raise BertkitError(f"{ENV}={os.environ[ENV]!r}: expected 1 (bf16 is fast here), 0 (it is not) or auto")
+
+
+def capabilities(hidden: int = 384, intermediate: int = 1536) -> Capabilities:
+    """This CPU, and whether bf16 is faster than fp32 on it for a model of this width
+    (measured once per process and shape; BERTKIT_BF16 overrides)."""
+    forced = env_override()
+    if forced is not None:
+        speedup, fast, reason = None, forced, f"{ENV}={int(forced)}"
+    else:
+        speedup = _measured(int(hidden), int(intermediate))
+        fast = speedup >= MIN_SPEEDUP
+        reason = f"bf16 GEMM {speedup:.3g}x fp32 (measured)"
+    return Capabilities(cpu_model(), cpu_flags(), torch.backends.cpu.get_cpu_capability(), speedup, fast, reason)
+
+
+def bf16_fast(hidden: int = 384, intermediate: int = 1536) -> bool:
+    """Whether bf16 matrix multiplies are faster than fp32 on this CPU (see `capabilities`)."""
+    return capabilities(hidden, intermediate).bf16_fast
+
+
+def summary() -> str:
+    """One line: the CPU, its bf16/AVX flags and the measured bf16 speed."""
+    return capabilities().summary()

@@ -1,0 +1,76 @@
+"""hardware: CPU model and flags, bf16 speed measured (never assumed), the BERTKIT_BF16 override."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bertkit import hardware
+from bertkit.errors import BertkitError
+
+
+def _no_measuring(*a, **k):
+    raise AssertionError("bf16 speed was measured although BERTKIT_BF16 decides")
+
+
+@pytest.mark.parametrize("value, fast", [("1", True), ("on", True), ("0", False), ("false", False)])
+def test_env_override_decides_without_measuring(monkeypatch, value, fast):
+    monkeypatch.setenv("BERTKIT_BF16", value)
+    monkeypatch.setattr(hardware, "_measured", _no_measuring)
+    caps = hardware.capabilities()
+    assert caps.bf16_fast is fast and caps.bf16_speedup is None
+    assert caps.reason == f"BERTKIT_BF16={int(fast)}"
+    assert hardware.bf16_fast() is fast
+
+
+@pytest.mark.parametrize("speedup, fast", [(0.04, False), (1.0, False), (2.4, True), (5.0, True)])
+def test_measured_speedup_decides(monkeypatch, speedup, fast):
+    monkeypatch.setenv("BERTKIT_BF16", "auto")
+    monkeypatch.setattr(hardware, "_measured", lambda h, i: speedup)
+    caps = hardware.capabilities(768, 3072)
+    assert caps.bf16_fast is fast and caps.bf16_speedup == speedup
+    assert "measured" in caps.reason
+    line = caps.summary()
+    assert "\n" not in line and line.endswith("-> bf16" if fast else "-> fp32") and caps.cpu in line
+
+
+def test_bad_override_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("BERTKIT_BF16", "maybe")
+    with pytest.raises(BertkitError, match="BERTKIT_BF16='maybe': expected 1") as e:
+        hardware.capabilities()
+    assert "\n" not in str(e.value)
+
+
+def test_flags_come_from_cpuinfo(monkeypatch):
+    fake = {"model name": "Intel(R) Xeon(R) Platinum 8488C", "flags": "fpu avx2 avx512f amx_tile amx_bf16 avx512_bf16"}
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: fake)
+    assert hardware.cpu_model() == "Intel(R) Xeon(R) Platinum 8488C"
+    assert hardware.cpu_flags() == ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: {})
+    assert hardware.cpu_model() and hardware.cpu_flags() == ()
+
+
+def test_the_measurement_runs_here_and_restores_threads():
+    threads = torch.get_num_threads()
+    speedup = hardware.measure_bf16_speedup(hidden=64, intermediate=256, tokens=32)
+    assert torch.get_num_threads() == threads
+    assert math.isfinite(speedup) and speedup >= 0
+    x86 = torch.backends.cpu.get_cpu_capability() not in ("DEFAULT",) and hardware._cpuinfo().get("flags")
+    if x86 and not {"avx512_bf16", "amx_bf16"} & set(hardware.cpu_flags()):
+        # no bf16 arithmetic on this x86 CPU: bf16 is converted in software, never the faster one
+        assert speedup < hardware.MIN_SPEEDUP, speedup
+
+
+def test_info_says_what_runs_here(capsys, monkeypatch, minilm):
+    import json
+
+    from bertkit.cli import main
+
+    for value, ending in (("0", "BERTKIT_BF16=0 -> fp32"), ("1", "BERTKIT_BF16=1 -> bf16 if it matches fp32 at load")):
+        monkeypatch.setenv("BERTKIT_BF16", value)
+        assert main(["info", str(minilm)]) == 0
+        line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("runs here")]
+        assert len(line) == 1 and line[0].endswith(ending) and hardware.cpu_model() in line[0]
+    assert main(["info", "--json", str(minilm)]) == 0
+    assert json.loads(capsys.readouterr().out)["hardware"]["bf16_fast"] is True
