@@ -107,7 +107,7 @@ def test_embed_good_and_bad(encoder_dir):
         assert code == 404 and "sequence_classification" in body["detail"]
         assert "/v1/embed" in c.get("/openapi.json").json()["paths"]
         assert "/v1/classify" not in c.get("/openapi.json").json()["paths"]
-        assert c.get("/v1/model").json()["endpoints"] == ["/v1/embed"]
+        assert c.get("/v1/model").json()["endpoints"] == ["/embed", "/v1/embed", "/v1/embeddings"]
         m = c.get("/metrics").text
         for name in ("bertkit_requests_total", "bertkit_request_duration_seconds_bucket", "bertkit_batch_items_bucket",
                      "bertkit_queue_depth", "bertkit_request_errors_total"):

@@ -1,35 +1,45 @@
 """`bertkit serve`: an HTTP API over one Predictor, with dynamic micro-batching and hard limits.
 
-    request -> validate (JSON schema, item and length limits) -> queue (bounded: full = 503)
+    request -> serve_http: API key, body read under --max-body-bytes and --body-timeout
+            -> handler: JSON parsed, validated and tokenised (limits: items, tokens) on a worker
+               thread when the body is large, never on the event loop
+            -> queue (bounded: full = 503)
             -> batcher: when the model is free, takes the requests queued meanwhile (waiting up
                to --max-wait-ms for more, 0 by default) up to --max-batch-tokens real tokens,
                runs each kind as ONE Predictor call on the model thread, and hands each
-               request its own slice of the results.
+               request its own slice of the results (rendered to JSON off the event loop).
+
+Routes: bertkit's own (/v1/embed, /v1/classify, /v1/fill-mask, /v1/ner, /v1/qa), OpenAI's
+(/v1/embeddings, /v1/models), text-embeddings-inference's (/embed, /predict, /rerank), a page to
+try the model (/), and /healthz, /readyz, /metrics, /v1/model, /docs.
 
 The Predictor's padding-free batches make every input's result independent of what it is
 batched with, so a batched request answers what the request alone would (to float rounding).
 A failing batch is retried request by request, so one bad request cannot fail its neighbours;
-a model error answers 500 and the server keeps serving. SIGTERM stops accepting connections,
-lets in-flight requests finish, and exits 0.
+a model error answers 500 and the server keeps serving; every client fault answers 4xx. SIGTERM
+stops accepting connections, lets in-flight requests finish (at most --shutdown-timeout), exits 0.
 
 FastAPI and uvicorn are imported only here (`pip install 'bertkit[serve]'`).
 """
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
+import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, Field
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, Field, ValidationError
 
 from .infer import Predictor, PredictorError
+from .serve_http import (BodyError, Guard, GuardConfig, Heap, Metrics, dump_json, error_payload,
+                         guarded_protocol, parse_json)
 
 log = logging.getLogger("bertkit")
 
@@ -51,18 +61,46 @@ class ServeConfig:
     max_request_items: int = 64
     """Most texts (or questions) in one request; more is 413."""
     max_body_bytes: int = 1_000_000
-    """Largest request body; more is 413."""
+    """Largest request body, counted as it arrives whatever the framing (chunked too); more is 413."""
     window_factor: int = 16
     """/v1/ner and /v1/qa read long texts in windows: up to window_factor x max_length tokens."""
     retry_after_s: int = 1
+    header_timeout_s: float = 10.0
+    """A connection must send a request's line and headers within this (slow clients are dropped)."""
+    body_timeout_s: float = 30.0
+    """A request's whole body must arrive within this after its headers; later is 408."""
+    keep_alive_s: float = 5.0
+    """An idle keep-alive connection is closed after this."""
+    send_timeout_s: float = 30.0
+    """A client that reads none of its response for this long is dropped."""
+    shutdown_timeout_s: float = 15.0
+    """After SIGTERM, in-flight requests get this long to finish; the rest are cancelled."""
+    max_connections: int = 1024
+    """Open connections (and requests) at most; beyond it new requests get 503."""
+    served_model_name: str = "bertkit"
+    """The `model` that /v1/embeddings and /v1/models report."""
+    embed_pooling: str = "mean"
+    """Pooling of /v1/embed (when the request names none) and /v1/embeddings: the checkpoint's own
+    (`sentence_transformers_pooling`)."""
+    embed_normalize: bool = False
+    """Whether /v1/embed normalises when the request does not say (/v1/embeddings always does)."""
+    api_key: str | None = field(default=None, repr=False)
+    """When set, every route but /healthz and / needs `Authorization: Bearer KEY` (else 401)."""
+
+    def public(self) -> dict:
+        """The limits and settings /v1/model shows (never the key)."""
+        d = asdict(self)
+        d.pop("api_key")
+        d["api_key_required"] = self.api_key is not None
+        return d
 
 
 # ---- request and response bodies ----------------------------------------------------------------
 class EmbedRequest(BaseModel):
     texts: list[str] = Field(description="texts to embed")
     pairs: list[str | None] | None = Field(None, description="optional second segment per text")
-    pooling: Literal["mean", "cls", "none"] = "mean"
-    normalize: bool = False
+    pooling: Literal["mean", "cls", "none"] | None = Field(None, description="default: the checkpoint's")
+    normalize: bool | None = Field(None, description="default: the checkpoint's (sentence-transformers: Normalize)")
     truncate: bool = Field(False, description="cut texts over --max-length instead of answering 413")
 
 
@@ -107,81 +145,6 @@ class QaResponse(BaseModel):
     answers: list[dict] = Field(description='per question {"answer", "score"}')
 
 
-# ---- metrics (Prometheus text format, no extra dependency) ----------------------------------------
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...]):
-        self.buckets, self.counts, self.sum, self.n = buckets, [0] * len(buckets), 0.0, 0
-
-    def observe(self, v: float) -> None:
-        for i, b in enumerate(self.buckets):
-            if v <= b:
-                self.counts[i] += 1
-        self.sum += v
-        self.n += 1
-
-    def lines(self, name: str, labels: str = "") -> list[str]:
-        sep = "," if labels else ""
-        out = [f'{name}_bucket{{{labels}{sep}le="{b:g}"}} {c}' for b, c in zip(self.buckets, self.counts)]
-        out += [f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.n}',
-                f"{name}_sum{{{labels}}} {self.sum:.6f}", f"{name}_count{{{labels}}} {self.n}"]
-        return out
-
-
-class Metrics:
-    LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.requests: dict[tuple[str, int], int] = {}
-        self.latency: dict[str, Histogram] = {}
-        self.batch_items = Histogram((1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
-        self.batch_tokens = Histogram((64, 256, 1024, 2048, 4096, 8192, 16384, 65536))
-        self.model_errors = 0
-        self.rejected = 0
-        self.queue_depth = 0
-        self.in_flight = 0
-
-    def request(self, path: str, code: int, seconds: float) -> None:
-        with self.lock:
-            self.requests[(path, code)] = self.requests.get((path, code), 0) + 1
-            self.latency.setdefault(path, Histogram(self.LATENCY)).observe(seconds)
-
-    def batch(self, items: int, tokens: int) -> None:
-        with self.lock:
-            self.batch_items.observe(items)
-            self.batch_tokens.observe(tokens)
-
-    def render(self) -> str:
-        with self.lock:
-            out = ["# HELP bertkit_requests_total HTTP requests by path and status code.",
-                   "# TYPE bertkit_requests_total counter"]
-            out += [f'bertkit_requests_total{{path="{p}",code="{c}"}} {n}' for (p, c), n in sorted(self.requests.items())]
-            out += ["# HELP bertkit_request_errors_total Requests answered with a 4xx or 5xx code.",
-                    "# TYPE bertkit_request_errors_total counter"]
-            errors: dict[str, int] = {}
-            for (p, c), n in self.requests.items():
-                if c >= 400:
-                    errors[p] = errors.get(p, 0) + n
-            out += [f'bertkit_request_errors_total{{path="{p}"}} {n}' for p, n in sorted(errors.items())]
-            out += ["# HELP bertkit_request_duration_seconds Request latency.",
-                    "# TYPE bertkit_request_duration_seconds histogram"]
-            for p, h in sorted(self.latency.items()):
-                out += h.lines("bertkit_request_duration_seconds", f'path="{p}"')
-            out += ["# HELP bertkit_batch_items Inputs per model call.", "# TYPE bertkit_batch_items histogram"]
-            out += self.batch_items.lines("bertkit_batch_items")
-            out += ["# HELP bertkit_batch_tokens Real tokens per model call.", "# TYPE bertkit_batch_tokens histogram"]
-            out += self.batch_tokens.lines("bertkit_batch_tokens")
-            out += ["# HELP bertkit_model_errors_total Model calls that raised.", "# TYPE bertkit_model_errors_total counter",
-                    f"bertkit_model_errors_total {self.model_errors}",
-                    "# HELP bertkit_rejected_total Requests refused because the queue was full (503).",
-                    "# TYPE bertkit_rejected_total counter", f"bertkit_rejected_total {self.rejected}",
-                    "# HELP bertkit_queue_depth Requests waiting for the model.", "# TYPE bertkit_queue_depth gauge",
-                    f"bertkit_queue_depth {self.queue_depth}",
-                    "# HELP bertkit_in_flight_requests Requests being handled.", "# TYPE bertkit_in_flight_requests gauge",
-                    f"bertkit_in_flight_requests {self.in_flight}"]
-        return "\n".join(out) + "\n"
-
-
 # ---- the batcher ---------------------------------------------------------------------------------
 @dataclass
 class Job:
@@ -205,12 +168,15 @@ class LimitError(Exception):
 class Batcher:
     """Queue of Jobs; one loop groups them under the token budget and runs them on the model thread."""
 
+    TRIM_EVERY_S = 2.0               # when idle, hand freed heap pages back to the OS at most this often
+
     def __init__(self, predictor: Predictor, cfg: ServeConfig, metrics: Metrics):
         self.predictor, self.cfg, self.metrics = predictor, cfg, metrics
         self.queue: asyncio.Queue[Job] | None = None
         self.held: list[Job] = []     # taken from the queue but over this round's budget
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertkit-model")
         self.task: asyncio.Task | None = None
+        self.heap, self.trimmed = Heap(), 0.0
 
     def start(self) -> None:
         self.queue = asyncio.Queue(maxsize=self.cfg.max_queue)
@@ -262,19 +228,24 @@ class Batcher:
     async def loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            jobs = await self.next_round()
-            self.metrics.queue_depth = self.queue.qsize() + len(self.held)
-            groups: dict[tuple, list[Job]] = {}
-            for j in jobs:
-                groups.setdefault((j.task, j.options), []).append(j)
-            for group in groups.values():
-                live = [j for j in group if not j.future.done()]      # client may have gone away
-                if not live:
-                    continue
-                outcomes = await loop.run_in_executor(self.executor, self.run_group, live)
-                for j, (ok, value) in zip(live, outcomes):
-                    if not j.future.done():
-                        j.future.set_result(value) if ok else j.future.set_exception(value)
+            await self.run_round(await self.next_round())
+            if self.queue.empty() and not self.held and time.monotonic() - self.trimmed > self.TRIM_EVERY_S:
+                await loop.run_in_executor(self.executor, self.heap.trim)
+                self.trimmed = time.monotonic()
+
+    async def run_round(self, jobs: list[Job]) -> None:
+        self.metrics.queue_depth = self.queue.qsize() + len(self.held)
+        groups: dict[tuple, list[Job]] = {}
+        for j in jobs:
+            groups.setdefault((j.task, j.options), []).append(j)
+        for group in groups.values():
+            live = [j for j in group if not j.future.done()]      # client may have gone away
+            if not live:
+                continue
+            outcomes = await asyncio.get_running_loop().run_in_executor(self.executor, self.run_group, live)
+            for j, (ok, value) in zip(live, outcomes):
+                if not j.future.done():
+                    j.future.set_result(value) if ok else j.future.set_exception(value)
 
     def run_group(self, jobs: list[Job]) -> list[tuple[bool, Any]]:
         """One Predictor call for all jobs; if it fails, each job alone (isolates a bad one)."""
@@ -304,8 +275,7 @@ class Batcher:
         self.metrics.batch(len(next(iter(inputs.values()))), sum(j.tokens for j in jobs))
         p = self.predictor
         if jobs[0].task == "embed":
-            out = p.embed(inputs["texts"], inputs.get("pairs"), **opts)
-            return [x.tolist() for x in out]
+            return list(p.embed(inputs["texts"], inputs.get("pairs"), **opts))     # float32 arrays
         if jobs[0].task == "classify":
             return p.classify(inputs["texts"], inputs.get("pairs"), **opts)
         if jobs[0].task == "fill_mask":
@@ -325,80 +295,73 @@ class Batcher:
 
 # ---- the app -------------------------------------------------------------------------------------
 ENDPOINT_HEADS = {"/v1/classify": ("sequence_classification",), "/v1/ner": ("token_classification",),
-                  "/v1/qa": ("question_answering",), "/v1/fill-mask": ("masked_lm", "pretraining")}
+                  "/v1/qa": ("question_answering",), "/v1/fill-mask": ("masked_lm", "pretraining"),
+                  "/predict": ("sequence_classification",), "/rerank": ("sequence_classification",)}
+INLINE_BYTES = 4096     # bodies up to this are parsed and tokenised on the event loop (a thread hop costs more)
 
 
-def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
-    """The FastAPI app (run it with `serve`, or test it with fastapi.testclient.TestClient).
+@dataclass
+class Plan:
+    """A validated request: what to run, on what, and how to shape the answer."""
+    task: str
+    options: dict
+    inputs: dict[str, list]
+    tokens: int
+    answer: Callable[[list], Any]
 
-    Handlers return JSONResponse directly: the response models document the API, and skipping
-    FastAPI's per-float re-validation of the embeddings keeps the event loop free under load."""
-    from contextlib import asynccontextmanager
 
-    cfg = cfg or ServeConfig(max_length=predictor.max_length)
-    metrics = Metrics()
-    batcher = Batcher(predictor, cfg, metrics)
-    state = {"ready": False}
-    tok = predictor.tokenizer
-    available = {path for path, heads in ENDPOINT_HEADS.items() if predictor.head in heads} | {"/v1/embed"}
+def _body_schema(model: type[BaseModel]) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        batcher.start()
-        await asyncio.get_running_loop().run_in_executor(batcher.executor, predictor.embed, ["warm up"])
-        state["ready"] = True
-        log.info("bertkit serve: %s head, endpoints %s", predictor.head, ", ".join(sorted(available)))
-        yield
-        state["ready"] = False
-        await batcher.stop()
 
-    app = FastAPI(title="bertkit", version=_version(), lifespan=lifespan,
-                  description=f"BERT inference ({predictor.head} head, {predictor.backend} backend).")
-    app.state.batcher, app.state.metrics, app.state.config = batcher, metrics, cfg
+def _parse(body: bytes, status: int = 422) -> Any:
+    try:
+        return parse_json(body)
+    except BodyError as e:
+        raise LimitError(status, str(e)) from None
 
-    @app.middleware("http")
-    async def limits_and_metrics(request: Request, call_next):
-        start = time.perf_counter()
-        metrics.in_flight += 1
-        try:
-            if request.method == "POST" and "json" not in request.headers.get("content-type", ""):
-                # bodies are always JSON (`curl -d` says form-urlencoded): parse them as JSON
-                request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"] + [
-                    (b"content-type", b"application/json")]
-            size = request.headers.get("content-length")
-            if size is not None and size.isdigit() and int(size) > cfg.max_body_bytes:
-                response = JSONResponse({"detail": f"request body is {size} bytes; the limit is "
-                                         f"{cfg.max_body_bytes} (--max-body-bytes)"}, status_code=413)
-            else:
-                response = await call_next(request)
-        except Exception as e:                  # last resort: answer 500, keep serving
-            log.exception("unhandled error on %s", request.url.path)
-            response = JSONResponse({"detail": f"server error: {type(e).__name__}"}, status_code=500)
-        finally:
-            metrics.in_flight -= 1
-        path = request.url.path if request.url.path in _KNOWN_PATHS else "other"
-        metrics.request(path, response.status_code, time.perf_counter() - start)
-        return response
 
-    @app.exception_handler(LimitError)
-    async def limit_error(request: Request, e: LimitError):
-        headers = {"Retry-After": str(cfg.retry_after_s)} if e.status == 503 else None
-        return JSONResponse({"detail": str(e)}, status_code=e.status, headers=headers)
+def _validate(model: type[BaseModel], body: bytes | Any, status: int = 422) -> Any:
+    """The request model of a body (bytes) or of an already parsed value; errors name the field
+    and never echo the input."""
+    value = _parse(body, status) if isinstance(body, bytes) else body
+    try:
+        return model.model_validate(value)
+    except ValidationError as e:
+        errs = e.errors(include_url=False, include_input=False, include_context=False)
+        where = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'body'}: {err['msg']}" for err in errs[:3])
+        raise LimitError(status, f"invalid request ({len(errs)} error{'s' * (len(errs) > 1)}): {where}") from None
 
-    @app.exception_handler(PredictorError)
-    async def predictor_error(request: Request, e: PredictorError):
-        return JSONResponse({"detail": str(e)}, status_code=422)
 
-    @app.exception_handler(Exception)
-    async def model_error(request: Request, e: Exception):
-        return JSONResponse({"detail": f"model error: {type(e).__name__}: {str(e)[:300]}"}, status_code=500)
+def _vectors(rows: list, encoding: str) -> list:
+    if encoding == "base64":                       # OpenAI's: little-endian float32 bytes
+        return [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii") for v in rows]
+    return [np.asarray(v).tolist() for v in rows]
 
-    def need(path: str) -> None:
-        if path not in available:
+
+class Api:
+    """What every route shares: the config, which routes this head has, token counting under the
+    limits, and the request pipeline (`handle`)."""
+
+    def __init__(self, predictor: Predictor, cfg: ServeConfig, batcher: Batcher):
+        self.predictor, self.cfg, self.batcher = predictor, cfg, batcher
+        self.tok = predictor.tokenizer
+        self.hidden = predictor.config.hidden_size
+        self.prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bertkit-prep")  # parse, tokenise, render
+        available = {path for path, heads in ENDPOINT_HEADS.items() if predictor.head in heads}
+        if "/rerank" in available and len(predictor.labels or {}) > 1:
+            available.discard("/rerank")            # a cross-encoder has one output
+        self.available = available | {"/v1/embed", "/v1/embeddings", "/embed"}
+
+    def need(self, path: str) -> None:
+        if path not in self.available:
             heads = " or ".join(ENDPOINT_HEADS[path])
-            raise LimitError(404, f"{path} needs a {heads} checkpoint; this one is {predictor.head}")
+            extra = " with one label" if path == "/rerank" else ""
+            raise LimitError(404, f"{path} needs a {heads} checkpoint{extra}; this one is {self.predictor.head}")
 
-    def count(texts: list[str], pairs: list | None, what: str, truncate: bool, windowed: bool = False) -> int:
+    def count(self, texts: list[str], pairs: list | None, what: str, truncate: bool, windowed: bool = False) -> int:
+        """Real tokens of the inputs (413 over the limits). Tokenises: keep it off the event loop."""
+        cfg, tok = self.cfg, self.tok
         if len(texts) > cfg.max_request_items:
             raise LimitError(413, f"request has {len(texts)} {what}; the limit is {cfg.max_request_items} "
                                   "(--max-request-items)")
@@ -417,66 +380,156 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
                                      + ("" if windowed else '; send "truncate": true to cut it'))
         return sum(min(n, limit) for n in lengths)
 
-    async def run(task: str, options: dict, inputs: dict, tokens: int) -> list:
-        if not next(iter(inputs.values())):
-            return []
-        job = Job(task, tuple(sorted(options.items())), inputs, tokens, asyncio.get_running_loop().create_future())
+    async def offload(self, fn: Callable, *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
+
+    async def handle(self, request: Request, prepare: Callable[[bytes], Plan], render_off_loop: bool = False) -> Response:
+        """body -> prepare (parse, validate, tokenise; on a worker thread when large) -> the model
+        -> plan.answer -> JSON bytes (on a worker thread for embeddings)."""
+        body = await request.body()                 # already read and bounded by the guard
+        plan = prepare(body) if len(body) <= INLINE_BYTES else await self.offload(prepare, body)
+        results = await self.run(plan) if next(iter(plan.inputs.values())) else []
+        payload = plan.answer(results)
+        data = await self.offload(dump_json, payload) if render_off_loop else dump_json(payload)
+        return Response(data, media_type="application/json")
+
+    async def run(self, plan: Plan) -> list:
+        job = Job(plan.task, tuple(sorted(plan.options.items())), plan.inputs, plan.tokens,
+                  asyncio.get_running_loop().create_future())
         try:
-            return await batcher.submit(job)
+            return await self.batcher.submit(job)
         except (LimitError, PredictorError):
             raise
         except Exception as e:              # the model failed on this request: 500, keep serving
             raise LimitError(500, f"model error: {type(e).__name__}: {str(e)[:300]}") from None
 
-    @app.post("/v1/embed", response_model=EmbedResponse, summary="sentence or token embeddings")
-    async def embed(req: EmbedRequest):
+
+def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
+    """The ASGI app: FastAPI routes inside `serve_http.Guard` (run it with `serve`, or test it
+    with fastapi.testclient.TestClient). `app.fastapi` is the FastAPI object.
+
+    Handlers return JSON bytes, rendered off the event loop when large: skipping FastAPI's
+    per-float re-validation of the embeddings keeps the loop free under load."""
+    from contextlib import asynccontextmanager
+
+    from .serve_compat import add_compat_routes
+
+    cfg = cfg or ServeConfig(max_length=predictor.max_length)
+    metrics = Metrics()
+    batcher = Batcher(predictor, cfg, metrics)
+    api = Api(predictor, cfg, batcher)
+    state = {"ready": False}
+    tok, available = predictor.tokenizer, api.available
+    count, need, handle = api.count, api.need, api.handle
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        batcher.start()
+        await asyncio.get_running_loop().run_in_executor(batcher.executor, predictor.embed, ["warm up"])
+        state["ready"] = True
+        log.info("bertkit serve: %s head, endpoints %s", predictor.head, ", ".join(sorted(available)))
+        yield
+        state["ready"] = False
+        await batcher.stop()
+        api.prep.shutdown(wait=False)
+
+    app = FastAPI(title="bertkit", version=_version(), lifespan=lifespan,
+                  description=f"BERT inference ({predictor.head} head, {predictor.backend} backend).")
+    app.state.batcher, app.state.metrics, app.state.config = batcher, metrics, cfg
+
+    @app.exception_handler(LimitError)
+    async def limit_error(request: Request, e: LimitError):
+        headers = {"Retry-After": str(cfg.retry_after_s)} if e.status == 503 else None
+        return JSONResponse(error_payload(request.url.path, e.status, str(e)), status_code=e.status, headers=headers)
+
+    @app.exception_handler(PredictorError)
+    async def predictor_error(request: Request, e: PredictorError):
+        return JSONResponse(error_payload(request.url.path, 422, str(e)), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def model_error(request: Request, e: Exception):
+        return JSONResponse(error_payload(request.url.path, 500, f"model error: {type(e).__name__}: {str(e)[:300]}"),
+                            status_code=500)
+
+    # ---- bertkit's own routes ----
+    def embed_plan(body: bytes) -> Plan:
+        req = _validate(EmbedRequest, body)
         tokens = count(req.texts, req.pairs, "texts", req.truncate)
         inputs = {"texts": req.texts} if req.pairs is None else {"texts": req.texts, "pairs": req.pairs}
-        return JSONResponse({"embeddings": await run("embed", {"pooling": req.pooling, "normalize": req.normalize},
-                                                      inputs, tokens)})
+        pooling = req.pooling or cfg.embed_pooling
+        normalize = cfg.embed_normalize if req.normalize is None else req.normalize
+        return Plan("embed", {"pooling": pooling, "normalize": normalize}, inputs, tokens,
+                    lambda r: {"embeddings": _vectors(r, "float")})
+
+    @app.post("/v1/embed", response_model=EmbedResponse, summary="sentence or token embeddings",
+              openapi_extra=_body_schema(EmbedRequest))
+    async def embed(request: Request):
+        return await handle(request, embed_plan, render_off_loop=True)
+
+    def classify_plan(body: bytes) -> Plan:
+        req = _validate(ClassifyRequest, body)
+        tokens = count(req.texts, req.pairs, "texts", req.truncate)
+        inputs = {"texts": req.texts} if req.pairs is None else {"texts": req.texts, "pairs": req.pairs}
+        return Plan("classify", {}, inputs, tokens, lambda r: {"results": r})
 
     @app.post("/v1/classify", response_model=ClassifyResponse, include_in_schema="/v1/classify" in available,
-              summary="sequence (pair) classification")
-    async def classify(req: ClassifyRequest):
+              summary="sequence (pair) classification", openapi_extra=_body_schema(ClassifyRequest))
+    async def classify(request: Request):
         need("/v1/classify")
-        tokens = count(req.texts, req.pairs, "texts", req.truncate)
-        inputs = {"texts": req.texts} if req.pairs is None else {"texts": req.texts, "pairs": req.pairs}
-        return JSONResponse({"results": await run("classify", {}, inputs, tokens)})
+        return await handle(request, classify_plan)
+
+    def fill_mask_plan(body: bytes) -> Plan:
+        req = _validate(FillMaskRequest, body)
+        tokens = count(req.texts, None, "texts", req.truncate)
+        for i, ids in enumerate(tok.encode_ids(req.texts)):
+            if tok.mask_id not in ids[:cfg.max_length - 2]:
+                raise LimitError(422, f"text {i} has no [MASK] token" + (" within --max-length" if tok.mask_id in ids else ""))
+        return Plan("fill_mask", {"top_k": req.top_k}, {"texts": req.texts}, tokens, lambda r: {"results": r})
 
     @app.post("/v1/fill-mask", response_model=FillMaskResponse, include_in_schema="/v1/fill-mask" in available,
-              summary="top-k words for each [MASK]")
-    async def fill_mask(req: FillMaskRequest):
+              summary="top-k words for each [MASK]", openapi_extra=_body_schema(FillMaskRequest))
+    async def fill_mask(request: Request):
         need("/v1/fill-mask")
-        tokens = count(req.texts, None, "texts", req.truncate)
-        limit = cfg.max_length
-        for i, ids in enumerate(tok.encode_ids(req.texts)):
-            if tok.mask_id not in ids[:limit - 2]:
-                raise LimitError(422, f"text {i} has no [MASK] token" + (" within --max-length" if tok.mask_id in ids else ""))
-        return JSONResponse({"results": await run("fill_mask", {"top_k": req.top_k}, {"texts": req.texts}, tokens)})
+        return await handle(request, fill_mask_plan)
 
-    @app.post("/v1/ner", response_model=NerResponse, include_in_schema="/v1/ner" in available,
-              summary="word-level named entities")
-    async def ner(req: NerRequest):
-        need("/v1/ner")
+    def ner_plan(body: bytes) -> Plan:
+        req = _validate(NerRequest, body)
         flat = [t if isinstance(t, str) else " ".join(t) for t in req.texts]
         for i, t in enumerate(req.texts):
             if (isinstance(t, list) and not t) or not flat[i].strip():
                 raise LimitError(422, f"text {i} has no words")
         tokens = count(flat, None, "texts", False, windowed=True)
-        return JSONResponse({"results": await run("ner", {}, {"texts": req.texts}, tokens)})
+        return Plan("ner", {}, {"texts": req.texts}, tokens, lambda r: {"results": r})
 
-    @app.post("/v1/qa", response_model=QaResponse, include_in_schema="/v1/qa" in available,
-              summary="extractive question answering")
-    async def qa(req: QaRequest):
-        need("/v1/qa")
+    @app.post("/v1/ner", response_model=NerResponse, include_in_schema="/v1/ner" in available,
+              summary="word-level named entities", openapi_extra=_body_schema(NerRequest))
+    async def ner(request: Request):
+        need("/v1/ner")
+        return await handle(request, ner_plan)
+
+    def qa_plan(body: bytes) -> Plan:
+        req = _validate(QaRequest, body)
         if len(req.questions) != len(req.contexts):
             raise LimitError(422, f"{len(req.questions)} questions but {len(req.contexts)} contexts")
         for i, (q, c) in enumerate(zip(req.questions, req.contexts)):
             if not q.strip() or not c.strip():
                 raise LimitError(422, f"question {i}: question and context must be non-empty")
         tokens = count(req.questions, req.contexts, "questions", False, windowed=True)
-        return JSONResponse({"answers": await run("qa", {}, {"questions": req.questions, "contexts": req.contexts},
-                                                  tokens)})
+        return Plan("qa", {}, {"questions": req.questions, "contexts": req.contexts}, tokens,
+                    lambda r: {"answers": r})
+
+    @app.post("/v1/qa", response_model=QaResponse, include_in_schema="/v1/qa" in available,
+              summary="extractive question answering", openapi_extra=_body_schema(QaRequest))
+    async def qa(request: Request):
+        need("/v1/qa")
+        return await handle(request, qa_plan)
+
+    add_compat_routes(app, api)
+
+    # ---- the page and the service routes ----
+    @app.get("/", response_class=HTMLResponse, summary="a page to try the model")
+    async def page():
+        return HTMLResponse(_page())
 
     @app.get("/healthz", summary="the process is up")
     async def healthz():
@@ -491,23 +544,32 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> FastAPI:
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
     async def prometheus():
         metrics.queue_depth = batcher.queue.qsize() + len(batcher.held) if batcher.queue else 0
+        metrics.in_flight = guarded.in_flight
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/model", summary="the loaded model, its endpoints and the server's limits")
     async def model_info():
         c = predictor.config
+        describe = getattr(predictor, "describe", None)
         return {"head": predictor.head, "backend": predictor.backend, "int8": predictor.int8,
                 "int8_agreement": getattr(predictor, "int8_agreement", None),
                 "prepacked": predictor.prepacked, "compiled": predictor.compiled,
+                "runtime": describe() if callable(describe) else None,
                 "hidden_size": c.hidden_size, "num_layers": c.num_layers, "labels": predictor.label_names()
                 if predictor.head in ("sequence_classification", "token_classification") else None,
-                "endpoints": sorted(available), "limits": asdict(cfg)}
+                "model": cfg.served_model_name,
+                "embedding": {"pooling": cfg.embed_pooling, "normalize": cfg.embed_normalize,
+                              "dimensions": c.hidden_size},
+                "endpoints": sorted(available), "limits": cfg.public()}
 
-    return app
+    guarded = Guard(app, GuardConfig(cfg.max_body_bytes, cfg.body_timeout_s, cfg.api_key), metrics.request)
+    guarded.fastapi = app
+    return guarded
 
 
-_KNOWN_PATHS = {"/v1/embed", "/v1/classify", "/v1/fill-mask", "/v1/ner", "/v1/qa", "/healthz", "/readyz",
-                "/metrics", "/v1/model", "/docs", "/openapi.json"}
+def _page() -> str:
+    from importlib import resources
+    return (resources.files("bertkit") / "static" / "index.html").read_text(encoding="utf-8")
 
 
 def _version() -> str:
@@ -516,7 +578,8 @@ def _version() -> str:
 
 
 def serve(predictor: Predictor, cfg: ServeConfig, log_level: str = "info") -> int:
-    """Run the server until SIGTERM / SIGINT; in-flight requests finish first. Returns 0."""
+    """Run the server until SIGTERM / SIGINT; in-flight requests finish first (at most
+    cfg.shutdown_timeout_s). Returns 0."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -525,9 +588,12 @@ def serve(predictor: Predictor, cfg: ServeConfig, log_level: str = "info") -> in
             if sig == signal.SIGTERM and sig in self._captured_signals:
                 self._captured_signals.remove(sig)
 
+    Heap().limit_arenas(2)          # threads otherwise each grow their own malloc arena, kept forever
     app = create_app(predictor, cfg)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=60, backlog=2048, timeout_keep_alive=30)
+                            http=guarded_protocol(cfg.header_timeout_s, cfg.send_timeout_s),
+                            timeout_graceful_shutdown=cfg.shutdown_timeout_s, backlog=2048,
+                            timeout_keep_alive=cfg.keep_alive_s, limit_concurrency=cfg.max_connections)
     server = Server(config)
     server.run()
     return 0 if server.started else 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
+from pathlib import Path
 
 from ..errors import BertkitError
 
@@ -66,8 +68,16 @@ CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 2048, 8192
 
 def setup_serve(p: argparse.ArgumentParser) -> None:
     add_model_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the server to the network)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s; 0.0.0.0 exposes the "
+                   "server to the network and needs --api-key or --insecure-no-api-key)")
     p.add_argument("--port", type=int, default=8000, help="(default %(default)s)")
+    p.add_argument("--api-key", default=os.environ.get("BERTKIT_API_KEY") or None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every route but /healthz and the page / "
+                        "(default: $BERTKIT_API_KEY)")
+    p.add_argument("--insecure-no-api-key", action="store_true",
+                   help="allow a --host beyond loopback without an API key")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model name /v1/embeddings and /v1/models report (default: the checkpoint folder's name)")
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help=f"real tokens per model round at most (default {CPU_BATCH_TOKENS} on the CPU, {GPU_BATCH_TOKENS} on a GPU)")
     p.add_argument("--max-wait-ms", type=float, default=0.0,
@@ -77,7 +87,18 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, default=None,
                    help="tokens per text at most (default: the checkpoint's limit); longer: 413")
     p.add_argument("--max-request-items", type=int, default=64, help="texts per request at most; more: 413 (default %(default)s)")
-    p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="request body size at most; more: 413 (default %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000,
+                   help="request body size at most, chunked bodies too; more: 413 (default %(default)s)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds a connection has to send a request's headers; slower: dropped (default %(default)s)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a request's body has to arrive; slower: 408 (default %(default)s)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0, metavar="S",
+                   help="idle keep-alive connections are closed after this (default %(default)s)")
+    p.add_argument("--shutdown-timeout", type=float, default=15.0, metavar="S",
+                   help="after SIGTERM, in-flight requests get this long to finish (default %(default)s)")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="open connections at most; beyond: 503 (default %(default)s)")
     p.add_argument("--null-threshold", type=float, default=None,
                    help="/v1/qa on a SQuAD v2.0 model: answer \"\" above these null odds (default: the threshold "
                         "fine-tuning found best on dev)")
@@ -88,13 +109,12 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
 def run_serve(args) -> int:
     try:
         from ..serve import ServeConfig, serve
+        from ..serve_compat import sentence_transformers_pooling
+        from ..serve_http import check_bind, is_loopback
     except ImportError as e:
         raise BertkitError(f"bertkit serve needs FastAPI and uvicorn: pip install 'bertkit[serve]' ({e})") from None
-    for name in ("max_batch_tokens", "max_queue", "max_request_items", "max_body_bytes"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise BertkitError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.max_wait_ms < 0:
-        raise BertkitError("--max-wait-ms must be >= 0")
+    check_serve_options(args)
+    check_bind(args.host, args.api_key, args.insecure_no_api_key)      # before the model loads: fail fast
     predictor = load_predictor(args, args.max_length)
     if args.null_threshold is not None:
         if not math.isfinite(args.null_threshold):
@@ -109,12 +129,37 @@ def run_serve(args) -> int:
     if args.max_batch_tokens < predictor.max_length:
         log.warning("--max-batch-tokens %d is below --max-length %d: long texts run alone",
                     args.max_batch_tokens, predictor.max_length)
+    pooling, normalize = sentence_transformers_pooling(args.model)
     cfg = ServeConfig(host=args.host, port=args.port, max_batch_tokens=args.max_batch_tokens,
                       max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, max_length=predictor.max_length,
-                      max_request_items=args.max_request_items, max_body_bytes=args.max_body_bytes)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("listening on %s: the API has no authentication", args.host)
+                      max_request_items=args.max_request_items, max_body_bytes=args.max_body_bytes,
+                      header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                      keep_alive_s=args.keep_alive_timeout, shutdown_timeout_s=args.shutdown_timeout,
+                      max_connections=args.max_connections,
+                      served_model_name=args.served_model_name or Path(args.model).resolve().name,
+                      embed_pooling=pooling, embed_normalize=normalize, api_key=args.api_key)
+    if args.api_key is None and not is_loopback(args.host):
+        log.warning("listening on %s without an API key (--insecure-no-api-key)", args.host)
     return serve(predictor, cfg, log_level=args.log_level)
+
+
+def check_serve_options(args) -> None:
+    """Every numeric option in range (a one-line error naming it), before anything loads."""
+    for name in ("max_batch_tokens", "max_queue", "max_request_items", "max_body_bytes", "max_connections",
+                 "max_length", "threads"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise BertkitError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    if not 1 <= args.port <= 65535:
+        raise BertkitError(f"--port must be within 1..65535, not {args.port}")
+    if not (math.isfinite(args.max_wait_ms) and args.max_wait_ms >= 0):
+        raise BertkitError(f"--max-wait-ms must be a finite number >= 0, not {args.max_wait_ms}")
+    for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "shutdown_timeout"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise BertkitError(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, not {value}")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise BertkitError("--served-model-name is empty")
 
 
 # ---- export --------------------------------------------------------------------------------------
