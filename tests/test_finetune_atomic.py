@@ -91,13 +91,21 @@ def test_staged_dir_on_errors(tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["run"]
 
 
-def test_staged_dir_refuses_foreign_folders_and_live_writers(tmp_path):
+def test_staged_dir_refuses_foreign_folders_and_live_writers(tmp_path, monkeypatch):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.tsv").write_text("keep me")
     with pytest.raises(BertkitError, match="holds other files"):
         with staged_dir(tmp_path / "data", owned):
             pass
     assert (tmp_path / "data" / "train.tsv").read_text() == "keep me"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    for here in (".", "..", str(empty) + "/"):
+        with pytest.raises(BertkitError, match="current folder"):
+            with staged_dir(here, owned):
+                pass
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "file").write_text("x")
     with pytest.raises(BertkitError, match="is a file"):
         with staged_dir(tmp_path / "file", owned):

@@ -9,7 +9,12 @@ The loop has the pre-training loop's shape - explicit phases you can read top to
     evaluate   on the dev file at every epoch end (and every `eval_every` updates)
     checkpoint the best model on dev (task's main metric) is written as a Hugging Face folder:
                config.json with id2label + model.safetensors + tokenizer + finetune.yaml +
-               run_card.{md,json} + metrics.json (+ metrics.jsonl, dev_predictions.jsonl)
+               run_card.{md,json} + metrics.json (+ metrics.jsonl, dev_predictions.jsonl),
+               into OUT.incomplete, which replaces OUT when the run is done (`bertkit.outdir`)
+
+Inputs longer than max_length: sentence classification truncates (longest first, as the paper)
+unless `windows`/`stride` ask for overlapping windows; tagging and SQuAD read windows. How many
+were cut or windowed goes to the log, metrics.json and the run card (`finetune_card`).
 
 `grid()` runs the paper's hyper-parameter grid (batch {16, 32} x lr {5e-5, 3e-5, 2e-5} x
 epochs {2, 3, 4}) and keeps the best run on dev. `freeze=True` trains a linear probe on a frozen

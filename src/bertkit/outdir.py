@@ -119,6 +119,9 @@ def clear_incomplete(folder: Path) -> None:
 
 
 def _check_out(out: Path, owned: Callable[[Path], bool], what: str) -> None:
+    cwd = Path.cwd()
+    if out == cwd or out in cwd.parents:
+        raise BertkitError(f"--out {out}: is the current folder (or holds it); give a folder of its own")
     if out.exists() and not out.is_dir():
         raise BertkitError(f"--out {out}: is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not owned(out):
@@ -133,7 +136,7 @@ def staged_dir(out: str | Path, owned: Callable[[Path], bool], what: str = "run"
 
     `owned(OUT)` says whether an existing, non-empty `OUT` is a previous run of this kind (which
     the new one may replace); anything else is an error rather than deleted."""
-    out = Path(out)
+    out = Path(os.path.abspath(out))               # "runs/x/", "." and ".." name real folders
     _check_out(out, owned, what)
     tmp = staging_path(out)
     if tmp.exists():
