@@ -1,4 +1,7 @@
 """The pre-training recipe levers: pre-LN placement and the warmup-stable-decay schedule."""
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -60,3 +63,81 @@ def test_wsd_schedule_is_a_trapezoid():
     assert all(v == 1.0 for v in lr[10:81])              # stable until the last 20%
     assert lr[90] == pytest.approx(0.5) and lr[100] == 0.0
     assert all(a >= b for a, b in zip(lr[10:], lr[11:]))
+
+
+# ---- bf16 autocast in pre-training, and evaluation against the training clock ----------------------
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def data64(tmp_path_factory):
+    from test_pretrain import make_data
+    return make_data(tmp_path_factory.mktemp("recipe_data"), (64,))[64]
+
+
+@pytest.mark.slow
+def test_bf16_and_fp32_loss_curves_agree_within_seed_noise(data64, tmp_path, monkeypatch):
+    """bf16 autocast (fp32 master weights) follows the fp32 loss curve as closely as another seed
+    does. bf16 is forced on, so the test runs the same on every CPU (slowly where it is emulated)."""
+    from test_pretrain import tiny_config
+    from bertkit.train import pretrain
+
+    monkeypatch.setenv("BERTKIT_BF16", "1")
+    common = {"train.max_steps": 240, "train.log_every": 1, "train.eval_every": 0, "train.checkpoint_every": 0,
+              "data.eval_instances": 8, "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
+    runs = {}
+    for name, precision, seed in (("fp32", "fp32", 0), ("bf16", "bf16", 0), ("fp32_seed1", "fp32", 1)):
+        card = pretrain(tiny_config(data64, tmp_path / name, **common, **{"train.precision": precision,
+                                                                         "train.seed": seed}))
+        assert card["precision"] == ("bfloat16" if precision == "bf16" else "float32")
+        runs[name] = _losses(tmp_path / name)
+    tail = lambda xs: sum(xs[-60:]) / 60                  # mean loss over the last quarter
+    first = lambda xs: sum(xs[:10]) / 10
+    assert tail(runs["fp32"]) < first(runs["fp32"]) - 0.5, "the tiny model should learn in 240 updates"
+    seed_noise = abs(tail(runs["fp32"]) - tail(runs["fp32_seed1"]))
+    gap = abs(tail(runs["bf16"]) - tail(runs["fp32"]))
+    assert runs["bf16"] != runs["fp32"], "bf16 autocast did not reach the computation"
+    assert gap <= max(2 * seed_noise, 0.05 * tail(runs["fp32"])), (gap, seed_noise)
+
+
+def test_auto_precision_follows_the_measured_speed(data64, tmp_path, monkeypatch):
+    from test_pretrain import tiny_config
+    from bertkit.train import pretrain
+
+    for env, expected in (("1", "bfloat16"), ("0", "float32")):
+        monkeypatch.setenv("BERTKIT_BF16", env)
+        card = pretrain(tiny_config(data64, tmp_path / env, **{"train.max_steps": 2, "train.precision": "auto"}))
+        assert card["precision"] == expected
+        assert card["precision_reason"].startswith("auto")
+
+
+def test_time_based_evaluation_gives_a_curve_on_the_training_clock(data64, tmp_path):
+    from test_pretrain import tiny_config
+    from bertkit.train import pretrain
+
+    card = pretrain(tiny_config(data64, tmp_path / "t", **{"train.max_steps": 30, "train.eval_every": 0,
+                                                           "train.eval_minutes": 1e-9, "train.precision": "fp32"}))
+    rows = [json.loads(line) for line in (tmp_path / "t" / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(31))          # before training, then after every update
+    assert all(r["elapsed_s"] <= card["wall_time_s"] + 1e-6 for r in rows)
+    assert [r["tokens"] for r in rows] == sorted(r["tokens"] for r in rows) and rows[-1]["tokens"] == card["tokens_seen"]
+
+
+def test_a_causal_model_pools_its_last_real_token():
+    """Under a causal mask [CLS] sees only itself: pooling it would give every input the same
+    sentence vector. A causal model pools the last real token, in the padded and packed layouts."""
+    cfg = preset("tiny", vocab_size=100, causal=True, hidden_dropout=0.0, attention_dropout=0.0)
+    model = build("sequence_classification", cfg, num_labels=3).eval()
+    ids, mask = _ids()
+    logits, _ = model(ids, attention_mask=mask)
+    changed = ids.clone()
+    changed[0, 7] = (changed[0, 7] + 1) % 100                # a token near the end of sequence 0
+    assert not torch.allclose(model(changed, attention_mask=mask)[0][0], logits[0])
+    flat, layout = pack(ids, mask, torch.zeros_like(ids))
+    packed, _ = model(flat["input_ids"], flat["token_type_ids"], packed=layout, position_ids=flat["position_ids"])
+    torch.testing.assert_close(packed, logits, atol=1e-5, rtol=1e-5)
+    # padding after the last real token changes nothing
+    longer_ids = torch.cat([ids, torch.zeros(3, 4, dtype=ids.dtype)], 1)
+    longer_mask = torch.cat([mask, torch.zeros(3, 4, dtype=mask.dtype)], 1)
+    torch.testing.assert_close(model(longer_ids, attention_mask=longer_mask)[0], logits, atol=1e-5, rtol=1e-5)

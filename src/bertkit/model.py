@@ -162,12 +162,26 @@ class BertModel(nn.Module):
                 states[-1] = x
         return states if all_layers else x
 
-    def pool(self, hidden: Tensor, packed: Packed | None = None) -> Tensor:
-        """The [CLS] state of each sequence through dense + tanh: (B, C)."""
+    def pool(self, hidden: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None) -> Tensor:
+        """The summary token of each sequence through dense + tanh: (B, C)."""
         if self.pooler is None:
             raise ValueError("this model was built without a pooler")
-        first = hidden[packed.cu_seqlens[:-1].long()] if packed is not None else hidden[:, 0]
-        return torch.tanh(self.pooler(first))
+        return torch.tanh(self.pooler(summary_token(hidden, self.config.causal, packed, attention_mask)))
+
+
+def summary_token(hidden: Tensor, causal: bool, packed: Packed | None = None,
+                  attention_mask: Tensor | None = None) -> Tensor:
+    """(B, C): the [CLS] state of each sequence, or, under a causal mask (where [CLS] sees only
+    itself), the last real token's, the one state that has seen the whole input."""
+    if packed is not None:
+        starts = packed.cu_seqlens[:-1].long()
+        return hidden[packed.cu_seqlens[1:].long() - 1] if causal else hidden[starts]
+    if not causal:
+        return hidden[:, 0]
+    if attention_mask is None:
+        return hidden[:, -1]
+    last = attention_mask.long().sum(-1) - 1                                   # (B,)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
 class MaskedLMHead(nn.Module):
@@ -228,7 +242,7 @@ class BertForPreTraining(nn.Module):
         else:
             out["mlm_logits"], _ = self.mlm(h)                                # (B, T, V)
         if self.nsp is not None:
-            out["nsp_logits"] = self.nsp(self.bert.pool(h, packed))           # (B, 2)
+            out["nsp_logits"] = self.nsp(self.bert.pool(h, packed, attention_mask))   # (B, 2)
             if nsp_labels is not None:
                 out["nsp_loss"] = F.cross_entropy(out["nsp_logits"].float(), nsp_labels)
         if "mlm_loss" in out:
@@ -261,7 +275,7 @@ class BertForSequenceClassification(nn.Module):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 packed: Packed | None = None, position_ids=None) -> tuple[Tensor, Tensor | None]:
         h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
-        logits = self.classifier(self.drop(self.bert.pool(h, packed)))       # (B, num_labels)
+        logits = self.classifier(self.drop(self.bert.pool(h, packed, attention_mask)))   # (B, num_labels)
         return logits, classification_loss(logits, labels, self.problem) if labels is not None else None
 
 
@@ -330,7 +344,7 @@ class BertForMultipleChoice(nn.Module):
         B, K = input_ids.shape[:2]
         flat = lambda t: t.flatten(0, 1) if t is not None else None          # (B, K, T) -> (B*K, T)
         h = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask), flat(position_ids))
-        logits = self.classifier(self.drop(self.bert.pool(h))).view(B, K)     # (B, K)
+        logits = self.classifier(self.drop(self.bert.pool(h, None, flat(attention_mask)))).view(B, K)   # (B, K)
         return logits, F.cross_entropy(logits.float(), labels) if labels is not None else None
 
 
