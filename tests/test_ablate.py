@@ -184,6 +184,14 @@ def test_jobs_share_the_arms(grid, capsys):
     assert probe["pretrain"]["model_from"] == "later" and probe["model"].endswith("later/pretrain/final")
     report = (out / "REPORT.md").read_text()
     assert "| later |" in report and "| probe_later |" in report
+    # the probe's numbers belong to the model it read: if that model is trained again, the probe is stale
+    cfg = ablate.load_ablate_config(path)
+    arms = {a.name: a for a in cfg.arms}
+    assert ablate.finished(cfg, arms["later"]) and ablate.finished(cfg, arms["probe_later"])
+    weights = next((out / "arms" / "later" / "pretrain" / "final").glob("*.safetensors"))
+    import os
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10 ** 9))
+    assert ablate.finished(cfg, arms["later"]) and not ablate.finished(cfg, arms["probe_later"])
 
 
 def test_shards_split_arms_disjointly():

@@ -541,12 +541,16 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
     _write_json(d / "arm.json", state)
     t0, c0 = time.time(), time.process_time()
     handler = _file_log(d / "log.txt")
+    logger = logging.getLogger("bertkit")
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:    # library use without logging set up: log.txt still gets INFO
+        logger.setLevel(logging.INFO)
     try:
         if arm.error:
             raise BertkitError(arm.error)
         state["stage"] = "pretrain"
         model, init, pre = _model_of_arm(cfg, arm, shared, opts, d)
-        state.update(pretrain=pre, model=str(model), init=init)
+        state.update(pretrain=pre, model=str(model), init=init, weights=weights_id(model))
         state["stage"] = "held-out MLM"
         state["mlm"] = heldout_mlm(cfg, shared, model)
         rows = []
@@ -568,9 +572,23 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
         state.update(wall_s=round(time.time() - t0, 1), cpu_s=round(time.process_time() - c0, 1), finished=_now(),
                      warnings=handler.warnings)
         _write_json(d / "arm.json", state)
-        logging.getLogger("bertkit").removeHandler(handler)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
         handler.close()
     return state
+
+
+def weights_id(model: Path) -> list:
+    """Names, sizes and modification times of a model's weight files: changes when it is trained again."""
+    return sorted([p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in Path(model).glob("*.safetensors"))
+
+
+def finished(cfg: AblateConfig, arm: Arm) -> bool:
+    """Done with the current plan, on the model that is there now (a probe arm's source may have been redone)."""
+    info = _read_json(Path(cfg.out) / "arms" / arm.name / "arm.json") or {}
+    if info.get("status") != "done" or info.get("plan") != plan_key(cfg, arm):
+        return False
+    return arm.model_from is None or weights_id(Path(info.get("model", ""))) == info.get("weights")
 
 
 def plan_key(cfg: AblateConfig, arm: Arm) -> str:
@@ -718,8 +736,7 @@ def _finetune_one(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path
     out = d / "finetune" / task / f"seed{seed}"
     fcfg = finetune_config(cfg, arm, task, seed, model, out, init)
     ident = {k: v for k, v in to_dict(fcfg).items() if k not in ("out", "progress", "threads")}
-    weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model.glob("*.safetensors"))
-    key = _key({"config": ident, "model": str(model), "weights": weights})
+    key = _key({"config": ident, "model": str(model), "weights": weights_id(model)})
     result = _read_json(out / "metrics.json")
     if not (result and (_read_json(out / "ablate_key.json") or {}).get("key") == key):
         log.info("ablate: arm %s: fine-tuning %s, seed %d", arm.name, task, seed)
@@ -870,8 +887,7 @@ def _run_arms(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
         progressed = False
         for arm in list(pending):
             d = Path(cfg.out) / "arms" / arm.name
-            info = _read_json(d / "arm.json") or {}
-            if info.get("status") == "done" and info.get("plan") == plan_key(cfg, arm):
+            if finished(cfg, arm):
                 log.info("ablate: arm %s finished before; skipped", arm.name)
                 skipped.append(arm.name)
             elif arm.model_from and _claimed(Path(cfg.out) / "arms" / arm.model_from):

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .ablate import AblateConfig, _read_json, _write_rows, describe, plan_key
+from .ablate import AblateConfig, _read_json, _write_rows, describe, finished
 
 log = logging.getLogger("bertkit")
 
@@ -90,9 +90,9 @@ def collect(cfg: AblateConfig) -> tuple[list[dict], list[dict]]:
         d = Path(cfg.out) / "arms" / arm.name
         st = _read_json(d / "arm.json") or {"name": arm.name, "status": "not run"}
         st["setting"] = describe(arm)
-        if st.get("status") == "done" and st.get("plan") != plan_key(cfg, arm):
+        if st.get("status") == "done" and not finished(cfg, arm):
             st["status"] = "stale"
-            st["error"] = "finished with other settings; rerun the grid to redo it"
+            st["error"] = "finished with other settings (or on a model since trained again); rerun the grid to redo it"
         states.append(st)
         if st["status"] == "done" and (d / "results.jsonl").is_file():
             rows += [json.loads(x) for x in (d / "results.jsonl").read_text(encoding="utf-8").splitlines() if x]

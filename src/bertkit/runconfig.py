@@ -133,7 +133,8 @@ class TrainSection:
     parameters; no NSP). None = clm when model.causal is true, else mlm."""
     seed: int = 0
     precision: str = "auto"
-    """'auto' (bf16 autocast on CUDA with bf16 support, else fp32), 'fp32', 'bf16' or 'fp16' (with a scaler)."""
+    """'auto' (bf16 autocast on a GPU with bf16, and on a CPU where a bf16 GEMM is measured faster than
+    fp32: AMX, AVX512-BF16; else fp32), 'fp32', 'bf16' or 'fp16' (GPU, with a scaler). Weights stay fp32."""
     packed: str = "auto"
     """Padding-free encoder path (real tokens only, `fast.pack`): 'auto' (= true: faster on CPU
     too, measured by benchmarks/pretrain_vs_hf.py; on GPU it uses varlen flash attention), 'true', 'false'."""
@@ -144,6 +145,9 @@ class TrainSection:
     log_every: int = 10
     eval_every: int = 200
     """Evaluate on the held-out slice every N updates (0 = only at the end)."""
+    eval_minutes: float = 0.0
+    """Also evaluate every this many minutes of training (0 = off); evaluation time is not counted
+    as training time (train.budget and the run card's wall time exclude it)."""
     checkpoint_every: int = 500
     """Save a checkpoint every N updates (0 = off); one is always saved at the end."""
     checkpoint_minutes: float = 0.0
