@@ -192,3 +192,29 @@ def test_probe_exports_to_onnx(minilm, sst_dir, tmp_path):
     got = [r["logits"] for r in Predictor.from_dir(out, backend="onnx").classify(texts, raw=True)]
     want = [r["logits"] for r in Predictor.from_dir(out, dtype="float32").classify(texts, raw=True)]
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_causal_model_probes_read_the_last_token(tiny_model):
+    """Under a causal mask [CLS] sees only itself: sentence probes default to the last real token
+    (padded and packed agree) and refuse [CLS]."""
+    from bertkit.fast import pack
+
+    encoder = load_model(tiny_model, head="encoder")
+    encoder.config.causal = True
+    for block in encoder.blocks:
+        block.attn.causal = True
+    with pytest.raises(BertkitError, match="sees only itself"):
+        ProbeModel(encoder, "sequence_classification", 2, "last", pooling="cls")
+    probe = ProbeModel(encoder, "sequence_classification", 2, "concat_last_2").eval()
+    assert probe.pooling == "last" and probe.record()["pooling"] == "last"
+    tok = Tokenizer.from_dir(tiny_model)
+    batch = tok(["the movie was good", "a bad plot and it is very poor"])
+    with torch.no_grad():
+        padded, _ = probe(**batch)
+        flat, layout = pack(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        packed, _ = probe(flat["input_ids"], flat["token_type_ids"], packed=layout, position_ids=flat["position_ids"])
+        states = encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], all_layers=True)
+        last = batch["attention_mask"].sum(-1) - 1
+        x = torch.cat([states[i][torch.arange(2), last] for i in (1, 2)], -1)
+        torch.testing.assert_close(padded, x @ probe.classifier.weight.T + probe.classifier.bias)
+        torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-4)

@@ -105,8 +105,9 @@ class FinetuneConfig:
     the paper's best, Table 7), sum_all, or pooler (sentence tasks, pre-trained pooler only);
     concat_last_N / sum_last_N for other depths (`bertkit.probe`)."""
     probe_pooling: str | None = None
-    """With freeze, sentence tasks: read the features at [CLS] ('cls', the default) or averaged
-    over the tokens ('mean', the default for embeddings, whose [CLS] vector is constant)."""
+    """With freeze, sentence tasks: read the features at [CLS] ('cls', the default), at the last
+    real token ('last', the default on a causal model) or averaged over the tokens ('mean', the
+    default for embeddings, whose [CLS] vector is constant)."""
     probe_layers: int | None = None
     """Older spelling: with freeze, concatenate the last K layers (= probe_features concat_last_K)."""
     packed: bool = True

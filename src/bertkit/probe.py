@@ -14,9 +14,10 @@ or the [CLS] token (sentence tasks):
                       pre-trained (NSP); an MLM-only checkpoint's pooler is random, so it is refused
 
 `concat_last_N` / `sum_last_N` name other depths. Sentence tasks read the chosen states at the
-[CLS] token (`pooling="cls"`, the paper's sentence-level output; the default) or averaged over
-the input's tokens (`pooling="mean"`; the [CLS] state of a model pre-trained without NSP has no
-sentence-level objective behind it; the default for `embeddings`, whose [CLS] vector is constant). The encoder never trains: no gradients, and it
+[CLS] token (`pooling="cls"`, the paper's sentence-level output; the default), at the last real
+token (`"last"`: the default for a causal model, whose [CLS] sees only itself) or averaged over the
+input's tokens (`"mean"`; the [CLS] state of a model pre-trained without NSP has no sentence-level
+objective behind it; the default for `embeddings`, whose [CLS] vector is constant). The encoder never trains: no gradients, and it
 stays in eval mode (no dropout) while the head trains. A probe checkpoint is the encoder's weights
 unchanged plus `classifier.weight` / `classifier.bias` (and `classifier.layer_weights` for the
 weighted sums), with `bertkit_probe` in config.json; `bertkit.load_model` rebuilds it. transformers
@@ -33,9 +34,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import BertkitError
-from .model import BertModel, classification_loss
+from .model import BertModel, classification_loss, summary_token
 
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "last", "mean")
 FEATURES = ("embeddings", "second_to_last", "last", "sum_last_four", "concat_last_four", "sum_all", "pooler")
 DEFAULT_FEATURES = "concat_last_four"
 _LAST_N = re.compile(r"^(concat|sum)_last_(\d+|four)$")
@@ -102,7 +103,7 @@ class ProbeModel(nn.Module):
         self.problem = (problem or ("regression" if num_labels == 1 else "single_label")
                         if head == "sequence_classification" else "single_label")
         self.combine, self.layers = probe_layers(features, cfg.num_layers)
-        self.pooling = check_pooling(head, features, pooling)
+        self.pooling = check_pooling(head, features, pooling, cfg.causal)
         if self.combine == "pooler":
             if head != "sequence_classification":
                 raise BertkitError("probe features 'pooler' are for sentence tasks; tagging reads token states")
@@ -139,7 +140,7 @@ class ProbeModel(nn.Module):
         """The head on the encoder's L+1 states (`BertModel(..., all_layers=True)`)."""
         with torch.no_grad():
             if self.combine == "pooler":
-                chosen = [self.bert.pool(states[-1], packed)]                  # (B, C)
+                chosen = [self.bert.pool(states[-1], packed, attention_mask)]  # (B, C)
             else:
                 chosen = [states[i] for i in self.layers]                      # (..., C) each
                 if self.head == "sequence_classification":                     # one vector per input: (B, C)
@@ -147,27 +148,31 @@ class ProbeModel(nn.Module):
         return self.classifier(chosen)
 
 
-def check_pooling(head: str, features: str, pooling: str | None) -> str | None:
-    """A sentence probe's pooling: 'cls' by default, 'mean' for the embeddings (the [CLS] token's
-    embedding is the same vector for every input); None for tagging and the pooler."""
+def check_pooling(head: str, features: str, pooling: str | None, causal: bool = False) -> str | None:
+    """A sentence probe's pooling: 'cls' by default, 'last' on a causal model, 'mean' for the
+    embeddings (the [CLS] token's embedding is the same vector for every input); None for tagging
+    and the pooler."""
     if head != "sequence_classification" or features == "pooler":
         if pooling is not None:
             raise BertkitError(f"probe pooling {pooling!r} applies to sentence tasks over token states, not to "
                                f"{'the pooler' if features == 'pooler' else 'tagging'}")
         return None
-    pooling = pooling or ("mean" if features == "embeddings" else "cls")
+    pooling = pooling or ("mean" if features == "embeddings" else "last" if causal else "cls")
     if pooling not in POOLINGS:
-        raise BertkitError(f"probe pooling {pooling!r}: choose cls or mean")
-    if pooling == "cls" and features == "embeddings":
-        raise BertkitError("probe features 'embeddings' at [CLS] are the same vector for every input; "
-                           "use probe pooling mean")
+        raise BertkitError(f"probe pooling {pooling!r}: choose cls, last or mean")
+    if pooling in ("cls", "last") and features == "embeddings":
+        raise BertkitError(f"probe features 'embeddings' at one token are the same vector for every input "
+                           f"at that position; use probe pooling mean")
+    if pooling == "cls" and causal:
+        raise BertkitError("probe pooling cls on a causal model: its [CLS] sees only itself; use last or mean")
     return pooling
 
 
 def pool(h: Tensor, how: str, packed=None, attention_mask: Tensor | None = None) -> Tensor:
-    """(B, T, C) or packed (N, C) states -> (B, C): the [CLS] state or the mean over real tokens."""
-    if how == "cls":
-        return h[packed.cu_seqlens[:-1].long()] if packed is not None else h[:, 0]
+    """(B, T, C) or packed (N, C) states -> (B, C): the [CLS] state, the last real token's, or
+    the mean over real tokens."""
+    if how in ("cls", "last"):
+        return summary_token(h, how == "last", packed, attention_mask)
     if packed is not None:
         lengths = (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).long()
         seq = torch.repeat_interleave(torch.arange(len(lengths), device=h.device), lengths)   # (N,)

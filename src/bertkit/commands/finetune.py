@@ -113,9 +113,9 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-features", dest="probe_features",
                    help="with --freeze (the paper's Table 7): embeddings, second_to_last, last, sum_last_four, "
                         "concat_last_four (default), sum_all, or pooler (sentence tasks; pre-trained pooler only)")
-    p.add_argument("--probe-pooling", dest="probe_pooling", choices=("cls", "mean"),
-                   help="with --freeze, sentence tasks: features at [CLS] (default; embeddings: mean) or averaged "
-                        "over the tokens")
+    p.add_argument("--probe-pooling", dest="probe_pooling", choices=("cls", "last", "mean"),
+                   help="with --freeze, sentence tasks: features at [CLS] (default), at the last token (default on "
+                        "a causal model) or averaged over the tokens (default for embeddings)")
     p.add_argument("--probe-layers", dest="probe_layers", type=int,
                    help="with --freeze: concatenate the last K layers (older spelling of concat_last_K)")
     p.add_argument("--no-packed", dest="packed", action="store_const", const=False,
