@@ -2,21 +2,39 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import yaml
 
 from bertkit.cli import main
+from bertkit.commands.pretrain import CLOZE, QUICKSTART_RECIPE
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_quickstart_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "qs"
-    assert main(["quickstart", "--out", str(out), "--minutes", "0.1", "--vocab-size", "2000"]) == 0
+    assert main(["quickstart", "--out", str(out), "--minutes", "0.1"]) == 0
     text = capsys.readouterr().out
-    assert "held-out MLM accuracy:" in text and "fill-mask (top 3):" in text
+    assert "held-out MLM accuracy" in text and f"cloze prompts: " in text and f"of {len(CLOZE)} answered" in text
+    assert text.count("held-out MLM accuracy") == 1                        # one summary
+    next_line = next(line for line in text.splitlines() if line.startswith("next:"))
+    assert "..." not in next_line and "[MASK]" in next_line                # a command that can be pasted
     card = json.loads((out / "run" / "run_card.json").read_text())
     assert card["stop_reason"] == "budget" and card["updates"] >= 1
     assert card["config"]["data"]["eval_path"].endswith("heldout")
+    assert card["config"]["model"]["norm_position"] == QUICKSTART_RECIPE["model.norm_position"]
     evals = [json.loads(x) for x in (out / "run" / "eval.jsonl").read_text().splitlines()]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == card["updates"]
     assert evals[-1]["eval_mlm_loss"] < evals[0]["eval_mlm_loss"]            # it learned something
     for f in ("tokenizer/vocab.txt", "data/train/meta.json", "data/heldout/meta.json", "run/curves.png",
               "run/run_card.md", "run/final/model.safetensors", "run/final/vocab.txt"):
         assert (out / f).exists(), f
+
+
+def test_quickstart_runs_the_documented_cpu_recipe():
+    """configs/pretrain/cpu-5m.yaml is the quickstart's recipe, value for value."""
+    cfg = yaml.safe_load((REPO / "configs" / "pretrain" / "cpu-5m.yaml").read_text())
+    for key, value in QUICKSTART_RECIPE.items():
+        section, name = key.split(".")
+        assert cfg[section][name] == value, key

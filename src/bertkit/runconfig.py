@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -214,7 +215,10 @@ class PretrainConfig:
         if not 0 <= self.train.long_fraction < 1:
             raise RunConfigError(f"train.long_fraction must be in [0, 1), got {self.train.long_fraction}")
         if self.train.budget is not None:
-            parse_duration(self.train.budget, "train.budget")
+            seconds = parse_duration(self.train.budget, "train.budget")
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise RunConfigError(f"train.budget must be a positive duration, got {self.train.budget!r}")
+        _check_values(self)
         self.data.check()
         causal, objective = self.model.causal, self.train.objective
         if objective is None:
@@ -227,6 +231,56 @@ class PretrainConfig:
         if objective == "mlm" and causal:
             raise RunConfigError("model.causal=true with train.objective=mlm: a left-to-right model is trained on "
                                  "next tokens; set train.objective=clm (the paper's LTR baseline)")
+
+
+# (section.key, rule) for every number whose range matters; a NaN fails every rule
+_RANGES = {
+    "model.num_layers": "opt>=1", "model.hidden_size": "opt>=1", "model.num_heads": "opt>=1",
+    "model.intermediate_size": "opt>=1", "model.max_position_embeddings": ">=1",
+    "model.hidden_dropout": "prob", "model.attention_dropout": "prob",
+    "train.max_bad_steps": ">=1", "train.long_batch_size": "opt>=1", "train.eval_every": ">=0",
+    "train.checkpoint_every": ">=0", "train.num_threads": "threads", "train.seed": "seed",
+    "train.clip_norm": ">=0", "train.eval_minutes": ">=0", "train.checkpoint_minutes": ">=0",
+    "optim.lr": ">0", "optim.weight_decay": ">=0", "optim.eps": "opt>0", "optim.warmup": ">=0",
+    "optim.end_lr": ">=0", "optim.decay_fraction": "unit",
+}
+_RULES = {">=1": ("at least 1", lambda v: v >= 1), ">=0": ("a finite number >= 0", lambda v: 0 <= v < math.inf),
+          ">0": ("a finite number > 0", lambda v: 0 < v < math.inf),
+          "prob": ("a probability in [0, 1)", lambda v: 0 <= v < 1), "unit": ("in [0, 1]", lambda v: 0 <= v <= 1),
+          "threads": ("0 (torch's default) or a number of threads", lambda v: 0 <= v <= 4096),
+          "seed": ("an integer in [0, 2**32 - 1]", lambda v: 0 <= v < 2 ** 32)}
+
+
+def _check_values(cfg: "PretrainConfig") -> None:
+    """Ranges of the model, train and optim numbers (data: DataSection.check), named in the error."""
+    from .config import ACTIVATIONS, PRESETS
+
+    for key, rule in _RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name, None)
+        if value is None and (rule.startswith("opt") or not hasattr(getattr(cfg, section), name)):
+            continue
+        what, ok = _RULES[rule.removeprefix("opt")]
+        if not ok(value):
+            raise RunConfigError(f"{key} must be {what}, got {value!r}")
+    m, o = cfg.model, cfg.optim
+    if m.preset not in PRESETS:
+        close = difflib.get_close_matches(m.preset, PRESETS, n=1)
+        raise RunConfigError(f"model.preset: {m.preset!r} is not one of {', '.join(PRESETS)}"
+                             + (f" (did you mean {close[0]!r}?)" if close else ""))
+    if m.hidden_act not in ACTIVATIONS:
+        raise RunConfigError(f"model.hidden_act: {m.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
+    hidden = m.hidden_size or PRESETS[m.preset]["hidden_size"]
+    heads = m.num_heads or PRESETS[m.preset]["num_heads"]
+    if hidden % heads:
+        raise RunConfigError(f"model.hidden_size ({hidden}) must be divisible by model.num_heads ({heads})")
+    if not all(0 <= b < 1 for b in o.betas):
+        raise RunConfigError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
+    if o.end_lr > o.lr:
+        raise RunConfigError(f"optim.end_lr ({o.end_lr}) must not exceed optim.lr ({o.lr})")
+    if o.warmup >= 1 and cfg.train.budget is None and o.warmup > cfg.train.max_steps:
+        raise RunConfigError(f"optim.warmup is {o.warmup:g} updates, longer than the run (train.max_steps "
+                             f"{cfg.train.max_steps}); give a fraction (< 1) or fewer updates")
 
 
 # ---- loading, overriding, saving ---------------------------------------------------------------
@@ -252,6 +306,12 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
             raise RunConfigError(f"{path}: no such config file") from None
+        except IsADirectoryError:
+            raise RunConfigError(f"{path}: is a directory, not a config file") from None
+        except UnicodeDecodeError as e:
+            raise RunConfigError(f"{path}: not valid UTF-8 text (byte {e.start})") from None
+        except RecursionError:
+            raise RunConfigError(f"{path}: not valid YAML (nested too deeply)") from None
         except yaml.YAMLError as e:
             raise RunConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(data, dict):

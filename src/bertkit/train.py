@@ -39,7 +39,7 @@ from .fast import pack
 from .model import init_weights, num_parameters
 from .optim import build_optimizer, lr_at
 from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config, to_dict
-from .runlog import (MetricsLog, Window, bar_update, cpu_has_fast_bf16, gemm_peak, hardware, plot_curves, progress_bar,
+from .runlog import (MetricsLog, Window, bar_update, gemm_peak, hardware, plot_curves, progress_bar,
                      read_jsonl, step_flops, tensorboard_writer, write_run_card)
 from .runstate import export_model, find_checkpoint, load_checkpoint, save_checkpoint
 
@@ -136,8 +136,9 @@ def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
                             board.add_scalar(f"train/{k}", v, st.step)
             if tc.log_every and st.step % tc.log_every == 0:
                 window = Window()
-            if tc.eval_every and st.step % tc.eval_every == 0:
-                _eval_and_log(run, evals, board, bar)
+            if (tc.eval_every and st.step % tc.eval_every == 0) or \
+                    (tc.eval_minutes and st.elapsed - run.get("last_eval_elapsed", 0.0) >= 60 * tc.eval_minutes):
+                start += _timed_eval(run, evals, board, bar)      # evaluation time is not training time
             due = (tc.checkpoint_every and st.step % tc.checkpoint_every == 0) or \
                 D.all_ranks_agree(bool(tc.checkpoint_minutes) and time.perf_counter() - last_ckpt
                                   >= 60 * tc.checkpoint_minutes, world)
@@ -154,8 +155,8 @@ def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
         metrics.write(window.record(st, run))
     if run.get("saved_step") != st.step:
         save_checkpoint(run, world)
-    final_eval = _eval_and_log(run, evals, board, None) if not (tc.eval_every and st.step % tc.eval_every == 0) \
-        else run.get("last_eval")
+    last = run.get("last_eval")
+    final_eval = last if last is not None and last.get("step") == st.step else _eval_and_log(run, evals, board, None)
     card = finish(run, world, stop_reason, final_eval, command)
     if board is not None:
         board.close()
@@ -171,7 +172,6 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
     budget = parse_duration(tc.budget, "train.budget") if tc.budget else 0.0
     if budget and cfg.optim.warmup >= 1:
         raise RunConfigError("with train.budget, optim.warmup must be a fraction of the time (< 1)")
-    precision = _precision(tc.precision, world.device)
     packed = str(tc.packed).lower() != "false"          # 'auto' = packed: faster on CPU and GPU (see runconfig)
     phases, tokenizer = _phases(cfg, world)
     ckpt = find_checkpoint(out / "checkpoints") if cfg.resume else None
@@ -182,13 +182,15 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
         save_config(cfg, out / "config.yaml")
         tokenizer.save(out / "tokenizer")
     model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)
+    precision, precision_reason = _precision(tc.precision, world.device, model.config)
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
     optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
                                 cfg.optim.betas, cfg.optim.eps)
     scaler = torch.amp.GradScaler("cuda") if precision == torch.float16 else None
     state = State()
     run = dict(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,
-               state=state, phases=phases, tokenizer=tokenizer, precision=precision, packed=packed,
+               state=state, phases=phases, tokenizer=tokenizer, precision=precision,
+               precision_reason=precision_reason, packed=packed,
                budget=budget, resumed=ckpt is not None, eval=_eval_batches(cfg, phases[0], world),
                pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"))
     if ckpt is not None:
@@ -203,15 +205,24 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
     return run
 
 
-def _precision(name: str, device: torch.device) -> torch.dtype:
+def _precision(name: str, device: torch.device, model_cfg) -> tuple[torch.dtype, str]:
+    """The autocast dtype and why. 'auto': bf16 on a GPU that has it; on a CPU, bf16 where a bf16
+    GEMM of the model's FFN shape is measured faster than fp32 (AMX, AVX512-BF16; `hardware`),
+    fp32 elsewhere (an AVX2-only CPU emulates bf16 10-40x slower). Weights stay fp32 either way."""
+    from .hardware import bf16_fast, capabilities
+
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+        if device.type == "cuda":
+            bf16 = torch.cuda.is_bf16_supported()
+            return (torch.bfloat16 if bf16 else torch.float32), f"auto: {'bf16' if bf16 else 'no bf16'} on this GPU"
+        caps = capabilities(model_cfg.hidden_size, model_cfg.intermediate_size)
+        return (torch.bfloat16 if caps.bf16_fast else torch.float32), f"auto: {caps.reason}"
     if name == "fp16" and device.type != "cuda":
         raise RunConfigError("train.precision=fp16 needs a GPU; use fp32 (or bf16) on CPU")
-    if name == "bf16" and device.type == "cpu" and not cpu_has_fast_bf16():
-        log.warning("train.precision=bf16 on a CPU without AMX or AVX512-BF16: bf16 matmuls are emulated "
-                    "and training is ~10x slower than fp32 here")
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    if name == "bf16" and device.type == "cpu" and not bf16_fast(model_cfg.hidden_size, model_cfg.intermediate_size):
+        log.warning("train.precision=bf16 on a CPU where bf16 matrix multiplies are slower than fp32 (%s)",
+                    capabilities(model_cfg.hidden_size, model_cfg.intermediate_size).reason)
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name], f"asked: train.precision={name}"
 
 
 def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
@@ -552,8 +563,18 @@ def evaluate(run: dict) -> dict | None:
     return rec
 
 
+def _timed_eval(run, evals, board, bar) -> float:
+    """Evaluate and log; returns the seconds it took (the loop takes them off its training clock)."""
+    t = time.perf_counter()
+    _eval_and_log(run, evals, board, bar)
+    run["last_eval_elapsed"] = run["state"].elapsed
+    return time.perf_counter() - t
+
+
 def _eval_and_log(run, evals, board, bar) -> dict | None:
     rec = evaluate(run)
+    if rec is not None:      # where on the training clock the point lies: curves against time or tokens
+        rec.update(elapsed_s=round(run["state"].elapsed, 3), tokens=run["state"].tokens)
     run["last_eval"] = rec
     if rec and run["world"].main:
         evals.write(rec)
@@ -642,7 +663,8 @@ def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None,
         "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,
         "updates": st.step, "tokens_seen": st.tokens, "skipped_updates": st.skipped,
         "optimizer": cfg.optim.name, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
-        "precision": str(run["precision"]).replace("torch.", ""), "packed": run["packed"],
+        "precision": str(run["precision"]).replace("torch.", ""), "precision_reason": run["precision_reason"],
+        "packed": run["packed"],
         "world_size": world.world_size, "wall_time_s": round(st.elapsed, 1),
         "tokens_per_s": st.tokens / max(st.elapsed, 1e-9), "train_flops": st.flops,
         "achieved_flops_per_s": achieved, "gemm_peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,

@@ -101,31 +101,50 @@ def run_pretrain(args) -> int:
 
 
 def setup_quickstart(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("The whole pipeline in about five minutes on the bundled corpus (US inaugural addresses, "
+                          "public domain): train a WordPiece vocabulary, prepare data, pre-train a small BERT with "
+                          "the CPU recipe (configs/pretrain/cpu-5m.yaml), then score it on held-out addresses and "
+                          "on cloze prompts.")
     parser.add_argument("--out", default="runs/quickstart", help="run folder (default: runs/quickstart)")
-    parser.add_argument("--minutes", type=float, default=3.0,
-                        help="pre-training time budget in minutes (default 3)")
-    parser.add_argument("--vocab-size", type=int, default=8000, help="WordPiece vocabulary to train (default 8000)")
-    parser.add_argument("--preset", default="tiny", help="model size (default tiny: 2 layers, hidden 128)")
+    parser.add_argument("--minutes", type=float, default=5.0,
+                        help="total time budget in minutes, tokenizer and data included (default 5)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
     parser.set_defaults(run=run_quickstart)
 
 
-FILL_MASK_EXAMPLES = [
-    "we the people of the united [MASK] .",
-    "the [MASK] of the nation is in the hands of the people .",
-    "i do solemnly swear that i will faithfully execute the office of [MASK] of the united states .",
-    "our [MASK] is a government of the people , by the people , for the people .",
+# The CPU recipe that `quickstart` runs; configs/pretrain/cpu-5m.yaml holds the same values (a test
+# keeps the two equal). Each value was chosen by measurement: docs/pretrain.md, "the CPU recipe".
+QUICKSTART_VOCAB = 4000
+QUICKSTART_SEQ = 128
+QUICKSTART_RECIPE = {
+    "model.preset": "tiny", "model.norm_position": "pre", "model.hidden_dropout": 0.0,
+    "model.attention_dropout": 0.0, "train.nsp": False, "train.batch_size": 16, "train.precision": "auto",
+    "optim.lr": 3e-3, "optim.warmup": 0.02, "optim.schedule": "wsd", "optim.decay_fraction": 0.3,
+}
+
+# Cloze prompts a model of the inaugural addresses should answer, with the words that count as right.
+CLOZE = [
+    ("the united [MASK] of america .", {"states"}),
+    ("we the [MASK] of the united states .", {"people"}),
+    ("my fellow [MASK] , thank you .", {"citizens", "americans", "countrymen"}),
+    ("i will preserve , protect and [MASK] the constitution of the united states .", {"defend"}),
+    ("the president of the united [MASK] .", {"states"}),
+    ("life , liberty and the pursuit of [MASK] .", {"happiness"}),
+    ("the federal [MASK] has no power to do this .", {"government"}),
+    ("may god [MASK] america .", {"bless"}),
 ]
 
 
 def run_quickstart(args) -> int:
-    quickstart(args.out, minutes=args.minutes, vocab_size=args.vocab_size, preset=args.preset, seed=args.seed)
+    quickstart(args.out, minutes=args.minutes, seed=args.seed, threads=args.threads)
     return 0
 
 
-def quickstart(out: str, minutes: float = 3.0, vocab_size: int = 8000, preset: str = "tiny", seed: int = 0) -> dict:
-    """The whole pipeline on the bundled corpus (US inaugural addresses, public domain): train a
-    WordPiece vocabulary, prepare NSP pairs, pre-train a small BERT for `minutes`, report."""
+def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0) -> dict:
+    """The whole pipeline on the bundled corpus: train a WordPiece vocabulary, prepare
+    full-sentence sequences, pre-train with the CPU recipe for what is left of `minutes`, then
+    report held-out MLM accuracy and the cloze prompts. Returns the run card plus `cloze`."""
     import gzip
     import time
     from importlib import resources
@@ -143,42 +162,62 @@ def quickstart(out: str, minutes: float = 3.0, vocab_size: int = 8000, preset: s
     (root / "text").mkdir(parents=True, exist_ok=True)
     text = gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()).decode("utf-8")
     docs = [d for d in text.split("\n\n") if d.strip()]
-    # the last 5 addresses are held out: the "before / after" accuracy is on documents never trained on
+    # the last 5 addresses are held out: accuracy is measured on documents never trained on
     (root / "text" / "train.txt").write_text("\n\n".join(docs[:-5]) + "\n", encoding="utf-8")
     (root / "text" / "heldout.txt").write_text("\n\n".join(docs[-5:]) + "\n", encoding="utf-8")
-    print(f"1/4 corpus: {len(docs)} inaugural addresses (1789-2005), {len(text) / 1e6:.2f} MB; "
-          f"5 held out -> {root / 'text'}", flush=True)
-    tok = Tokenizer.train([str(root / "text" / "train.txt")], vocab_size=vocab_size, lowercase=True)
+    print(f"1/4 corpus: {len(docs)} inaugural addresses (1789-2005), {len(text) / 1e6:.2f} MB; the last 5 "
+          f"(1989-2005) held out", flush=True)
+    tok = Tokenizer.train([str(root / "text" / "train.txt")], vocab_size=QUICKSTART_VOCAB, lowercase=True)
     tok.save(root / "tokenizer")
-    print(f"2/4 WordPiece vocabulary: {tok.vocab_size} tokens -> {root / 'tokenizer'}", flush=True)
-    pcfg = PrepareConfig(max_seq_length=128, seed=seed, eval_fraction=0.0)     # the held-out text is its own file
+    print(f"2/4 WordPiece vocabulary: {tok.vocab_size:,} tokens", flush=True)
+    pcfg = PrepareConfig(max_seq_length=QUICKSTART_SEQ, nsp=False, seed=seed, eval_documents=0)
     meta = prepare([str(root / "text" / "train.txt")], tok, root / "data" / "train", pcfg, progress=False,
                    overwrite=True)
     prepare([str(root / "text" / "heldout.txt")], tok, root / "data" / "heldout", pcfg, progress=False, overwrite=True)
-    print(f"3/4 prepared {meta['counts']['instances']} NSP pairs of up to 128 tokens -> {root / 'data'}", flush=True)
-    spent = time.time() - t0
-    overrides = {"out": str(root / "run"), "data.path": str(root / "data" / "train"),
+    print(f"3/4 prepared {meta['counts']['instances']:,} sequences of up to {QUICKSTART_SEQ} tokens", flush=True)
+    budget = max(minutes * 60 - (time.time() - t0) - 15, 10)     # 15 s kept for the final evaluation and report
+    overrides = {**QUICKSTART_RECIPE, "out": str(root / "run"), "data.path": str(root / "data" / "train"),
                  "data.eval_path": str(root / "data" / "heldout"), "data.eval_instances": 256,
-                 "model.preset": preset, "train.budget": f"{max(minutes * 60 - spent, 5):.0f}s",
-                 "train.max_steps": 1000000, "train.batch_size": 32, "train.eval_every": 100,
-                 "train.log_every": 10, "train.checkpoint_every": 0, "train.seed": seed,
-                 "optim.lr": 2e-3, "optim.warmup": 0.05}
+                 "train.budget": f"{budget:.0f}s", "train.max_steps": 10_000_000, "train.eval_every": 0,
+                 "train.eval_minutes": round(budget / 60 / 12, 4), "train.log_every": 20,
+                 "train.checkpoint_every": 0, "train.seed": seed, "train.num_threads": threads}
     cfg = load_config(PretrainConfig, None, [f"--{k}={v}" for k, v in overrides.items()])
-    print(f"4/4 pre-training BERT-{preset} (MLM + NSP) for {cfg.train.budget} on {cfg.train.num_threads or 'all'} "
-          f"CPU threads ...", flush=True)
-    card = pretrain(cfg, command=f"bertkit quickstart --out {out} --minutes {minutes}")
+    print(f"4/4 pre-training BERT-{cfg.model.preset} (MLM only, pre-LN) for "
+          f"{budget / 60:.1f} minutes ...", flush=True)
+    card = pretrain(cfg, command=f"bertkit quickstart --out {out} --minutes {minutes:g}")
     evals = read_jsonl(root / "run" / "eval.jsonl")
     before, after = evals[0], evals[-1]
-    print(f"\nheld-out MLM accuracy: {before['eval_mlm_accuracy']:.3f} before -> {after['eval_mlm_accuracy']:.3f} "
-          f"after {card['updates']} updates ({card['tokens_seen']:,} tokens, {card['wall_time_s']:.0f} s); "
-          f"perplexity {before['eval_perplexity']:.0f} -> {after['eval_perplexity']:.0f}; NSP accuracy "
-          f"{after['eval_nsp_accuracy']:.3f}")
     predictor = Predictor.from_dir(root / "run" / "final")
-    print("\nfill-mask (top 3):")
-    for text_, preds in zip(FILL_MASK_EXAMPLES, predictor.fill_mask(FILL_MASK_EXAMPLES, top_k=3)):
-        guesses = ", ".join(f"{p['token']} ({p['score']:.2f})" for p in preds[0])
-        print(f"  {text_}\n      -> {guesses}")
-    print(f"\nrun card: {root / 'run' / 'run_card.md'}\ncurves:   {root / 'run' / 'curves.png'}\n"
-          f"model:    {root / 'run' / 'final'} (Hugging Face format; try: bertkit fill-mask --model "
-          f"{root / 'run' / 'final'} ...)\ntotal {time.time() - t0:.0f} s")
+    answers = predictor.fill_mask([c[0] for c in CLOZE], top_k=3)
+    cloze, hits = [], 0
+    for (prompt, expected), preds in zip(CLOZE, answers):
+        top = [p["token"] for p in preds[0]]
+        ok = bool(expected & set(top))
+        hits += ok
+        cloze.append({"prompt": prompt, "expected": sorted(expected), "top3": top, "hit": ok})
+    card["cloze"] = {"hits": hits, "prompts": len(CLOZE), "answers": cloze}
+    final = root / "run" / "final"
+    lines = [
+        "",
+        f"held-out MLM accuracy {before['eval_mlm_accuracy']:.3f} -> {after['eval_mlm_accuracy']:.3f} "
+        f"(perplexity {before['eval_perplexity']:,.0f} -> {after['eval_perplexity']:,.0f}) after {card['updates']:,} "
+        f"updates, {card['tokens_seen'] / 1e6:.1f} M tokens, {card['wall_time_s'] / 60:.1f} min of training "
+        f"({card['precision']})",
+        f"cloze prompts: {hits} of {len(CLOZE)} answered with the expected word in the top 3",
+    ]
+    for c in cloze:
+        lines.append(f"  {'+' if c['hit'] else '-'} {c['prompt']:<76} {', '.join(c['top3'])}")
+    lines += [
+        "",
+        "What to expect: five CPU minutes on 0.7 MB of text teach a 2-layer BERT the frequent words and "
+        "set phrases of this corpus (the cloze prompts above), not general English or facts beyond it; "
+        "held-out accuracy keeps rising with more minutes (--minutes 30) and more text (docs/pretrain.md).",
+        "",
+        f"run card:  {root / 'run' / 'run_card.md'}",
+        f"curves:    {root / 'run' / 'curves.png'}",
+        f"next:      bertkit fill-mask --model {final} \"the united [MASK] of america .\"",
+        f"           bertkit finetune configs/finetune/sst2.yaml --model {final} --out runs/sst2",
+        f"total {time.time() - t0:.0f} s",
+    ]
+    print("\n".join(lines), flush=True)
     return card
