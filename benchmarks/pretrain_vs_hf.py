@@ -2,7 +2,9 @@
 
 Same architecture (BERT-mini 4L/256H and BERT-small 4L/512H, vocab 30,522), same weights, the same
 real batches (32 x 128 NSP pairs from the bundled inaugural corpus, bert-base-uncased vocabulary,
-dynamic masking), the same optimizer (torch AdamW). One training step = forward + backward +
+dynamic masking), the same optimizer (torch AdamW), the same precision: by default bf16 autocast on
+both sides where this machine runs bf16 GEMMs faster than fp32 (AMX, AVX512-BF16; measured by
+`bertkit.hardware`), fp32 on both elsewhere (`--precision` forces one). One training step = forward + backward +
 optimizer update. Variants are interleaved, each repetition times `--steps` steps; the figure is
 the median over repetitions. MFU = executed FLOPs/s / best fp32 GEMM measured in the same run
 (transformers executes the vocabulary projection on every token, bertkit on the masked ones).
@@ -129,12 +131,19 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per repetition")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16 = autocast (GPU)")
+    ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                    help="autocast for both sides alike; auto = bf16 where this CPU/GPU runs bf16 GEMMs faster "
+                         "(bertkit.hardware, measured), else fp32")
     ap.add_argument("--ragged", action="store_true", help="half of each batch from the shortest instances")
     ap.add_argument("--no-hf", action="store_true", help="bertkit padded vs packed only")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.precision == "auto":
+        from bertkit.hardware import bf16_fast
+
+        fast = torch.cuda.is_bf16_supported() if device.type == "cuda" else bf16_fast(256, 1024)
+        args.precision = "bf16" if fast else "fp32"
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     from bertkit.runlog import gemm_peak, hardware
