@@ -119,8 +119,8 @@ QUICKSTART_VOCAB = 4000
 QUICKSTART_SEQ = 128
 QUICKSTART_RECIPE = {
     "model.preset": "tiny", "model.norm_position": "pre", "model.hidden_dropout": 0.0,
-    "model.attention_dropout": 0.0, "train.nsp": False, "train.batch_size": 16, "train.precision": "auto",
-    "optim.lr": 3e-3, "optim.warmup": 0.02, "optim.schedule": "wsd", "optim.decay_fraction": 0.3,
+    "model.attention_dropout": 0.0, "train.nsp": False, "train.batch_size": 32, "train.precision": "auto",
+    "optim.lr": 2e-3, "optim.warmup": 0.05, "optim.schedule": "linear",
 }
 
 # Cloze prompts a model of the inaugural addresses should answer, with the words that count as right.
