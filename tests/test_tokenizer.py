@@ -251,3 +251,127 @@ def test_word_counts_equal_the_normalizer_and_pre_tokenizer(tmp_path):
         expected = Counter(w for line in corpus.read_text(encoding="utf-8").split("\n") if line.strip()
                            for w, _ in pre.pre_tokenize_str(norm.normalize_str(line)))
         assert count_words([corpus], lowercase) == expected
+
+
+# ---- `tokenizer train` into an existing folder: old or new, never a mix ------------------------------
+_KILLER = """
+import os, signal, sys
+from pathlib import Path
+import bertkit.tokenizer as T
+when, save = os.environ["KILL_WHEN"], T.Tokenizer.save
+def killing_save(self, path):
+    if when == "after-vocab":      # the new vocab.txt is written, tokenizer.json not yet
+        ordered = sorted(self.vocab.items(), key=lambda kv: kv[1])
+        Path(path, "vocab.txt").write_text("".join(t + "\\n" for t, _ in ordered), encoding="utf-8")
+        os.kill(os.getpid(), signal.SIGKILL)
+    save(self, path)
+    if when == "after-save":       # every file written, not yet in place
+        os.kill(os.getpid(), signal.SIGKILL)
+T.Tokenizer.save = killing_save
+from bertkit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _train_cmd(corpus: Path, out: Path, vocab_size: int) -> list[str]:
+    return ["tokenizer", "train", str(corpus), "--vocab-size", str(vocab_size), "--out", str(out)]
+
+
+def _folder(out: Path) -> dict[str, bytes]:
+    """The files of a tokenizer folder, after checking they belong together."""
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(files) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+    vocab = json.loads(files["tokenizer.json"])["model"]["vocab"]
+    assert files["vocab.txt"].decode("utf-8").split("\n")[:-1] == sorted(vocab, key=vocab.get)
+    return files
+
+
+@pytest.fixture(scope="module")
+def two_tokenizers(tmp_path_factory):
+    """A corpus, and the folders `tokenizer train` makes of it at vocab 1500 ('old') and 2500 ('new')."""
+    import gzip
+    from importlib import resources
+
+    from bertkit.cli import main
+
+    root = tmp_path_factory.mktemp("tok_atomic")
+    corpus = root / "corpus.txt"
+    corpus.write_bytes(gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()))
+    for name, size in (("old", 1500), ("new", 2500)):
+        assert main(_train_cmd(corpus, root / name, size)) == 0
+    return corpus, _folder(root / "old"), _folder(root / "new"), root
+
+
+@pytest.mark.parametrize("when", ["after-vocab", "after-save"])
+def test_a_killed_rerun_leaves_the_previous_tokenizer_whole(two_tokenizers, tmp_path, when):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    corpus, old, new, root = two_tokenizers
+    out = tmp_path / "tok"
+    shutil.copytree(root / "old", out)
+    env = {**os.environ, "KILL_WHEN": when, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _KILLER, *_train_cmd(corpus, out, 2500)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert _folder(out) == old                                  # untouched: no new vocab.txt beside old files
+    assert (tmp_path / "tok.incomplete").is_dir()               # the unfinished one, visibly so
+    from bertkit.cli import main
+    assert main(_train_cmd(corpus, out, 2500)) == 0             # a rerun clears it and finishes
+    assert _folder(out) == new
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tok"]
+
+
+def test_kill_9_at_random_moments_never_mixes_two_tokenizers(two_tokenizers, tmp_path):
+    import os
+    import random
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    corpus, old, new, root = two_tokenizers
+    out = tmp_path / "tok"
+    rng = random.Random(0)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def start(i: int) -> subprocess.Popen:
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(root / ("old" if i % 2 else "new"), out)
+        return subprocess.Popen([sys.executable, "-m", "bertkit", *_train_cmd(corpus, out, 2500 if i % 2 else 1500)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    t0 = time.monotonic()
+    assert start(1).wait(timeout=300) == 0                 # how long a whole run takes here
+    full = time.monotonic() - t0
+    assert _folder(out) == new
+    outcomes = []
+    for i in range(8):
+        proc = start(i)
+        before = _folder(out)
+        time.sleep(rng.uniform(0.1, 1.0) * full)           # anywhere in the run, the swap included
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        after = _folder(out)
+        assert after in (old, new)
+        outcomes.append("kept" if after == before else "replaced")
+    assert "kept" in outcomes, outcomes     # the kills did land mid-run (and a finished run is fine too)
+
+
+def test_train_refuses_an_out_that_is_not_a_tokenizer_folder(two_tokenizers, tmp_path, capsys):
+    from bertkit.cli import main
+
+    corpus = two_tokenizers[0]
+    (tmp_path / "a_file").write_text("x")
+    assert main(_train_cmd(corpus, tmp_path / "a_file", 1500)) == 1
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "notes.txt").write_text("mine")
+    assert main(_train_cmd(corpus, tmp_path / "mixed", 1500)) == 1
+    assert (tmp_path / "mixed" / "notes.txt").read_text() == "mine"
+    assert main(_train_cmd(tmp_path / "missing.txt", tmp_path / "fresh", 1500)) == 1
+    err = capsys.readouterr().err
+    assert err.count("bertkit tokenizer: error:") == 3 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "mixed"]   # nothing left behind

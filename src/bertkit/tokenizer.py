@@ -108,33 +108,30 @@ class Tokenizer:
         if (path / "vocab.txt").is_file():
             vocab = read_vocab(path / "vocab.txt")
         if tj.is_file():
-            try:
-                d = json.loads(tj.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise TokenizerError(f"{tj}: not valid JSON ({e})") from None
+            d = _read_json_object(tj)
             model = d.get("model") or {}
+            if not isinstance(model, dict):
+                raise TokenizerError(f"{tj}: \"model\" must be an object, got {type(model).__name__}")
             if vocab is None:
                 if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
                     raise TokenizerError(f"{tj}: not a WordPiece tokenizer")
-                vocab = {str(k): int(v) for k, v in model["vocab"].items()}
+                vocab = _check_vocab_ids(model["vocab"], tj)
             norm = d.get("normalizer") or {}
-            if norm.get("type") == "BertNormalizer":
+            if isinstance(norm, dict) and norm.get("type") == "BertNormalizer":
                 settings = {"lowercase": norm.get("lowercase", True), "strip_accents": norm.get("strip_accents"),
                             "chinese_chars": norm.get("handle_chinese_chars", True)}
+                _check_flags(settings, tj, {"lowercase": "normalizer.lowercase", "strip_accents": "normalizer.strip_accents",
+                                            "chinese_chars": "normalizer.handle_chinese_chars"})
         if vocab is None:
             raise TokenizerError(f"{path}: no vocab.txt or tokenizer.json (not a tokenizer folder)")
         tc = path / "tokenizer_config.json"
         if tc.is_file():
-            try:
-                c = json.loads(tc.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise TokenizerError(f"{tc}: not valid JSON ({e})") from None
-            if "do_lower_case" in c:
-                settings["lowercase"] = bool(c["do_lower_case"])
-            if "strip_accents" in c:
-                settings["strip_accents"] = c["strip_accents"]
-            if "tokenize_chinese_chars" in c:
-                settings["chinese_chars"] = bool(c["tokenize_chinese_chars"])
+            c = _read_json_object(tc)
+            names = {"lowercase": "do_lower_case", "strip_accents": "strip_accents",
+                     "chinese_chars": "tokenize_chinese_chars"}
+            given = {ours: c[theirs] for ours, theirs in names.items() if theirs in c}
+            _check_flags(given, tc, names)
+            settings.update(given)
         return cls(vocab, name=str(path), **settings)
 
     @classmethod
@@ -289,6 +286,28 @@ class Tokenizer:
         return self.backend.decode(ids, skip_special_tokens=False)
 
 
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def train_to_folder(files: Sequence[str | Path], out: str | Path, **options) -> Tokenizer:
+    """`Tokenizer.train(files, **options)` saved as the folder `out`, which is at every moment either
+    the previous tokenizer or the new one, complete (`kill -9` included): the files are written to
+    `out.incomplete` and swapped in when all are there. An `out` holding anything but tokenizer
+    files is an error, checked before training."""
+    from .outdir import staged_dir
+
+    with staged_dir(out, owned=is_tokenizer_folder, what="tokenizer") as tmp:
+        tok = Tokenizer.train(files, **options)
+        tok.save(tmp)
+    return tok
+
+
+def is_tokenizer_folder(path: Path) -> bool:
+    """A folder of tokenizer files only (one `train_to_folder` may replace)."""
+    names = {p.name for p in Path(path).iterdir()}
+    return bool(names) and names <= set(TOKENIZER_FILES)
+
+
 def longest_first(na: int, nb: int, budget: int) -> tuple[int, int]:
     """Lengths of A and B kept by Hugging Face's longest-first truncation of a pair to `budget` tokens.
 
@@ -305,6 +324,39 @@ def longest_first(na: int, nb: int, budget: int) -> tuple[int, int]:
         keep_b = min(nb, budget // 2)
         return budget - keep_b, keep_b
     return budget // 2, budget - budget // 2
+
+
+def _read_json_object(f: Path) -> dict:
+    try:
+        d = json.loads(f.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{f}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise TokenizerError(f"{f}: not valid JSON (nested too deeply)") from None
+    if not isinstance(d, dict):
+        raise TokenizerError(f"{f}: expected a JSON object, got {type(d).__name__}")
+    return d
+
+
+def _check_flags(settings: dict, f: Path, names: dict[str, str]) -> None:
+    """lowercase / chinese_chars are true or false; strip_accents also null (= follow lowercase)."""
+    for key, value in settings.items():
+        ok = isinstance(value, bool) or (key == "strip_accents" and value is None)
+        if not ok:
+            raise TokenizerError(f"{f}: {names[key]} must be true or false{' or null' if key == 'strip_accents' else ''}, "
+                                 f"got {value!r:.40}")
+
+
+def _check_vocab_ids(vocab: dict, f: Path) -> dict[str, int]:
+    """A tokenizer.json vocabulary: distinct non-negative integer ids."""
+    seen: dict[int, str] = {}
+    for tok, i in vocab.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < (1 << 24):
+            raise TokenizerError(f"{f}: model.vocab[{tok!r:.40}] must be an id in [0, 2^24), got {i!r:.40}")
+        if i in seen:
+            raise TokenizerError(f"{f}: model.vocab gives id {i} to both {seen[i]!r:.40} and {tok!r:.40}")
+        seen[i] = tok
+    return dict(vocab)
 
 
 def read_vocab(path: Path) -> dict[str, int]:

@@ -47,14 +47,14 @@ def setup_tokenizer(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tokenizer_train(args) -> int:
-    from ..tokenizer import Tokenizer
+    from ..tokenizer import train_to_folder
     from ..data.text import expand_inputs
     if args.vocab_size < 10:
         raise BertkitError(f"--vocab-size {args.vocab_size}: too small")
     files = expand_inputs(args.files)
-    tok = Tokenizer.train(files, vocab_size=args.vocab_size, lowercase=not args.cased,
+    # written as OUT.incomplete and swapped in whole: a killed rerun never mixes old and new files
+    tok = train_to_folder(files, args.out, vocab_size=args.vocab_size, lowercase=not args.cased,
                           min_frequency=args.min_frequency, show_progress=sys.stderr.isatty())
-    tok.save(args.out)
     log.info("trained a %s WordPiece vocabulary of %d tokens on %d files -> %s",
              "cased" if args.cased else "uncased", tok.vocab_size, len(files), args.out)
     return 0
