@@ -222,15 +222,15 @@ def test_mismatches_are_one_clear_error(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     # wrong vocab size in config
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "vocab_size": 999}))
-    with pytest.raises(CheckpointError, match="vocab_size in config.json is 999 but the word embedding has 1000"):
+    with pytest.raises(CheckpointError, match="config.json says vocab_size 999 but embeddings.word_embeddings.weight has 1000 rows"):
         load_model(tmp_path)
     # wrong hidden size -> shapes listed by HF name
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 64}))
-    with pytest.raises(CheckpointError, match=r"encoder.layer.0.intermediate.dense.weight: checkpoint \(100, 48\)"):
+    with pytest.raises(CheckpointError, match=r"intermediate_size 64 but encoder.layer.0.intermediate.dense.weight has 100 rows"):
         load_model(tmp_path)
     # more layers than the checkpoint has -> missing names listed
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 4}))
-    with pytest.raises(CheckpointError, match=r"missing encoder weights: encoder.layer.3"):
+    with pytest.raises(CheckpointError, match=r"num_hidden_layers is 4 but the weights hold 3 layers"):
         load_model(tmp_path)
     # asking for a head the checkpoint does not have
     (tmp_path / "config.json").write_text(json.dumps(cfg))

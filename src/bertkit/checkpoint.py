@@ -168,14 +168,77 @@ def read_config(path: Path) -> tuple[BertConfig, dict[str, Any]]:
         raise CheckpointError(f"{path}: no config.json (not a checkpoint folder)")
     try:
         raw = json.loads(cj.read_text(encoding="utf-8"))
+        check_config_json(raw, cj)
         if isinstance(raw, dict) and raw.get("bertkit_incomplete"):   # see bertkit.outdir
             raise CheckpointError(f"{path}: the checkpoint of an unfinished run ({raw['bertkit_incomplete']}; "
                                   f"killed, failed or still running): not loaded")
         return BertConfig.from_hf_dict(raw, source=str(cj)), raw
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{cj}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise CheckpointError(f"{cj}: not valid JSON (nested too deeply)") from None
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
+
+
+# config.json keys bertkit reads: type and range, checked before anything is built from them
+_INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "max_position_embeddings", "type_vocab_size")
+_MAX_INT = 1 << 24                   # 16M rows / units: beyond any BERT, and beyond what would fit in memory
+_PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+def check_config_json(raw: Any, cj: Path) -> None:
+    """Every config.json field bertkit uses has the type and range it needs; else one CheckpointError
+    naming the field (a string '768' or a NaN dropout would otherwise fail deep inside the model)."""
+    import math
+
+    def bad(key: str, want: str) -> CheckpointError:
+        return CheckpointError(f"{cj}: {key} must be {want}, got {raw[key]!r:.60}")
+
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cj}: expected a JSON object of settings, got {type(raw).__name__}")
+    for key in _INT_FIELDS:
+        if key in raw:
+            v = raw[key]
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= _MAX_INT:
+                raise bad(key, f"an integer in [1, {_MAX_INT}]")
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+        if raw.get(key) is not None or (key in raw and key != "classifier_dropout"):
+            v = raw[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise bad(key, "a probability in [0, 1)")
+    for key, low in (("layer_norm_eps", "> 0"), ("initializer_range", ">= 0")):
+        if key in raw:
+            v = raw[key]
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                    or (v <= 0 if low == "> 0" else v < 0)):
+                raise bad(key, f"a finite number {low}")
+    if "pad_token_id" in raw and raw["pad_token_id"] is not None:
+        v, vocab = raw["pad_token_id"], raw.get("vocab_size", 30522)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
+            raise bad("pad_token_id", f"null or an id in [0, vocab_size {vocab})")
+    for key in ("model_type", "hidden_act", "position_embedding_type", "bertkit_norm_position"):
+        if key in raw and raw[key] is not None and not isinstance(raw[key], str):
+            raise bad(key, "a string")
+    for key in ("tie_word_embeddings", "bertkit_causal", "is_decoder", "add_cross_attention"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise bad(key, "true or false")
+    archs = raw.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise bad("architectures", "a list of class names")
+    if raw.get("problem_type") is not None and raw["problem_type"] not in _PROBLEM_TYPES:
+        raise bad("problem_type", f"null or one of {', '.join(_PROBLEM_TYPES)}")
+    labels = raw.get("id2label")
+    if labels is not None:
+        if not (isinstance(labels, dict) and all(isinstance(k, str) and k.isdigit() and isinstance(v, str)
+                                                 for k, v in labels.items())):
+            raise bad("id2label", 'an object of "0": "label", "1": ... entries')
+        if sorted(int(k) for k in labels) != list(range(len(labels))):
+            raise bad("id2label", "numbered 0, 1, ... without gaps")
+    if raw.get("label2id") is not None and not (isinstance(raw["label2id"], dict) and all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in raw["label2id"].items())):
+        raise bad("label2id", 'an object of "label": id entries')
 
 
 def heads_in(state_names: set[str]) -> list[str]:
@@ -229,6 +292,7 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     if unknown:
         raise CheckpointError(f"{path}: unexpected weights not part of a BERT model: {', '.join(sorted(unknown)[:20])}"
                               + (f" (+{len(unknown) - 20} more)" if len(unknown) > 20 else ""))
+    check_weights_fit_config(cfg, renamed, path)
     if head is None:
         archs = raw.get("architectures")
         if archs:
@@ -262,6 +326,26 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     model.config.extra = {k: v for k, v in cfg.extra.items()}
     model.hf_config = raw  # id2label etc. for callers
     return model.eval()    # inference is deterministic (no dropout); training calls model.train() itself
+
+
+def check_weights_fit_config(cfg: BertConfig, renamed: dict[str, torch.Tensor], path: Path) -> None:
+    """The sizes config.json gives match the encoder weights (checked before a model is built, so a
+    config.json asking for a huge model is an error, not an allocation)."""
+    checks = [("embeddings.word.weight", 0, "vocab_size", cfg.vocab_size, "rows"),
+              ("embeddings.word.weight", 1, "hidden_size", cfg.hidden_size, "columns"),
+              ("embeddings.position.weight", 0, "max_position_embeddings", cfg.max_position_embeddings, "rows"),
+              ("embeddings.segment.weight", 0, "type_vocab_size", cfg.type_vocab_size, "rows"),
+              ("blocks.0.mlp.up.weight", 0, "intermediate_size", cfg.intermediate_size, "rows")]
+    for name, dim, key, value, what in checks:
+        t = renamed.get("bert." + name)
+        if t is not None and (t.dim() != 2 or t.shape[dim] != value):
+            hf = _hf_name("bert." + name, True)
+            raise CheckpointError(f"{path}: config.json says {key} {value} but {hf} has "
+                                  f"{t.shape[dim] if t.dim() == 2 else '?'} {what} (shape {tuple(t.shape)})")
+    layers = {int(m.group(1)) for n in renamed if (m := re.match(r"bert\.blocks\.(\d+)\.", n))}
+    if layers and layers != set(range(cfg.num_layers)):
+        raise CheckpointError(f"{path}: config.json's num_hidden_layers is {cfg.num_layers} but the weights hold "
+                              f"{len(layers)} layers (numbered {min(layers)}..{max(layers)})")
 
 
 def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, head: str, new_head_ok: bool) -> None:

@@ -7,6 +7,7 @@ when their command runs, so `bertkit --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib
 import logging
 import os
@@ -56,14 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    from .errors import BertkitError
+    try:
+        args = parser.parse_args(argv)
+    except BertkitError as e:          # a command that reads its own options (pretrain) found a bad one
+        print(f"bertkit {command}: error: {e}", file=sys.stderr)
+        return 1
     verbose = args.verbose or os.environ.get("BERTKIT_DEBUG") == "1"
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(levelname)s: %(message)s" if verbose else "%(message)s")
     if not getattr(args, "run", None):
         parser.print_help()
         return 2 if args.command is None else 0
-    from .errors import BertkitError
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
@@ -71,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `bertkit ... | head`
         return 0
-    except (BertkitError, FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+    except (BertkitError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+            UnicodeDecodeError, gzip.BadGzipFile) as e:
         if verbose:
             raise
         msg = str(e) if isinstance(e, BertkitError) else _os_error_message(e)
@@ -82,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 def _os_error_message(e: Exception) -> str:
     if isinstance(e, UnicodeDecodeError):
         return f"input is not valid UTF-8 (byte {e.start}): {e.reason}"
+    if isinstance(e, gzip.BadGzipFile):
+        return f"a .gz input is not a gzip file ({e})"
     if isinstance(e, OSError) and e.filename:
         return f"{e.filename}: {e.strerror}"
     return str(e)

@@ -32,11 +32,17 @@ def read_inputs(source: str, jsonl: bool | None = None) -> tuple[list[str], list
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise BertkitError(f"{name}:{lineno}: not valid JSON ({e.msg})") from None
+            except RecursionError:
+                raise BertkitError(f"{name}:{lineno}: not valid JSON (nested too deeply)") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise BertkitError(f"{name}:{lineno}: expected an object with a string field \"text\"")
             pair = obj.get("text_pair")
             if pair is not None and not isinstance(pair, str):
                 raise BertkitError(f"{name}:{lineno}: \"text_pair\" must be a string")
+            for field, value in (("text", obj["text"]), ("text_pair", pair)):
+                if value is not None and not _is_unicode(value):
+                    raise BertkitError(f"{name}:{lineno}: \"{field}\" holds a lone surrogate (\\ud800-\\udfff), "
+                                       "not a Unicode character")
             texts.append(obj["text"])
             pairs.append(pair)
         else:
@@ -50,6 +56,53 @@ def read_inputs(source: str, jsonl: bool | None = None) -> tuple[list[str], list
     if not texts:
         raise BertkitError(f"{name}: no input texts (the input is empty)")
     return texts, (pairs if any(p is not None for p in pairs) else None)
+
+
+def _is_unicode(text: str) -> bool:
+    """False for a str holding a lone surrogate (JSON "\\ud800", or undecodable bytes in argv)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_device(device: str | None) -> None:
+    """--device names a device this machine has (None: the default)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise BertkitError(f"--device {device!r}: not a device name (cpu, cuda, cuda:1, mps)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BertkitError(f"--device {device}: no CUDA GPU on this machine (or torch built without CUDA)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise BertkitError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise BertkitError(f"--device {device}: MPS is not available on this machine")
+    elif dev.type != "cpu" or dev.index not in (None, 0):
+        raise BertkitError(f"--device {device}: bertkit runs on cpu, cuda[:N] or mps")
+
+
+def check_threads(threads: int | None) -> None:
+    if threads is not None and not 0 <= threads <= 4096:
+        raise BertkitError(f"--threads must be 0 (torch's default) or a number of CPU threads, got {threads}")
+
+
+def check_fits(pred, max_length: int | None) -> None:
+    """The tokenizer's ids index the model's embeddings; --max-length fits its position table."""
+    cfg = pred.config
+    if pred.tokenizer.vocab_size > cfg.vocab_size:
+        raise BertkitError(f"the tokenizer has {pred.tokenizer.vocab_size} ids but the model only "
+                           f"{cfg.vocab_size} embedding rows (vocab_size): not a matching tokenizer")
+    if max_length is not None and max_length > cfg.max_position_embeddings:
+        raise BertkitError(f"--max-length {max_length}: the model has {cfg.max_position_embeddings} positions "
+                           f"(max_position_embeddings); use at most {cfg.max_position_embeddings}")
 
 
 def _lines(source: str, name: str) -> Iterator[tuple[int, str]]:
@@ -95,13 +148,15 @@ def setup_info(p) -> None:
 
 def describe(path: str | Path) -> dict:
     """Config, parameter count, heads and tokenizer casing of a checkpoint folder."""
-    from ..checkpoint import _IGNORED, _rename, heads_in, read_config, read_state_dict
+    from ..checkpoint import _IGNORED, _rename, check_weights_fit_config, heads_in, read_config, read_state_dict
     from ..tokenizer import Tokenizer, TokenizerError
 
     path = Path(path)
     cfg, raw = read_config(path)
     sd = read_state_dict(path)
-    names = {n for n in (_rename(k) for k in sd if not _IGNORED.search(k)) if n}
+    renamed = {n: t for n, t in ((_rename(k), t) for k, t in sd.items() if not _IGNORED.search(k)) if n}
+    check_weights_fit_config(cfg, renamed, path)
+    names = set(renamed)
     params = sum(t.numel() for k, t in sd.items() if not _IGNORED.search(k))
     encoder = sum(t.numel() for k, t in sd.items() if (_rename(k) or "").startswith("bert."))
     info = {"path": str(path), "architectures": raw.get("architectures") or [],
@@ -220,7 +275,16 @@ def run_embed(args) -> int:
     if args.batch_size < 1:
         raise BertkitError(f"--batch-size must be >= 1, got {args.batch_size}")
     _check_max_length(args.max_length)
+    check_threads(args.threads)
+    check_device(args.device)
+    if args.output:
+        out = Path(args.output)
+        if out.is_dir():
+            raise BertkitError(f"--output {args.output}: is a directory")
+        if not out.parent.is_dir():
+            raise BertkitError(f"--output {args.output}: the folder {out.parent} does not exist")
     pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads)
+    check_fits(pred, args.max_length)
     texts, pairs = read_inputs(args.input, args.jsonl)
     to_npy = bool(args.output and args.output.endswith(".npy"))
     sink = _EmbeddingSink(args.output, len(texts), pred.config.hidden_size, to_npy)
@@ -274,10 +338,12 @@ class _EmbeddingSink:
         elif self.part is not None and self.file is not None:
             self.file.close()
         if self.part is not None:
-            if exc_type is None:
-                os.replace(self.part, self.output)
-            elif os.path.exists(self.part):
-                os.remove(self.part)
+            try:
+                if exc_type is None:
+                    os.replace(self.part, self.output)
+            finally:
+                if os.path.exists(self.part):
+                    os.remove(self.part)
 
 
 # ---- fill-mask -----------------------------------------------------------------------------------
@@ -294,8 +360,15 @@ def setup_fill_mask(p) -> None:
 def run_fill_mask(args) -> int:
     from ..infer import Predictor
 
+    if args.top_k < 1:
+        raise BertkitError(f"--top-k must be >= 1, got {args.top_k}")
+    check_device(args.device)
+    for i, text in enumerate(args.texts):
+        if not _is_unicode(text):
+            raise BertkitError(f"text {i + 1}: not valid UTF-8 (undecodable bytes)")
     # the masked-LM head of a BertForMaskedLM or BertForPreTraining checkpoint (NSP weights unused)
     pred = Predictor.from_dir(args.model, head="masked_lm", device=args.device)
+    check_fits(pred, None)
     results = pred.fill_mask(args.texts, top_k=args.top_k)
     if args.json:
         print(json.dumps(results, ensure_ascii=False))

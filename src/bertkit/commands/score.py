@@ -35,8 +35,15 @@ def setup_score(parser) -> None:
 
 
 def run_score(args) -> int:
+    from ..errors import BertkitError
     from ..tasks.metrics import score_files
 
+    if not math.isfinite(args.na_prob_thresh):
+        raise BertkitError(f"--na-prob-thresh must be a finite number, got {args.na_prob_thresh}")
+    for option, path in (("--references", args.references), ("--predictions", args.predictions),
+                         ("--null-odds", args.null_odds)):
+        if path is not None:
+            _check_text_file(option, path)
     result = score_files(args.task, args.predictions, args.references, null_odds=args.null_odds,
                          na_prob_thresh=args.na_prob_thresh, skip_bad_rows=args.skip_bad_rows)
     if args.json:
@@ -50,6 +57,31 @@ def run_score(args) -> int:
         for t, s in per_type.items():
             print(f"{t:10s} {s['precision']:10.4f} {s['recall']:10.4f} {s['f1']:10.4f} {s['support']:8d}")
     return 0
+
+
+def _check_text_file(option: str, path: str) -> None:
+    """The file exists and is UTF-8 text (gzip-compressed if named .gz): a clear error naming it here,
+    rather than a decoding error deep in a task reader that does not say which file."""
+    import gzip
+    import zlib
+    from pathlib import Path
+
+    from ..errors import BertkitError
+
+    p = Path(path)
+    if not p.exists():
+        raise BertkitError(f"{option} {path}: no such file")
+    if not p.is_file():
+        raise BertkitError(f"{option} {path}: not a file")
+    try:
+        raw = p.read_bytes()
+        if p.suffix == ".gz":
+            raw = gzip.decompress(raw)
+        raw.decode("utf-8")
+    except (OSError, EOFError, zlib.error) as e:
+        raise BertkitError(f"{option} {path}: not a valid gzip file ({e})") from None
+    except UnicodeDecodeError as e:
+        raise BertkitError(f"{option} {path}: not valid UTF-8 text (byte {e.start})") from None
 
 
 def _fmt(value) -> str:
