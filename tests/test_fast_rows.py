@@ -29,3 +29,16 @@ def test_prepacked_rows_padded_equal_plain():
             got = packed(x)
             assert got.shape == (n, 40) and got.is_contiguous()
             torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias), rtol=1e-4, atol=1e-5)
+
+
+def test_warm_gemm_shapes_runs_each_distinct_layer_at_each_size():
+    lin = torch.nn.Linear(8, 12)
+    if not can_prepack(lin):
+        pytest.skip("no oneDNN prepacked Linear in this torch build")
+    from bertkit.fast import warm_gemm_shapes
+
+    model = torch.nn.ModuleList([PrepackedLinear(lin), PrepackedLinear(torch.nn.Linear(8, 12)),
+                                 PrepackedLinear(torch.nn.Linear(12, 8)), PrepackedLinear(lin, "gelu", "tanh")])
+    sizes = {gemm_rows(n) for n in range(1, 41)}
+    assert len(sizes) == 34                             # 1..32, 36, 40
+    assert warm_gemm_shapes(model, 40) == 3 * 34       # (8->12), (12->8), (8->12 + GELU)

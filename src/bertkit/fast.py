@@ -166,6 +166,22 @@ def gemm_rows(n: int) -> int:
     return -(-n // step) * step
 
 
+def warm_gemm_shapes(model: nn.Module, max_rows: int) -> int:
+    """Run each distinct PrepackedLinear of `model` once at every `gemm_rows` size up to max_rows,
+    so oneDNN builds its kernels now (a server: before traffic, memory flat from the first
+    request, no first-time kernel build in a request's latency). Returns the GEMMs run."""
+    distinct = {}
+    for m in model.modules():
+        if isinstance(m, PrepackedLinear):
+            distinct.setdefault((m.in_features, m.out_features, m.post, m.algorithm, m.packed.dtype), m)
+    sizes = sorted({gemm_rows(n) for n in range(1, max_rows + 1)})
+    with torch.inference_mode():
+        for lin in distinct.values():
+            for rows in sizes:
+                lin(torch.zeros(rows, lin.in_features, dtype=lin.packed.dtype))
+    return len(distinct) * len(sizes)
+
+
 def can_prepack(model: nn.Module) -> bool:
     """Whether `prepack_linears` applies: x86 oneDNN build, fp32 (or bf16, where oneDNN has bf16
     kernels) weights on the CPU."""

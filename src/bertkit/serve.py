@@ -84,6 +84,10 @@ class ServeConfig:
     (`sentence_transformers_pooling`)."""
     embed_normalize: bool = False
     """Whether /v1/embed normalises when the request does not say (/v1/embeddings always does)."""
+    warmup: bool = True
+    """Before serving, build the kernels of every GEMM shape a batching round can take (prepacked
+    CPU weights: ~100 row counts up to max_batch_tokens). Memory is then flat from the first
+    request and no request waits for a kernel build; costs a few seconds at start."""
     api_key: str | None = field(default=None, repr=False)
     """When set, every route but /healthz and / needs `Authorization: Bearer KEY` (else 401)."""
 
@@ -168,7 +172,7 @@ class LimitError(Exception):
 class Batcher:
     """Queue of Jobs; one loop groups them under the token budget and runs them on the model thread."""
 
-    TRIM_EVERY_S = 2.0               # when idle, hand freed heap pages back to the OS at most this often
+    IDLE_TRIM_S = 1.0                # this long without work after a round: malloc_trim
 
     def __init__(self, predictor: Predictor, cfg: ServeConfig, metrics: Metrics):
         self.predictor, self.cfg, self.metrics = predictor, cfg, metrics
@@ -176,7 +180,7 @@ class Batcher:
         self.held: list[Job] = []     # taken from the queue but over this round's budget
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertkit-model")
         self.task: asyncio.Task | None = None
-        self.heap, self.trimmed = Heap(), 0.0
+        self.heap = Heap()
 
     def start(self) -> None:
         self.queue = asyncio.Queue(maxsize=self.cfg.max_queue)
@@ -226,12 +230,17 @@ class Batcher:
         return jobs
 
     async def loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop, worked = asyncio.get_running_loop(), False
         while True:
+            if worked and not self.held:            # idle for IDLE_TRIM_S after work: free pages go back
+                try:
+                    self.held = [await asyncio.wait_for(self.queue.get(), self.IDLE_TRIM_S)]
+                except asyncio.TimeoutError:
+                    await loop.run_in_executor(self.executor, self.heap.trim)
+                    worked = False
+                    continue
             await self.run_round(await self.next_round())
-            if self.queue.empty() and not self.held and time.monotonic() - self.trimmed > self.TRIM_EVERY_S:
-                await loop.run_in_executor(self.executor, self.heap.trim)
-                self.trimmed = time.monotonic()
+            worked = True
 
     async def run_round(self, jobs: list[Job]) -> None:
         self.metrics.queue_depth = self.queue.qsize() + len(self.held)
@@ -425,7 +434,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         batcher.start()
-        await asyncio.get_running_loop().run_in_executor(batcher.executor, predictor.embed, ["warm up"])
+        await asyncio.get_running_loop().run_in_executor(batcher.executor, warm_up, predictor, cfg)
         state["ready"] = True
         log.info("bertkit serve: %s head, endpoints %s", predictor.head, ", ".join(sorted(available)))
         yield
@@ -565,6 +574,19 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
     guarded = Guard(app, GuardConfig(cfg.max_body_bytes, cfg.body_timeout_s, cfg.api_key), metrics.request)
     guarded.fastapi = app
     return guarded
+
+
+def warm_up(predictor: Predictor, cfg: ServeConfig) -> None:
+    """One request's worth of work, then (cfg.warmup, prepacked weights) every GEMM shape."""
+    predictor.embed(["warm up"])
+    if cfg.warmup and predictor.prepacked:
+        from .fast import warm_gemm_shapes
+
+        t0, before = time.perf_counter(), Heap.rss_mb()
+        n = warm_gemm_shapes(predictor.model, cfg.max_batch_tokens)
+        Heap().trim()                                 # the warm-up's inputs and outputs are gone
+        log.info("warm-up: %d GEMM shapes up to %d rows in %.1f s (RSS %+.0f MB)", n, cfg.max_batch_tokens,
+                 time.perf_counter() - t0, Heap.rss_mb() - before)
 
 
 def _page() -> str:

@@ -19,6 +19,7 @@ import ipaddress
 import json
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -286,6 +287,13 @@ def guarded_protocol(header_timeout_s: float, send_timeout_s: float) -> type:
             log.warning("a client read no response for %g s: connection dropped", send_timeout_s)
             self.transport.abort()
 
+        def shutdown(self) -> None:
+            # uvicorn waits for a request whose body is still arriving; it will not be served anyway
+            if self.cycle is not None and not self.cycle.response_complete and getattr(self.cycle, "more_body", False):
+                self.transport.close()
+                return
+            super().shutdown()
+
         def connection_lost(self, exc) -> None:
             for timer in (self._header_timer, self._send_timer):
                 if timer is not None:
@@ -399,3 +407,12 @@ class Heap:
     def trim(self) -> None:
         if self.libc is not None:
             self.libc.malloc_trim(0)
+
+    @staticmethod
+    def rss_mb() -> float:
+        """This process's resident memory (Linux; 0 elsewhere)."""
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        except (OSError, ValueError, IndexError):
+            return 0.0

@@ -99,6 +99,9 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
                    help="after SIGTERM, in-flight requests get this long to finish (default %(default)s)")
     p.add_argument("--max-connections", type=int, default=1024,
                    help="open connections at most; beyond: 503 (default %(default)s)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip building every GEMM shape's kernels before serving (faster start; memory then "
+                        "grows to the same plateau as new batch shapes arrive)")
     p.add_argument("--null-threshold", type=float, default=None,
                    help="/v1/qa on a SQuAD v2.0 model: answer \"\" above these null odds (default: the threshold "
                         "fine-tuning found best on dev)")
@@ -137,7 +140,8 @@ def run_serve(args) -> int:
                       keep_alive_s=args.keep_alive_timeout, shutdown_timeout_s=args.shutdown_timeout,
                       max_connections=args.max_connections,
                       served_model_name=args.served_model_name or Path(args.model).resolve().name,
-                      embed_pooling=pooling, embed_normalize=normalize, api_key=args.api_key)
+                      embed_pooling=pooling, embed_normalize=normalize, warmup=args.warmup,
+                      api_key=args.api_key)
     if args.api_key is None and not is_loopback(args.host):
         log.warning("listening on %s without an API key (--insecure-no-api-key)", args.host)
     return serve(predictor, cfg, log_level=args.log_level)
