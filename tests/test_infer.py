@@ -362,6 +362,31 @@ def test_fixed_length_packed_batch_equals_padded(causal):
         assert_fp32_close(unpack(packed, layout)[real], padded[real], model.config, "packed vs padded")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_groups_equal_one_padded_call(causal):
+    """fast.attention_groups: a ragged batch's attention in runs of similar lengths gives what one
+    call padded to the longest gives (sorted as the Predictor batches, and shuffled)."""
+    from bertkit.fast import attention_groups, packed_attention, packing
+
+    lengths = [int(x) for x in torch.linspace(128, 8, 32).round()]
+    g = torch.Generator().manual_seed(0)
+    cfg = preset("tiny", vocab_size=500)
+    for order in (lengths, [lengths[i] for i in torch.randperm(32, generator=g)]):
+        mask = (torch.arange(128)[None, :] < torch.tensor(order)[:, None]).long()
+        N = int(mask.sum())
+        q, k, v = (torch.randn(N, 2, 64, generator=g) for _ in range(3))
+        one, runs = packing(mask), packing(mask)
+        one.scratch["groups"] = []                              # one call, as before groups
+        groups = attention_groups(runs, 128)
+        assert len(groups) > 1 and groups[0][0] == 0 and groups[-1][1] == N
+        assert all(a == b for (_, a, _), (b, _, _) in zip(groups, groups[1:]))    # contiguous, in order
+        with torch.inference_mode():
+            assert_fp32_close(packed_attention(q, k, v, runs, causal), packed_attention(q, k, v, one, causal),
+                              cfg, "grouped attention")
+    same = packing(torch.ones(4, 16, dtype=torch.long))
+    assert attention_groups(same, 128) == []                    # equal lengths: one call, no copy
+
+
 def test_agreement_reports_accuracy_on_labels(tmp_path_factory, tok):
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "agree", num_labels=2, names=["no", "yes"])
     ref = Predictor.from_dir(path, device="cpu", dtype="float32")
@@ -374,22 +399,24 @@ def test_agreement_reports_accuracy_on_labels(tmp_path_factory, tok):
     assert rep["max_abs_diff"] > 0                        # int8 is not bit-equal to fp32
 
 
-@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
-def test_prepacked_linears_equal_plain_layers(act):
-    """fast.prepack_linears: oneDNN-packed weights (+ fused GELU) give the plain model's numbers."""
+@pytest.mark.parametrize("act, causal", [("gelu", False), ("gelu_new", False), ("relu", False), ("gelu", True)])
+def test_prepacked_linears_equal_plain_layers(act, causal):
+    """fast.prepack_linears: oneDNN-packed weights (Q, K, V as one GEMM, GELU fused) give the
+    plain model's numbers, padded and packed."""
     import copy
 
-    from bertkit.fast import PrepackedLinear, can_prepack, pack, prepack_linears
+    from bertkit.fast import FusedSelfAttention, PrepackedLinear, can_prepack, pack, prepack_linears
     from bertkit.model import BertModel
 
     torch.manual_seed(0)
-    model = BertModel(preset("tiny", vocab_size=500, hidden_act=act)).eval()
+    model = BertModel(preset("tiny", vocab_size=500, hidden_act=act, causal=causal)).eval()
     if not can_prepack(model) or prepack_disabled():
         pytest.skip("this torch build has no oneDNN prepacked Linear (or BERTKIT_PREPACK=0)")
     fast = copy.deepcopy(model)
     assert prepack_linears(fast)
+    assert all(type(b.attn) is FusedSelfAttention and b.attn.causal == causal for b in fast.blocks)
     packed = [m for m in fast.modules() if isinstance(m, PrepackedLinear)]
-    assert len(packed) == 6 * model.config.num_layers
+    assert len(packed) == 4 * model.config.num_layers                  # QKV, out, up, down
     fused = [m for m in packed if m.post == "gelu"]
     assert len(fused) == (0 if act == "relu" else model.config.num_layers)
     assert all(b.mlp.act is not model.blocks[0].mlp.act for b in fast.blocks) == (act != "relu")
