@@ -33,7 +33,7 @@ import serve_helpers  # noqa: E402
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 FIGURES: dict = {}
-HEADER_TIMEOUT, BODY_TIMEOUT, SHUTDOWN_TIMEOUT = 1.5, 2.0, 3.0
+HEADER_TIMEOUT, BODY_TIMEOUT, SEND_TIMEOUT, SHUTDOWN_TIMEOUT = 1.5, 2.0, 1.5, 3.0
 
 
 def rss_mb(pid: int) -> float:
@@ -47,7 +47,7 @@ def rss_mb(pid: int) -> float:
 def start_server(model: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     return serve_helpers.start_server(model, "--header-timeout", str(HEADER_TIMEOUT), "--body-timeout",
                                       str(BODY_TIMEOUT), "--keep-alive-timeout", "2", "--shutdown-timeout",
-                                      str(SHUTDOWN_TIMEOUT), *extra)
+                                      str(SHUTDOWN_TIMEOUT), "--send-timeout", str(SEND_TIMEOUT), *extra)
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +215,35 @@ def test_slow_clients_dropped(server):
                                "trickled_body_answered_s": round(body_s, 2), "body_timeout_s": BODY_TIMEOUT}
     assert silent_closed == 20 and loris_closed == 20, FIGURES["slow_clients"]
     assert status == 408 and body_s < BODY_TIMEOUT + 2, FIGURES["slow_clients"]
+    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
+
+
+@pytest.mark.slow
+def test_client_that_reads_nothing_dropped(server):
+    """A client asks for ~15 MB of token embeddings and reads none of it: once the socket buffers
+    are full the server drops it after --send-timeout instead of holding the response forever."""
+    proc, port = server
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    body = json.dumps({"texts": ["word " * 250] * 8, "pooling": "none"}).encode()
+    s.sendall(b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+              % (len(body), body))
+    time.sleep(SEND_TIMEOUT + 4)                     # the model answers, the server writes, the client reads nothing
+    got, t0, ended = 0, time.perf_counter(), "eof"
+    s.settimeout(10)
+    try:
+        while chunk := s.recv(1 << 20):
+            got += len(chunk)
+    except ConnectionResetError:
+        ended = "reset"
+    except socket.timeout:
+        ended = "still open"
+    s.close()
+    FIGURES["reads_nothing"] = {"bytes_received": got, "send_timeout_s": SEND_TIMEOUT, "ended": ended,
+                                "drained_s": round(time.perf_counter() - t0, 2)}
+    # dropped: what was already in the socket buffers, then the end - not the ~15 MB answer
+    assert ended != "still open" and 0 < got < 10_000_000, FIGURES["reads_nothing"]
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
 
 

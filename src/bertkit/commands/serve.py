@@ -93,6 +93,8 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
                    help="seconds a connection has to send a request's headers; slower: dropped (default %(default)s)")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a request's body has to arrive; slower: 408 (default %(default)s)")
+    p.add_argument("--send-timeout", type=float, default=30.0, metavar="S",
+                   help="a client that reads none of its response for this long is dropped (default %(default)s)")
     p.add_argument("--keep-alive-timeout", type=float, default=5.0, metavar="S",
                    help="idle keep-alive connections are closed after this (default %(default)s)")
     p.add_argument("--shutdown-timeout", type=float, default=15.0, metavar="S",
@@ -137,7 +139,8 @@ def run_serve(args) -> int:
                       max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, max_length=predictor.max_length,
                       max_request_items=args.max_request_items, max_body_bytes=args.max_body_bytes,
                       header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                      keep_alive_s=args.keep_alive_timeout, shutdown_timeout_s=args.shutdown_timeout,
+                      send_timeout_s=args.send_timeout, keep_alive_s=args.keep_alive_timeout,
+                      shutdown_timeout_s=args.shutdown_timeout,
                       max_connections=args.max_connections,
                       served_model_name=args.served_model_name or Path(args.model).resolve().name,
                       embed_pooling=pooling, embed_normalize=normalize, warmup=args.warmup,
@@ -158,7 +161,7 @@ def check_serve_options(args) -> None:
         raise BertkitError(f"--port must be within 1..65535, not {args.port}")
     if not (math.isfinite(args.max_wait_ms) and args.max_wait_ms >= 0):
         raise BertkitError(f"--max-wait-ms must be a finite number >= 0, not {args.max_wait_ms}")
-    for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "shutdown_timeout"):
+    for name in ("header_timeout", "body_timeout", "send_timeout", "keep_alive_timeout", "shutdown_timeout"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value > 0):
             raise BertkitError(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, not {value}")
