@@ -552,7 +552,8 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
         model, init, pre = _model_of_arm(cfg, arm, shared, opts, d)
         state.update(pretrain=pre, model=str(model), init=init, weights=weights_id(model))
         state["stage"] = "held-out MLM"
-        state["mlm"] = heldout_mlm(cfg, shared, model)
+        source = _read_json(Path(cfg.out) / "arms" / arm.model_from / "arm.json") if arm.model_from else None
+        state["mlm"] = source["mlm"] if source and "mlm" in source else heldout_mlm(cfg, shared, model)
         rows = []
         for task in cfg.tasks:
             for seed in cfg.seeds:
