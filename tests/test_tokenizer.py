@@ -375,3 +375,27 @@ def test_train_refuses_an_out_that_is_not_a_tokenizer_folder(two_tokenizers, tmp
     err = capsys.readouterr().err
     assert err.count("bertkit tokenizer: error:") == 3 and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "mixed"]   # nothing left behind
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_long_texts_are_read_in_pieces_with_the_same_result(monkeypatch, small_vocab_dir, seed):
+    """With max_length, a text over LONG_TEXT_CHARS is tokenized piece by piece (cut between words,
+    never inside [MASK]): kept tokens, offsets, word ids, truncation counts as the whole text gives."""
+    import random
+
+    import bertkit.tokenizer as T
+
+    tok = Tokenizer.from_dir(small_vocab_dir)
+    rng = random.Random(seed)
+    parts = ["hello", "world", "[MASK]", "[SEP]", "Crème", "brûlée", "東京", "。", "don't", "e.g.", "x" * 150,
+             "\u0301", "\t", "  ", "ab,cd", "[", "]", "[MA", "SK]", "Ω", "the", "of"]
+    text = "".join(rng.choice(parts) + rng.choice([" ", "", " "]) for _ in range(20000))
+    pair = "".join(rng.choice(parts) + " " for _ in range(3000))
+    for texts, pairs, max_length in (([text], None, 64), ([text, "short one"], [pair, pair], 128),
+                                     ([pair], [text], 33)):
+        monkeypatch.setattr(T, "LONG_TEXT_CHARS", 10 ** 9)
+        whole = tok.encode_batch(texts, pairs, max_length)
+        monkeypatch.setattr(T, "LONG_TEXT_CHARS", 500)
+        pieces = tok.encode_batch(texts, pairs, max_length)
+        assert pieces == whole
+        assert whole[0].truncated > 1000

@@ -200,9 +200,13 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None,
                      max_length: int | None = None) -> list[Encoding]:
-        """[CLS] A [SEP] (B [SEP]); longest-first truncation to max_length, counted in `self.stats`."""
-        a = self.backend.encode_batch(list(texts), add_special_tokens=False)
-        b = self.backend.encode_batch([p or "" for p in pairs], add_special_tokens=False) if pairs is not None else None
+        """[CLS] A [SEP] (B [SEP]); longest-first truncation to max_length, counted in `self.stats`.
+
+        With max_length, a text over LONG_TEXT_CHARS characters is read in pieces cut between words:
+        the first max_length tokens are kept and the rest only counted, so a 50 MB line costs the
+        memory of one piece, not of millions of Python tokens (the result is the same)."""
+        a = self._encode_texts(list(texts), max_length)
+        b = self._encode_texts([p or "" for p in pairs], max_length) if pairs is not None else None
         out = []
         for i, ea in enumerate(a):
             eb = b[i] if b is not None and pairs[i] is not None else None
@@ -216,8 +220,50 @@ class Tokenizer:
         eb = self.backend.encode(pair, add_special_tokens=False) if pair is not None else None
         return self._assemble(ea, eb, max_length)
 
+    def _encode_texts(self, texts: list[str], max_length: int | None) -> list:
+        if max_length is None or all(len(t) <= LONG_TEXT_CHARS for t in texts):
+            return self.backend.encode_batch(texts, add_special_tokens=False)
+        short = [i for i, t in enumerate(texts) if len(t) <= LONG_TEXT_CHARS]
+        out: list = [None] * len(texts)
+        for i, e in zip(short, self.backend.encode_batch([texts[i] for i in short], add_special_tokens=False)):
+            out[i] = e
+        for i, t in enumerate(texts):
+            if out[i] is None:
+                out[i] = self._encode_long(t, max_length)
+        return out
+
+    def _encode_long(self, text: str, keep: int) -> "_Prefix":
+        """The first `keep` tokens of a long text (ids, tokens, offsets, word ids) and its length in tokens."""
+        ids: list[int] = []
+        tokens: list[str] = []
+        offsets: list[tuple[int, int]] = []
+        words: list[int | None] = []
+        total, word_base, rest = 0, 0, []
+        for start, piece in _pieces(text, LONG_TEXT_CHARS):
+            if len(ids) >= keep:
+                rest.append(piece)
+                if len(rest) == 16:
+                    total += self._count(rest)
+                    rest = []
+                continue
+            e = self.backend.encode(piece, add_special_tokens=False)
+            total += len(e)
+            ids += e.ids
+            tokens += e.tokens
+            offsets += [(a + start, b + start) for a, b in e.offsets]
+            wids = e.word_ids
+            words += [w + word_base if w is not None else None for w in wids]
+            word_base += max((w for w in wids if w is not None), default=-1) + 1
+        total += self._count(rest) if rest else 0
+        return _Prefix(ids[:keep], tokens[:keep], offsets[:keep], words[:keep], total)
+
+    def _count(self, texts: list[str]) -> int:
+        """Tokens in `texts` (no offsets built: encode_batch_fast where this tokenizers has it)."""
+        fast = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        return sum(len(e) for e in fast(texts, add_special_tokens=False))
+
     def _assemble(self, ea, eb, max_length: int | None) -> Encoding:
-        na, nb = len(ea.ids), len(eb.ids) if eb is not None else 0
+        na, nb = len(ea), len(eb) if eb is not None else 0
         keep_a, keep_b, cut = na, nb, 0
         if max_length is not None:
             budget = max_length - (3 if eb is not None else 2)
@@ -306,6 +352,56 @@ def is_tokenizer_folder(path: Path) -> bool:
     """A folder of tokenizer files only (one `train_to_folder` may replace)."""
     names = {p.name for p in Path(path).iterdir()}
     return bool(names) and names <= set(TOKENIZER_FILES)
+
+
+LONG_TEXT_CHARS = 1 << 16
+
+
+@dataclass
+class _Prefix:
+    """The first tokens of a long text, as `Tokenizer._assemble` reads an encoding, and its full length."""
+    ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    word_ids: list[int | None]
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
+
+
+# after these no word goes on (whitespace, punctuation); never after '[', which may open [MASK]
+_ASCII_BREAK = re.compile(r"[\s!-/:-@\\-`{-~\]]")
+
+
+def _is_break(ch: str) -> bool:
+    """A character no word runs across: whitespace, punctuation, a CJK ideograph (each its own word)."""
+    import unicodedata
+
+    return ch != "[" and (ch.isspace() or unicodedata.category(ch).startswith("P") or "\u4e00" <= ch <= "\u9fff")
+
+
+def _pieces(text: str, size: int):
+    """(start, piece) cuts of `text` of about `size` characters, each cut just after a character no word
+    runs across: the pieces tokenize to exactly the tokens of the whole text."""
+    start, n = 0, len(text)
+    while start < n:
+        end = min(start + size, n)
+        if end < n:
+            window = text[start:end]
+            m = None
+            for m in _ASCII_BREAK.finditer(window, max(0, len(window) - 4096)):
+                pass
+            if m is not None:
+                end = start + m.end()
+            else:
+                back = next((k for k in range(end - 1, start, -1) if _is_break(text[k])), None)
+                if back is not None:
+                    end = back + 1
+                else:                              # one giant word: its end, wherever that is
+                    end = next((k + 1 for k in range(end, n) if _is_break(text[k])), n)
+        yield start, text[start:end]
+        start = end
 
 
 def longest_first(na: int, nb: int, budget: int) -> tuple[int, int]:
