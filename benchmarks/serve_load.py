@@ -8,6 +8,9 @@ right count and size; --min-cosine); 503 (backpressure, with Retry-After) is cou
 
     nice -n 10 python benchmarks/serve_load.py --model DIR [--concurrency 1,8,32,128] [--duration 20]
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 --concurrency 128 --duration 60
+    python benchmarks/serve_load.py --route /v1/embeddings      # the OpenAI-compatible route (base64 answers)
+
+With --url and a server started with --api-key, pass --api-key (or set BERTKIT_API_KEY).
 
 The last line printed is JSON: per level requests_per_s, p50/p95/p99 ms, ok, wrong, 503, other errors.
 """
@@ -57,8 +60,22 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     raise SystemExit("server did not become ready in 180 s")
 
 
+def request_body(route: str, texts: list[str]) -> dict:
+    if route == "/v1/embeddings":
+        return {"model": "bertkit", "input": texts, "encoding_format": "base64"}
+    return {"texts": texts, "normalize": True}
+
+
+def vectors(route: str, answer: dict) -> np.ndarray:
+    if route == "/v1/embeddings":
+        import base64
+        return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in answer["data"]])
+    return np.asarray(answer["embeddings"], dtype=np.float32)
+
+
 async def level(url: str, concurrency: int, duration: float, max_requests: int, per_request: int,
-                pool: list[str], reference: dict[str, np.ndarray], normalize: bool, min_cosine: float) -> dict:
+                pool: list[str], reference: dict[str, np.ndarray], min_cosine: float, route: str = "/v1/embed",
+                api_key: str | None = None) -> dict:
     import httpx
 
     stats = {"latency": [], "ok": 0, "wrong": 0, "503": 0, "errors": {}}
@@ -73,13 +90,13 @@ async def level(url: str, concurrency: int, duration: float, max_requests: int, 
             texts = rng.sample(pool, per_request)
             t0 = time.perf_counter()
             try:
-                r = await c.post(url + "/v1/embed", json={"texts": texts, "normalize": normalize})
+                r = await c.post(url + route, json=request_body(route, texts))
             except httpx.HTTPError as e:
                 stats["errors"][type(e).__name__] = stats["errors"].get(type(e).__name__, 0) + 1
                 continue
             stats["latency"].append(time.perf_counter() - t0)
             if r.status_code == 200:
-                got = np.asarray(r.json()["embeddings"], dtype=np.float32)
+                got = vectors(route, r.json())
                 ref = np.stack([reference[t] for t in texts])
                 cos = (got * ref).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(ref, axis=-1))
                 ok = got.shape == ref.shape and bool((cos > min_cosine).all())
@@ -92,7 +109,8 @@ async def level(url: str, concurrency: int, duration: float, max_requests: int, 
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     t0 = time.perf_counter()
-    async with httpx.AsyncClient(limits=limits, timeout=120) as c:
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+    async with httpx.AsyncClient(limits=limits, timeout=120, headers=headers) as c:
         await asyncio.gather(*(client(c) for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     lat = np.array(stats["latency"]) * 1000 if stats["latency"] else np.zeros(1)
@@ -112,6 +130,9 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=20, help="seconds per level at most")
     ap.add_argument("--max-requests", type=int, default=5000, help="requests per level at most")
     ap.add_argument("--texts-per-request", type=int, default=2)
+    ap.add_argument("--route", choices=("/v1/embed", "/v1/embeddings"), default="/v1/embed",
+                    help="bertkit's route or the OpenAI-compatible one")
+    ap.add_argument("--api-key", default=os.environ.get("BERTKIT_API_KEY"), help="for a --url server with a key")
     ap.add_argument("--threads", type=int, default=1, help="threads for the reference embeddings")
     ap.add_argument("--min-cosine", type=float, default=0.9999, help="an answer is correct above this cosine "
                     "to the reference (fp32, this process)")
@@ -131,7 +152,7 @@ def main() -> int:
     try:
         for conc in [int(c) for c in args.concurrency.split(",")]:
             r = asyncio.run(level(url, conc, args.duration, args.max_requests, args.texts_per_request, pool,
-                                  reference, True, args.min_cosine))
+                                  reference, args.min_cosine, args.route, args.api_key))
             results.append(r)
             print(f"concurrency {conc:>4}: {r['requests_per_s']:>7.1f} req/s ({r['texts_per_s']:.0f} texts/s), "
                   f"p50 {r['p50_ms']:.0f} ms, p95 {r['p95_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms; ok {r['ok']}, "
@@ -141,7 +162,7 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)
             print(f"server stopped with SIGTERM: exit code {code}")
-    print(json.dumps({"levels": results, "texts_per_request": args.texts_per_request}))
+    print(json.dumps({"levels": results, "texts_per_request": args.texts_per_request, "route": args.route}))
     return 0
 
 

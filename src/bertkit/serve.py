@@ -393,13 +393,17 @@ class Api:
         return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
 
     async def handle(self, request: Request, prepare: Callable[[bytes], Plan], render_off_loop: bool = False) -> Response:
-        """body -> prepare (parse, validate, tokenise; on a worker thread when large) -> the model
-        -> plan.answer -> JSON bytes (on a worker thread for embeddings)."""
+        """body -> prepare (parse, validate, tokenise) -> the model -> plan.answer -> JSON bytes;
+        the steps around the model run on a worker thread for a large body (and the answer always
+        for embeddings), never holding the event loop for long."""
         body = await request.body()                 # already read and bounded by the guard
-        plan = prepare(body) if len(body) <= INLINE_BYTES else await self.offload(prepare, body)
+        small = len(body) <= INLINE_BYTES           # answers grow with the request (words, masks, texts)
+        plan = prepare(body) if small else await self.offload(prepare, body)
         results = await self.run(plan) if next(iter(plan.inputs.values())) else []
-        payload = plan.answer(results)
-        data = await self.offload(dump_json, payload) if render_off_loop else dump_json(payload)
+
+        def render() -> bytes:
+            return dump_json(plan.answer(results))
+        data = await self.offload(render) if render_off_loop or not small else render()
         return Response(data, media_type="application/json")
 
     async def run(self, plan: Plan) -> list:
