@@ -70,6 +70,7 @@ arms:
   - {{name: bad, pretrain: {{train: {{no_such_key: 1}}}}}}
   - {{name: later, pretrain: {{train: {{nsp: false}}}}}}
   - {{name: probe_later, model_from: later, finetune: {{freeze: true, probe_features: last}}}}
+  - {{name: early, model_from: base, checkpoint: 1}}
 """
 
 
@@ -81,7 +82,7 @@ def grid(tmp_path_factory) -> tuple[Path, dict]:
     path = root / "micro.yaml"
     path.write_text(MICRO.format(out=root / "out", data=root / "data", corpus=corpus), encoding="utf-8")
     cfg = ablate.load_ablate_config(path)
-    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base", "no_pretraining", "bad"]))
+    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base", "no_pretraining", "bad", "early"]))
     return path, summary
 
 
@@ -92,11 +93,11 @@ def rows_of(out: Path) -> list[dict]:
 def test_micro_grid_end_to_end(grid):
     path, summary = grid
     out = path.parent / "out"
-    assert summary["ran"] == ["base", "no_pretraining", "bad"] and summary["failed"] == ["bad"]
+    assert summary["ran"] == ["base", "no_pretraining", "bad", "early"] and summary["failed"] == ["bad"]
     rows = rows_of(out)
     ok = [r for r in rows if r["status"] == "ok"]
     assert sorted({(r["arm"], r["task"], r["seed"]) for r in ok}) == sorted(
-        (a, t, s) for a in ("base", "no_pretraining") for t in ("sst2", "conll2003") for s in (0, 1))
+        (a, t, s) for a in ("base", "no_pretraining", "early") for t in ("sst2", "conll2003") for s in (0, 1))
     assert all(0.0 <= r["value"] <= 1.0 for r in ok)
     assert {r["metric"] for r in ok if r["task"] == "sst2"} == {"accuracy"}
     base = json.loads((out / "arms" / "base" / "arm.json").read_text())
@@ -105,6 +106,11 @@ def test_micro_grid_end_to_end(grid):
     assert (out / "arms" / "base" / "pretrain" / "run_card.md").is_file()
     assert (out / "arms" / "base" / "finetune" / "sst2" / "seed1" / "run_card.md").is_file()
     assert not list((out / "arms" / "base" / "finetune").rglob("*.safetensors"))   # keep_models: false
+    # the steps axis as the paper's Figure 5: the base run read after 1 of its 3 updates
+    early = json.loads((out / "arms" / "early" / "arm.json").read_text())
+    assert early["model"].endswith("base/pretrain/at-step-1") and early["pretrain"]["updates"] == 1
+    assert 0 < early["pretrain"]["tokens"] < base["pretrain"]["tokens"]
+    assert not (out / "arms" / "base" / "pretrain" / "checkpoints").exists()
     nopre = json.loads((out / "arms" / "no_pretraining" / "arm.json").read_text())
     assert nopre["init"] == "random" and nopre["pretrain"]["tokens"] == 0
     assert not (out / "arms" / "no_pretraining" / "pretrain").exists()
@@ -134,8 +140,8 @@ def test_rerun_skips_finished_arms_and_reuses_runs(grid):
     card = out / "arms" / "base" / "pretrain" / "run_card.json"
     before = card.stat().st_mtime_ns
     cfg = ablate.load_ablate_config(path)
-    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base", "no_pretraining", "bad"]))
-    assert summary["skipped"] == ["base", "no_pretraining"] and summary["ran"] == ["bad"]
+    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base", "no_pretraining", "bad", "early"]))
+    assert summary["skipped"] == ["base", "no_pretraining", "early"] and summary["ran"] == ["bad"]
     assert card.stat().st_mtime_ns == before
     # a third seed changes the plan: the arm runs again, but only the new fine-tuning runs are new
     cfg.seeds = [0, 1, 2]
@@ -246,12 +252,11 @@ def test_shipped_grids_resolve(name):
     assert {"base", "no_pretraining", "mlm_only", "sop", "ltr", "whole_word", "span"} <= names
     assert sum(n.startswith("mask_") for n in names) == 5 and sum(n.startswith("size_") for n in names) >= 2
     assert any(a.finetune.get("freeze") for a in cfg.arms)
-    assert sum(a.corpus_fraction < 1 for a in cfg.arms) >= 2 and sum("steps" in a.budget for a in cfg.arms) >= 2
+    assert sum(a.corpus_fraction < 1 for a in cfg.arms) >= 2 and sum(bool(a.checkpoint) for a in cfg.arms) >= 2
     assert sum(a.model_from is not None for a in cfg.arms) >= 1
     changed = {r["arm"]: r["changes"] for r in rows}
     for arm in cfg.arms:           # one setting each: the arms that pre-train change something
-        if arm.name != cfg.base_arm and arm.pretrained and arm.model_from is None and not arm.budget \
-                and arm.corpus_fraction == 1:
+        if arm.name != cfg.base_arm and arm.pretrained and arm.model_from is None and arm.corpus_fraction == 1:
             assert changed[arm.name], arm.name
 
 

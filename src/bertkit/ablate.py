@@ -78,6 +78,9 @@ class Arm:
     """False: no pre-training, the fine-tuning encoder is a random initialisation of the same shape."""
     model_from: str | None = None
     """Reuse the pre-trained model of this (earlier) arm: e.g. frozen probes of the base model."""
+    checkpoint: int | None = None
+    """With model_from: fine-tune the source's pre-training as it was after this many updates (the
+    paper's Figure 5: one run read at k steps; the source keeps those checkpoints' models)."""
     corpus_fraction: float = 1.0
     """Pre-train on this share of the training documents (a fixed random subset; smaller is nested)."""
     prepare: dict = field(default_factory=dict)
@@ -186,6 +189,9 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
         arm.error = f"{where} arm {arm.name}: corpus_fraction must be in (0, 1]"
     if set(arm.budget) - {"steps", "time"}:
         arm.error = f"{where} arm {arm.name}: budget takes steps and time"
+    if arm.checkpoint is not None and (not arm.model_from or not isinstance(arm.checkpoint, int)
+                                       or isinstance(arm.checkpoint, bool) or arm.checkpoint < 1):
+        arm.error = f"{where} arm {arm.name}: checkpoint must be an update number >= 1, with model_from"
     return arm
 
 
@@ -277,7 +283,7 @@ def describe(arm: Arm) -> str:
     if not arm.pretrained:
         parts.append("no pre-training (random init, same shape)")
     if arm.model_from:
-        parts.append(f"model of arm {arm.model_from}")
+        parts.append(f"model of arm {arm.model_from}" + (f" after {arm.checkpoint} updates" if arm.checkpoint else ""))
     if arm.corpus_fraction != 1:
         parts.append(f"{arm.corpus_fraction:g} of the text")
     for section in ("prepare", "pretrain", "finetune", "budget"):
@@ -512,7 +518,15 @@ def pretrain_config(cfg: AblateConfig, arm: Arm, train: Path, heldout: Path, out
     if cfg.threads:
         fixed["train"]["num_threads"] = cfg.threads
     d = merge(merge(merge(cfg.pretrain, arm.pretrain), arm_budget(cfg, arm)), fixed)
+    steps = read_steps(cfg, arm)
+    if steps:                                   # checkpoints other arms read: every gcd(steps), all kept
+        d["train"].update(checkpoint_every=math.gcd(*steps), keep_checkpoints=10 ** 6)   # removed at the end
     return from_dict(PretrainConfig, d, f"arm {arm.name} pretrain")
+
+
+def read_steps(cfg: AblateConfig, arm: Arm) -> list[int]:
+    """The updates at which other arms read this arm's pre-training (their `checkpoint`)."""
+    return sorted({a.checkpoint for a in cfg.arms if a.model_from == arm.name and a.checkpoint and not a.error})
 
 
 def finetune_config(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path, out: Path, init: str):
@@ -639,7 +653,14 @@ def _model_of_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions,
         if not info.get("pretrain") or not (model / "config.json").is_file():
             raise BertkitError(f"arm {arm.model_from} has no finished model yet (run it first, or on the "
                                f"machine that holds it: --arms {arm.model_from},{arm.name})")
-        return model, info["init"], {**info["pretrain"], "model_from": arm.model_from}
+        pre = {**info["pretrain"], "model_from": arm.model_from}
+        if arm.checkpoint:
+            model = model.parent / f"at-step-{arm.checkpoint}"
+            at = _read_json(model / "ablate_step.json")
+            if not at:
+                raise BertkitError(f"arm {arm.model_from} kept no model at update {arm.checkpoint}")
+            pre.update(at, checkpoint=arm.checkpoint)
+        return model, info["init"], pre
     train, heldout, data = shared.prepared(merge(cfg.prepare, arm.prepare), float(arm.corpus_fraction))
     pcfg = pretrain_config(cfg, arm, train, heldout, d / "pretrain")
     if not arm.pretrained:
@@ -680,8 +701,9 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
             _write_json(out / "ablate_key.json", {"key": key, "cpu_s": round(time.process_time() - c0, 1)})
         if not card:
             raise BertkitError(f"{out}: pre-training ended without a run card")
+        _keep_steps(out, read_steps(cfg, arm))
         if not cfg.keep_models:
-            shutil.rmtree(out / "checkpoints", ignore_errors=True)   # final/ is the model
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)   # final/ (and at-step-K/) are the models
     ev = card.get("final_eval") or {}
     return {"tokens": card.get("tokens_seen"), "updates": card.get("updates"), "wall_s": card.get("wall_time_s"),
             "global_batch": card.get("global_batch"), "sequence_lengths": card.get("sequence_lengths"),
@@ -690,6 +712,20 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
             "precision": card.get("precision"), "own_eval": {k: v for k, v in ev.items() if k != "step"},
             "cpu_s": (_read_json(out / "ablate_key.json") or {}).get("cpu_s"),
             "run_card": str(out / "run_card.md")}
+
+
+def _keep_steps(out: Path, steps: list[int]) -> None:
+    """Copy the model of each checkpoint other arms read to OUT/at-step-K/ (with its tokens and time)."""
+    for k in steps:
+        src = out / "checkpoints" / f"step-{k:08d}"
+        state = (_read_json(src / "trainer.json") or {}).get("state")
+        if not (src / "model" / "config.json").is_file() or not state:
+            raise BertkitError(f"{out}: no checkpoint at update {k} (did pre-training stop before it?)")
+        dst = out / f"at-step-{k}"
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src / "model", dst)
+        _write_json(dst / "ablate_step.json", {"tokens": state.get("tokens"), "updates": state.get("step"),
+                                               "wall_s": round(state.get("elapsed", 0.0), 1)})
 
 
 def _budget_text(pcfg) -> str:

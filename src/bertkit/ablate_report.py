@@ -201,7 +201,10 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
         if s["status"] == "done" and mlm is None:
             own = (pre.get("own_eval") or {}).get("eval_next_token_accuracy")
             acc = "n/a (causal" + (f"; next-token acc {own:.3f})" if own is not None else ")")
-        if pre.get("model_from"):
+        if pre.get("checkpoint"):
+            tokens = f"{_tokens(pre.get('tokens'))} ({pre['model_from']} at update {pre['checkpoint']})"
+            wall = f"{_minutes(pre.get('wall_s'))} (in {pre['model_from']}) / {_minutes(s.get('wall_s'))}"
+        elif pre.get("model_from"):
             tokens, wall = f"{_tokens(pre.get('tokens'))} ({pre['model_from']}'s)", f"0 / {_minutes(s.get('wall_s'))}"
         else:
             tokens = _tokens(pre.get("tokens")) if pre else "—"
