@@ -877,6 +877,8 @@ def dry_run(cfg: AblateConfig, arms: Sequence[Arm]) -> list[dict]:
             row["changes"] = {f"{s}.{k}": v for s, d in r.items() for k, v in flatten(d).items()
                               if flat_base[s].get(k) != v and "<" not in str(v) and not k.endswith(".out")
                               and k != "out" and not k.endswith(".init")}
+            row["changes"].update({k: getattr(arm, k) for k in ("corpus_fraction", "checkpoint")
+                                   if getattr(arm, k) not in (1.0, 1, None)})
             row["status"] = "ok"
         except (BertkitError, ValueError) as e:
             row.update(status="would fail", error=one_line(e))
