@@ -71,6 +71,7 @@ arms:
   - {{name: later, pretrain: {{train: {{nsp: false}}}}}}
   - {{name: probe_later, model_from: later, finetune: {{freeze: true, probe_features: last}}}}
   - {{name: early, model_from: base, checkpoint: 1}}
+  - {{name: ddp, pretrain: {{train: {{seed: 1}}}}}}
 """
 
 
@@ -198,6 +199,23 @@ def test_jobs_share_the_arms(grid, capsys):
     import os
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10 ** 9))
     assert ablate.finished(cfg, arms["later"]) and not ablate.finished(cfg, arms["probe_later"])
+
+
+@pytest.mark.slow
+def test_torchrun_launcher_keeps_the_global_batch(grid, capsys):
+    path, _ = grid
+    from bertkit.cli import main
+    out = path.parent / "out"
+    assert main(["ablate", str(path), "--arms", "ddp", "--launcher", "torchrun", "--nproc", "2",
+                 "--no-report"]) == 0
+    state = json.loads((out / "arms" / "ddp" / "arm.json").read_text())
+    assert state["status"] == "done", state.get("error")
+    card = json.loads((out / "arms" / "ddp" / "pretrain" / "run_card.json").read_text())
+    assert card["world_size"] == 2 and card["global_batch"] == 8 and card["updates"] == 3
+    assert (out / "arms" / "ddp" / "pretrain.log").is_file()
+    assert main(["ablate", str(path), "--arms", "ddp", "--launcher", "torchrun", "--nproc", "3",
+                 "--no-report"]) == 0        # finished: skipped, whatever the launcher
+    capsys.readouterr()
 
 
 def test_shards_split_arms_disjointly():

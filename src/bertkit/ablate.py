@@ -675,7 +675,7 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
     out = Path(pcfg.out)
     ident = {k: v for k, v in to_dict(pcfg).items() if k not in ("out", "resume")}
     ident["train"] = {k: v for k, v in ident["train"].items() if k not in ("progress", "num_threads")}
-    key = _key({"config": ident, "data": data["key"], "launcher": opts.launcher, "nproc": opts.nproc})
+    key = _key({"config": ident, "data": data["key"]})       # the launcher changes no number: not in the key
     card = _read_json(out / "run_card.json")
     same = (_read_json(out / "ablate_key.json") or {}).get("key") == key
     finished = bool(card) and (out / "final" / "config.json").is_file()
@@ -691,6 +691,11 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
         pcfg.resume = (out / "checkpoints").is_dir()     # an interrupted run continues
         log.info("ablate: arm %s: pre-training (%s)", arm.name, _budget_text(pcfg))
         if opts.launcher == "torchrun":
+            t = pcfg.train                     # the same global batch (and budget) as one process
+            if t.batch_size % opts.nproc:
+                raise BertkitError(f"train.batch_size {t.batch_size} does not split over --nproc {opts.nproc} "
+                                   "processes; the global batch must stay the arm's")
+            t.batch_size //= opts.nproc
             save_config(pcfg, d / "pretrain.yaml")
             _torchrun(d / "pretrain.yaml", opts.nproc, d / "pretrain.log")
             card = _read_json(out / "run_card.json")

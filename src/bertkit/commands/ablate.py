@@ -32,7 +32,9 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
                                                "cores / N)")
     p.add_argument("--launcher", choices=("inprocess", "torchrun"), default="inprocess",
                    help="pre-train in this process (default) or as `torchrun --nproc_per_node N -m bertkit pretrain`")
-    p.add_argument("--nproc", type=int, default=1, help="processes per arm with --launcher torchrun (e.g. GPUs)")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="processes per arm with --launcher torchrun (e.g. GPUs); train.batch_size is split "
+                        "over them, so the global batch and the matched budget stay the same")
     p.add_argument("--report-only", dest="report_only", action="store_true",
                    help="write REPORT.md, results.jsonl and plots from the finished arms; run nothing")
     p.add_argument("--dry-run", dest="dry_run", action="store_true",
