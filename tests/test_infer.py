@@ -317,13 +317,20 @@ def test_qa_matches_transformers(tmp_path_factory, tok, prepack):
         p.qa(["a"], [])
 
 
-def test_int8_agreement(minilm_default):
+@pytest.mark.parametrize("bf16", ["0", "1"])
+def test_int8_agreement(minilm_default, monkeypatch, bf16):
+    """int8 (the FFN down projection in bf16 where bf16 is fast, else fp32) follows fp32 to cosine
+    0.99 on average; one activation scale per batch costs one-word texts most (min ~0.98)."""
+    monkeypatch.setenv("BERTKIT_BF16", bf16)
     q = Predictor.from_dir(minilm_dir(), device="cpu", int8=True)
+    assert f"FFN down projection in {'bfloat16' if bf16 == '1' else 'float32'}" in q.precision_reason
     linears = [m for m in q.model.modules() if type(m).__name__ == "Int8Linear"]
-    assert len(linears) == 6 * 6                          # every Linear of the 6 blocks
-    assert q.precision == "int8" and 0.97 < q.precision_check["cosine_min"] < 1, q.precision_check
+    assert len(linears) == 5 * 6                          # every Linear of the 6 blocks but the FFN's down
+    assert all(type(b.mlp.down).__name__ in ("PrepackedLinear", "Linear", "CastLinear") for b in q.model.blocks)
+    check = q.precision_check
+    assert q.precision == "int8" and 0.97 < check["cosine_min"] < 1 and check["cosine_mean"] >= 0.99, check
     rep = agreement(q, minilm_default, TEXTS)
-    assert rep["cosine_min"] > 0.97 and rep["cosine_mean"] > 0.985, rep
+    assert rep["cosine_min"] > 0.97 and rep["cosine_mean"] >= 0.99, rep
     assert 0 < rep["max_abs_diff"] < 0.5, rep
 
 
@@ -385,6 +392,26 @@ def test_attention_groups_equal_one_padded_call(causal):
                               cfg, "grouped attention")
     same = packing(torch.ones(4, 16, dtype=torch.long))
     assert attention_groups(same, 128) == []                    # equal lengths: one call, no copy
+
+
+def test_pack_rows_equals_pack_of_the_padded_batch():
+    """fast.pack_rows (what the Predictor runs) builds exactly the layout `pack` makes of the
+    right-padded batch, ragged or not."""
+    from bertkit.fast import pack, pack_rows
+
+    g = torch.Generator().manual_seed(0)
+    for lengths in ([4, 9, 1, 9, 3], [7, 7, 7], [16]):
+        rows = [(torch.randint(5, 500, (n,), generator=g).tolist(), torch.randint(0, 2, (n,), generator=g).tolist())
+                for n in lengths]
+        T = max(lengths)
+        ids, types, mask = (torch.zeros(len(rows), T, dtype=torch.long) for _ in range(3))
+        for i, (x, t) in enumerate(rows):
+            ids[i, :len(x)], types[i, :len(x)], mask[i, :len(x)] = torch.tensor(x), torch.tensor(t), 1
+        (want, a), (got, b) = pack(ids, mask, types), pack_rows(rows)
+        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+        for f in ("cu_seqlens", "indices", "pad_indices", "key_mask"):
+            assert torch.equal(getattr(a, f), getattr(b, f)), f
+        assert (a.max_seqlen, a.batch_size, a.padded_len) == (b.max_seqlen, b.batch_size, b.padded_len)
 
 
 def test_agreement_reports_accuracy_on_labels(tmp_path_factory, tok):

@@ -53,7 +53,7 @@ def test_export_parity_and_dynamic_axes(exported):
 
 
 def test_onnx_backend_equals_torch(classifier, exported):
-    torch_p = Predictor.from_dir(classifier, device="cpu")
+    torch_p = Predictor.from_dir(classifier, device="cpu", dtype="float32")
     onnx_p = Predictor.from_dir(classifier, device="cpu", backend="onnx")
     assert onnx_p.backend == "onnx"
     pairs = [None, "second", None, "x y", None]

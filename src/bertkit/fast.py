@@ -77,6 +77,29 @@ def pack(input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | Non
     return batch, p
 
 
+def pack_rows(rows) -> tuple[dict, Packed]:
+    """Token-id rows [(input_ids, token_type_ids), ...] -> packed (N,) tensors and the layout,
+    as `pack` of the rows right-padded to the longest, without building the padded batch (the
+    per-request cost of a short input)."""
+    lengths = [len(r[0]) for r in rows]
+    B, T = len(rows), max(lengths)
+    ids = torch.tensor([i for r in rows for i in r[0]], dtype=torch.long)
+    types = torch.tensor([t for r in rows for t in r[1]], dtype=torch.long)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    cu = F.pad(seqlens.cumsum(0, dtype=torch.int32), (1, 0))
+    if min(lengths) == T:                                   # no padding: one (B, T) block
+        positions = torch.arange(T).repeat(B)
+        indices = torch.arange(B * T)
+        key_mask = torch.ones(B, T, dtype=torch.bool)
+    else:
+        seq = torch.repeat_interleave(torch.arange(B), seqlens.long())             # (N,) row of each token
+        positions = torch.arange(len(ids)) - cu[:-1].long()[seq]
+        indices = seq * T + positions
+        key_mask = torch.arange(T)[None, :] < seqlens[:, None]
+    tensors = {"input_ids": ids, "position_ids": positions, "token_type_ids": types}
+    return tensors, Packed(cu, T, indices, B, T, indices, key_mask)
+
+
 def unpack(x: Tensor, p: Packed, fill: float = 0.0) -> Tensor:
     """(N, ...) -> (B, T, ...) at the original padded positions, `fill` elsewhere."""
     out = x.new_full((p.batch_size * p.padded_len, *x.shape[1:]), fill)
@@ -248,6 +271,35 @@ def prepack_disabled() -> bool:
     """`BERTKIT_PREPACK=0` (or false/no/off) turns prepacking off everywhere: a switch to run the
     same code (the test suite, a server, an evaluation) on the plain Linear layers."""
     return os.environ.get("BERTKIT_PREPACK", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+class CastLinear(nn.Module):
+    """A Linear in another precision than the activations around it: x cast to the weights'
+    dtype, the result cast back (the int8 model's bf16 FFN down projection)."""
+
+    def __init__(self, linear: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.linear, self.dtype = linear, dtype
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(x.to(self.dtype)).to(x.dtype)
+
+
+def prepack_linear(linear: nn.Linear, cast: bool = False) -> nn.Module:
+    """One Linear prepacked for oneDNN where that applies and agrees with F.linear, else as it
+    is; cast=True: wrapped to take and return fp32 activations whatever its own dtype."""
+    out: nn.Module = linear
+    if not prepack_disabled() and can_prepack(linear):
+        dtype = linear.weight.dtype
+        try:
+            with torch.no_grad():
+                out = _checked(linear, "none", "", torch.Generator().manual_seed(0),
+                               1e-4 if dtype == torch.float32 else 2e-2) or linear
+        except (RuntimeError, NotImplementedError, AttributeError):
+            out = linear
+    if cast and linear.weight.dtype != torch.float32:
+        out = CastLinear(out, linear.weight.dtype)
+    return out
 
 
 class FusedSelfAttention(nn.Module):
