@@ -154,26 +154,30 @@ class Tokenizer:
         return cls({t: i for i, t in enumerate(tokens)}, lowercase=lowercase, name="trained")
 
     def save(self, path: str | Path) -> None:
-        """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
+        """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json, each
+        file whole or not at all (written aside, then renamed; `train_to_folder` swaps whole folders)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         ordered = sorted(self.vocab.items(), key=lambda kv: kv[1])
-        (path / "vocab.txt").write_text("".join(t + "\n" for t, _ in ordered), encoding="utf-8")
+        _write_atomic(path / "vocab.txt", "".join(t + "\n" for t, _ in ordered))
         from tokenizers import processors
         backend = self.backend
         backend.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", self.cls_id), ("[SEP]", self.sep_id)])
-        backend.save(str(path / "tokenizer.json"))
-        backend.post_processor = None
-        (path / "tokenizer_config.json").write_text(json.dumps({
+        try:
+            backend.save(str(path / "tokenizer.json.tmp"))
+            (path / "tokenizer.json.tmp").replace(path / "tokenizer.json")
+        finally:
+            backend.post_processor = None
+        _write_atomic(path / "tokenizer_config.json", json.dumps({
             "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
             "strip_accents": self.strip_accents, "tokenize_chinese_chars": self.chinese_chars,
             "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-            "mask_token": "[MASK]", "model_max_length": 512}, indent=2) + "\n", encoding="utf-8")
-        (path / "special_tokens_map.json").write_text(json.dumps({
+            "mask_token": "[MASK]", "model_max_length": 512}, indent=2) + "\n")
+        _write_atomic(path / "special_tokens_map.json", json.dumps({
             "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-            "mask_token": "[MASK]"}, indent=2) + "\n", encoding="utf-8")
+            "mask_token": "[MASK]"}, indent=2) + "\n")
 
     @property
     def vocab_size(self) -> int:
@@ -332,6 +336,12 @@ class Tokenizer:
         return self.backend.decode(ids, skip_special_tokens=False)
 
 
+def _write_atomic(f: Path, text: str) -> None:
+    tmp = f.with_name(f.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(f)
+
+
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -350,7 +360,7 @@ def train_to_folder(files: Sequence[str | Path], out: str | Path, **options) -> 
 
 def is_tokenizer_folder(path: Path) -> bool:
     """A folder of tokenizer files only (one `train_to_folder` may replace)."""
-    names = {p.name for p in Path(path).iterdir()}
+    names = {p.name.removesuffix(".tmp") for p in Path(path).iterdir()}     # .tmp: a save cut short
     return bool(names) and names <= set(TOKENIZER_FILES)
 
 
