@@ -222,3 +222,37 @@ def test_the_payloads_run_code_when_unpickled(tmp_path):
         plant(path, marker)
         unsafe_load(path)
         assert marker.exists(), plant.__name__
+
+
+def test_no_unsafe_loader_in_the_package():
+    """A guard for code still to come: every torch.load passes weights_only=True, every np.load
+    allow_pickle=False; pickle, dill, marshal, joblib, yaml.load / unsafe_load / full_load,
+    pandas.read_pickle and torch.jit.load are not called at all."""
+    import ast
+
+    import bertkit
+
+    forbidden = {("pickle", "load"), ("pickle", "loads"), ("pickle", "Unpickler"), ("dill", "load"),
+                 ("dill", "loads"), ("marshal", "load"), ("marshal", "loads"), ("joblib", "load"),
+                 ("yaml", "load"), ("yaml", "unsafe_load"), ("yaml", "full_load"), ("pd", "read_pickle"),
+                 ("pandas", "read_pickle"), ("jit", "load"), ("shelve", "open")}
+    problems = []
+    root = Path(bertkit.__file__).parent
+    for f in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            owner = node.func.value
+            owner_name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            call = (owner_name, node.func.attr)
+            kw = {k.arg: k.value for k in node.keywords}
+            where = f"{f.relative_to(root)}:{node.lineno}"
+            if call in forbidden:
+                problems.append(f"{where}: {owner_name}.{node.func.attr}")
+            elif call == ("torch", "load") and not (isinstance(kw.get("weights_only"), ast.Constant)
+                                                    and kw["weights_only"].value is True):
+                problems.append(f"{where}: torch.load without weights_only=True")
+            elif call in (("np", "load"), ("numpy", "load")) and not (
+                    isinstance(kw.get("allow_pickle"), ast.Constant) and kw["allow_pickle"].value is False):
+                problems.append(f"{where}: np.load without allow_pickle=False")
+    assert not problems, problems
