@@ -355,6 +355,9 @@ def _legacy_load(file: Path):
     allowed = [(core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
                (core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
                numpy.ndarray, numpy.dtype, type(numpy.dtype("uint32"))]
+    if not hasattr(torch.serialization, "safe_globals"):       # torch < 2.5
+        raise CheckpointError(f"{file}: an old-format (pickle) checkpoint file; reading it safely needs "
+                              f"torch >= 2.5 (this is {torch.__version__})")
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(file, map_location="cpu", weights_only=True)
