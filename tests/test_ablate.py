@@ -121,7 +121,8 @@ def test_micro_grid_end_to_end(grid):
     assert "\n" not in bad[0]["error"]
     assert (out / "arms" / "bad" / "error.txt").is_file()
     report = (out / "REPORT.md").read_text()
-    assert "| arm | setting | pretrain tokens | wall: pretrain / arm | held-out MLM acc | sst2 accuracy | Δ sst2 |" in report
+    assert ("| arm | setting | pretrain tokens | wall: pretrain / arm | held-out MLM acc | sst2 accuracy "
+            "| Δ sst2 |") in report
     lines = {ln.split(" | ")[0].strip("| "): ln for ln in report.splitlines() if ln.startswith("| ")}
     assert "base" in lines["base"] and " ± " in lines["base"] and "| done |" in lines["base"]
     assert "(p " in lines["no_pretraining"] and "failed: " in lines["bad"] and "not run" in lines["later"]

@@ -683,7 +683,8 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
         log.info("ablate: arm %s: pre-training finished before; reusing %s", arm.name, out / "final")
     else:
         if finished:
-            raise BertkitError(f"{out}: pre-trained with other settings; delete that folder to pre-train this arm again")
+            raise BertkitError(f"{out}: pre-trained with other settings; delete that folder to pre-train "
+                               "this arm again")
         if not same:                                     # an unfinished run of other settings: start afresh
             shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
@@ -1021,9 +1022,18 @@ def _run_jobs(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
         "--threads", str(threads), "--arms", ",".join(a.name for a in arms)]
     log.info("ablate: %d jobs of %d thread(s) each over %d arms", opts.jobs, threads, len(arms))
     procs = [subprocess.Popen(cmd, env={**os.environ, "BERTKIT_ABLATE_JOB": str(j)}) for j in range(opts.jobs)]
-    codes = [p.wait() for p in procs]
+    try:
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:                      # the jobs got the Ctrl-C too: let them record it
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+        raise
     states = [_read_json(Path(cfg.out) / "arms" / a.name / "arm.json") or {} for a in arms]
-    return {"jobs": opts.jobs, "exit_codes": codes, "done": [s.get("name") for s in states if s.get("status") == "done"],
+    return {"jobs": opts.jobs, "exit_codes": codes,
+            "done": [s.get("name") for s in states if s.get("status") == "done"],
             "failed": [s.get("name") for s in states if s.get("status") in ("failed", "interrupted")],
             "wall_s": round(time.time() - t0, 1)}
 

@@ -69,6 +69,10 @@ def run_ablate(args: argparse.Namespace) -> int:
                              threads=args.threads, verbose=bool(getattr(args, "verbose", False)))
     summary = ablate.run_grid(cfg, arms, opts, report=not args.no_report)
     print(json.dumps(summary))
+    if any(summary.get("exit_codes") or []):
+        print(f"bertkit ablate: error: a job exited with {summary['exit_codes']} (see the arms' log.txt)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
