@@ -35,6 +35,8 @@ def setup_score(parser) -> None:
 
 
 def run_score(args) -> int:
+    from pathlib import Path
+
     from ..errors import BertkitError
     from ..tasks.metrics import score_files
 
@@ -42,8 +44,11 @@ def run_score(args) -> int:
         raise BertkitError(f"--na-prob-thresh must be a finite number, got {args.na_prob_thresh}")
     for option, path in (("--references", args.references), ("--predictions", args.predictions),
                          ("--null-odds", args.null_odds)):
-        if path is not None:
-            _check_text_file(option, path)
+        if path is None:
+            continue
+        if option == "--references" and (not Path(path).is_file() or Path(path).suffix in (".parquet", ".arrow")):
+            continue            # a glob, a dataset name or a table: the task's reader (sources.py) checks it
+        _check_text_file(option, path)
     result = score_files(args.task, args.predictions, args.references, null_odds=args.null_odds,
                          na_prob_thresh=args.na_prob_thresh, skip_bad_rows=args.skip_bad_rows)
     if args.json:
