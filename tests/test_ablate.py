@@ -123,10 +123,17 @@ def test_micro_grid_end_to_end(grid):
     report = (out / "REPORT.md").read_text()
     assert ("| arm | setting | pretrain tokens | wall: pretrain / arm | held-out MLM acc | sst2 accuracy "
             "| Δ sst2 |") in report
-    lines = {ln.split(" | ")[0].strip("| "): ln for ln in report.splitlines() if ln.startswith("| ")}
+    main_table = report.split("How to read it")[0]
+    lines = {ln.split(" | ")[0].strip("| "): ln for ln in main_table.splitlines() if ln.startswith("| ")}
     assert "base" in lines["base"] and " ± " in lines["base"] and "| done |" in lines["base"]
     assert "(p " in lines["no_pretraining"] and "failed: " in lines["bad"] and "not run" in lines["later"]
     assert "commit " in report and "CPU " in report and "Welch" in report
+    # what ran, from the run cards, and the paper note's checklist answered from them
+    trained = report.split("## As trained")[1].split("## Reproduction checklist")[0]
+    assert "| base | MLM + NSP | bidirectional |" in trained and "token 15%, 80/10/10" in trained
+    assert "| no_pretraining | — |" in trained and "| bad |" not in trained
+    checklist = report.split("## Reproduction checklist")[1]
+    assert "`[CLS] " in checklist and "segment ids 0 x" in checklist and "random init no_pretraining" in checklist
     assert (out / "plots" / "downstream.png").stat().st_size > 0 and (out / "plots" / "mlm_accuracy.png").is_file()
     # the shared inputs were made once: one tokenizer, one prepared data set, a document-level split
     assert len(list((out / "shared" / "data").iterdir())) == 1

@@ -521,7 +521,9 @@ def pretrain_config(cfg: AblateConfig, arm: Arm, train: Path, heldout: Path, out
     steps = read_steps(cfg, arm)
     if steps:                                   # checkpoints other arms read: every gcd(steps), all kept
         d["train"].update(checkpoint_every=math.gcd(*steps), keep_checkpoints=10 ** 6)   # removed at the end
-    return from_dict(PretrainConfig, d, f"arm {arm.name} pretrain")
+    pcfg = from_dict(PretrainConfig, d, f"arm {arm.name} pretrain")
+    pcfg.ablate_given = d          # the keys given: what identifies the run (see _given_key)
+    return pcfg
 
 
 def read_steps(cfg: AblateConfig, arm: Arm) -> list[int]:
@@ -542,7 +544,20 @@ def finetune_config(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Pa
         d["data"] = str(Path(data) if Path(data).is_absolute() else Path(cfg.data_dir) / data)
     if cfg.threads:
         d["threads"] = cfg.threads
-    return from_dict(FinetuneConfig, d, f"arm {arm.name} finetune {task}")
+    fcfg = from_dict(FinetuneConfig, d, f"arm {arm.name} finetune {task}")
+    fcfg.ablate_given = d
+    return fcfg
+
+
+def _given_key(config, **more) -> str:
+    """A run's identity: the keys the grid gave it (not the resolved config, so a later version that adds
+    a field with its default keeps finished runs), without those that change no number."""
+    given = copy.deepcopy(config.ablate_given)
+    for k in ("out", "progress", "threads", "resume"):
+        given.pop(k, None)
+    for k in ("progress", "num_threads"):
+        given.get("train", {}).pop(k, None)
+    return _key({"given": given, **more})
 
 
 def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> dict:
@@ -607,11 +622,17 @@ def finished(cfg: AblateConfig, arm: Arm) -> bool:
 
 
 def plan_key(cfg: AblateConfig, arm: Arm) -> str:
-    """Everything that decides an arm's numbers (a finished arm with another plan is rerun)."""
-    return _key({"arm": dataclasses.asdict(arm), "base": [cfg.corpus, cfg.eval_documents, cfg.split_seed,
+    """Everything that decides an arm's numbers (a finished arm with another plan is rerun). Fields at
+    their defaults are left out, so a later version that adds an arm field keeps finished arms."""
+    return _key({"arm": _given(arm), "base": [cfg.corpus, cfg.eval_documents, cfg.split_seed,
                  cfg.tokenizer, cfg.prepare, cfg.pretrain, cfg.finetune, cfg.tasks, cfg.seeds,
                  dataclasses.asdict(cfg.budget), cfg.mlm_eval_instances],
-                 "source": [dataclasses.asdict(a) for a in cfg.arms if a.name == arm.model_from]})
+                 "source": [_given(a) for a in cfg.arms if a.name == arm.model_from]})
+
+
+def _given(arm: Arm) -> dict:
+    defaults = Arm(name=arm.name)
+    return {k: v for k, v in dataclasses.asdict(arm).items() if v != getattr(defaults, k) or k == "name"}
 
 
 def one_line(e: BaseException) -> str:
@@ -670,12 +691,10 @@ def _model_of_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions,
 
 
 def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data: dict) -> dict:
-    from .runconfig import save_config, to_dict
+    from .runconfig import save_config
 
     out = Path(pcfg.out)
-    ident = {k: v for k, v in to_dict(pcfg).items() if k not in ("out", "resume")}
-    ident["train"] = {k: v for k, v in ident["train"].items() if k not in ("progress", "num_threads")}
-    key = _key({"config": ident, "data": data["key"]})       # the launcher changes no number: not in the key
+    key = _given_key(pcfg, data=data["key"])      # the launcher changes no number: not in the key
     card = _read_json(out / "run_card.json")
     same = (_read_json(out / "ablate_key.json") or {}).get("key") == key
     finished = bool(card) and (out / "final" / "config.json").is_file()
@@ -774,12 +793,10 @@ def _random_model(pcfg, shared: Shared, out: Path) -> Path:
 def _finetune_one(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path, init: str, d: Path,
                   pre: dict) -> dict:
     from .finetune import finetune
-    from .runconfig import to_dict
 
     out = d / "finetune" / task / f"seed{seed}"
     fcfg = finetune_config(cfg, arm, task, seed, model, out, init)
-    ident = {k: v for k, v in to_dict(fcfg).items() if k not in ("out", "progress", "threads")}
-    key = _key({"config": ident, "model": str(model), "weights": weights_id(model)})
+    key = _given_key(fcfg, model=str(model), weights=weights_id(model))
     result = _read_json(out / "metrics.json")
     if not (result and (_read_json(out / "ablate_key.json") or {}).get("key") == key):
         log.info("ablate: arm %s: fine-tuning %s, seed %d", arm.name, task, seed)
