@@ -13,22 +13,27 @@ one fixed MLM protocol, and is fine-tuned on every task with several seeds. Then
     OUT/REPORT.md, OUT/plots/*.png
 
 Honest by construction:
-  * resumable: a finished arm (arm.json status 'done' with the same settings) is skipped; inside an
-    arm, a finished pre-training or fine-tuning run with the same resolved config is reused, so an
-    interrupted grid loses at most the run in flight. Settings that changed under a finished
-    pre-training run are refused (delete the folder to redo it), never silently mixed.
+  * resumable: a finished arm (arm.json status 'done' with the same settings, on the same model) is
+    skipped; inside an arm, a finished pre-training or fine-tuning run given the same keys is reused,
+    and an interrupted pre-training resumes from its checkpoint, so a stopped grid loses little.
+    Settings that changed under a finished pre-training run are refused (delete the folder to redo
+    it), never silently mixed.
   * a failing arm is a row saying so (the error on one line; the traceback in arms/NAME/error.txt)
     and the grid goes on.
   * split across machines: `--arms a,b` or `--shard I/N` (arms reusing another arm's model go with
     it), all writing into one shared OUT; shared files are written to a temporary name and renamed,
     so two machines at worst do the same work twice. Any machine can write the report
     (`--report-only`): it collects whatever is finished.
-  * `--launcher torchrun --nproc N` pre-trains each arm as `torchrun -m bertkit pretrain` (GPUs).
+  * `--jobs N` runs N arms at once on one machine (each process claims the next arm atomically).
+  * `--launcher torchrun --nproc N` pre-trains each arm as `torchrun -m bertkit pretrain` (GPUs), with
+    train.batch_size split over the processes so the global batch (and the budget) stays the same.
 
 The statistics and the report (Welch's t-test against the base arm over the fine-tuning seeds)
-are in `bertkit.ablate_report`. This file is longer than most (~850 lines) on purpose: the grid,
-its cache and one arm's procedure read top to bottom, in blocks of plain functions (config, shared
-inputs, one arm, the grid, the paper note's contract test).
+are in `bertkit.ablate_report`. This file is longer than the style guide's ~600 lines (~1,100) on
+purpose: the grid, its caches, one arm's procedure and the processes that share a grid are one
+mechanism whose invariants (what identifies a finished run, who may write where) must be read
+together; it is laid out in blocks of plain functions: configuration, shared inputs, one arm, the
+grid (selection, claims, jobs), the paper note's contract test.
 """
 from __future__ import annotations
 
