@@ -257,6 +257,12 @@ def test_config_mistakes(tmp_path):
     p.write_text("tasks: {sst2: {}}\npretrain: {train: {max_stepz: 3}}\narms: [{name: base}]\n")
     with pytest.raises(BertkitError, match="base settings do not resolve.*max_stepz"):
         ablate.check_base(ablate.load_ablate_config(p))
+    p.write_text("tasks: {sst2: {}}\nbudget: {match: time, time: 90s}\narms: [{name: base}, "
+                 "{name: short, budget: {time: 30s}}, {name: c, model_from: base, checkpoint: 0}]\n")
+    cfg = ablate.load_ablate_config(p)
+    train = [ablate.resolve(cfg, a)["pretrain"]["train"] for a in cfg.arms[:2]]
+    assert [(t["budget"], t["max_steps"] >= 10 ** 9) for t in train] == [("90s", True), ("30s", True)]
+    assert ablate.dry_run(cfg, cfg.arms)[2]["status"] == "would fail"             # checkpoint 0
     p.write_text("tasks: {sst2: {}}\narms: [{name: base}, {name: odd, pretrian: {}}, "
                  "{name: worse, finetune: {lr: fast}}]\n")
     rows = ablate.dry_run(ablate.load_ablate_config(p), ablate.load_ablate_config(p).arms)
