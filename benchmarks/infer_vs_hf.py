@@ -11,7 +11,8 @@ Timed: token ids -> last hidden state. bertkit: exactly what `Predictor` runs - 
 (sort by length, pack) then `hidden` per bucket - in the precision it picks by default and in
 each forced one. Contenders (each optional runtime skipped with a note when not installed):
   transformers fp32 (sdpa) - the reference of every ratio; transformers + bf16 autocast;
-  bertkit default / fp32 / bf16 / int8; onnxruntime on bertkit's own export (fp32, int8);
+  bertkit default / fp32 / bf16 / int8 / openvino backend (the Predictor on OpenVINO, converted
+  at load); onnxruntime on bertkit's own export (fp32, int8);
   onnxruntime on transformers' graph with its BERT fusions (attention, LayerNorm, GELU fused;
   fp32 and int8 - `onnxruntime.transformers.optimizer`); OpenVINO (its default precision: bf16
   where the CPU has it) on that graph; CTranslate2 int8.
@@ -171,7 +172,13 @@ def build_contenders(path: Path, args, tmp: Path, notes: list[str]) -> dict[str,
         c["transformers + bf16 autocast"] = torch_padded_runner(hf, autocast=True)
     c[f"bertkit default ({default.precision})"] = bertkit_runner(default)
     variants = {"bertkit fp32": dict(dtype="float32"), "bertkit int8": dict(int8=True),
-                "bertkit bf16": dict(dtype="bfloat16"), "bertkit compile": dict(compile=True)}
+                "bertkit bf16": dict(dtype="bfloat16"), "bertkit compile": dict(compile=True),
+                "bertkit openvino": dict(backend="openvino", threads=args.threads)}
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        variants.pop("bertkit openvino")
+        notes.append("bertkit openvino skipped: openvino not installed")
     for name, kw in variants.items():
         same = {"bertkit fp32": "float32", "bertkit bf16": "bfloat16"}.get(name) == default.precision
         skip = same or (name == "bertkit bf16" and not bf16_ok) or (name == "bertkit compile" and not args.compile)

@@ -100,3 +100,29 @@ def test_predict_cli_onnx_backend_equals_torch(classifier, exported, tmp_path, c
     for x, y in zip(a, b):
         if "scores" in x:
             np.testing.assert_allclose(list(x["scores"].values()), list(y["scores"].values()), atol=1e-4)
+
+
+def test_openvino_backend_follows_torch(classifier):
+    """backend='openvino': the loaded model converted by OpenVINO at load; float32 matches torch to
+    fp32 rounding, the default (bf16 where the CPU has it) is checked at load like torch's bf16."""
+    pytest.importorskip("openvino")
+    from bertkit.infer import PredictorError
+
+    torch_p = Predictor.from_dir(classifier, device="cpu", dtype="float32")
+    pairs = [None, "second", None, "x y", None]
+    want = torch_p.classify(TEXTS, pairs, raw=True)
+    f32 = Predictor.from_dir(classifier, backend="openvino", dtype="float32", threads=1)
+    assert f32.backend == "openvino" and f32.precision == "float32" and f32.describe()["backend"] == "openvino"
+    got = f32.classify(TEXTS, pairs, raw=True)
+    assert_fp32_close([r["logits"] for r in got], [r["logits"] for r in want], torch_p.config, "openvino logits")
+    for x, y in zip(f32.embed(TEXTS[:2], pooling="none"), torch_p.embed(TEXTS[:2], pooling="none")):
+        assert_fp32_close(x, y, torch_p.config, "openvino token states")
+    auto = Predictor.from_dir(classifier, backend="openvino", threads=1)
+    assert auto.precision in ("float32", "bfloat16") and auto.precision_reason.startswith("OpenVINO")
+    if auto.precision == "bfloat16":                  # kept only where the sample agreed with fp32
+        assert min(auto.precision_check["cosine_min"], auto.precision_check["head_cosine_min"]) >= 0.999
+    a = np.array([r["logits"] for r in auto.classify(TEXTS, pairs, raw=True)]).flatten()
+    b = np.array([r["logits"] for r in want]).flatten()
+    assert (a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b) >= 0.999
+    with pytest.raises(PredictorError, match="int8 and compile apply to backend torch"):
+        Predictor.from_dir(classifier, backend="openvino", int8=True)

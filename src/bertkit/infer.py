@@ -20,7 +20,8 @@ fp32 rounding; `prepack=False` or `BERTKIT_PREPACK=0` keeps plain layers).
 Options: `threads` (torch intra-op threads), `int8` (dynamic int8 quantisation of the Linear
 layers, per output channel; its agreement with fp32 on the sample is measured at load, and
 `agreement()` reports cosine / max abs diff / accuracy on any texts), `compile` (torch.compile of
-the encoder), `backend="onnx"` (an exported graph on onnxruntime, see `onnx_export.py`).
+the encoder), `backend="onnx"` (an exported graph on onnxruntime, see `onnx_export.py`),
+`backend="openvino"` (the model converted by OpenVINO at load: the fastest short requests).
 """
 from __future__ import annotations
 
@@ -153,8 +154,8 @@ class Predictor:
                  max_length: int | None = None, session: Any = None, labels: dict[int, str] | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.device = torch.device(device)
-        self.session = session                          # onnxruntime.InferenceSession (backend onnx)
-        self.backend = "onnx" if session is not None else "torch"
+        self.session = session                          # onnxruntime.InferenceSession or OpenVINOSession
+        self.backend = getattr(session, "backend", "onnx") if session is not None else "torch"
         cfg = model.config
         self.config = cfg
         self.max_length = min(max_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -181,7 +182,9 @@ class Predictor:
         head: which head to load (default: the one config.json names); device: 'cpu', 'cuda', ...
         (default cuda when available); threads: torch intra-op threads; int8: quantise the Linear
         layers; compile: torch.compile the encoder; backend 'onnx': run `onnx_file` (default
-        DIR/model.onnx) on onnxruntime, tokenization and post-processing stay here; dtype: None
+        DIR/model.onnx) on onnxruntime, tokenization and post-processing stay here; backend
+        'openvino': the model converted by OpenVINO at load (needs `openvino`; the lowest
+        latency for short requests on the CPU); dtype: None
         or 'auto' (bf16 on a CPU where it is faster and accurate, else fp32; see the module
         docstring), 'float32', 'bfloat16' or 'float16' (GPU; the packed path then runs varlen
         flash attention); prepack: on the CPU in fp32 or bf16 (no int8, no compile), reorder the
@@ -190,9 +193,11 @@ class Predictor:
         from .checkpoint import load_model
 
         path = Path(path)
-        if backend not in ("torch", "onnx"):
-            raise PredictorError(f"backend must be 'torch' or 'onnx', not {backend!r}")
+        if backend not in ("torch", "onnx", "openvino"):
+            raise PredictorError(f"backend must be 'torch', 'onnx' or 'openvino', not {backend!r}")
         dt = _parse_dtype(dtype)
+        if backend != "torch" and (int8 or compile):
+            raise PredictorError(f"int8 and compile apply to backend torch, not {backend}")
         if int8 and dt not in (None, torch.float32):
             raise PredictorError("dtype and int8 are exclusive")
         if threads:
@@ -209,6 +214,8 @@ class Predictor:
             p = cls(model, tokenizer, device="cpu", max_length=max_len, session=session)
             p.precision, p.precision_reason = "float32", f"onnxruntime on {onnx_path.name}"
             return p
+        if backend == "openvino":
+            return cls._openvino(model, tokenizer, max_len, threads, dt)
         if int8 and str(device).startswith("cuda"):
             raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
         p = cls(model.to(device), tokenizer, device=device, max_length=max_len)
@@ -216,6 +223,31 @@ class Predictor:
         log.info("precision %s: %s", p.precision, p.precision_reason)
         if compile:
             p.compile()
+        return p
+
+    @classmethod
+    def _openvino(cls, model: nn.Module, tokenizer: Tokenizer, max_len: int, threads: int | None,
+                  dtype: torch.dtype | None) -> "Predictor":
+        """The model converted and compiled by OpenVINO for the CPU (onnx_export.load_openvino).
+        dtype None: OpenVINO's own precision (bf16 where the CPU has it) if the sample keeps
+        cosine >= 0.999 to fp32 (torch), else fp32."""
+        from .onnx_export import load_openvino
+
+        if dtype not in (None, torch.float32, torch.bfloat16):
+            raise PredictorError("backend openvino runs float32 or bfloat16")
+        name = _dtype_name(dtype) if dtype is not None else None
+        p = cls(model, tokenizer, device="cpu", max_length=max_len, session=load_openvino(model, threads, name))
+        p.precision, p.precision_reason = p.session.precision, "OpenVINO " + ("asked for" if name else "default")
+        if p.precision != "float32":
+            p.precision_check = p._check_against(model)
+            cos = min(p.precision_check["cosine_min"], p.precision_check["token_cosine_min"],
+                      p.precision_check.get("head_cosine_min", 1.0))
+            p.precision_reason += f"; cosine {cos:.5f} to fp32 on the sample"
+            if cos < BF16_MIN_COSINE and name is None:
+                p.session = load_openvino(model, threads, "float32")
+                p.precision, p.precision_check = "float32", None
+                p.precision_reason = f"OpenVINO's default lost too much (cosine {cos:.5f} < {BF16_MIN_COSINE}): float32"
+        log.info("OpenVINO backend, %s: %s", p.precision, p.precision_reason)
         return p
 
     def _choose_precision(self, dtype: torch.dtype | None, int8: bool, prepack: bool) -> None:
@@ -272,7 +304,9 @@ class Predictor:
                 h = split_packed(p.hidden(b).float().cpu(), layout)
                 if not task:
                     return [(x.numpy(), None) for x in h]
-                out = next(iter(p.head_outputs(b).values())).float().cpu()     # (B, L), (N, L) or (N, 2)
+                key = {"sequence_classification": "logits", "token_classification": "token_logits"}.get(
+                    self.head, "span_logits")
+                out = p.head_outputs(b)[key].float().cpu()                      # (B, L), (N, L) or (N, 2)
                 per_text = list(out) if self.head == "sequence_classification" else split_packed(out, layout)
                 return [(x.numpy(), y.flatten().numpy()) for x, y in zip(h, per_text)]
             return p._run(rows, fn)

@@ -13,6 +13,11 @@ and the export fails.
 
 `--int8` quantises the MatMul weights with onnxruntime's dynamic quantisation, per output
 channel: its default (one scale per tensor) drops all-MiniLM-L6-v2 to cosine 0.92.
+
+The same graph also runs on OpenVINO, converted in memory from the loaded model
+(`load_openvino`, `Predictor.from_dir(..., backend="openvino")`): its CPU plugin fuses attention
+and runs bf16 where the CPU has it; one short request took 3.3 ms of CPU against 4.9 ms for the
+eager bf16 path (all-MiniLM-L6-v2, 16 tokens, one thread, AMD EPYC Zen 4).
 """
 from __future__ import annotations
 
@@ -247,6 +252,62 @@ def load_session(path: Path, threads: int | None = None, device: str | None = No
     if sorted(names) != sorted(INPUTS):
         raise ExportError(f"{path}: expected inputs {', '.join(INPUTS)}, found {', '.join(names)}")
     return session
+
+
+class _Named:
+    def __init__(self, name: str):
+        self.name = name
+
+
+class OpenVINOSession:
+    """A model compiled by OpenVINO that answers like an onnxruntime session (`run_session`)."""
+
+    backend = "openvino"
+
+    def __init__(self, compiled, output_names: list[str]):
+        self.compiled, self.output_names = compiled, output_names
+        self.request = compiled.create_infer_request()
+        hint = str(compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
+        name = hint.split("'")[1] if "'" in hint else hint
+        self.precision = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
+
+    def get_inputs(self) -> list[_Named]:
+        return [_Named(n) for n in INPUTS]
+
+    def get_outputs(self) -> list[_Named]:
+        return [_Named(n) for n in self.output_names]
+
+    def run(self, names, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        res = self.request.infer([feed[n] for n in INPUTS])
+        return [np.array(res[o]) for o in self.compiled.outputs]     # copies: the request reuses its buffers
+
+
+def load_openvino(model: nn.Module, threads: int | None = None, precision: str | None = None) -> OpenVINOSession:
+    """The loaded bertkit model converted by OpenVINO (in memory, dynamic batch and sequence) and
+    compiled for the CPU, for latency; `precision` 'float32' or 'bfloat16' (default: OpenVINO's
+    own choice, bf16 on CPUs that have it)."""
+    import warnings
+
+    try:
+        import openvino as ov
+    except ImportError:
+        raise ExportError("backend openvino needs the openvino package (pip install openvino)") from None
+    wrapper = Exportable(model).eval()
+    sample = _example_batch(model.config.vocab_size, [16, 9], seed=0)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            converted = ov.convert_model(wrapper, example_input=tuple(sample[n] for n in INPUTS))
+        config: dict = {"PERFORMANCE_HINT": "LATENCY"}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = int(threads)
+        if precision:
+            config["INFERENCE_PRECISION_HINT"] = {"float32": "f32", "bfloat16": "bf16"}[precision]
+        compiled = ov.Core().compile_model(converted, "CPU", config)
+    except Exception as e:
+        raise ExportError(f"OpenVINO could not convert the model: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}") from None
+    return OpenVINOSession(compiled, wrapper.output_names())
 
 
 def run_session(session, padded: dict[str, Tensor], packed: Packed) -> dict[str, Tensor]:
