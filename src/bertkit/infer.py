@@ -22,6 +22,9 @@ layers, per output channel; its agreement with fp32 on the sample is measured at
 `agreement()` reports cosine / max abs diff / accuracy on any texts), `compile` (torch.compile of
 the encoder), `backend="onnx"` (an exported graph on onnxruntime, see `onnx_export.py`),
 `backend="openvino"` (the model converted by OpenVINO at load: the fastest short requests).
+
+(Over 600 lines: one class whose task methods share one batch loop and one precision choice;
+the numerics live in fast.py, model.py and hardware.py.)
 """
 from __future__ import annotations
 
