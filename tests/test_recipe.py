@@ -120,7 +120,7 @@ def test_time_based_evaluation_gives_a_curve_on_the_training_clock(data64, tmp_p
                                                            "train.eval_minutes": 1e-9, "train.precision": "fp32"}))
     rows = [json.loads(line) for line in (tmp_path / "t" / "eval.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(31))          # before training, then after every update
-    assert all(r["elapsed_s"] <= card["wall_time_s"] + 1e-6 for r in rows)
+    assert all(r["elapsed_s"] <= card["wall_time_s"] + 0.05 for r in rows)     # the card rounds to 0.1 s
     assert [r["tokens"] for r in rows] == sorted(r["tokens"] for r in rows) and rows[-1]["tokens"] == card["tokens_seen"]
 
 

@@ -563,6 +563,12 @@ def evaluate(run: dict) -> dict | None:
     return rec
 
 
+def _pair_mode(phase: Phase) -> str:
+    """'nsp' or 'sop' (sentence-order pairs), as `prepare` recorded it."""
+    meta = getattr(phase.data, "meta", {}) or {}
+    return str((meta.get("config") or {}).get("pair_mode", "nsp"))
+
+
 def _timed_eval(run, evals, board, bar) -> float:
     """Evaluate and log; returns the seconds it took (the loop takes them off its training clock)."""
     t = time.perf_counter()
@@ -657,8 +663,10 @@ def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None,
                  f"FFN {mc.intermediate_size}",
         "parameters": num_parameters(model), "vocab_size": mc.vocab_size,
         "objective": "CLM (next-token prediction)" if cfg.train.objective == "clm"
-                     else "MLM + NSP" if cfg.train.nsp else "MLM",
+                     else ("MLM + SOP" if _pair_mode(ph[0]) == "sop" else "MLM + NSP") if cfg.train.nsp else "MLM",
         "attention": "causal (left-to-right)" if mc.causal else "bidirectional",
+        "normalisation": "pre-LN (+ final LayerNorm)" if mc.norm_position == "pre" else "post-LN (BERT)",
+        "dropout": f"hidden {mc.hidden_dropout}, attention {mc.attention_dropout}",
         "sequence_lengths": [p.max_len for p in ph],
         "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,
         "updates": st.step, "tokens_seen": st.tokens, "skipped_updates": st.skipped,
