@@ -227,18 +227,20 @@ def main() -> None:
     rows: list[dict] = []
     recipes = [recipe_settings(r) for r in args.recipes.split(",") if r]
     train, held_text = split_corpus(files, out, args.eval_documents)
+    # one held-out set for every contender: the held-out documents as full-sentence sequences of the
+    # first recipe's length (an NSP recipe is scored on the same sequences; its NSP head is not used)
+    tok_dir, _, held = prepare_data(train, held_text, out, args.vocab_size, recipes[0]["seq"], False)
     for r in recipes:
-        _, data, held = prepare_data(train, held_text, out, args.vocab_size, r["seq"], r["nsp"])
+        _, data, _ = prepare_data(train, held_text, out, args.vocab_size, r["seq"], r["nsp"])
         rows += run_bertkit(r, data, held, out, args.minutes, args.threads, args.evals)
     if args.hf:
-        r = recipes[0]
-        tok_dir, _, held = prepare_data(train, held_text, out, args.vocab_size, r["seq"], r["nsp"])
-        rows += run_hf(train, tok_dir, held, r["preset"], args.minutes, args.threads, args.evals, r["seq"])
+        rows += run_hf(train, tok_dir, held, recipes[0]["preset"], args.minutes, args.threads, args.evals,
+                       recipes[0]["seq"])
     with open(out / "results.jsonl", "w") as fh:
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    title = (f"held-out MLM accuracy vs training time, {args.minutes:g} min each, {args.threads} threads\n"
+    title = (f"held-out MLM accuracy vs training time, {args.minutes:g} min each, {args.threads} thread(s)\n"
              f"{hw.get('cpu', '?')} | {time.strftime('%Y-%m-%d')} | commit {commit}")
     plot(rows, out / "curves.png", title)
     summary: dict = {"cpu": hw.get("cpu"), "date": time.strftime("%Y-%m-%d"), "commit": commit, "recipes": {}}
