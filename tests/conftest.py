@@ -57,3 +57,12 @@ def small_vocab_dir(tmp_path_factory, minilm) -> Path:
     lines = (minilm / "vocab.txt").read_text(encoding="utf-8").split("\n")[:1000]
     (d / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return d
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight other jobs for the cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -23,13 +23,7 @@ CITIES, PEOPLE = ["paris", "london", "rome"], ["john", "mary"]
 WORDS = POS + NEG + FILL + CITIES[:2] + PEOPLE + ["new", "york", "in", "lives", "rom", "##e", "."]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and do not fight other jobs for the cores)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")    # conftest: tiny models, one thread
 
 
 @pytest.fixture(scope="module")

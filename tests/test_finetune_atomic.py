@@ -27,12 +27,7 @@ from test_finetune import conll_dir, sst_dir, tiny_model  # noqa: F401  (fixture
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")    # conftest: tiny models, one thread
 
 
 def cfg(**kw) -> FinetuneConfig:

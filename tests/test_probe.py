@@ -19,12 +19,7 @@ from bertkit.probe import FEATURES, ProbeModel, probe_layers
 from test_finetune import WORDS, conll_dir, sst_dir, tiny_model  # noqa: F401  (fixtures)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")    # conftest: tiny models, one thread
 
 
 def cfg(**kw) -> FinetuneConfig:
