@@ -1,5 +1,7 @@
 """Fine-tuning: one pre-trained encoder, one small task head, the paper's recipe (section 4).
 
+Why ~600 lines: the loop, evaluation and staged output; the planned redesign folds its evaluation into the Predictor.
+
 The loop has the pre-training loop's shape - explicit phases you can read top to bottom:
 
     setup      read train/dev files through the task, label names from the training data,

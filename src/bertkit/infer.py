@@ -1,5 +1,8 @@
 """Predictor: load a checkpoint once, then embed, classify, fill masks, tag entities, answer questions.
 
+Why one file of ~700 lines: it is the one inference engine (every head, precision choice, batching);
+the planned redesign moves the head-specific output code onto the heads.
+
 The one object the CLI (`bertkit embed`, `fill-mask`, `predict`), the HTTP server and the Python
 API use. Inputs are tokenized, sorted by length and cut into batches of similar length (bucketing);
 each batch runs the padding-free encoder path (`fast.pack` -> `model(..., packed=...)`) under

@@ -1,5 +1,8 @@
 """`bertkit serve`: an HTTP API over one Predictor, with dynamic micro-batching and hard limits.
 
+Why ~600 lines: one route table and its request models; the HTTP edge is serve_http.py and the
+OpenAI / TEI routes serve_compat.py.
+
     request -> serve_http: API key, body read under --max-body-bytes and --body-timeout
             -> handler: JSON parsed, validated and tokenised (limits: items, tokens) on a worker
                thread when the body is large, never on the event loop

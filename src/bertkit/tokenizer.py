@@ -1,5 +1,8 @@
 """WordPiece tokenization with BERT's rules, as a `tokenizers` pipeline.
 
+Why ~650 lines: the pipeline plus the deterministic WordPiece learner (`learn_wordpiece`) and the
+checks of tokenizer files where they are read.
+
   normalizer     BertNormalizer: clean text (drop control chars, whitespace -> ' '), put spaces
                  around CJK characters, lower-case and strip accents when uncased
   pre-tokenizer  BertPreTokenizer: split on whitespace and on every punctuation character

@@ -1,5 +1,8 @@
 """Pre-training with MLM (+ NSP): an explicit loop you can read top to bottom.
 
+Why one file of ~700 lines: setup, the update, evaluation and the run card share the run state;
+the planned redesign (typed loop state, the card in its own module) splits it.
+
     setup()      model, optimizer, data, device, precision; resume from the latest valid checkpoint
     train_step() one update: micro-batches (gradient accumulation), clipping, a non-finite guard
     evaluate()   MLM loss / accuracy / perplexity and NSP accuracy on a held-out slice
