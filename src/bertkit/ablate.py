@@ -145,17 +145,10 @@ def _unknown(key: str, known: Sequence[str], where: str) -> str:
 
 def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str | None = None) -> AblateConfig:
     """The grid from YAML. Grid-level mistakes are errors now; an arm's mistakes become its failed row."""
-    import yaml
+    from .runconfig import read_yaml_mapping
 
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise BertkitError(f"{path}: no such config file") from None
-    except yaml.YAMLError as e:
-        raise BertkitError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise BertkitError(f"{path}: expected a mapping at the top level")
+    raw = read_yaml_mapping(path, "grid keys")
     kw: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in TOP_KEYS:

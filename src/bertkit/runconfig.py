@@ -294,28 +294,35 @@ def parse_duration(text: str | float, key: str = "duration") -> float:
     return sum(float(n) * {"": 1, "s": 1, "m": 60, "h": 3600}[u] for n, u in parts)
 
 
-def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None):
-    """Build `cls` from a YAML file (optional) and `--section.key=value` overrides (applied last)."""
+def read_yaml_mapping(path: str | Path, what: str = "keys") -> dict:
+    """A config file's top-level mapping (values only: yaml.safe_load), or one error naming the file:
+    missing, a folder, not UTF-8, not YAML, nested too deeply, or not a mapping."""
     import yaml
 
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise RunConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise RunConfigError(f"{path}: is a directory, not a config file") from None
+    except UnicodeDecodeError as e:
+        raise RunConfigError(f"{path}: not valid UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise RunConfigError(f"{path}: not valid YAML (nested too deeply)") from None
+    except yaml.YAMLError as e:
+        raise RunConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise RunConfigError(f"{path}: expected a mapping of {what} at the top level")
+    return data
+
+
+def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None):
+    """Build `cls` from a YAML file (optional) and `--section.key=value` overrides (applied last)."""
     data: dict[str, Any] = {}
     source = "options"
     if path is not None:
         source = str(path) + (" + options" if overrides else "")
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise RunConfigError(f"{path}: no such config file") from None
-        except IsADirectoryError:
-            raise RunConfigError(f"{path}: is a directory, not a config file") from None
-        except UnicodeDecodeError as e:
-            raise RunConfigError(f"{path}: not valid UTF-8 text (byte {e.start})") from None
-        except RecursionError:
-            raise RunConfigError(f"{path}: not valid YAML (nested too deeply)") from None
-        except yaml.YAMLError as e:
-            raise RunConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if not isinstance(data, dict):
-            raise RunConfigError(f"{path}: expected a mapping of sections at the top level")
+        data = read_yaml_mapping(path, "sections")
     for item in overrides or []:
         key, value = parse_override(item)
         node = data

@@ -133,20 +133,12 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
 
 def finetune_config(args: argparse.Namespace):
     from ..finetune import FinetuneConfig
-    from ..runconfig import RunConfigError, from_dict
+    from ..runconfig import RunConfigError, from_dict, read_yaml_mapping
 
     data: dict = {}
     source = "options"
     if args.config:
-        import yaml
-        try:
-            data = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise BertkitError(f"{args.config}: no such config file") from None
-        except yaml.YAMLError as e:
-            raise BertkitError(f"{args.config}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if not isinstance(data, dict):
-            raise BertkitError(f"{args.config}: expected a mapping of FinetuneConfig keys")
+        data = read_yaml_mapping(args.config, "FinetuneConfig keys")
         source = args.config
     for key in ("task", "data", "train_file", "dev_file", "model", "out", "init", "max_length", "stride", "windows",
                 "batch_size", "lr", "epochs", "warmup", "weight_decay", "optimizer", "seed", "train_limit",
