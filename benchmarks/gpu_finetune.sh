@@ -9,7 +9,8 @@
 #   squad_{minilm,random}_*    metrics.json, run_card.md and dev_predictions.jsonl of each run
 # The fine-tuned checkpoints stay in $WORK (default /tmp/gpu_finetune) for the held-out evaluation:
 #   bertkit evaluate --model /tmp/gpu_finetune/squad_minilm --task squad --data dev-v1.1.json
-# EXTRA="--train-limit 40 --dev-limit 20 --device cpu" smoke-tests the script on a CPU.
+# EXTRA="--train-limit 40 --dev-limit 20 --device cpu" smoke-tests the script on a CPU; INITS="pretrained"
+# EPOCHS=1 is the short form gpu_all.sh runs (the speed figure; dev scores need the 2 epochs).
 set -uo pipefail
 OUT="${OUT:-gpu_out}"
 WORK="${WORK:-/tmp/gpu_finetune}"
@@ -27,11 +28,11 @@ python -c "import torch; print(torch.__version__, torch.cuda.is_available() and 
 # The recipe: all 7,050 training questions, max length 384, doc stride 128 (run_squad.py's
 # defaults), 2 epochs, batch 32, lr 1e-4 (a 6-layer model likes a higher rate than BERT-Base's 5e-5),
 # 10% warm-up, seed 0. The same command with --init random is the no-pre-training baseline.
-for init in pretrained random; do
+for init in ${INITS:-pretrained random}; do
   name=squad_${init/pretrained/minilm}
   start=$(date +%s)
   timeout 150 python -m bertkit finetune --task squad --data "$DATA/squad" --model "$MINILM" --init $init \
-      --out "$WORK/$name" --max-length 384 --epochs 2 --batch-size 32 --lr 1e-4 --seed 0 --no-progress \
+      --out "$WORK/$name" --max-length 384 --epochs ${EPOCHS:-2} --batch-size 32 --lr 1e-4 --seed 0 --no-progress \
       ${EXTRA:-} > "$OUT/${name}.log" 2>&1
   echo "$name exit $? in $(( $(date +%s) - start )) s" >> "$OUT/${name}.log"
   for f in metrics.json run_card.md dev_predictions.jsonl; do

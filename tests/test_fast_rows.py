@@ -42,3 +42,20 @@ def test_warm_gemm_shapes_runs_each_distinct_layer_at_each_size():
     sizes = {gemm_rows(n) for n in range(1, 41)}
     assert len(sizes) == 34                             # 1..32, 36, 40
     assert warm_gemm_shapes(model, 40) == 3 * 34       # (8->12), (12->8), (8->12 + GELU)
+
+
+def test_varlen_direction_follows_the_installed_signature():
+    """torch 2.10's varlen_attn takes is_causal, later ones window_size: the call is built from the
+    signature, so a GPU with either torch gets the right attention direction."""
+    from bertkit.fast import _varlen_direction_args
+
+    def torch_2_10(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=False, return_aux=None):
+        pass
+
+    def torch_2_11(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
+        pass
+
+    assert _varlen_direction_args(torch_2_10, True) == {"is_causal": True}
+    assert _varlen_direction_args(torch_2_10, False) == {"is_causal": False}
+    assert _varlen_direction_args(torch_2_11, True) == {"window_size": (-1, 0)}
+    assert _varlen_direction_args(torch_2_11, False) == {"window_size": (-1, -1)}

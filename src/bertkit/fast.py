@@ -20,6 +20,7 @@ unchanged; the same numbers come out (checked when the weights are packed).
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -32,6 +33,18 @@ try:  # torch >= 2.10 ships variable-length flash attention
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
 except Exception:  # pragma: no cover - older torch
     _varlen_attn = None
+
+
+def _varlen_direction_args(fn, causal: bool) -> dict:
+    """How this torch spells the attention direction: torch 2.10 takes `is_causal`, later ones a
+    `window_size` (-1, 0 for causal); read from the signature, not from the version."""
+    params = inspect.signature(fn).parameters
+    if "window_size" in params:
+        return {"window_size": (-1, 0) if causal else (-1, -1)}
+    return {"is_causal": causal}
+
+
+_VARLEN_DIRECTION = {c: _varlen_direction_args(_varlen_attn, c) for c in (False, True)} if _varlen_attn is not None else {}
 
 
 @dataclass
@@ -113,7 +126,7 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     if (_varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
             and dropout_p == 0.0):
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
-                            window_size=(-1, 0) if causal else (-1, -1))
+                            **_VARLEN_DIRECTION[causal])
     groups = attention_groups(p, q.shape[1] * q.shape[2])
     if groups:                           # sequences of very different lengths: each group padded to its own longest
         return torch.cat([_padded_attention(q[a:b], k[a:b], v[a:b], g, causal, dropout_p) for a, b, g in groups])
