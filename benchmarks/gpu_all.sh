@@ -27,7 +27,10 @@
 #     typing-inspection typing-extensions annotated-types annotated-doc opentelemetry-api
 set -uo pipefail
 FINAL="${OUT:?set OUT}"
-mkdir -p /tmp/shim && ln -sf "$(command -v python3)" /tmp/shim/python && export PATH=/tmp/shim:$PATH
+# the image's python with torch (a symlink to a venv's python would lose the venv: no shims)
+[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+command -v python >/dev/null || { mkdir -p /tmp/shim && printf '#!/bin/sh\nexec python3 "$@"\n' > /tmp/shim/python \
+  && chmod +x /tmp/shim/python && export PATH=$PATH:/tmp/shim; }
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi

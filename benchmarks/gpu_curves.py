@@ -64,10 +64,16 @@ def main() -> int:
         s["env"] = (out / "env.txt").read_text().strip()
     except OSError:
         pass
-    try:
-        s["benchmark"] = json.loads((out / "gpu_pretrain_bench.json").read_text())
-    except (OSError, ValueError) as e:
-        s["benchmark"] = {"error": f"{type(e).__name__}: {e} (see bench.err)"}
+    for name, f in (("benchmark", "gpu_pretrain_bench_dropout0.1.json"),
+                    ("benchmark_no_dropout", "gpu_pretrain_bench_dropout0.0.json")):
+        try:
+            b = json.loads((out / f).read_text())
+            s[name] = {k: b.get(k) for k in ("speedup_vs_hf", "dropout", "gemm_peak_gflops", "batch", "seq",
+                                             "real_token_fraction", "precision", "hardware")}
+            s[name]["per_path"] = {p: {k: v for k, v in r.items() if k in ("tokens_per_s", "mfu", "times")}
+                                   if isinstance(r, dict) else r for p, r in b["results"]["base"].items()}
+        except (OSError, ValueError, KeyError) as e:
+            s[name] = {"error": f"{type(e).__name__}: {e} (see bench.err)"}
     runs = ["curve_bf16", "curve_fp32", "curve_fp32_seed1", "curve_fp16", "compile", "torchrun"]
     s["runs"] = {r: run_summary(out / r) for r in runs if (out / r).exists()}
     bf16_gap = curve_gap(out / "curve_bf16", out / "curve_fp32")

@@ -16,6 +16,7 @@ The last line printed is JSON with `speedup_vs_hf` (BERT-mini, best bertkit path
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -65,13 +66,15 @@ def make_batches(n: int, batch: int, seq: int, tmp: Path, ragged: bool = False) 
     return [collate([ds[i] for i in order[k * batch:(k + 1) * batch]], epoch=0) for k in range(n)]
 
 
-def build_pair(size: str, tmp: Path):
+def build_pair(size: str, tmp: Path, dropout: float | None = None):
     import transformers
     from bertkit import preset
     from bertkit.checkpoint import build, save_model
     from bertkit.model import init_weights
 
     cfg = preset(size, vocab_size=30522)
+    if dropout is not None:
+        cfg = dataclasses.replace(cfg, hidden_dropout=dropout, attention_dropout=dropout)
     torch.manual_seed(0)
     ours = init_weights(build("pretraining", cfg), cfg)
     save_model(ours, tmp / size)
@@ -136,6 +139,9 @@ def main() -> int:
                          "(bertkit.hardware, measured), else fp32")
     ap.add_argument("--ragged", action="store_true", help="half of each batch from the shortest instances")
     ap.add_argument("--no-hf", action="store_true", help="bertkit padded vs packed only")
+    ap.add_argument("--dropout", type=float, default=None,
+                    help="hidden and attention dropout on both sides (default: the preset's 0.1); 0 lets the "
+                         "packed path use varlen flash attention on a GPU")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -157,7 +163,7 @@ def main() -> int:
     results: dict[str, dict] = {}
     peaks: list[float] = []
     for size in args.sizes.split(","):
-        ours, hf, cfg = build_pair(size, tmp)
+        ours, hf, cfg = build_pair(size, tmp, args.dropout)
         ours, hf = ours.to(device), hf.to(device)
         variants = {} if args.no_hf else {"hf": (hf, torch.optim.AdamW(hf.parameters(), lr=1e-4))}
         variants["padded"] = (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4))
@@ -205,7 +211,7 @@ def main() -> int:
                "results": {s: {k: (v if not isinstance(v, dict) else {kk: (round(vv, 4) if isinstance(vv, float)
                                                                           else vv) for kk, vv in v.items()})
                                for k, v in r.items()} for s, r in results.items()},
-               "device": str(device), "precision": args.precision,
+               "device": str(device), "precision": args.precision, "dropout": args.dropout,
                "hardware": {k: v for k, v in hardware().items() if k in ("cpu", "gpu", "torch", "cuda")}}
     print(json.dumps(summary))
     return 0

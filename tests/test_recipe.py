@@ -141,3 +141,23 @@ def test_a_causal_model_pools_its_last_real_token():
     longer_ids = torch.cat([ids, torch.zeros(3, 4, dtype=ids.dtype)], 1)
     longer_mask = torch.cat([mask, torch.zeros(3, 4, dtype=mask.dtype)], 1)
     torch.testing.assert_close(model(longer_ids, attention_mask=longer_mask)[0], logits, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_auto_follows_the_device_and_what_varlen_can_run():
+    """'auto' packs on the CPU; on a GPU only where varlen flash attention runs it (bf16/fp16 and no
+    attention dropout), since packed attention is otherwise a padded call plus copies (slower on an
+    H200); the reason is recorded for the run card."""
+    from bertkit import fast
+    from bertkit.model import BertConfig
+    from bertkit.train import resolve_packed
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    drop, nodrop = BertConfig(attention_dropout=0.1), BertConfig(attention_dropout=0.0)
+    assert resolve_packed("auto", cpu, torch.float32, drop)[0] is True
+    assert resolve_packed("false", cpu, torch.float32, nodrop) == (False, "asked: train.packed=false")
+    assert resolve_packed("true", gpu, torch.float32, drop)[0] is True
+    assert resolve_packed("auto", gpu, torch.float32, nodrop)[0] is False
+    packed, why = resolve_packed("auto", gpu, torch.bfloat16, drop)
+    assert packed is False and "dropout" in why
+    if fast._varlen_attn is not None:
+        assert resolve_packed("auto", gpu, torch.bfloat16, nodrop) == (True, "auto: packed (varlen flash attention)")

@@ -175,7 +175,6 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
     budget = parse_duration(tc.budget, "train.budget") if tc.budget else 0.0
     if budget and cfg.optim.warmup >= 1:
         raise RunConfigError("with train.budget, optim.warmup must be a fraction of the time (< 1)")
-    packed = str(tc.packed).lower() != "false"          # 'auto' = packed: faster on CPU and GPU (see runconfig)
     phases, tokenizer = _phases(cfg, world)
     ckpt = find_checkpoint(out / "checkpoints") if cfg.resume else None
     if cfg.resume and ckpt is None:
@@ -186,6 +185,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
         tokenizer.save(out / "tokenizer")
     model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)
     precision, precision_reason = _precision(tc.precision, world.device, model.config)
+    packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config)
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
     optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
                                 cfg.optim.betas, cfg.optim.eps)
@@ -193,7 +193,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
     state = State()
     run = dict(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,
                state=state, phases=phases, tokenizer=tokenizer, precision=precision,
-               precision_reason=precision_reason, packed=packed,
+               precision_reason=precision_reason, packed=packed, packed_reason=packed_reason,
                budget=budget, resumed=ckpt is not None, eval=_eval_batches(cfg, phases[0], world),
                pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"))
     if ckpt is not None:
@@ -206,6 +206,29 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
                  phases[0].grad_accum, world.world_size, str(precision).replace("torch.", ""),
                  "packed" if packed else "padded", world.device)
     return run
+
+
+def resolve_packed(name: str, device: torch.device, precision: torch.dtype, model_cfg) -> tuple[bool, str]:
+    """Whether the encoder runs padding-free (`fast.pack`), and why. 'auto': on the CPU always (the
+    linear layers skip the padding, attention is grouped by length; benchmarks/pretrain_vs_hf.py);
+    on a GPU only where varlen flash attention serves it (bf16/fp16 and no attention dropout):
+    otherwise packed attention is one padded SDPA call plus a scatter and a gather per layer, and
+    the padded path measured faster (BERT-base 256 x 128 on an H200, benchmarks/gpu_all.sh)."""
+    choice = str(name).lower()
+    if choice in ("true", "false"):
+        return choice == "true", f"asked: train.packed={choice}"
+    if device.type != "cuda":
+        return True, "auto: padding-free on the CPU"
+    from . import fast
+
+    if fast._varlen_attn is None:
+        return False, "auto: padded (this torch has no varlen flash attention)"
+    if precision not in (torch.bfloat16, torch.float16):
+        return False, "auto: padded (varlen flash attention needs bf16/fp16)"
+    if model_cfg.attention_dropout > 0:
+        return False, (f"auto: padded (attention dropout {model_cfg.attention_dropout} - varlen flash "
+                       "attention has none)")
+    return True, "auto: packed (varlen flash attention)"
 
 
 def _precision(name: str, device: torch.device, model_cfg) -> tuple[torch.dtype, str]:
@@ -675,7 +698,7 @@ def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None,
         "updates": st.step, "tokens_seen": st.tokens, "skipped_updates": st.skipped,
         "optimizer": cfg.optim.name, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
         "precision": str(run["precision"]).replace("torch.", ""), "precision_reason": run["precision_reason"],
-        "packed": run["packed"],
+        "packed": run["packed"], "packed_reason": run.get("packed_reason", ""),
         "world_size": world.world_size, "wall_time_s": round(st.elapsed, 1),
         "tokens_per_s": st.tokens / max(st.elapsed, 1e-9), "train_flops": st.flops,
         "achieved_flops_per_s": achieved, "gemm_peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,
