@@ -371,3 +371,12 @@ def test_prepare_sop_and_its_checks(tmp_path):
                    progress=False)
     assert meta["config"]["pair_mode"] == "sop" and meta["nsp"] and meta["counts"]["instances"] > 0
     assert 0.2 < meta["counts"]["random_next_fraction"] < 0.8
+
+
+def test_masking_column_never_prints_minus_zero():
+    """80/20/0 as trained: 1 - 0.8 - 0.2 is -5.6e-17 in floating point, which printed as '-0'."""
+    from bertkit.ablate_report import _masking
+
+    card = {"objective": "MLM + NSP", "masking": [{"as_trained": {"mode": "token", "mask_prob": 0.15,
+            "mask_token_fraction": 0.8, "random_token_fraction": 0.2}, "overridden": True}]}
+    assert _masking(card) == "token 15%, 80/20/0 (override)"

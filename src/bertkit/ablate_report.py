@@ -357,7 +357,7 @@ def _masking(card: dict) -> str:
         return "—"
     mask, rand = m.get("mask_token_fraction", 0), m.get("random_token_fraction", 0)
     text = (f"{m.get('mode')} {100 * m.get('mask_prob', 0):.0f}%, "
-            f"{100 * mask:.0f}/{100 * rand:.0f}/{100 * (1 - mask - rand):.0f}")
+            f"{100 * mask:.0f}/{100 * rand:.0f}/{abs(100 * (1 - mask - rand)):.0f}")   # abs: 1 - 0.8 - 0.2 < 0
     return text + (" (override)" if phases[0].get("overridden") else "")
 
 
