@@ -374,9 +374,29 @@ def test_prepare_sop_and_its_checks(tmp_path):
 
 
 def test_masking_column_never_prints_minus_zero():
-    """80/20/0 as trained: 1 - 0.8 - 0.2 is -5.6e-17 in floating point, which printed as '-0'."""
+    """MASK/SAME/RND 80/0/20 (the paper's column order): SAME = 1 - 0.8 - 0.2 is -5.6e-17 in floating
+    point, which printed as '-0'."""
     from bertkit.ablate_report import _masking
 
     card = {"objective": "MLM + NSP", "masking": [{"as_trained": {"mode": "token", "mask_prob": 0.15,
             "mask_token_fraction": 0.8, "random_token_fraction": 0.2}, "overridden": True}]}
-    assert _masking(card) == "token 15%, 80/20/0 (override)"
+    assert _masking(card) == "token 15%, 80/0/20 (override)"
+
+
+def test_rewording_a_setting_reruns_nothing_but_a_changed_override_does(tmp_path):
+    """The plan key holds what decides an arm's numbers; the `setting` text is a label. Arms finished
+    under the older key (label included) still count as finished after the label is reworded."""
+    arm = ablate.Arm(name="m", setting="masking 80/0/20", pretrain={"data": {"mask_token_fraction": 0.8}})
+    cfg = ablate.AblateConfig(out=str(tmp_path), tasks={"sst2": {}}, source="g.yaml", arms=[arm])
+    d = tmp_path / "arms" / "m"
+    d.mkdir(parents=True)
+    legacy = ablate._labelled_plan_key(cfg, arm, "masking 80/0/20")
+    (d / "arm.json").write_text(json.dumps({"status": "done", "setting": "masking 80/0/20", "plan": legacy}))
+    reworded = ablate.Arm(name="m", setting="[MASK]/random/kept 80/0/20", pretrain=arm.pretrain)
+    cfg.arms = [reworded]
+    assert ablate.finished(cfg, reworded)
+    assert ablate.plan_key(cfg, reworded) == ablate.plan_key(cfg, arm)
+    changed = ablate.Arm(name="m", setting="[MASK]/random/kept 80/0/20",
+                         pretrain={"data": {"mask_token_fraction": 0.7}})
+    cfg.arms = [changed]
+    assert not ablate.finished(cfg, changed)

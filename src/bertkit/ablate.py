@@ -614,23 +614,35 @@ def weights_id(model: Path) -> list:
 def finished(cfg: AblateConfig, arm: Arm) -> bool:
     """Done with the current plan, on the model that is there now (a probe arm's source may have been redone)."""
     info = _read_json(Path(cfg.out) / "arms" / arm.name / "arm.json") or {}
-    if info.get("status") != "done" or info.get("plan") != plan_key(cfg, arm):
+    if info.get("status") != "done" or info.get("plan") not in (plan_key(cfg, arm),
+                                                                _labelled_plan_key(cfg, arm, info.get("setting"))):
         return False
     return arm.model_from is None or weights_id(Path(info.get("model", ""))) == info.get("weights")
 
 
 def plan_key(cfg: AblateConfig, arm: Arm) -> str:
     """Everything that decides an arm's numbers (a finished arm with another plan is rerun). Fields at
-    their defaults are left out, so a later version that adds an arm field keeps finished arms."""
-    return _key({"arm": _given(arm), "base": [cfg.corpus, cfg.eval_documents, cfg.split_seed,
-                 cfg.tokenizer, cfg.prepare, cfg.pretrain, cfg.finetune, cfg.tasks, cfg.seeds,
-                 dataclasses.asdict(cfg.budget), cfg.mlm_eval_instances],
-                 "source": [_given(a) for a in cfg.arms if a.name == arm.model_from]})
+    their defaults are left out, so a later version that adds an arm field keeps finished arms; the
+    `setting` text is a label, so rewording it reruns nothing."""
+    return _key(_plan(cfg, arm, label=False))
 
 
-def _given(arm: Arm) -> dict:
+def _labelled_plan_key(cfg: AblateConfig, arm: Arm, setting: str | None) -> str:
+    """The plan key of an arm finished before labels were left out, with the label it ran under."""
+    return _key(_plan(cfg, dataclasses.replace(arm, setting=setting or ""), label=True))
+
+
+def _plan(cfg: AblateConfig, arm: Arm, label: bool) -> dict:
+    return {"arm": _given(arm, label), "base": [cfg.corpus, cfg.eval_documents, cfg.split_seed,
+            cfg.tokenizer, cfg.prepare, cfg.pretrain, cfg.finetune, cfg.tasks, cfg.seeds,
+            dataclasses.asdict(cfg.budget), cfg.mlm_eval_instances],
+            "source": [_given(a, label) for a in cfg.arms if a.name == arm.model_from]}
+
+
+def _given(arm: Arm, label: bool = False) -> dict:
     defaults = Arm(name=arm.name)
-    return {k: v for k, v in dataclasses.asdict(arm).items() if v != getattr(defaults, k) or k == "name"}
+    return {k: v for k, v in dataclasses.asdict(arm).items()
+            if (v != getattr(defaults, k) or k == "name") and (label or k != "setting")}
 
 
 def one_line(e: BaseException) -> str:

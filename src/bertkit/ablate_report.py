@@ -357,7 +357,7 @@ def _masking(card: dict) -> str:
         return "—"
     mask, rand = m.get("mask_token_fraction", 0), m.get("random_token_fraction", 0)
     text = (f"{m.get('mode')} {100 * m.get('mask_prob', 0):.0f}%, "
-            f"{100 * mask:.0f}/{100 * rand:.0f}/{abs(100 * (1 - mask - rand)):.0f}")   # abs: 1 - 0.8 - 0.2 < 0
+            f"{100 * mask:.0f}/{abs(100 * (1 - mask - rand)):.0f}/{100 * rand:.0f}")   # abs: 1 - 0.8 - 0.2 < 0
     return text + (" (override)" if phases[0].get("overridden") else "")
 
 
@@ -365,7 +365,7 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
     """One row per finished arm with what its run cards say ran: the check that each setting reached
     the computation (the 'setting' column above is what was asked)."""
     out = ["## As trained (from each arm's run cards)", "",
-           "| arm | objective | attention | norm | masking as trained: mode rate, [MASK]/random/kept | model | "
+           "| arm | objective | attention | norm | masking as trained: mode rate, MASK/SAME/RND (the paper's order) | model | "
            "batch x length, updates | held-out 12-gram overlap | precision | fine-tuning |",
            "|---|---|---|---|---|---|---|---:|---|---|"]
     for st in states:
