@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 from importlib import resources
 from pathlib import Path
 
@@ -159,10 +160,21 @@ def test_rerun_skips_finished_arms_and_reuses_runs(grid):
     summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base"]))
     assert summary["ran"] == ["base"] and card.stat().st_mtime_ns == before and seed0.stat().st_mtime_ns == t0
     assert {r["seed"] for r in rows_of(out) if r["arm"] == "base"} == {0, 1, 2}
-    # and a finished arm whose pre-training settings changed is refused, not mixed
-    cfg.pretrain["optim"]["lr"] = 5e-4
+    # and a finished arm whose pre-training settings changed is pre-trained again, not mixed: the
+    # earlier run is kept aside (on a copy of the grid, which the other tests share)
+    copy = out.parent / "out_changed"
+    shutil.copytree(out, copy)
+    cfg.out, cfg.pretrain["optim"]["lr"] = str(copy), 5e-4
     state = ablate.run_arm(cfg, cfg.arms[0], ablate.Shared(cfg), ablate.RunOptions())
-    assert state["status"] == "failed" and "pre-trained with other settings" in state["error"]
+    assert state["status"] == "done", state["error"]
+    kept = list((copy / "arms" / "base").glob("pretrain.replaced-*"))
+    assert len(kept) == 1 and (kept[0] / "final" / "config.json").is_file()
+    assert "lr: 0.0005" in (copy / "arms" / "base" / "pretrain" / "config.yaml").read_text()
+    # a pre-training the grid did not make (no marker of its own) is refused
+    (copy / "arms" / "base" / "pretrain" / "ablate_key.json").unlink()
+    cfg.pretrain["optim"]["lr"] = 4e-4
+    state = ablate.run_arm(cfg, cfg.arms[0], ablate.Shared(cfg), ablate.RunOptions())
+    assert state["status"] == "failed" and "did not make" in state["error"]
 
 
 def test_claims_leave_running_arms_to_their_process(grid, tmp_path):

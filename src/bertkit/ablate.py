@@ -711,9 +711,16 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
     if finished and same:
         log.info("ablate: arm %s: pre-training finished before; reusing %s", arm.name, out / "final")
     else:
-        if finished:
-            raise BertkitError(f"{out}: pre-trained with other settings; delete that folder to pre-train "
-                               "this arm again")
+        old_key = (_read_json(out / "ablate_key.json") or {}).get("key")
+        if finished and old_key is None:
+            raise BertkitError(f"{out}: a pre-training this grid did not make; move it away to pre-train "
+                               "this arm here")
+        if finished:                                     # the grid's own run, of settings the arm no longer has
+            kept = out.with_name(f"pretrain.replaced-{old_key[:8]}")
+            shutil.rmtree(kept, ignore_errors=True)
+            out.rename(kept)
+            log.warning("ablate: arm %s: its settings changed; the earlier pre-training is kept in %s and "
+                        "the arm is pre-trained again", arm.name, kept)
         if not same:                                     # an unfinished run of other settings: start afresh
             shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
