@@ -75,7 +75,7 @@ def main() -> int:
     args = ap.parse_args()
     import transformers
 
-    from bertkit import fast
+    from bertkit import packing
     from bertkit.checkpoint import load_model
     from bertkit.model import BertConfig, BertModel, init_weights
     from bertkit.tokenizer import Tokenizer
@@ -88,13 +88,13 @@ def main() -> int:
     mask = b["attention_mask"]
 
     calls = {"varlen": 0}
-    if fast._varlen_attn is not None:
-        inner = fast._varlen_attn
+    if packing._varlen_attn is not None:
+        inner = packing._varlen_attn
 
         def counted(*a, **k):
             calls["varlen"] += 1
             return inner(*a, **k)
-        fast._varlen_attn = counted
+        packing._varlen_attn = counted
 
     ours = load_model(path).to(dev).eval()
     hf = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float32).to(dev).eval()
@@ -104,16 +104,16 @@ def main() -> int:
         return model(b["input_ids"], b["token_type_ids"], mask)
 
     def bertkit_packed(model):
-        flat, p = fast.pack(b["input_ids"], mask, b["token_type_ids"])
+        flat, p = packing.pack(b["input_ids"], mask, b["token_type_ids"])
         h = model(flat["input_ids"], flat["token_type_ids"], None, flat["position_ids"], p)   # (N, C)
-        return fast.unpack(h, p)
+        return packing.unpack(h, p)
 
     def transformers_out(model):
         return model(input_ids=b["input_ids"], attention_mask=mask, token_type_ids=b["token_type_ids"]).last_hidden_state
 
     out: dict = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                  "torch": torch.__version__, "transformers": transformers.__version__,
-                 "tokens": int(mask.sum()), "texts": int(mask.shape[0]), "varlen_available": fast._varlen_attn is not None}
+                 "tokens": int(mask.sum()), "texts": int(mask.shape[0]), "varlen_available": packing._varlen_attn is not None}
     failures: list[str] = []
     with torch.inference_mode():
         ref = real(transformers_out(hf), mask)
@@ -151,7 +151,7 @@ def main() -> int:
             failures.append(f"bf16 packed vs padded {bf['packed_vs_padded_bf16']['max_abs']:.3g} > {lim:.3g}")
         bf["tolerance"] = "<= 1.5x transformers bf16's own error vs fp32 (max and mean), min cosine >= 0.999"
         out["bf16"] = bf
-        if dev.type == "cuda" and fast._varlen_attn is not None and out["varlen_calls_in_bf16_packed"] == 0:
+        if dev.type == "cuda" and packing._varlen_attn is not None and out["varlen_calls_in_bf16_packed"] == 0:
             failures.append("the bf16 packed path did not call varlen flash attention")
 
         # a causal model: packed bf16 (varlen, causal window) vs padded bf16 (SDPA with a causal mask)

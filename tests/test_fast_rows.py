@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertkit.fast import PrepackedLinear, can_prepack, gemm_rows
+from bertkit.prepack import PrepackedLinear, can_prepack, gemm_rows
 
 
 def test_gemm_rows_few_sizes_little_padding():
@@ -35,7 +35,7 @@ def test_warm_gemm_shapes_runs_each_distinct_layer_at_each_size():
     lin = torch.nn.Linear(8, 12)
     if not can_prepack(lin):
         pytest.skip("no oneDNN prepacked Linear in this torch build")
-    from bertkit.fast import warm_gemm_shapes
+    from bertkit.prepack import warm_gemm_shapes
 
     model = torch.nn.ModuleList([PrepackedLinear(lin), PrepackedLinear(torch.nn.Linear(8, 12)),
                                  PrepackedLinear(torch.nn.Linear(12, 8)), PrepackedLinear(lin, "gelu", "tanh")])
@@ -47,7 +47,7 @@ def test_warm_gemm_shapes_runs_each_distinct_layer_at_each_size():
 def test_varlen_direction_follows_the_installed_signature():
     """torch 2.10's varlen_attn takes is_causal, later ones window_size: the call is built from the
     signature, so a GPU with either torch gets the right attention direction."""
-    from bertkit.fast import _varlen_direction_args
+    from bertkit.packing import _varlen_direction_args
 
     def torch_2_10(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=False, return_aux=None):
         pass

@@ -14,7 +14,7 @@ import torch
 
 from bertkit import Tokenizer, preset
 from bertkit.checkpoint import build, save_model
-from bertkit.fast import prepack_disabled
+from bertkit.prepack import prepack_disabled
 from bertkit.infer import Predictor, PredictorError, agreement, length_buckets
 
 transformers = pytest.importorskip("transformers")
@@ -353,8 +353,8 @@ def test_outputs_follow_the_task_contract(tmp_path_factory, tok, prepack):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_fixed_length_packed_batch_equals_padded(causal):
-    """fast.packed_attention's shortcut for batches without padding (a view, no mask)."""
-    from bertkit.fast import pack, unpack
+    """packing.packed_attention's shortcut for batches without padding (a view, no mask)."""
+    from bertkit.packing import pack, unpack
     from bertkit.model import BertModel
 
     torch.manual_seed(0)
@@ -371,9 +371,9 @@ def test_fixed_length_packed_batch_equals_padded(causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_groups_equal_one_padded_call(causal):
-    """fast.attention_groups: a ragged batch's attention in runs of similar lengths gives what one
+    """packing.attention_groups: a ragged batch's attention in runs of similar lengths gives what one
     call padded to the longest gives (sorted as the Predictor batches, and shuffled)."""
-    from bertkit.fast import attention_groups, packed_attention, packing
+    from bertkit.packing import attention_groups, packed_attention, packing
 
     lengths = [int(x) for x in torch.linspace(128, 8, 32).round()]
     g = torch.Generator().manual_seed(0)
@@ -395,9 +395,9 @@ def test_attention_groups_equal_one_padded_call(causal):
 
 
 def test_pack_rows_equals_pack_of_the_padded_batch():
-    """fast.pack_rows (what the Predictor runs) builds exactly the layout `pack` makes of the
+    """packing.pack_rows (what the Predictor runs) builds exactly the layout `pack` makes of the
     right-padded batch, ragged or not."""
-    from bertkit.fast import pack, pack_rows
+    from bertkit.packing import pack, pack_rows
 
     g = torch.Generator().manual_seed(0)
     for lengths in ([4, 9, 1, 9, 3], [7, 7, 7], [16]):
@@ -428,11 +428,12 @@ def test_agreement_reports_accuracy_on_labels(tmp_path_factory, tok):
 
 @pytest.mark.parametrize("act, causal", [("gelu", False), ("gelu_new", False), ("relu", False), ("gelu", True)])
 def test_prepacked_linears_equal_plain_layers(act, causal):
-    """fast.prepack_linears: oneDNN-packed weights (Q, K, V as one GEMM, GELU fused) give the
+    """prepack.prepack_linears: oneDNN-packed weights (Q, K, V as one GEMM, GELU fused) give the
     plain model's numbers, padded and packed."""
     import copy
 
-    from bertkit.fast import FusedSelfAttention, PrepackedLinear, can_prepack, pack, prepack_linears
+    from bertkit.packing import pack
+    from bertkit.prepack import FusedSelfAttention, PrepackedLinear, can_prepack, prepack_linears
     from bertkit.model import BertModel
 
     torch.manual_seed(0)
@@ -462,23 +463,23 @@ def test_prepacked_linears_equal_plain_layers(act, causal):
 
 
 def test_prepack_falls_back_when_the_kernel_disagrees_or_fails(monkeypatch):
-    from bertkit import fast
     from bertkit.model import BertModel
+    from bertkit.prepack import PrepackedLinear, can_prepack, prepack_linears
 
     model = BertModel(preset("tiny", vocab_size=500)).eval()
-    if not fast.can_prepack(model) or prepack_disabled():
+    if not can_prepack(model) or prepack_disabled():
         pytest.skip("this torch build has no oneDNN prepacked Linear (or BERTKIT_PREPACK=0)")
     plain = [type(m) for m in model.modules()]
-    monkeypatch.setattr(fast.PrepackedLinear, "forward", lambda self, x: torch.zeros(len(x), self.out_features))
-    assert not fast.prepack_linears(model)
-    monkeypatch.setattr(fast.PrepackedLinear, "forward", lambda self, x: (_ for _ in ()).throw(RuntimeError("no kernel")))
-    assert not fast.prepack_linears(model)
+    monkeypatch.setattr(PrepackedLinear, "forward", lambda self, x: torch.zeros(len(x), self.out_features))
+    assert not prepack_linears(model)
+    monkeypatch.setattr(PrepackedLinear, "forward", lambda self, x: (_ for _ in ()).throw(RuntimeError("no kernel")))
+    assert not prepack_linears(model)
     assert [type(m) for m in model.modules()] == plain           # untouched either way
-    assert not fast.can_prepack(BertModel(preset("tiny", vocab_size=500)).half())
+    assert not can_prepack(BertModel(preset("tiny", vocab_size=500)).half())
 
 
 def test_predictor_prepacks_on_cpu_only_when_it_applies(minilm_default, monkeypatch):
-    from bertkit.fast import can_prepack
+    from bertkit.prepack import can_prepack
 
     plain = Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", prepack=False)
     if not can_prepack(plain.model) or prepack_disabled():

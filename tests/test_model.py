@@ -9,8 +9,8 @@ import torch
 import bertkit
 from bertkit.checkpoint import CheckpointError, load_model, save_model
 from bertkit.config import BertConfig, ConfigError, preset
-from bertkit.fast import pack, unpack
 from bertkit.model import BertForPreTraining, BertModel, init_weights
+from bertkit.packing import pack, unpack
 
 from conftest import hf_tiny_config
 

@@ -192,7 +192,7 @@ def test_probe_exports_to_onnx(minilm, sst_dir, tmp_path):
 def test_causal_model_probes_read_the_last_token(tiny_model):
     """Under a causal mask [CLS] sees only itself: sentence probes default to the last real token
     (padded and packed agree) and refuse [CLS]."""
-    from bertkit.fast import pack
+    from bertkit.packing import pack
 
     encoder = load_model(tiny_model, head="encoder")
     encoder.config.causal = True

@@ -7,8 +7,8 @@ import torch
 
 from bertkit.checkpoint import build, load_model, save_model
 from bertkit.config import BertConfig, ConfigError, preset
-from bertkit.fast import pack
 from bertkit.optim import lr_at
+from bertkit.packing import pack
 
 
 def _ids(B=3, T=12, V=100, seed=0):
@@ -147,7 +147,7 @@ def test_packed_auto_follows_the_device_and_what_varlen_can_run():
     """'auto' packs on the CPU; on a GPU only where varlen flash attention runs it (bf16/fp16 and no
     attention dropout), since packed attention is otherwise a padded call plus copies (slower on an
     H200); the reason is recorded for the run card."""
-    from bertkit import fast
+    from bertkit import packing
     from bertkit.model import BertConfig
     from bertkit.train import resolve_packed
 
@@ -159,5 +159,5 @@ def test_packed_auto_follows_the_device_and_what_varlen_can_run():
     assert resolve_packed("auto", gpu, torch.float32, nodrop)[0] is False
     packed, why = resolve_packed("auto", gpu, torch.bfloat16, drop)
     assert packed is False and "dropout" in why
-    if fast._varlen_attn is not None:
+    if packing._varlen_attn is not None:
         assert resolve_packed("auto", gpu, torch.bfloat16, nodrop) == (True, "auto: packed (varlen flash attention)")

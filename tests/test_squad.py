@@ -508,8 +508,8 @@ def test_packed_qa_loss_is_each_window_alone(examples, tokenizer):
     """Packed QA batches: logits equal the padded path on real tokens, and each window's loss is
     its softmax over its own tokens, i.e. what the padded model gives for that window alone."""
     from bertkit.config import preset
-    from bertkit.fast import pack
     from bertkit.model import BertForQuestionAnswering
+    from bertkit.packing import pack
 
     torch.manual_seed(0)
     model = BertForQuestionAnswering(preset("tiny", vocab_size=tokenizer.vocab_size)).eval()

@@ -113,7 +113,7 @@ class FinetuneConfig:
     probe_layers: int | None = None
     """Older spelling: with freeze, concatenate the last K layers (= probe_features concat_last_K)."""
     packed: bool = True
-    """Padding-free batches (`bertkit.fast.pack`) on heads that accept them."""
+    """Padding-free batches (`bertkit.packing.pack`) on heads that accept them."""
     skip_bad_rows: bool = False
     threads: int = 0
     """torch CPU threads (0 = default)."""
@@ -277,7 +277,7 @@ def build_model(task: Task, cfg: FinetuneConfig, labels: Sequence[str] | None) -
 # ---- batches ------------------------------------------------------------------------------------
 def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bool, with_targets: bool):
     """Collate, run the model (packed where the head allows), return (out, loss, batch, layout)."""
-    from .fast import pack
+    from .packing import pack
 
     batch = task.collate(features)
     if not with_targets:

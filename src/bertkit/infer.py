@@ -5,7 +5,7 @@ the planned redesign moves the head-specific output code onto the heads.
 
 The one object the CLI (`bertkit embed`, `fill-mask`, `predict`), the HTTP server and the Python
 API use. Inputs are tokenized, sorted by length and cut into batches of similar length (bucketing);
-each batch runs the padding-free encoder path (`fast.pack` -> `model(..., packed=...)`) under
+each batch runs the padding-free encoder path (`packing.pack` -> `model(..., packed=...)`) under
 `torch.inference_mode`, so no FLOP is spent on padding; results come back in input order.
 
     p = Predictor.from_dir("path/to/checkpoint")
@@ -18,7 +18,7 @@ and 10-40x slower) the model runs in bf16 if, on a fixed sample of texts at load
 embeddings, token states and head outputs keep cosine >= 0.999 to fp32; otherwise, and on GPUs,
 fp32. `precision`, `precision_reason` and `precision_check` (or `describe()`) say what runs and
 why; `BERTKIT_BF16=0/1` overrides the measurement. On the CPU the encoder's Linear weights are
-prepacked for oneDNN with GELU fused into the FFN (`fast.prepack_linears`, fp32: same outputs to
+prepacked for oneDNN with GELU fused into the FFN (`prepack.prepack_linears`, fp32: same outputs to
 fp32 rounding; `prepack=False` or `BERTKIT_PREPACK=0` keeps plain layers).
 Options: `threads` (torch intra-op threads), `int8` (dynamic int8 quantisation of the Linear
 layers, per output channel; its agreement with fp32 on the sample is measured at load, and
@@ -27,7 +27,7 @@ the encoder), `backend="onnx"` (an exported graph on onnxruntime, see `onnx_expo
 `backend="openvino"` (the model converted by OpenVINO at load: the fastest short requests).
 
 (Over 600 lines: one class whose task methods share one batch loop and one precision choice;
-the numerics live in fast.py, model.py and hardware.py.)
+the numerics live in packing.py, prepack.py, model.py and hardware.py.)
 """
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import BertkitError
-from .fast import Packed, pack_rows, prepack_linear, prepack_linears
 from .model import BertModel
+from .packing import Packed, pack_rows
+from .prepack import prepack_linear, prepack_linears
 from .tokenizer import Encoding, Tokenizer
 
 log = logging.getLogger("bertkit")
@@ -194,7 +195,7 @@ class Predictor:
         or 'auto' (bf16 on a CPU where it is faster and accurate, else fp32; see the module
         docstring), 'float32', 'bfloat16' or 'float16' (GPU; the packed path then runs varlen
         flash attention); prepack: on the CPU in fp32 or bf16 (no int8, no compile), reorder the
-        encoder's Linear weights for oneDNN and fuse the FFN's GELU (`fast.prepack_linears`).
+        encoder's Linear weights for oneDNN and fuse the FFN's GELU (`prepack.prepack_linears`).
         """
         from .checkpoint import load_model
 

@@ -7,8 +7,8 @@ Shape letters used in comments:
 Two layouts flow through the same blocks:
   * padded: x is (B, T, C) and `layout` is the (B, T) attention mask (1 = real token) or None;
   * packed: x is (N, C), all real tokens of the batch back to back, and `layout` is a
-    `fast.Packed` (cumulative sequence lengths). Only attention needs to know which one it
-    is; that single boundary is `fast.packed_attention`. Everything else is per token.
+    `packing.Packed` (cumulative sequence lengths). Only attention needs to know which one it
+    is; that single boundary is `packing.packed_attention`. Everything else is per token.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .fast import Packed, packed_attention, unpack
+from .packing import Packed, packed_attention, unpack
 
 
 def activation(name: str):
@@ -143,7 +143,7 @@ class BertModel(nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         if position_ids is None:
             if packed is not None:
-                raise ValueError("a packed batch needs explicit position_ids (see fast.pack)")
+                raise ValueError("a packed batch needs explicit position_ids (see packing.pack)")
             T = input_ids.shape[-1]
             if T > self.config.max_position_embeddings:
                 raise ValueError(f"sequence of {T} tokens is longer than max_position_embeddings "

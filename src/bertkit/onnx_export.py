@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import BertkitError
-from .fast import Packed
+from .packing import Packed
 
 log = logging.getLogger("bertkit")
 

@@ -30,6 +30,7 @@ import os
 import random
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,20 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 FORMAT = 2                 # 1: trainer.pt + rng-rank*.pt (pickles); 2: JSON + safetensors
 _TREE_KEY = "bertkit.tree"
 _NUMPY_DTYPES = {"uint32", "int32", "int64", "uint64", "float32", "float64", "uint8", "bool"}
+
+
+@dataclass
+class State:
+    """Everything that changes during training and is saved in a checkpoint."""
+    step: int = 0                                    # updates done
+    phase: int = 0
+    epoch: list = field(default_factory=lambda: [0, 0])
+    offset: list = field(default_factory=lambda: [0, 0])   # updates done within the epoch, per phase
+    elapsed: float = 0.0                             # seconds of training so far (all sessions)
+    tokens: int = 0                                  # real tokens seen (all ranks)
+    flops: float = 0.0
+    bad_steps: int = 0                               # non-finite losses in a row
+    skipped: int = 0                                 # non-finite losses in total
 
 
 # ---- state as tensors + JSON ---------------------------------------------------------------------
@@ -268,8 +283,6 @@ def find_checkpoint(root: Path) -> Path | None:
 
 def load_checkpoint(run: dict, path: Path, world: D.World) -> None:
     """Restore optimizer, scaler, loop state and RNGs (the weights were loaded when the model was built)."""
-    from .train import State
-
     trainer, rng = _read_trainer(path), _read_rng(path, world.rank)
     cfg = run["cfg"]
     try:

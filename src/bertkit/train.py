@@ -28,7 +28,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +38,13 @@ import torch
 from . import distributed as D
 from .checkpoint import build, load_model
 from .config import preset
-from .fast import pack
 from .model import init_weights, num_parameters
+from .packing import pack
 from .optim import build_optimizer, lr_at
 from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config, to_dict
 from .runlog import (MetricsLog, Window, bar_update, gemm_peak, hardware, plot_curves, progress_bar,
                      read_jsonl, step_flops, tensorboard_writer, write_run_card)
-from .runstate import export_model, find_checkpoint, load_checkpoint, save_checkpoint
+from .runstate import State, export_model, find_checkpoint, load_checkpoint, save_checkpoint
 
 log = logging.getLogger("bertkit")
 # Tests set BERTKIT_TEST_KILL_AT_STEP=N to SIGKILL the process right after update N (no cleanup runs).
@@ -63,20 +63,6 @@ class Phase:
     grad_accum: int
     max_len: int = 0
     held_out: Any = None         # data.heldout.HeldOut: what evaluation uses (first phase), measured against training
-
-
-@dataclass
-class State:
-    """Everything that changes during training and is saved in a checkpoint."""
-    step: int = 0                                    # updates done
-    phase: int = 0
-    epoch: list = field(default_factory=lambda: [0, 0])
-    offset: list = field(default_factory=lambda: [0, 0])   # updates done within the epoch, per phase
-    elapsed: float = 0.0                             # seconds of training so far (all sessions)
-    tokens: int = 0                                  # real tokens seen (all ranks)
-    flops: float = 0.0
-    bad_steps: int = 0                               # non-finite losses in a row
-    skipped: int = 0                                 # non-finite losses in total
 
 
 def pretrain(cfg: PretrainConfig, command: str = "") -> dict:
@@ -209,7 +195,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
 
 
 def resolve_packed(name: str, device: torch.device, precision: torch.dtype, model_cfg) -> tuple[bool, str]:
-    """Whether the encoder runs padding-free (`fast.pack`), and why. 'auto': on the CPU always (the
+    """Whether the encoder runs padding-free (`packing.pack`), and why. 'auto': on the CPU always (the
     linear layers skip the padding, attention is grouped by length; benchmarks/pretrain_vs_hf.py);
     on a GPU only where varlen flash attention serves it (bf16/fp16 and no attention dropout):
     otherwise packed attention is one padded SDPA call plus a scatter and a gather per layer, and
@@ -219,9 +205,9 @@ def resolve_packed(name: str, device: torch.device, precision: torch.dtype, mode
         return choice == "true", f"asked: train.packed={choice}"
     if device.type != "cuda":
         return True, "auto: padding-free on the CPU"
-    from . import fast
+    from . import packing
 
-    if fast._varlen_attn is None:
+    if packing._varlen_attn is None:
         return False, "auto: padded (this torch has no varlen flash attention)"
     if precision not in (torch.bfloat16, torch.float16):
         return False, "auto: padded (varlen flash attention needs bf16/fp16)"

@@ -194,7 +194,7 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
 
 def load_for_inference(model_dir: str, task_name: str | None, args: argparse.Namespace):
     """(model, tokenizer, task, labels, config.json) of a checkpoint."""
-    from ..fast import prepack_linears
+    from ..prepack import prepack_linears
     from ..finetune import load_finetuned, resolve_task, task_of_checkpoint
     from ..tokenizer import Tokenizer
 

@@ -100,7 +100,7 @@ class Task:
     stride: int | None = None
     """Default overlap (tokens) between sliding windows of long inputs; None = no windows."""
     packed: bool = True
-    """Whether the head accepts padding-free packed batches (`bertkit.fast.pack`)."""
+    """Whether the head accepts padding-free packed batches (`bertkit.packing.pack`)."""
     description: str = ""
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The one speed boundary: padding-free (packed) batches and the attention that runs on them.
+"""The one speed boundary of the model: padding-free (packed) batches and the attention that runs on them.
 
 A padded batch (B, T) with attention mask becomes the N real tokens back to back, plus
 `cu_seqlens` (B+1,), the offsets where each sequence starts. Linear layers, LayerNorm and the
@@ -13,21 +13,17 @@ the only operation that needs to know where sequences start and end:
     (N, C); attention itself is small next to the linear layers.
 Both are numerically the padded path: tests compare them.
 
-The second speed-up here is for inference on the CPU (`prepack_linears`, used by `Predictor`):
-the encoder's Linear weights are reordered once into oneDNN's blocked layout, and the FFN's
-GELU runs inside the first FFN GEMM, as inductor does when it freezes a model. The model code is
-unchanged; the same numbers come out (checked when the weights are packed).
+`model.py` imports this file; nothing here knows the model. The CPU inference speed-up
+(prepacked oneDNN weights) is in `prepack.py`.
 """
 from __future__ import annotations
 
 import inspect
-import logging
-import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 try:  # torch >= 2.10 ships variable-length flash attention
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
@@ -200,201 +196,3 @@ def _padded_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool, 
     y = F.scaled_dot_product_attention(to_buffer(q, "q"), to_buffer(k, "k"), to_buffer(v, "v"),
                                        attn_mask=allowed, dropout_p=dropout_p)
     return y.transpose(1, 2).reshape(B * L, H * D).index_select(0, p.pad_indices).view(N, H, D)
-
-
-# ---- CPU inference: prepacked Linear layers ------------------------------------------------------
-log = logging.getLogger("bertkit")
-
-_FUSED_GELU = {"gelu": "none", "gelu_python": "none",              # oneDNN's exact (erf) GELU
-               "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_python_tanh": "tanh",
-               "gelu_fast": "tanh", "gelu_accurate": "tanh"}
-
-
-class PrepackedLinear(nn.Module):
-    """act(x W^T + b) with W reordered once into oneDNN's blocked layout; inference only, CPU,
-    fp32 or bf16 (input, weight and output of the Linear's dtype).
-
-    `post` is a pointwise op fused into the GEMM ("none" or "gelu" with `algorithm` "none" =
-    erf, "tanh" = tanh approximation). The packed weight is opaque: keep the original module if
-    you need to train or save."""
-
-    def __init__(self, linear: nn.Linear, post: str = "none", algorithm: str = ""):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.post, self.algorithm = post, algorithm
-        w = linear.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-        self.bias = linear.bias.detach().clone() if linear.bias is not None else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        # oneDNN builds and caches kernels per row count, ~0.7 MB each and never given back: a
-        # server seeing every packed length 1..2048 grew by GBs. Rows padded to one of ~100
-        # sizes (`gemm_rows`) bound that memory and reuse the kernels, for ~2% more arithmetic.
-        n = x.shape[0]
-        m = gemm_rows(n) if x.dim() == 2 else n
-        if m != n:
-            x = F.pad(x, (0, 0, 0, m - n))
-        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post, [], self.algorithm)
-        return y[:n] if m != n else y
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, post={self.post!r}"
-
-
-def gemm_rows(n: int) -> int:
-    """n rounded up to one of few GEMM row counts: exact up to 32, then 8 sizes per power of two
-    (at most 1/8 more rows)."""
-    if n <= 32:
-        return n
-    step = 1 << (n.bit_length() - 4)
-    return -(-n // step) * step
-
-
-def warm_gemm_shapes(model: nn.Module, max_rows: int) -> int:
-    """Run each distinct PrepackedLinear of `model` once at every `gemm_rows` size up to max_rows,
-    so oneDNN builds its kernels now (a server: before traffic, memory flat from the first
-    request, no first-time kernel build in a request's latency). Returns the GEMMs run."""
-    distinct = {}
-    for m in model.modules():
-        if isinstance(m, PrepackedLinear):
-            distinct.setdefault((m.in_features, m.out_features, m.post, m.algorithm, m.packed.dtype), m)
-    sizes = sorted({gemm_rows(n) for n in range(1, max_rows + 1)})
-    with torch.inference_mode():
-        for lin in distinct.values():
-            for rows in sizes:
-                lin(torch.zeros(rows, lin.in_features, dtype=lin.packed.dtype))
-    return len(distinct) * len(sizes)
-
-
-def can_prepack(model: nn.Module) -> bool:
-    """Whether `prepack_linears` applies: x86 oneDNN build, fp32 (or bf16, where oneDNN has bf16
-    kernels) weights on the CPU."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    params = list(model.parameters())
-    dtypes = {t.dtype for t in params}
-    if dtypes == {torch.bfloat16}:
-        try:
-            if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-                return False
-        except (RuntimeError, AttributeError):
-            return False
-    elif dtypes != {torch.float32}:
-        return False
-    return all(t.device.type == "cpu" for t in params)
-
-
-def prepack_disabled() -> bool:
-    """`BERTKIT_PREPACK=0` (or false/no/off) turns prepacking off everywhere: a switch to run the
-    same code (the test suite, a server, an evaluation) on the plain Linear layers."""
-    return os.environ.get("BERTKIT_PREPACK", "1").strip().lower() in ("0", "false", "no", "off")
-
-
-class CastLinear(nn.Module):
-    """A Linear in another precision than the activations around it: x cast to the weights'
-    dtype, the result cast back (the int8 model's bf16 FFN down projection)."""
-
-    def __init__(self, linear: nn.Module, dtype: torch.dtype):
-        super().__init__()
-        self.linear, self.dtype = linear, dtype
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.linear(x.to(self.dtype)).to(x.dtype)
-
-
-def prepack_linear(linear: nn.Linear, cast: bool = False) -> nn.Module:
-    """One Linear prepacked for oneDNN where that applies and agrees with F.linear, else as it
-    is; cast=True: wrapped to take and return fp32 activations whatever its own dtype."""
-    out: nn.Module = linear
-    if not prepack_disabled() and can_prepack(linear):
-        dtype = linear.weight.dtype
-        try:
-            with torch.no_grad():
-                out = _checked(linear, "none", "", torch.Generator().manual_seed(0),
-                               1e-4 if dtype == torch.float32 else 2e-2) or linear
-        except (RuntimeError, NotImplementedError, AttributeError):
-            out = linear
-    if cast and linear.weight.dtype != torch.float32:
-        out = CastLinear(out, linear.weight.dtype)
-    return out
-
-
-class FusedSelfAttention(nn.Module):
-    """`model.SelfAttention` for inference with Q, K and V from one prepacked GEMM,
-    x [W_q; W_k; W_v]^T: one weight read and one kernel call instead of three (`prepack_linears`)."""
-
-    def __init__(self, num_heads: int, causal: bool, qkv: PrepackedLinear, out: PrepackedLinear):
-        super().__init__()
-        self.num_heads, self.causal, self.qkv, self.out = num_heads, causal, qkv, out
-
-    def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)      # (..., H, D) each
-        if isinstance(layout, Packed):                     # (N, H, D)
-            y = packed_attention(q, k, v, layout, causal=self.causal)
-        else:                                              # (B, T, H, D) -> (B, H, T, D), as SelfAttention
-            from .model import attention_bias
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias(layout, q, self.causal),
-                                               is_causal=self.causal and layout is None).transpose(1, 2)
-        return self.out(y.flatten(-2))                     # (..., C)
-
-
-def prepack_linears(model: nn.Module, rtol: float | None = None) -> bool:
-    """Swap the encoder blocks' Linear layers for PrepackedLinear (in place): attention's Q, K and
-    V as one GEMM (`FusedSelfAttention`), GELU fused into the FFN's first GEMM. Each packed
-    GEMM is checked against F.linear on a random input (rtol: 1e-4 in fp32, 2e-2 in bf16, about
-    5 bf16 ulps); on any error or disagreement the model is left as it was. Returns whether the
-    swap happened (never under BERTKIT_PREPACK=0)."""
-    if prepack_disabled() or not can_prepack(model):
-        return False
-    from .model import Block, SelfAttention     # a runtime import: model.py imports this file
-    fused = _FUSED_GELU.get(getattr(getattr(model, "config", None), "hidden_act", None))
-    dtype = next(model.parameters()).dtype
-    rtol = rtol if rtol is not None else (1e-4 if dtype == torch.float32 else 2e-2)
-    swaps = []                                  # (block, FusedSelfAttention, up, down, GELU fused)
-    try:
-        gen = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for block in (m for m in model.modules() if isinstance(m, Block)):
-                attn, ff = block.attn, block.mlp
-                layers = [getattr(attn, n, None) for n in ("query", "key", "value", "out")] + [ff.up, ff.down]
-                if type(attn) is not SelfAttention or any(type(m) is not nn.Linear for m in layers):
-                    return False
-                q, k, v, out, up, down = layers
-                qkv = nn.Linear(q.in_features, 3 * q.out_features).to(dtype)
-                qkv.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
-                qkv.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
-                act = ("gelu", fused) if fused else ("none", "")
-                packed = [_checked(lin, *post, gen, rtol) for lin, post in
-                          ((qkv, ("none", "")), (out, ("none", "")), (up, act), (down, ("none", "")))]
-                if any(p is None for p in packed):
-                    return False
-                swaps.append((block, FusedSelfAttention(attn.num_heads, attn.causal, packed[0], packed[1]),
-                               packed[2], packed[3], bool(fused)))
-    except (RuntimeError, NotImplementedError, AttributeError) as e:   # a torch build without these oneDNN ops
-        log.info("oneDNN prepacked Linear unavailable (%s); kept the plain layers", str(e).splitlines()[0])
-        return False
-    for block, attn, up, down, fused_act in swaps:
-        block.attn, block.mlp.up, block.mlp.down = attn, up, down
-        if fused_act:
-            block.mlp.act = _identity
-    return True
-
-
-def _checked(lin: nn.Linear, post: str, algorithm: str, gen: torch.Generator, rtol: float) -> PrepackedLinear | None:
-    """`lin` prepacked (GELU fused when post is 'gelu'), or None if it disagrees with F.linear."""
-    new = PrepackedLinear(lin, post, algorithm)
-    x = torch.randn(7, lin.in_features, generator=gen).to(lin.weight.dtype)
-    want = F.linear(x.float(), lin.weight.float(), lin.bias.float() if lin.bias is not None else None)
-    if post == "gelu":
-        want = F.gelu(want, approximate=algorithm)
-    got = new(x).float()
-    if not torch.allclose(got, want, rtol=rtol, atol=rtol * float(want.abs().max())):
-        log.warning("prepacked Linear disagrees with F.linear (max diff %.3g); kept the plain layers",
-                    float((got - want).abs().max()))
-        return None
-    return new
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x

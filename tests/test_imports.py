@@ -1,0 +1,150 @@
+"""The modules of bertkit import each other in one direction: no import cycles.
+
+Only imports that run when a module is loaded count (module level, including `try:` / `if`
+blocks and class bodies there, but not `if TYPE_CHECKING:`); an import inside a function runs
+later and is the usual way to break a cycle, so it is not an edge here.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+import bertkit
+
+SRC = Path(bertkit.__file__).resolve().parent
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name -> file of every module under src/bertkit (a package is its __init__.py)."""
+    out = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _runtime_statements(body):
+    """The statements of a module body that run on import: not function bodies, not TYPE_CHECKING."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from _runtime_statements(node.orelse)
+            continue
+        yield node
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(node, name, None)
+            if isinstance(inner, list):
+                yield from _runtime_statements(inner)
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the bertkit modules it imports at module level."""
+    graph = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        package = name if is_package else name.rpartition(".")[0]
+        edges = set()
+        for node in _runtime_statements(ast.parse(path.read_text(encoding="utf-8")).body):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:            # `from . import x`, `from .data import text`: submodules
+                    if f"{target}.{alias.name}" in modules:
+                        edges.add(f"{target}.{alias.name}")
+                    elif target in modules:          # a name defined in the module (or package) itself
+                        edges.add(target)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as [a, b, ..., a], or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}                  # absent: unseen, 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+    assert find_cycle({"x": {"y"}, "y": {"x"}}) == ["x", "y", "x"]
+
+
+def test_graph_reads_relative_imports(tmp_path):
+    """The parser resolves `from . import`, `from .x import`, `from ..x import` and `import bertkit.x`."""
+    pkg = tmp_path / "bertkit"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "bertkit/__init__.py": "",
+        "bertkit/a.py": "from . import b\nfrom .sub import c\n",
+        "bertkit/b.py": "import bertkit.sub\ndef f():\n    from . import a\n",
+        "bertkit/sub/__init__.py": "",
+        "bertkit/sub/c.py": "try:\n    from ..a import thing\nexcept ImportError:\n    pass\n",
+        "bertkit/sub/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import x\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).write_text(text)
+    modules = {"bertkit": pkg / "__init__.py", "bertkit.a": pkg / "a.py", "bertkit.b": pkg / "b.py",
+               "bertkit.sub": pkg / "sub" / "__init__.py", "bertkit.sub.c": pkg / "sub" / "c.py",
+               "bertkit.sub.d": pkg / "sub" / "d.py"}
+    graph = import_graph(modules)
+    assert graph == {"bertkit": set(), "bertkit.a": {"bertkit.b", "bertkit.sub.c"}, "bertkit.b": {"bertkit.sub"},
+                     "bertkit.sub": set(), "bertkit.sub.c": {"bertkit.a"}, "bertkit.sub.d": set()}
+    assert find_cycle(graph) == ["bertkit.a", "bertkit.sub.c", "bertkit.a"]
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    assert {"bertkit.model", "bertkit.train", "bertkit.data.encode", "bertkit.tasks.squad",
+            "bertkit.commands.finetune"} <= set(modules)
+    graph = import_graph(modules)
+    assert "bertkit.runstate" in graph["bertkit.train"]          # the graph is not empty by accident
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_packing_stands_below_the_model():
+    """model.py uses packing.py; packing.py knows nothing of the model; prepack.py sits on top."""
+    graph = import_graph(_modules())
+    assert "bertkit.packing" in graph["bertkit.model"]
+    assert not graph["bertkit.packing"] & {"bertkit.model", "bertkit.prepack"}
+    assert "bertkit.prepack" not in graph["bertkit.model"]
+    graph["bertkit.packing"] = graph["bertkit.packing"] | {"bertkit.model"}     # what the split forbids
+    cycle = find_cycle(graph)
+    assert cycle is not None and cycle[0] == cycle[-1] and set(cycle) == {"bertkit.model", "bertkit.packing"}
+
+
+def test_fast_is_gone():
+    assert not (SRC / "fast.py").exists()
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("bertkit.fast")
