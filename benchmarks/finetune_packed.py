@@ -65,7 +65,7 @@ def main() -> int:
         lengths = [len(f["input_ids"]) for f in batch]
         for packed in (True, False):
             t0 = time.perf_counter()
-            _, loss, _, _ = run_batch(model, task, batch, packed, with_targets=True)
+            _, loss, _, _ = run_batch(model, task, batch, packed)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

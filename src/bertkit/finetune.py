@@ -1,6 +1,6 @@
 """Fine-tuning: one pre-trained encoder, one small task head, the paper's recipe (section 4).
 
-Why ~600 lines: the loop, evaluation and staged output; the planned redesign folds its evaluation into the Predictor.
+Why ~600 lines: the loop, evaluation and staged output; evaluation runs through `infer.Predictor`.
 
 The loop has the pre-training loop's shape - explicit phases you can read top to bottom:
 
@@ -31,6 +31,7 @@ import math
 import random
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -113,7 +114,8 @@ class FinetuneConfig:
     probe_layers: int | None = None
     """Older spelling: with freeze, concatenate the last K layers (= probe_features concat_last_K)."""
     packed: bool = True
-    """Padding-free batches (`bertkit.packing.pack`) on heads that accept them."""
+    """Padding-free training batches (`bertkit.packing.pack`) on heads that accept them (evaluation
+    runs through `infer.Predictor`, always padding-free)."""
     skip_bad_rows: bool = False
     threads: int = 0
     """torch CPU threads (0 = default)."""
@@ -275,14 +277,12 @@ def build_model(task: Task, cfg: FinetuneConfig, labels: Sequence[str] | None) -
 
 
 # ---- batches ------------------------------------------------------------------------------------
-def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bool, with_targets: bool):
-    """Collate, run the model (packed where the head allows), return (out, loss, batch, layout)."""
+def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bool):
+    """A training step's forward: collate, run the model with its targets (packed where the head
+    allows), return (out, loss, batch, layout). Inference runs through `infer.Predictor`."""
     from .packing import pack
 
     batch = task.collate(features)
-    if not with_targets:
-        for key in ("labels", "start_positions", "end_positions"):
-            batch.pop(key, None)
     device = next(model.parameters()).device
     if device.type != "cpu":
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
@@ -304,54 +304,67 @@ def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bo
     return out, loss, batch, None
 
 
-def split_outputs(head: str, out, batch: dict, layout) -> list:
-    """A batch's head outputs -> one numpy array per feature, trimmed to its real length."""
-    lengths = batch["attention_mask"].sum(-1).tolist()
-    if head == "token_classification":
-        if layout is not None:
-            pieces = out.float().split([int(n) for n in lengths])
-            return [p.detach().cpu().numpy() for p in pieces]
-        return [out[b, :int(n)].float().detach().cpu().numpy() for b, n in enumerate(lengths)]
-    if head == "question_answering":
-        start, end = out
-        start, end = start.float().detach().cpu(), end.float().detach().cpu()
-        if layout is not None:                                           # (N,) each
-            sizes = [int(n) for n in lengths]
-            return [(s.numpy(), e.numpy()) for s, e in zip(start.split(sizes), end.split(sizes))]
-        return [(start[b, :int(n)].numpy(), end[b, :int(n)].numpy())
-                for b, n in enumerate(lengths)]
-    return [row.numpy() for row in out.float().detach().cpu()]
-
-
-def feature_length(f: dict) -> int:
-    ids = f["input_ids"]
-    return sum(len(r) for r in ids) if ids and isinstance(ids[0], list) else len(ids)
-
-
-@torch.no_grad()
-def predict_features(model: nn.Module, task: Task, features: Sequence[dict], batch_size: int = 64,
-                     packed: bool = True, progress: bool = False, desc: str = "predict") -> list:
-    """Head outputs for every feature (in the given order), batched by similar length."""
-    from tqdm.auto import tqdm
-
-    model.eval()
-    order = sorted(range(len(features)), key=lambda i: feature_length(features[i]))
-    outputs: list = [None] * len(features)
-    chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    for chunk in tqdm(chunks, desc=desc, disable=None if progress else True, leave=False):
-        out, _, batch, layout = run_batch(model, task, [features[i] for i in chunk], packed, with_targets=False)
-        for i, o in zip(chunk, split_outputs(model.head, out, batch, layout)):
-            outputs[i] = o
-    return outputs
-
-
-def evaluate(model: nn.Module, task: Task, examples: list, features: list, labels, batch_size: int = 64,
-             packed: bool = True, progress: bool = False, post: dict | None = None) -> tuple[dict, dict]:
-    """(metrics, predictions) of `model` on examples that carry references; `post`: options of
-    the task's postprocess (SQuAD v2.0: null_threshold)."""
-    outputs = predict_features(model, task, features, batch_size, packed, progress, desc="evaluate")
+def evaluate(predictor, task: Task, examples: list, features: list, labels, batch_size: int = 64,
+             progress: bool = False, post: dict | None = None) -> tuple[dict, dict]:
+    """(metrics, predictions) on examples that carry references: `predictor` (`infer.Predictor`,
+    the one inference engine) runs the features; `post`: options of the task's postprocess (SQuAD
+    v2.0: null_threshold). Fine-tuning evaluates its training model through `evaluating`."""
+    outputs = predictor.outputs(features, batch_size, desc="evaluate" if progress else None)
     predictions = task.postprocess(outputs, features, examples, labels, **(post or {}))
     return task.metrics(predictions, examples), predictions
+
+
+@contextmanager
+def evaluating(model: nn.Module, tokenizer):
+    """A `Predictor` around the in-memory model, in eval mode (no dropout) for the block: the
+    module's weights, dtype and layers are left as they are (no prepacking, no cast), and its
+    train/eval mode comes back afterwards, so training goes on with the same module."""
+    from .infer import Predictor
+
+    was_training = model.training
+    model.eval()
+    try:
+        yield Predictor(model, tokenizer, device=next(model.parameters()).device)
+    finally:
+        model.train(was_training)
+
+
+def load_for_inference(model_dir: str | Path, task_name: str | None = None, columns: dict | None = None,
+                       backend: str = "torch", onnx_file: str | Path | None = None, threads: int | None = None):
+    """(predictor, task, labels, config.json) of a fine-tuned checkpoint, for `bertkit evaluate` and
+    `predict`: a `Predictor` in float32 (backend torch: prepacked on the CPU; backend onnx: the
+    exported file on onnxruntime), the task it was trained on (or `task_name`), its label names."""
+    from .checkpoint import read_config
+    from .infer import Predictor
+
+    _, raw = read_config(Path(model_dir))
+    predictor = Predictor.from_dir(model_dir, backend=backend, onnx_file=onnx_file, threads=threads,
+                                   dtype="float32" if backend == "torch" else None)
+    model, head = predictor.model, predictor.head
+    task = resolve_task(task_name, columns) if task_name else task_of_checkpoint(raw)
+    if task is None:
+        task = default_task(head, raw)
+    if task is not None and task.head != head:
+        raise BertkitError(f"{model_dir}: a {head} checkpoint cannot run task {task.name} ({task.head})")
+    id2label = raw.get("id2label") or {}
+    labels = [id2label[k] for k in sorted(id2label, key=int)] if id2label and head in (
+        "sequence_classification", "token_classification") and getattr(model, "num_labels", 2) > 1 else None
+    if head == "sequence_classification" and getattr(model, "problem", None) == "regression":
+        labels = None
+    return predictor, task, labels, raw
+
+
+def default_task(head: str, raw: dict) -> Task | None:
+    """The task for a checkpoint that does not name one (trained elsewhere)."""
+    if head == "sequence_classification":
+        return resolve_task("regress" if raw.get("problem_type") == "regression" else "classify")
+    if head == "token_classification":
+        return resolve_task("tokens")
+    if head == "question_answering":
+        return get_task("squad")
+    if head == "multiple_choice":
+        return get_task("swag")
+    return None
 
 
 def check_references(task: Task, examples: list, labels, where: str) -> None:
@@ -458,7 +471,7 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
                 group["lr"] = lr
             model.train()
             feats = [train_feats[i] for i in order[start:start + cfg.batch_size]]
-            _, loss, batch, layout = run_batch(model, task, feats, cfg.packed, with_targets=True)
+            _, loss, batch, layout = run_batch(model, task, feats, cfg.packed)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip_norm:
@@ -502,7 +515,8 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
 
 def _evaluate_and_keep(model, task, cfg, dev_examples, dev_feats, labels, step, steps_per_epoch, state,
                        metrics_log, tokenizer, out) -> None:
-    scores, predictions = evaluate(model, task, dev_examples, dev_feats, labels, cfg.eval_batch_size, cfg.packed)
+    with evaluating(model, tokenizer) as predictor:
+        scores, predictions = evaluate(predictor, task, dev_examples, dev_feats, labels, cfg.eval_batch_size)
     main = scores[task.main_metric]
     record = {"step": step, "epoch": round(step / steps_per_epoch, 3),
               **{f"dev_{k}": v for k, v in _plain(scores).items() if not isinstance(v, dict)}}

@@ -1,12 +1,13 @@
 """Predictor: load a checkpoint once, then embed, classify, fill masks, tag entities, answer questions.
 
-Why one file of ~700 lines: it is the one inference engine (every head, precision choice, batching);
-the planned redesign moves the head-specific output code onto the heads.
+Why one file of ~700 lines: it is the one inference engine (every backend, precision choice,
+batching); what a head computes from the encoder's states is the head's own `outputs` (model.py).
 
-The one object the CLI (`bertkit embed`, `fill-mask`, `predict`), the HTTP server and the Python
-API use. Inputs are tokenized, sorted by length and cut into batches of similar length (bucketing);
-each batch runs the padding-free encoder path (`packing.pack` -> `model(..., packed=...)`) under
-`torch.inference_mode`, so no FLOP is spent on padding; results come back in input order.
+The one object the CLI (`bertkit embed`, `fill-mask`, `predict`, `evaluate`), fine-tuning's
+evaluation, the HTTP server and the Python API use. Inputs are tokenized, sorted by length and cut
+into batches of similar length (bucketing); each batch runs the padding-free encoder path
+(`packing.pack` -> `model(..., packed=...)`) under `torch.inference_mode`, so no FLOP is spent on
+padding; results come back in input order.
 
     p = Predictor.from_dir("path/to/checkpoint")
     p.embed(["a sentence", "another"], pooling="mean", normalize=True)   # (2, C) float32
@@ -44,8 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import BertkitError
-from .model import BertModel
-from .packing import Packed, pack_rows
+from .model import BertModel, pool_tokens
+from .packing import Packed, pack_rows, segment_ids
 from .prepack import prepack_linear, prepack_linears
 from .tokenizer import Encoding, Tokenizer
 
@@ -53,6 +54,8 @@ log = logging.getLogger("bertkit")
 
 POOLINGS = ("mean", "cls", "none")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TASK_OUTPUTS = {"sequence_classification": "logits", "multiple_choice": "logits",
+                "token_classification": "token_logits", "question_answering": "span_logits"}
 BF16_MIN_COSINE = 0.999     # the bf16 default keeps every sample sentence, token state and head output this close to fp32
 
 
@@ -85,20 +88,9 @@ def length_buckets(lengths: Sequence[int], batch_size: int, max_tokens: int | No
     return batches
 
 
-def segment_ids(p: Packed) -> Tensor:
-    """(N,) index of the sequence each packed token belongs to."""
-    lengths = (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).long()
-    return torch.repeat_interleave(torch.arange(p.batch_size, device=lengths.device), lengths)
-
-
 def pool(hidden: Tensor, p: Packed, pooling: str) -> Tensor:
-    """(N, C) packed states -> (B, C): mean over each sequence's tokens ([CLS]/[SEP] included,
-    as sentence-transformers does) or the [CLS] state."""
-    if pooling == "cls":
-        return hidden[p.cu_seqlens[:-1].long()]
-    lengths = (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).to(hidden.dtype)
-    sums = hidden.new_zeros(p.batch_size, hidden.shape[-1]).index_add_(0, segment_ids(p), hidden)
-    return sums / lengths[:, None]
+    """(N, C) packed states -> (B, C): mean over each sequence's tokens or the [CLS] state."""
+    return pool_tokens(hidden, pooling, p)
 
 
 def split_packed(x: Tensor, p: Packed) -> list[Tensor]:
@@ -412,29 +404,29 @@ class Predictor:
                             b.tensors["position_ids"], packed=b.packed)
 
     def head_outputs(self, b: Batch) -> dict[str, Tensor]:
-        """The loaded head's outputs on a packed batch: `logits` (B, L) for sequence classification,
-        `token_logits` (N, L) for token classification, `span_logits` (N, 2) for QA."""
+        """The loaded head's outputs on a packed batch (the head's own `outputs`): `logits` (B, L)
+        for sequence classification (multiple choice: (B, 1) per sequence), `token_logits` (N, L)
+        for token classification, `span_logits` (N, 2) for QA."""
         if self.session is not None:
             return self._onnx(b)
+        if self.head not in TASK_OUTPUTS:
+            raise PredictorError(f"the {self.head} head has no task outputs")
         m = self.model
-        if getattr(m, "features", None):          # a frozen-feature probe (bertkit.probe) reads several layers
-            states = self.encoder(b.tensors["input_ids"], b.tensors["token_type_ids"], None,
-                                  b.tensors["position_ids"], packed=b.packed, all_layers=True)
-            return {"logits" if self.head == "sequence_classification" else "token_logits": m.logits(states, b.packed)}
-        h = self.hidden(b)
-        if self.head == "sequence_classification":
-            return {"logits": m.classifier(m.bert.pool(h, b.packed))}
-        if self.head == "token_classification":
-            return {"token_logits": m.classifier(h)}
-        if self.head == "question_answering":
-            return {"span_logits": m.qa(h)}
-        raise PredictorError(f"the {self.head} head has no task outputs")
+        h = self.encoder(b.tensors["input_ids"], b.tensors["token_type_ids"], None, b.tensors["position_ids"],
+                         packed=b.packed, all_layers=True) if m.all_layers else self.hidden(b)
+        out = m.outputs(h, b.packed)
+        return {TASK_OUTPUTS[self.head]: torch.stack(out, -1) if self.head == "question_answering" else out}
 
     def _run(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], fn: Callable[[Batch], list],
-             batch_size: int = 32, max_tokens: int | None = None) -> list:
-        """fn(batch) -> one result per row of the batch; returns results in input order."""
+             batch_size: int = 32, max_tokens: int | None = None, desc: str | None = None) -> list:
+        """fn(batch) -> one result per row of the batch; returns results in input order (`desc`:
+        a progress bar of that name on a terminal)."""
         results: list = [None] * len(rows)
-        for b in self.batches(rows, batch_size, max_tokens):
+        batches = self.batches(rows, batch_size, max_tokens)
+        if desc:
+            from tqdm.auto import tqdm
+            batches = tqdm(batches, desc=desc, disable=None, leave=False)
+        for b in batches:
             with torch.inference_mode():
                 for i, r in zip(b.index, fn(b)):
                     results[i] = r
@@ -491,8 +483,9 @@ class Predictor:
             where = (ids == mask_id).nonzero().flatten()                      # (M,) packed positions
             if self.session is not None:
                 logits = self._onnx(b)["mlm_logits"][where]                   # (M, V)
-            else:
-                logits, _ = self.model.mlm(self.hidden(b)[where])             # (M, V)
+            else:                                                             # the head on the [MASK] positions
+                masked = ids.where(ids == mask_id, -100)
+                logits = self.model.outputs(self.hidden(b), b.packed, mlm_labels=masked)["mlm_logits"]   # (M, V)
             probs = logits.float().softmax(-1)
             scores, top = probs.topk(k, dim=-1)
             seg = segment_ids(b.packed)[where].tolist()
@@ -505,13 +498,16 @@ class Predictor:
 
         return self._run(_rows(encs), fn, batch_size)
 
-    def outputs(self, features: Sequence[dict], batch_size: int = 32) -> list:
+    def outputs(self, features: Sequence[dict], batch_size: int = 32, desc: str | None = None) -> list:
         """Head outputs for task features (`bertkit.tasks` contract: dicts with input_ids and
         token_type_ids), one numpy array per feature trimmed to its length: (num_labels,) for
-        sequence classification, (T, num_labels) for tokens, (start (T,), end (T,)) for QA.
-        Lets `bertkit predict` run any backend (torch packed, int8, onnx) through the Predictor."""
-        if self.head not in ("sequence_classification", "token_classification", "question_answering"):
+        sequence classification, (T, num_labels) for tokens, (start (T,), end (T,)) for QA, (K,)
+        for multiple choice (one score per choice; batch_size counts features). The one engine
+        for `bertkit predict` / `evaluate` and fine-tuning's evaluation, on any backend."""
+        if self.head not in TASK_OUTPUTS:
             raise PredictorError(f"no task outputs for a {self.head} checkpoint")
+        if self.head == "multiple_choice":
+            return self._choice_outputs(features, batch_size, desc)
 
         def fn(b: Batch) -> list:
             out = self.head_outputs(b)
@@ -522,7 +518,18 @@ class Predictor:
             span = out["span_logits"].float().cpu()
             return [(x[:, 0].numpy(), x[:, 1].numpy()) for x in split_packed(span, _cpu(b.packed))]
 
-        return self._run([(f["input_ids"], f["token_type_ids"]) for f in features], fn, batch_size)
+        return self._run([(f["input_ids"], f["token_type_ids"]) for f in features], fn, batch_size, desc=desc)
+
+    def _choice_outputs(self, features: Sequence[dict], batch_size: int, desc: str | None) -> list:
+        """Multiple choice: each (context, choice) sequence scored on its own, then K per feature."""
+        if self.session is not None:
+            raise PredictorError("an ONNX file has no multiple-choice scores; run this checkpoint with --backend torch")
+        counts = [len(f["input_ids"]) for f in features]
+        rows = [row for f in features for row in zip(f["input_ids"], f["token_type_ids"])]
+        scores = self._run(rows, lambda b: list(self.head_outputs(b)["logits"][:, 0].float().cpu().numpy()),
+                           batch_size * max(counts, default=1), desc=desc)
+        ends = np.cumsum(counts).tolist()
+        return [np.array(scores[e - k:e], dtype=np.float32) for k, e in zip(counts, ends)]
 
     def label_names(self) -> list[str]:
         n = getattr(self.model, "num_labels", len(self.labels))

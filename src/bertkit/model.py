@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .packing import Packed, packed_attention, unpack
+from .packing import Packed, packed_attention, segment_ids, unpack
 
 
 def activation(name: str):
@@ -184,6 +184,21 @@ def summary_token(hidden: Tensor, causal: bool, packed: Packed | None = None,
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
+def pool_tokens(hidden: Tensor, how: str, packed: Packed | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
+    """(B, T, C) or packed (N, C) states -> (B, C): the [CLS] state ('cls'), the last real token's
+    ('last') or the mean over real tokens ('mean'; [CLS]/[SEP] included, as sentence-transformers)."""
+    if how in ("cls", "last"):
+        return summary_token(hidden, how == "last", packed, attention_mask)
+    if packed is not None:
+        sums = hidden.new_zeros(packed.batch_size, hidden.shape[-1]).index_add_(0, segment_ids(packed), hidden)
+        return sums / (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1])[:, None].to(hidden.dtype)
+    if attention_mask is None:
+        return hidden.mean(1)
+    m = attention_mask[..., None].to(hidden.dtype)                                 # (B, T, 1)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+
+
 class MaskedLMHead(nn.Module):
     """p(x_i | x_\\M) = softmax(E LayerNorm(act(W h_i)) + b): the decoder is tied to the word embeddings E."""
 
@@ -195,10 +210,8 @@ class MaskedLMHead(nn.Module):
         self.decoder = word_embeddings                     # tied weights: (V, C)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
-    def forward(self, hidden: Tensor, labels: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        logits = F.linear(self.norm(self.act(self.dense(hidden))), self.decoder.weight, self.bias)  # (..., V)
-        loss = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten()) if labels is not None else None
-        return logits, loss
+    def forward(self, hidden: Tensor) -> Tensor:
+        return F.linear(self.norm(self.act(self.dense(hidden))), self.decoder.weight, self.bias)  # (..., V)
 
 
 def select_masked(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -218,7 +231,15 @@ def classification_loss(logits: Tensor, labels: Tensor, problem: str) -> Tensor:
     return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
 
 
-class BertForPreTraining(nn.Module):
+class Head(nn.Module):
+    """A task head on the encoder `self.bert`. `outputs(hidden, packed, attention_mask)` maps the
+    encoder's states to the head's outputs; `forward` = encoder + `outputs` + loss. Inference
+    (`infer.Predictor`), ONNX export and serving call `outputs` on the encoder's states."""
+
+    all_layers = False      # `outputs` reads the last layer's states (a probe reads all L+1: True)
+
+
+class BertForPreTraining(Head):
     """L = L_MLM + L_NSP. With mlm_labels given, the MLM head runs on the labelled positions only."""
 
     head = "pretraining"
@@ -230,21 +251,29 @@ class BertForPreTraining(nn.Module):
         self.mlm = MaskedLMHead(cfg, self.bert.embeddings.word)
         self.nsp = nn.Linear(cfg.hidden_size, 2) if nsp else None
 
+    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None,
+                mlm_labels: Tensor | None = None) -> dict:
+        """mlm_logits (B, T, V), or (M, V) on the positions mlm_labels marks (with their mlm_targets);
+        nsp_logits (B, 2) when the model has the NSP head."""
+        out: dict = {}
+        if mlm_labels is not None:
+            h_masked, out["mlm_targets"] = select_masked(h, mlm_labels)      # (M, C), (M,)
+            out["mlm_logits"] = self.mlm(h_masked)                          # (M, V)
+        else:
+            out["mlm_logits"] = self.mlm(h)                                 # (B, T, V)
+        if self.nsp is not None:
+            out["nsp_logits"] = self.nsp(self.bert.pool(h, packed, attention_mask))   # (B, 2)
+        return out
+
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, mlm_labels: Tensor | None = None,
                 nsp_labels: Tensor | None = None, packed: Packed | None = None, position_ids=None) -> dict:
         h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
-        out: dict = {}
+        out = self.outputs(h, packed, attention_mask, mlm_labels)
         if mlm_labels is not None:
-            h_masked, targets = select_masked(h, mlm_labels)                  # (M, C), (M,)
-            out["mlm_logits"], out["mlm_loss"] = self.mlm(h_masked, targets)  # (M, V)
-            out["mlm_targets"] = targets
-        else:
-            out["mlm_logits"], _ = self.mlm(h)                                # (B, T, V)
-        if self.nsp is not None:
-            out["nsp_logits"] = self.nsp(self.bert.pool(h, packed, attention_mask))   # (B, 2)
-            if nsp_labels is not None:
-                out["nsp_loss"] = F.cross_entropy(out["nsp_logits"].float(), nsp_labels)
+            out["mlm_loss"] = F.cross_entropy(out["mlm_logits"].float(), out["mlm_targets"])
+        if "nsp_logits" in out and nsp_labels is not None:
+            out["nsp_loss"] = F.cross_entropy(out["nsp_logits"].float(), nsp_labels)
         if "mlm_loss" in out:
             out["loss"] = out["mlm_loss"] + out.get("nsp_loss", 0.0)
         return out
@@ -259,7 +288,7 @@ class BertForMaskedLM(BertForPreTraining):
         super().__init__(cfg, nsp=False)
 
 
-class BertForSequenceClassification(nn.Module):
+class BertForSequenceClassification(Head):
     """softmax(W tanh(pooled [CLS]) ); num_labels=1 is regression (MSE), as for STS-B."""
 
     head = "sequence_classification"
@@ -272,14 +301,17 @@ class BertForSequenceClassification(nn.Module):
         self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
 
+    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None) -> Tensor:
+        return self.classifier(self.drop(self.bert.pool(h, packed, attention_mask)))   # (B, num_labels)
+
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 packed: Packed | None = None, position_ids=None) -> tuple[Tensor, Tensor | None]:
-        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
-        logits = self.classifier(self.drop(self.bert.pool(h, packed, attention_mask)))   # (B, num_labels)
+        logits = self.outputs(self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed),
+                              packed, attention_mask)
         return logits, classification_loss(logits, labels, self.problem) if labels is not None else None
 
 
-class BertForTokenClassification(nn.Module):
+class BertForTokenClassification(Head):
     """A label per token: W h_i (NER). Labels of -100 (later sub-words, specials) are ignored."""
 
     head = "token_classification"
@@ -291,14 +323,16 @@ class BertForTokenClassification(nn.Module):
         self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
 
+    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None) -> Tensor:
+        return self.classifier(self.drop(h))                                 # (B, T, num_labels) or (N, num_labels)
+
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 packed: Packed | None = None, position_ids=None) -> tuple[Tensor, Tensor | None]:
-        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
-        logits = self.classifier(self.drop(h))                                # (B, T, num_labels)
+        logits = self.outputs(self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed))
         return logits, classification_loss(logits, labels, "single_label") if labels is not None else None
 
 
-class BertForQuestionAnswering(nn.Module):
+class BertForQuestionAnswering(Head):
     """Extractive QA: a start and an end logit per token, S.h_i and E.h_i."""
 
     head = "question_answering"
@@ -309,13 +343,17 @@ class BertForQuestionAnswering(nn.Module):
         self.bert = BertModel(cfg, add_pooler=False)
         self.qa = nn.Linear(cfg.hidden_size, 2)
 
+    def outputs(self, h: Tensor, packed: Packed | None = None,
+                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        start, end = self.qa(h).unbind(-1)                                   # (B, T) or (N,) each
+        return start, end
+
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
                 end_positions=None, position_ids=None, packed: Packed | None = None
                 ) -> tuple[tuple[Tensor, Tensor], Tensor | None]:
         """Padded: (B, T) start and end logits. Packed: (N,) each; the softmax of the loss then
         runs over each window's own tokens (padded: over its padding too, as the reference does)."""
-        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
-        start, end = self.qa(h).unbind(-1)                                    # (B, T) or (N,) each
+        start, end = self.outputs(self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed))
         loss = None
         if start_positions is not None and end_positions is not None:
             s, e = start.float(), end.float()
@@ -327,7 +365,7 @@ class BertForQuestionAnswering(nn.Module):
         return (start, end), loss
 
 
-class BertForMultipleChoice(nn.Module):
+class BertForMultipleChoice(Head):
     """One score per (context, choice) pair from the pooled [CLS]; softmax over the K choices."""
 
     head = "multiple_choice"
@@ -339,12 +377,16 @@ class BertForMultipleChoice(nn.Module):
         self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, 1)
 
+    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None) -> Tensor:
+        """The score of each (context, choice) sequence: (B*K, 1)."""
+        return self.classifier(self.drop(self.bert.pool(h, packed, attention_mask)))
+
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 position_ids=None) -> tuple[Tensor, Tensor | None]:
         B, K = input_ids.shape[:2]
         flat = lambda t: t.flatten(0, 1) if t is not None else None          # (B, K, T) -> (B*K, T)
         h = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask), flat(position_ids))
-        logits = self.classifier(self.drop(self.bert.pool(h, None, flat(attention_mask)))).view(B, K)   # (B, K)
+        logits = self.outputs(h, None, flat(attention_mask)).view(B, K)      # (B, K)
         return logits, F.cross_entropy(logits.float(), labels) if labels is not None else None
 
 
@@ -376,6 +418,6 @@ def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-__all__ = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
+__all__ = ["BertModel", "Head", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
            "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice", "HEADS",
-           "init_weights", "num_parameters", "select_masked"]
+           "init_weights", "num_parameters", "pool_tokens", "select_masked"]

@@ -59,21 +59,15 @@ class Exportable(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> tuple[Tensor, ...]:
         m = self.model
-        enc = m if self.head in ("encoder", "multiple_choice") else m.bert
-        if getattr(m, "features", None):          # a frozen-feature probe (bertkit.probe) reads several layers
-            states = enc(input_ids, token_type_ids, attention_mask, all_layers=True)
-            return states[-1], m.logits(states, None, attention_mask)
-        h = enc(input_ids, token_type_ids, attention_mask)                     # (B, T, C)
-        if self.head == "sequence_classification":
-            return h, m.classifier(enc.pool(h))
-        if self.head == "token_classification":
-            return h, m.classifier(h)
+        if len(self.output_names()) == 1:                  # a bare encoder (and multiple choice): the states
+            enc = m if self.head == "encoder" else m.bert
+            return (enc(input_ids, token_type_ids, attention_mask),)         # (B, T, C)
+        states = m.bert(input_ids, token_type_ids, attention_mask, all_layers=m.all_layers)
+        out = m.outputs(states, None, attention_mask)                       # the head's own outputs
+        h = states[-1] if m.all_layers else states                          # (B, T, C)
         if self.head == "question_answering":
-            start, end = m.qa(h).unbind(-1)
-            return h, start, end
-        if self.head in ("masked_lm", "pretraining"):
-            return h, m.mlm(h)[0]
-        return (h,)
+            return (h, *out)                                                # start, end (B, T)
+        return h, out["mlm_logits"] if isinstance(out, dict) else out
 
 
 @dataclass

@@ -116,6 +116,12 @@ def unpack(x: Tensor, p: Packed, fill: float = 0.0) -> Tensor:
     return out.view(p.batch_size, p.padded_len, *x.shape[1:])
 
 
+def segment_ids(p: Packed) -> Tensor:
+    """(N,) index of the sequence each packed token belongs to."""
+    lengths = (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).long()
+    return torch.repeat_interleave(torch.arange(p.batch_size, device=lengths.device), lengths)
+
+
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = False,
                      dropout_p: float = 0.0) -> Tensor:
     """Attention of (N, H, D) queries/keys/values within each sequence of the batch -> (N, H, D)."""

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import BertkitError
-from .model import BertModel, classification_loss, summary_token
+from .model import BertModel, Head, classification_loss, pool_tokens
 
 POOLINGS = ("cls", "last", "mean")
 FEATURES = ("embeddings", "second_to_last", "last", "sum_last_four", "concat_last_four", "sum_all", "pooler")
@@ -90,8 +90,10 @@ class ProbeHead(nn.Module):
         return F.linear(self.drop(x), self.weight, self.bias)
 
 
-class ProbeModel(nn.Module):
+class ProbeModel(Head):
     """A classification or tagging head on chosen states of a frozen `BertModel` (module doc)."""
+
+    all_layers = True           # `outputs` reads the encoder's L+1 states
 
     def __init__(self, encoder: BertModel, head: str, num_labels: int, features: str = DEFAULT_FEATURES,
                  problem: str | None = None, pooling: str | None = None):
@@ -131,12 +133,12 @@ class ProbeModel(nn.Module):
         """Padded: (B, num_labels) or (B, T, num_labels) logits. Packed: (B, ...) or (N, ...)."""
         with torch.no_grad():
             states = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed, all_layers=True)
-        logits = self.logits(states, packed, attention_mask)
+        logits = self.outputs(states, packed, attention_mask)
         if labels is None:
             return logits, None
         return logits, classification_loss(logits, labels, self.problem)
 
-    def logits(self, states: Sequence[Tensor], packed=None, attention_mask: Tensor | None = None) -> Tensor:
+    def outputs(self, states: Sequence[Tensor], packed=None, attention_mask: Tensor | None = None) -> Tensor:
         """The head on the encoder's L+1 states (`BertModel(..., all_layers=True)`)."""
         with torch.no_grad():
             if self.combine == "pooler":
@@ -144,7 +146,7 @@ class ProbeModel(nn.Module):
             else:
                 chosen = [states[i] for i in self.layers]                      # (..., C) each
                 if self.head == "sequence_classification":                     # one vector per input: (B, C)
-                    chosen = [pool(h, self.pooling, packed, attention_mask) for h in chosen]
+                    chosen = [pool_tokens(h, self.pooling, packed, attention_mask) for h in chosen]
         return self.classifier(chosen)
 
 
@@ -166,22 +168,6 @@ def check_pooling(head: str, features: str, pooling: str | None, causal: bool = 
     if pooling == "cls" and causal:
         raise BertkitError("probe pooling cls on a causal model: its [CLS] sees only itself; use last or mean")
     return pooling
-
-
-def pool(h: Tensor, how: str, packed=None, attention_mask: Tensor | None = None) -> Tensor:
-    """(B, T, C) or packed (N, C) states -> (B, C): the [CLS] state, the last real token's, or
-    the mean over real tokens."""
-    if how in ("cls", "last"):
-        return summary_token(h, how == "last", packed, attention_mask)
-    if packed is not None:
-        lengths = (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).long()
-        seq = torch.repeat_interleave(torch.arange(len(lengths), device=h.device), lengths)   # (N,)
-        sums = h.new_zeros(len(lengths), h.shape[-1]).index_add_(0, seq, h)
-        return sums / lengths[:, None].to(h.dtype)
-    if attention_mask is None:
-        return h.mean(1)
-    m = attention_mask[..., None].to(h.dtype)                                  # (B, T, 1)
-    return (h * m).sum(1) / m.sum(1).clamp(min=1)
 
 
 def load_probe(path: str | Path, raw: dict, head: str | None = None) -> ProbeModel:

@@ -192,55 +192,23 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run_evaluate)
 
 
-def load_for_inference(model_dir: str, task_name: str | None, args: argparse.Namespace):
-    """(model, tokenizer, task, labels, config.json) of a checkpoint."""
-    from ..prepack import prepack_linears
-    from ..finetune import load_finetuned, resolve_task, task_of_checkpoint
-    from ..tokenizer import Tokenizer
+def load_for_inference(args: argparse.Namespace, backend: str = "torch"):
+    """(predictor, task, labels, config.json) of --model (`bertkit.finetune.load_for_inference`)."""
+    from ..finetune import load_for_inference as load
 
-    model, raw = load_finetuned(model_dir)
-    model.eval()
-    prepack_linears(model)                 # a no-op unless CPU fp32: oneDNN-packed weights, same outputs to ~1e-5
     columns = {k: getattr(args, k) for k in COLUMN_ARGS if getattr(args, k, None) is not None}
-    task = resolve_task(task_name, columns) if task_name else task_of_checkpoint(raw)
-    if task is None:
-        task = default_task(model.head, raw)
-    if task is not None and task.head != model.head:
-        raise BertkitError(f"{model_dir}: a {model.head} checkpoint cannot run task {task.name} ({task.head})")
-    id2label = raw.get("id2label") or {}
-    labels = [id2label[k] for k in sorted(id2label, key=int)] if id2label and model.head in (
-        "sequence_classification", "token_classification") and getattr(model, "num_labels", 2) > 1 else None
-    if model.head == "sequence_classification" and getattr(model, "problem", None) == "regression":
-        labels = None
-    return model, Tokenizer.from_dir(model_dir), task, labels, raw
-
-
-def default_task(head: str, raw: dict):
-    """The task for a checkpoint that does not name one (trained elsewhere)."""
-    from ..finetune import resolve_task
-    from ..tasks import get_task
-
-    if head == "sequence_classification":
-        return resolve_task("regress" if raw.get("problem_type") == "regression" else "classify")
-    if head == "token_classification":
-        return resolve_task("tokens")
-    if head == "question_answering":
-        return get_task("squad")
-    if head == "multiple_choice":
-        return get_task("swag")
-    return None
+    return load(args.model, args.task, columns, backend=backend, onnx_file=getattr(args, "onnx", None),
+                threads=args.threads)
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    import torch
     from ..finetune import check_references, evaluate, featurize, write_predictions
     from ..tasks import BadRows
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tokenizer, task, labels, raw = load_for_inference(args.model, args.task, args)
+    predictor, task, labels, raw = load_for_inference(args)
+    tokenizer = predictor.tokenizer
     if task is None:
-        raise BertkitError(f"{args.model}: a {model.head} checkpoint has no task to evaluate; give --task")
+        raise BertkitError(f"{args.model}: a {predictor.head} checkpoint has no task to evaluate; give --task")
     path = task.split_path(args.data, args.split)
     bad = BadRows(skip=args.skip_bad_rows)
     examples = task.read(path, bad)
@@ -249,7 +217,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     stride = inference_stride(args, task, raw, args.model, max_length)
     feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "evaluate")
     post = qa_options(args, task, raw, args.model)
-    scores, predictions = evaluate(model, task, examples, feats, labels, args.batch_size, progress=True, post=post)
+    scores, predictions = evaluate(predictor, task, examples, feats, labels, args.batch_size, progress=True, post=post)
     if args.predictions:
         write_predictions(predictions, Path(args.predictions))
     flat = {k: v for k, v in scores.items() if not isinstance(v, dict)}
@@ -310,11 +278,6 @@ def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    import torch
-    from ..finetune import predict_features
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
     rows = read_jsonl_inputs(args.input)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
@@ -328,15 +291,16 @@ def run_predict(args: argparse.Namespace) -> int:
 
 def predict_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list[dict]:
     from ..checkpoint import read_config
-    from ..finetune import featurize, predict_features
+    from ..finetune import featurize
 
     _, raw = read_config(Path(args.model))
     archs = raw.get("architectures") or ["BertModel"]
     if archs[0] in ("BertForMaskedLM", "BertForPreTraining"):
         return fill_mask_rows(args, rows)
-    model, tokenizer, task, labels, raw = load_for_inference(args.model, args.task, args)
+    predictor, task, labels, raw = load_for_inference(args, getattr(args, "backend", "torch"))
+    head, tokenizer = predictor.head, predictor.tokenizer
     if task is None or task.parse is None:
-        raise BertkitError(f"{args.model}: `predict` needs a task head (got {model.head}); "
+        raise BertkitError(f"{args.model}: `predict` needs a task head (got {head}); "
                            "use `bertkit embed` for a bare encoder")
     examples = []
     for i, (where, obj) in enumerate(rows):
@@ -350,19 +314,13 @@ def predict_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list
     max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
     stride = inference_stride(args, task, raw, args.model, max_length)
     feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "predict")
-    if getattr(args, "backend", "torch") == "onnx":      # the same features, run on onnxruntime
-        from ..infer import Predictor
-        predictor = Predictor.from_dir(args.model, head=model.head, backend="onnx", onnx_file=args.onnx,
-                                       threads=args.threads, max_length=max_length)
-        outputs = predictor.outputs(feats, args.batch_size)
-    else:
-        outputs = predict_features(model, task, feats, args.batch_size, progress=True)
+    outputs = predictor.outputs(feats, args.batch_size, desc="predict")
     predictions = task.postprocess(outputs, feats, examples, labels, **qa_options(args, task, raw, args.model))
     extra: dict = {}
-    if model.head == "sequence_classification" and labels is not None:
+    if head == "sequence_classification" and labels is not None:
         from ..tasks.glue import class_probabilities
         extra = {k: {"scores": v} for k, v in class_probabilities(outputs, feats, examples, labels).items()}
-    if model.head == "token_classification":
+    if head == "token_classification":
         extra = {ex.id: {"words": ex.words} for ex in examples}
     if getattr(predictions, "null_odds", None):          # SQuAD v2.0: null score - best span score
         extra = {q: {"null_odds": round(v, 6)} for q, v in predictions.null_odds.items()}
