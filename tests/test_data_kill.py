@@ -34,10 +34,29 @@ def _prepare_cmd(minilm: Path, corpus: Path, out: Path, *extra: str) -> list[str
             "--out", str(out), "--max-seq-length", "64", "--chunk-mb", "0.015", "--no-progress", *extra]
 
 
+# `bertkit prepare ARGS` that SIGKILLs itself right after its N-th new shard (no cleanup runs), through
+# prepare()'s on_shard: argv is N, then the command line after `python -m bertkit`.
+_KILLED_AFTER = """
+import functools, os, signal, sys
+import bertkit.data.prepare as P
+from bertkit.cli import main
+
+n = int(sys.argv[1])
+P.prepare = functools.partial(P.prepare, on_shard=lambda k: os.kill(os.getpid(), signal.SIGKILL) if k == n else None)
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _killed_after(shards: int, cmd: list[str]) -> list[str]:
+    """`cmd` (a `python -m bertkit prepare ...` command) killed after its `shards`-th new shard."""
+    assert cmd[1:3] == ["-m", "bertkit"], cmd
+    return [cmd[0], "-c", _KILLED_AFTER, str(shards), *cmd[3:]]
+
+
 def _run(cmd: list[str], kill_after: int | None = None, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if kill_after is not None:
-        env["BERTKIT_TEST_KILL_AFTER_SHARDS"] = str(kill_after)
+        cmd = _killed_after(kill_after, cmd)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, **kw)
 
 
@@ -108,8 +127,8 @@ def _group(pgid: int) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_killed_parallel_prepare_leaves_no_workers(minilm, corpus, tmp_path):
-    proc = subprocess.Popen(_prepare_cmd(minilm, corpus, tmp_path / "data", "--workers", "2"), cwd=REPO,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "BERTKIT_TEST_KILL_AFTER_SHARDS": "2"},
+    proc = subprocess.Popen(_killed_after(2, _prepare_cmd(minilm, corpus, tmp_path / "data", "--workers", "2")),
+                            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, err[-2000:]

@@ -33,12 +33,30 @@ def _args(cfg) -> list[str]:
     return out
 
 
-def _run(args: list[str], env_extra: dict | None = None, torchrun: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+def _run(args: list[str], torchrun: int = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"] \
         if torchrun else [sys.executable]
     return subprocess.run(prefix + ["-m", "bertkit", "pretrain", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+# A pre-training run (the config as command-line overrides) that SIGKILLs itself right after update N,
+# through pretrain()'s on_step: no cleanup runs, no final checkpoint is written.
+_KILLED_AT = """
+import os, signal, sys
+from bertkit.runconfig import PretrainConfig, load_config
+from bertkit.train import pretrain
+
+step = int(sys.argv[1])
+pretrain(load_config(PretrainConfig, None, sys.argv[2:]),
+         on_step=lambda st: os.kill(os.getpid(), signal.SIGKILL) if st.step == step else None)
+"""
+
+
+def _run_killed_at(step: int, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _KILLED_AT, str(step), *args], cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
 
 
 def _losses(run: Path) -> list[tuple]:
@@ -61,7 +79,7 @@ def test_kill_9_then_resume_gives_identical_losses(data64, tmp_path):
     crashed = tiny_config(data64, tmp_path / "crashed", **{"train.max_steps": 20, "train.checkpoint_every": 10,
                                                            "train.eval_every": 10})
     # update 13 done, checkpoint 10 on disk: SIGKILL, no cleanup, no final checkpoint
-    proc = _run(_args(crashed), {"BERTKIT_TEST_KILL_AT_STEP": "13"})
+    proc = _run_killed_at(13, _args(crashed))
     assert proc.returncode == -9, proc.stderr[-2000:]
     ckpts = sorted(p.name for p in (tmp_path / "crashed" / "checkpoints").iterdir())
     assert ckpts == ["step-00000010"]

@@ -320,8 +320,7 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     if (decoder is not None and hasattr(model, "mlm") and raw.get("tie_word_embeddings") is False
             and not torch.equal(decoder, renamed.get("bert.embeddings.word.weight", decoder))):
         _untie_decoder(model, decoder)
-    model.config.extra = {k: v for k, v in cfg.extra.items()}
-    model.hf_config = raw  # id2label etc. for callers
+    model.config.extra = {k: v for k, v in cfg.extra.items()}    # id2label, bertkit_* keys etc. for callers
     return model.eval()    # inference is deterministic (no dropout); training calls model.train() itself
 
 

@@ -452,21 +452,20 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
              task.name, len(train_feats), total, steps_per_epoch, cfg.init, cfg.lr, cfg.batch_size)
 
     # step / evaluate / checkpoint
-    state = {"best": None, "best_metrics": None, "best_step": None, "history": [],
-             "facts": {"bertkit_stride": stride,        # saved in config.json: how inputs were read
-                       INCOMPLETE_KEY: "fine-tuning in progress"}}   # removed when the run completes
+    run = FinetuneRun(cfg, task, model, tokenizer, labels, out, metrics_log, steps_per_epoch, dev_examples,
+                      dev_feats, facts={"bertkit_stride": stride,      # saved in config.json: how inputs were read
+                                        INCOMPLETE_KEY: "fine-tuning in progress"})   # removed when the run completes
     rng = random.Random(cfg.seed)
-    counts = {"tokens": 0, "train_flops": 0.0, "eval_flops": 0.0}          # the run card's compute
     dev_pass = eval_flops(model.config, dev_feats) if dev_feats is not None else 0.0
-    step, epoch, tokens, t_train = 0, 0, 0, time.time()
+    t_train = time.time()
     bar = tqdm(total=total, desc=f"finetune {task.name}", disable=not cfg.progress, dynamic_ncols=True)
-    while step < total:
+    while run.step < total:
         order = list(range(len(train_feats)))
         rng.shuffle(order)
         for start in range(0, len(order), cfg.batch_size):
-            if step >= total:
+            if run.step >= total:
                 break
-            lr = lr_at(step, total, warmup, cfg.lr)
+            lr = lr_at(run.step, total, warmup, cfg.lr)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             model.train()
@@ -477,61 +476,87 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
             if cfg.clip_norm:
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip_norm)
             optimizer.step()
-            step += 1
-            tokens += int(batch["attention_mask"].sum())  # (one sync per update; cheap next to the step)
-            counts["train_flops"] += batch_flops(model.config, batch["attention_mask"], layout is not None, cfg.freeze)
+            run.step += 1
+            step = run.step
+            run.tokens += int(batch["attention_mask"].sum())  # (one sync per update; cheap next to the step)
+            run.train_flops += batch_flops(model.config, batch["attention_mask"], layout is not None, cfg.freeze)
             bar.update(1)
             if not math.isfinite(loss.item()):
                 raise BertkitError(f"loss is {loss.item()} at update {step}; lower the learning rate")
             if step % cfg.log_every == 0 or step == total:
-                rate = tokens / max(time.time() - t_train, 1e-9)
+                rate = run.tokens / max(time.time() - t_train, 1e-9)
                 metrics_log.write({"step": step, "epoch": round(step / steps_per_epoch, 3), "loss": loss.item(),
                                    "lr": lr, "tokens_per_s": round(rate, 1)})
                 bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{rate:.0f}")
             end_of_epoch = step % steps_per_epoch == 0 or step == total
             if dev_feats is not None and (end_of_epoch or (cfg.eval_every and step % cfg.eval_every == 0)):
-                _evaluate_and_keep(model, task, cfg, dev_examples, dev_feats, labels, step, steps_per_epoch,
-                                   state, metrics_log, tokenizer, out)
-                counts["eval_flops"] += dev_pass
-        epoch += 1
+                _evaluate_and_keep(run)
+                run.eval_flops += dev_pass
     bar.close()
     if dev_feats is None:
-        save_finetuned(model, tokenizer, out, task, cfg, labels, state["facts"])
-        state["best_step"] = step
+        save_finetuned(model, tokenizer, out, task, cfg, labels, run.facts)
+        run.best_step = run.step
     train_time = time.time() - t_train
-    result = {"task": task.name, "main_metric": task.main_metric, "best_step": state["best_step"],
+    tokens = run.tokens
+    result = {"task": task.name, "main_metric": task.main_metric, "best_step": run.best_step,
               "updates": total, "epochs": cfg.epochs, "train_examples": len(train_examples),
               "train_features": len(train_feats), "dev_examples": len(dev_examples or []), "inputs": inputs,
-              "dev": _plain(state["best_metrics"]), "history": state["history"],
+              "dev": _plain(run.best_metrics), "history": run.history,
               "train_time_s": round(train_time, 1), "wall_time_s": round(time.time() - t_start, 1),
               "tokens_per_s": round(tokens / max(train_time, 1e-9), 1), "init": cfg.init,
-              "tokens_seen": tokens, "train_flops": counts["train_flops"], "eval_flops": counts["eval_flops"],
+              "tokens_seen": tokens, "train_flops": run.train_flops, "eval_flops": run.eval_flops,
               "train_file": str(train_path), "dev_file": str(dev_path) if dev_path else None}
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    counts["tokens"] = tokens
-    write_card(out, build_card(cfg, task, model, labels, inputs, result, command, counts, state["facts"], hardware()))
+    counts = {"tokens": tokens, "train_flops": run.train_flops, "eval_flops": run.eval_flops}  # the card's compute
+    write_card(out, build_card(cfg, task, model, labels, inputs, result, command, counts, run.facts, hardware()))
     return result
 
 
-def _evaluate_and_keep(model, task, cfg, dev_examples, dev_feats, labels, step, steps_per_epoch, state,
-                       metrics_log, tokenizer, out) -> None:
-    with evaluating(model, tokenizer) as predictor:
-        scores, predictions = evaluate(predictor, task, dev_examples, dev_feats, labels, cfg.eval_batch_size)
+@dataclass
+class FinetuneRun:
+    """The fine-tuning loop's state: what it trains and evaluates (set up once), and what it keeps."""
+    cfg: FinetuneConfig
+    task: Task
+    model: nn.Module
+    tokenizer: Any
+    labels: Sequence[str] | None     # label names (None: regression, or a task without labels)
+    out: Path                        # the staging folder the run writes into
+    metrics_log: Any                 # runlog.MetricsLog of out/metrics.jsonl
+    steps_per_epoch: int
+    dev_examples: list | None = None
+    dev_feats: list | None = None
+    facts: dict = field(default_factory=dict)      # extra config.json keys saved with the model (stride, ...)
+    step: int = 0                    # updates done
+    tokens: int = 0                  # real (non-padding) tokens trained on
+    train_flops: float = 0.0
+    eval_flops: float = 0.0
+    best: float | None = None        # the best dev main metric so far
+    best_metrics: dict | None = None # all dev scores at that point
+    best_step: int | None = None
+    history: list[dict] = field(default_factory=list)   # every dev evaluation record
+
+
+def _evaluate_and_keep(run: FinetuneRun) -> None:
+    """Evaluate on dev at `run.step`, log it, and save the model if it is the best so far."""
+    cfg, task, step = run.cfg, run.task, run.step
+    with evaluating(run.model, run.tokenizer) as predictor:
+        scores, predictions = evaluate(predictor, task, run.dev_examples, run.dev_feats, run.labels,
+                                       cfg.eval_batch_size)
     main = scores[task.main_metric]
-    record = {"step": step, "epoch": round(step / steps_per_epoch, 3),
+    record = {"step": step, "epoch": round(step / run.steps_per_epoch, 3),
               **{f"dev_{k}": v for k, v in _plain(scores).items() if not isinstance(v, dict)}}
-    metrics_log.write(record)
-    state["history"].append(record)
+    run.metrics_log.write(record)
+    run.history.append(record)
     log.info("update %d: dev %s", step, ", ".join(f"{k} {_fmt_metric(v)}" for k, v in scores.items()
                                                    if not isinstance(v, dict)))
-    if state["best"] is None or main > state["best"]:
-        state.update(best=main, best_metrics=scores, best_step=step)
+    if run.best is None or main > run.best:
+        run.best, run.best_metrics, run.best_step = main, scores, step
         if "best_f1_thresh" in scores:           # SQuAD v2.0: answer "" above the null threshold best on dev
             from .tasks.squad import apply_null_threshold
-            state["facts"]["bertkit_null_threshold"] = float(scores["best_f1_thresh"])
-            predictions = apply_null_threshold(predictions, state["facts"]["bertkit_null_threshold"])
-        save_finetuned(model, tokenizer, out, task, cfg, labels, state["facts"])
-        write_predictions(predictions, out / "dev_predictions.jsonl")
+            run.facts["bertkit_null_threshold"] = float(scores["best_f1_thresh"])
+            predictions = apply_null_threshold(predictions, run.facts["bertkit_null_threshold"])
+        save_finetuned(run.model, run.tokenizer, out=run.out, task=task, cfg=cfg, labels=run.labels, facts=run.facts)
+        write_predictions(predictions, run.out / "dev_predictions.jsonl")
 
 
 def save_finetuned(model: nn.Module, tokenizer, out: Path, task: Task, cfg: FinetuneConfig, labels,

@@ -159,14 +159,17 @@ class Predictor:
         self.config = cfg
         self.max_length = min(max_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.head = getattr(model, "head", "encoder")
-        hf = getattr(model, "hf_config", {}) or {}
-        self.labels = labels or {int(k): v for k, v in (hf.get("id2label") or {}).items()}
+        # config.json's keys beyond the architecture (id2label, bertkit_stride, ...) are in cfg.extra
+        self.labels = labels or {int(k): v for k, v in (cfg.extra.get("id2label") or {}).items()}
         self.int8 = False
         self.compiled = False
         self.prepacked = False
         self.precision = str(next(model.parameters()).dtype).replace("torch.", "")
         self.precision_reason = "as loaded"
         self.precision_check: dict | None = None        # agreement with fp32 on the sample (bf16, int8)
+        # int8 vs a separately loaded fp32 model on the bundled sample sentences (`agreement`); set by
+        # `bertkit serve --int8` (commands.serve.report_int8), shown by its /v1/model
+        self.int8_agreement: dict | None = None
         self.null_threshold: float | None = None      # SQuAD v2.0: overrides the checkpoint's (serve --null-threshold)
 
     # ---- loading -------------------------------------------------------------------------------
@@ -625,7 +628,7 @@ class Predictor:
         for i, (q, c) in enumerate(zip(questions, contexts)):
             if not isinstance(q, str) or not isinstance(c, str) or not q.strip() or not c.strip():
                 raise PredictorError(f"question {i}: question and context must be non-empty strings")
-        saved = qa_settings(getattr(self.model, "hf_config", None) or {})
+        saved = qa_settings(self.config.extra)
         if null_threshold is None:
             null_threshold = self.null_threshold if self.null_threshold is not None else saved["null_threshold"]
         examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(zip(questions, contexts))]

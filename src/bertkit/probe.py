@@ -207,5 +207,4 @@ def load_probe(path: str | Path, raw: dict, head: str | None = None) -> ProbeMod
     except RuntimeError as e:
         raise CheckpointError(f"{path}: probe head weights do not match bertkit_probe "
                               f"{spec['features']!r}: {str(e).splitlines()[0][:200]}") from None
-    model.hf_config = raw
-    return model.eval()
+    return model.eval()          # config.json's id2label etc.: model.config.extra (the encoder's, same file)

@@ -15,9 +15,12 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from .train import Run, Step
 
 log = logging.getLogger("bertkit")
 
@@ -139,24 +142,25 @@ class Window:
     def __init__(self):
         self.t0, self.n, self.sums = time.perf_counter(), 0, {}
 
-    def add(self, s: dict) -> None:
+    def add(self, s: "Step") -> None:
+        """Add one update (`train.Step`)."""
         self.n += 1
         self.last = s
         for k in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",
                   "tokens", "flops"):
-            self.sums[k] = self.sums.get(k, 0.0) + s[k]
+            self.sums[k] = self.sums.get(k, 0.0) + getattr(s, k)
 
-    def record(self, st, run: dict) -> dict:
+    def record(self, st, run: "Run") -> dict:
         """Averages over the window; a left-to-right run (train.objective=clm) names its head's
         figures next_token_loss / next_token_accuracy instead of mlm_*."""
         dt = max(time.perf_counter() - self.t0, 1e-9)
         n, s = max(self.n, 1), self.sums
-        lm = "next_token" if getattr(run["cfg"].train, "objective", "mlm") == "clm" else "mlm"
+        lm = "next_token" if getattr(run.cfg.train, "objective", "mlm") == "clm" else "mlm"
         return {"step": st.step, "loss": s["loss"] / n, f"{lm}_loss": s["mlm_loss"] / n,
-                "nsp_loss": s["nsp_loss"] / n if run["cfg"].train.nsp else None,
+                "nsp_loss": s["nsp_loss"] / n if run.cfg.train.nsp else None,
                 f"{lm}_accuracy": s["mlm_correct"] / max(s["mlm_count"], 1),
                 "nsp_accuracy": s["nsp_correct"] / s["nsp_count"] if s["nsp_count"] else None,
-                "lr": self.last["lr"], "grad_norm": self.last["grad_norm"], "tokens_per_s": s["tokens"] / dt,
+                "lr": self.last.lr, "grad_norm": self.last.grad_norm, "tokens_per_s": s["tokens"] / dt,
                 "flops_per_s": s["flops"] / dt, "tokens": st.tokens, "elapsed_s": round(st.elapsed, 3),
                 "phase": st.phase, "skipped": st.skipped}
 
@@ -219,16 +223,16 @@ class StatusLine:
         pass
 
 
-def bar_update(bar, run: dict, s: dict) -> None:
-    st = run["state"]
-    bar.update(int(st.elapsed) - bar.n if run["budget"] else 1)
-    if st.step % max(1, min(run["cfg"].train.log_every, 10)) == 0:
-        head = "next" if getattr(run["cfg"].train, "objective", "mlm") == "clm" else "mlm"
-        post = {"loss": f"{s['loss']:.3f}", head: f"{s['mlm_correct'] / max(s['mlm_count'], 1):.3f}"}
-        if s["nsp_count"]:
-            post["nsp"] = f"{s['nsp_correct'] / s['nsp_count']:.3f}"
+def bar_update(bar, run: "Run", s: "Step") -> None:
+    st = run.state
+    bar.update(int(st.elapsed) - bar.n if run.budget else 1)
+    if st.step % max(1, min(run.cfg.train.log_every, 10)) == 0:
+        head = "next" if getattr(run.cfg.train, "objective", "mlm") == "clm" else "mlm"
+        post = {"loss": f"{s.loss:.3f}", head: f"{s.mlm_correct / max(s.mlm_count, 1):.3f}"}
+        if s.nsp_count:
+            post["nsp"] = f"{s.nsp_correct / s.nsp_count:.3f}"
         post["tok/s"] = f"{st.tokens / max(st.elapsed, 1e-9):.0f}"
-        post["lr"] = f"{s['lr']:.2e}"
+        post["lr"] = f"{s.lr:.2e}"
         bar.set_postfix(post, refresh=False)
 
 

@@ -32,6 +32,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,6 +40,9 @@ import torch
 from . import distributed as D
 from .checkpoint import CheckpointError, build, save_model
 from .runconfig import save_config
+
+if TYPE_CHECKING:
+    from .train import Run
 
 log = logging.getLogger("bertkit")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -164,13 +168,13 @@ def _fsync_dir(path: Path) -> None:
         pass
 
 
-def export_model(run: dict, world: D.World, path: Path, model_sd: dict | None = None) -> None:
+def export_model(run: "Run", world: D.World, path: Path, model_sd: dict | None = None) -> None:
     """Write the model as a Hugging Face folder (+ tokenizer) at `path` (rank 0 writes).
 
     With FSDP every rank must call this (the full weights are gathered)."""
-    model = run["model"]
-    if model_sd is None and world.distributed and run["cfg"].train.distributed == "fsdp":
-        model_sd, _ = D.full_state_dicts(model, run["optimizer"], "fsdp", world)
+    model = run.model
+    if model_sd is None and world.distributed and run.cfg.train.distributed == "fsdp":
+        model_sd, _ = D.full_state_dicts(model, run.optimizer, "fsdp", world)
     if not world.main:
         return
     if model_sd is not None:                     # a plain CPU copy of sharded weights
@@ -178,12 +182,12 @@ def export_model(run: dict, world: D.World, path: Path, model_sd: dict | None = 
         cpu.load_state_dict(model_sd)
         model = cpu
     save_model(model, path)
-    run["tokenizer"].save(path)
+    run.tokenizer.save(path)
 
 
-def save_checkpoint(run: dict, world: D.World) -> Path | None:
+def save_checkpoint(run: "Run", world: D.World) -> Path | None:
     """Save the complete training state of update `state.step`; keep the last K."""
-    cfg, st = run["cfg"], run["state"]
+    cfg, st = run.cfg, run.state
     root = Path(cfg.out) / "checkpoints"
     final = root / f"step-{st.step:08d}"
     tmp = root / f".tmp-step-{st.step:08d}"
@@ -196,12 +200,12 @@ def save_checkpoint(run: dict, world: D.World) -> Path | None:
            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     save_state(rng, tmp / f"rng-rank{world.rank}.safetensors")
     fsdp = world.distributed and cfg.train.distributed == "fsdp"
-    model_sd, optim_sd = D.full_state_dicts(run["model"], run["optimizer"], cfg.train.distributed, world) \
-        if fsdp else (None, run["optimizer"].state_dict())
+    model_sd, optim_sd = D.full_state_dicts(run.model, run.optimizer, cfg.train.distributed, world) \
+        if fsdp else (None, run.optimizer.state_dict())
     export_model(run, world, tmp / "model", model_sd)
     D.barrier(world)
     if world.main:
-        save_state({"optimizer": optim_sd, "scaler": run["scaler"].state_dict() if run["scaler"] else None},
+        save_state({"optimizer": optim_sd, "scaler": run.scaler.state_dict() if run.scaler else None},
                    tmp / "trainer.safetensors")
         trainer = {"format": FORMAT, "state": dataclasses.asdict(st), "world_size": world.world_size}
         (tmp / "trainer.json").write_text(json.dumps(trainer, indent=1) + "\n", encoding="utf-8")
@@ -221,7 +225,7 @@ def save_checkpoint(run: dict, world: D.World) -> Path | None:
         _prune(root, cfg.train.keep_checkpoints)
         log.debug("checkpoint %s", final)
     D.barrier(world)
-    run["saved_step"] = st.step
+    run.saved_step = st.step
     return final
 
 
@@ -281,21 +285,21 @@ def find_checkpoint(root: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(run: dict, path: Path, world: D.World) -> None:
+def load_checkpoint(run: "Run", path: Path, world: D.World) -> None:
     """Restore optimizer, scaler, loop state and RNGs (the weights were loaded when the model was built)."""
     trainer, rng = _read_trainer(path), _read_rng(path, world.rank)
-    cfg = run["cfg"]
+    cfg = run.cfg
     try:
         if world.distributed and cfg.train.distributed == "fsdp":
-            D.load_optimizer_state(run["model"], run["optimizer"], trainer["optimizer"])
+            D.load_optimizer_state(run.model, run.optimizer, trainer["optimizer"])
         else:
-            run["optimizer"].load_state_dict(trainer["optimizer"])
-        if run["scaler"] is not None and trainer.get("scaler"):
-            run["scaler"].load_state_dict(trainer["scaler"])
+            run.optimizer.load_state_dict(trainer["optimizer"])
+        if run.scaler is not None and trainer.get("scaler"):
+            run.scaler.load_state_dict(trainer["scaler"])
     except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
         raise CheckpointError(f"{path}: its optimizer state does not fit this run's model and optimizer "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''})") from None
-    st = run["state"]
+    st = run.state
     fields = {f.name: f.type for f in dataclasses.fields(State)}
     saved = trainer["state"]
     if not isinstance(saved, dict) or set(saved) - set(fields):

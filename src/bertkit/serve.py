@@ -568,7 +568,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
         c = predictor.config
         describe = getattr(predictor, "describe", None)
         return {"head": predictor.head, "backend": predictor.backend, "int8": predictor.int8,
-                "int8_agreement": getattr(predictor, "int8_agreement", None),
+                "int8_agreement": predictor.int8_agreement,
                 "prepacked": predictor.prepacked, "compiled": predictor.compiled,
                 "runtime": describe() if callable(describe) else None,
                 "hidden_size": c.hidden_size, "num_layers": c.num_layers, "labels": predictor.label_names()

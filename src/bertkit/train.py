@@ -1,7 +1,8 @@
 """Pre-training with MLM (+ NSP): an explicit loop you can read top to bottom.
 
-Why one file of ~700 lines: setup, the update, evaluation and the run card share the run state;
-the planned redesign (typed loop state, the card in its own module) splits it.
+Why one file of ~800 lines: setup, the update, evaluation and the run card share the run state
+(`Run`, a dataclass; `runstate.State` is the part a checkpoint saves); the planned redesign (the
+card in its own module) splits it.
 
     setup()      model, optimizer, data, device, precision; resume from the latest valid checkpoint
     train_step() one update: micro-batches (gradient accumulation), clipping, a non-finite guard
@@ -22,15 +23,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -47,8 +47,6 @@ from .runlog import (MetricsLog, Window, bar_update, gemm_peak, hardware, plot_c
 from .runstate import State, export_model, find_checkpoint, load_checkpoint, save_checkpoint
 
 log = logging.getLogger("bertkit")
-# Tests set BERTKIT_TEST_KILL_AT_STEP=N to SIGKILL the process right after update N (no cleanup runs).
-_KILL_AT_STEP = int(os.environ.get("BERTKIT_TEST_KILL_AT_STEP", "-1"))
 
 
 @dataclass
@@ -65,32 +63,109 @@ class Phase:
     held_out: Any = None         # data.heldout.HeldOut: what evaluation uses (first phase), measured against training
 
 
-def pretrain(cfg: PretrainConfig, command: str = "") -> dict:
-    """Run pre-training as configured; returns the run card (also written to `cfg.out`)."""
+@dataclass
+class Run:
+    """Everything one pre-training run holds, built by `setup()` and passed to each part of the loop."""
+    cfg: PretrainConfig
+    world: D.World
+    model: Any                   # the model itself (BertForPreTraining): weights, config, saving
+    wrapped: Any                 # what runs the forward pass: `model` under DDP / FSDP / torch.compile
+    optimizer: torch.optim.Optimizer
+    scaler: Any                  # torch.amp.GradScaler for fp16, else None
+    state: State                 # what changes while training and is saved in a checkpoint
+    phases: list[Phase]          # sequence-length phases: [short] or [short, long]
+    tokenizer: Any
+    precision: torch.dtype       # the autocast dtype (weights stay fp32)
+    precision_reason: str
+    packed: bool                 # the encoder runs padding-free (`packing.pack`)
+    packed_reason: str
+    budget: float                # train.budget in seconds; 0: the run is bounded by train.max_steps
+    resumed: bool                # restored from a checkpoint
+    eval_batches: list[dict]     # this rank's held-out micro-batches, masked once
+    pool: ThreadPoolExecutor     # collates the next update's micro-batches in the background
+    orders: dict = field(default_factory=dict)   # {(phase, epoch): permutation of the phase's instances}
+    prefetch: tuple | None = None                # ((phase, epoch, offset), future of its micro-batches)
+    last_eval: dict | None = None                # the latest evaluation record
+    last_eval_elapsed: float = 0.0               # the training clock at the latest evaluation (eval_minutes)
+    saved_step: int | None = None                # the update of the latest checkpoint this session wrote
+
+
+@dataclass
+class StepSums:
+    """Sums over micro-batches of one update: this rank's, then all ranks' (one all-reduce)."""
+    loss: float = 0.0            # per micro-batch: the mean loss (MLM + NSP) over its batch
+    mlm_loss: float = 0.0        # the mean MLM (or next-token) loss
+    nsp_loss: float = 0.0        # the mean NSP loss (0 without NSP)
+    mlm_correct: float = 0.0     # predictions that were right
+    mlm_count: float = 0.0       # predicted tokens (masked, or next tokens)
+    nsp_correct: float = 0.0
+    nsp_count: float = 0.0       # sentence pairs with an NSP label
+    real_tokens: float = 0.0     # tokens that are not padding
+    padded_tokens: float = 0.0   # batch x length, padding included
+    sequences: float = 0.0
+
+    @classmethod
+    def size(cls) -> int:
+        return len(fields(cls))
+
+
+@dataclass
+class Step:
+    """What one update did (global figures, all ranks): the loop's log window and progress bar read it."""
+    loss: float                  # mean over micro-batches
+    mlm_loss: float
+    nsp_loss: float
+    mlm_correct: float
+    mlm_count: float
+    nsp_correct: float
+    nsp_count: float
+    tokens: int                  # real tokens
+    lr: float
+    grad_norm: float
+    flops: float
+
+
+@dataclass
+class EvalSums:
+    """Sums over the held-out batches (all ranks)."""
+    mlm_loss: float = 0.0        # MLM (next-token) loss x predictions: a sum over predicted tokens
+    mlm_correct: float = 0.0
+    mlm_count: float = 0.0       # predicted tokens
+    nsp_correct: float = 0.0
+    nsp_count: float = 0.0
+
+
+def pretrain(cfg: PretrainConfig, command: str = "", on_step: Callable[[State], None] | None = None) -> dict:
+    """Run pre-training as configured; returns the run card (also written to `cfg.out`).
+
+    `on_step(state)`, if given, is called right after each update (before it is logged, evaluated
+    or checkpointed) with the loop state (`runstate.State`: step, tokens, elapsed, ...); it should
+    only read it. A test of crash recovery, for one, kills the process there."""
     world = D.init()
     threads = torch.get_num_threads()
     try:
-        return _pretrain(cfg, world, command)
+        return _pretrain(cfg, world, command, on_step)
     finally:
         torch.set_num_threads(threads)
         D.teardown()
 
 
-def _pretrain(cfg: PretrainConfig, world: D.World, command: str) -> dict:
+def _pretrain(cfg: PretrainConfig, world: D.World, command: str, on_step: Callable[[State], None] | None) -> dict:
     run = setup(cfg, world)
     try:
-        return _loop(cfg, world, command, run)
+        return _loop(run, command, on_step)
     finally:
-        run["pool"].shutdown(wait=True, cancel_futures=True)
+        run.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
-    out, st, tc = Path(cfg.out), run["state"], cfg.train
+def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> dict:
+    cfg, world = run.cfg, run.world
+    out, st, tc = Path(cfg.out), run.state, cfg.train
     stop = _StopFlag()
-    metrics = MetricsLog(out / "metrics.jsonl", keep_until_step=st.step if run["resumed"] else None) if world.main else None
-    evals = MetricsLog(out / "eval.jsonl", keep_until_step=st.step if run["resumed"] else None) if world.main else None
+    metrics = MetricsLog(out / "metrics.jsonl", keep_until_step=st.step if run.resumed else None) if world.main else None
+    evals = MetricsLog(out / "eval.jsonl", keep_until_step=st.step if run.resumed else None) if world.main else None
     board = tensorboard_writer(out) if tc.tensorboard and world.main else None
-    if not run["resumed"]:
+    if not run.resumed:
         _eval_and_log(run, evals, board, None)          # the untrained model, for "before / after"
     bar = progress_bar(cfg, st, world)
     window = Window()
@@ -100,13 +175,13 @@ def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
         while True:
             if st.step >= tc.max_steps:
                 break
-            if run["budget"] and st.elapsed >= run["budget"]:
+            if run.budget and st.elapsed >= run.budget:
                 stop_reason = "budget"
                 break
             _maybe_switch_phase(run)
             s = train_step(run)
-            if st.step == _KILL_AT_STEP:              # fault injection for the resume test: a real kill -9
-                os.kill(os.getpid(), signal.SIGKILL)
+            if on_step is not None:
+                on_step(st)
             st.elapsed = D.all_reduce_sum(torch.tensor([time.perf_counter() - start], dtype=torch.float64,
                                                        device=world.device), world).item() / world.world_size
             window.add(s)
@@ -126,7 +201,7 @@ def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
             if tc.log_every and st.step % tc.log_every == 0:
                 window = Window()
             if (tc.eval_every and st.step % tc.eval_every == 0) or \
-                    (tc.eval_minutes and st.elapsed - run.get("last_eval_elapsed", 0.0) >= 60 * tc.eval_minutes):
+                    (tc.eval_minutes and st.elapsed - run.last_eval_elapsed >= 60 * tc.eval_minutes):
                 start += _timed_eval(run, evals, board, bar)      # evaluation time is not training time
             due = (tc.checkpoint_every and st.step % tc.checkpoint_every == 0) or \
                 D.all_ranks_agree(bool(tc.checkpoint_minutes) and time.perf_counter() - last_ckpt
@@ -142,9 +217,9 @@ def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
         bar.close()
     if world.main and window.n:                     # the last updates, if they did not end a log window
         metrics.write(window.record(st, run))
-    if run.get("saved_step") != st.step:
+    if run.saved_step != st.step:
         save_checkpoint(run, world)
-    last = run.get("last_eval")
+    last = run.last_eval
     final_eval = last if last is not None and last.get("step") == st.step else _eval_and_log(run, evals, board, None)
     card = finish(run, world, stop_reason, final_eval, command)
     if board is not None:
@@ -153,7 +228,7 @@ def _loop(cfg: PretrainConfig, world: D.World, command: str, run: dict) -> dict:
 
 
 # ---- setup ---------------------------------------------------------------------------------------
-def setup(cfg: PretrainConfig, world: D.World) -> dict:
+def setup(cfg: PretrainConfig, world: D.World) -> Run:
     tc = cfg.train
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
@@ -177,11 +252,11 @@ def setup(cfg: PretrainConfig, world: D.World) -> dict:
                                 cfg.optim.betas, cfg.optim.eps)
     scaler = torch.amp.GradScaler("cuda") if precision == torch.float16 else None
     state = State()
-    run = dict(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,
-               state=state, phases=phases, tokenizer=tokenizer, precision=precision,
-               precision_reason=precision_reason, packed=packed, packed_reason=packed_reason,
-               budget=budget, resumed=ckpt is not None, eval=_eval_batches(cfg, phases[0], world),
-               pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"))
+    run = Run(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,
+              state=state, phases=phases, tokenizer=tokenizer, precision=precision,
+              precision_reason=precision_reason, packed=packed, packed_reason=packed_reason,
+              budget=budget, resumed=ckpt is not None, eval_batches=_eval_batches(cfg, phases[0], world),
+              pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"))
     if ckpt is not None:
         load_checkpoint(run, ckpt, world)
         log.info("resumed from %s (update %d)", ckpt, state.step)
@@ -381,40 +456,40 @@ def forward(model, batch: dict, packed: bool) -> dict:
                  mlm_labels=batch["mlm_labels"], nsp_labels=batch.get("nsp_labels"))
 
 
-def micro_batches(run: dict) -> list[dict]:
+def micro_batches(run: Run) -> list[dict]:
     """This rank's micro-batches of the next update, and advance the data position.
 
     The batches of the following update are collated in a background thread meanwhile (they
     depend only on the position, so this changes no number)."""
-    st, world = run["state"], run["world"]
+    st, world = run.state, run.world
     p = st.phase
     st.epoch[p], st.offset[p] = _roll(run, p, st.epoch[p], st.offset[p])
     key = (p, st.epoch[p], st.offset[p])
-    ahead = run.get("prefetch")
+    ahead = run.prefetch
     batches = ahead[1].result() if ahead and ahead[0] == key else _collate(run, *key)
     following = (p, *_roll(run, p, key[1], key[2] + 1))
-    run["prefetch"] = (following, run["pool"].submit(_collate, run, *following))
+    run.prefetch = (following, run.pool.submit(_collate, run, *following))
     st.offset[p] += 1
     return [{k: (v.to(world.device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in b.items()}
             for b in batches]
 
 
-def _roll(run: dict, phase: int, epoch: int, offset: int) -> tuple[int, int]:
+def _roll(run: Run, phase: int, epoch: int, offset: int) -> tuple[int, int]:
     """(epoch, update within epoch), moving to the next epoch when this one has no full global batch left."""
-    ph = run["phases"][phase]
-    per_epoch = len(ph.indices) // (ph.batch_size * ph.grad_accum * run["world"].world_size)
+    ph = run.phases[phase]
+    per_epoch = len(ph.indices) // (ph.batch_size * ph.grad_accum * run.world.world_size)
     return (epoch + 1, 0) if offset >= per_epoch else (epoch, offset)
 
 
-def _collate(run: dict, phase: int, epoch: int, k: int) -> list[dict]:
+def _collate(run: Run, phase: int, epoch: int, k: int) -> list[dict]:
     """Micro-batch g = j * world + rank of update k takes instances [g B, (g+1) B) of its slice."""
-    ph, world = run["phases"][phase], run["world"]
+    ph, world = run.phases[phase], run.world
     B, A, W = ph.batch_size, ph.grad_accum, world.world_size
     G = B * A * W
-    orders = run.setdefault("orders", {})
+    orders = run.orders
     if (phase, epoch) not in orders:
         orders.clear()
-        rng = np.random.default_rng([run["cfg"].train.seed, phase, epoch])
+        rng = np.random.default_rng([run.cfg.train.seed, phase, epoch])
         orders[(phase, epoch)] = ph.indices[rng.permutation(len(ph.indices))]
     chosen = orders[(phase, epoch)][k * G:(k + 1) * G]
     batches = []
@@ -426,28 +501,26 @@ def _collate(run: dict, phase: int, epoch: int, k: int) -> list[dict]:
     return batches
 
 
-def train_step(run: dict) -> dict:
+def train_step(run: Run) -> Step:
     """One optimizer update over grad_accum micro-batches on every rank; returns global statistics."""
-    cfg, st, world = run["cfg"], run["state"], run["world"]
-    model, wrapped, opt, scaler = run["model"], run["wrapped"], run["optimizer"], run["scaler"]
+    cfg, st, world = run.cfg, run.state, run.world
+    model, wrapped, opt, scaler = run.model, run.wrapped, run.optimizer, run.scaler
     model.train()
     batches = micro_batches(run)
     A = len(batches)
-    # sums over this rank's micro-batches: loss, mlm_loss, nsp_loss, mlm correct, mlm count, nsp correct,
-    # nsp count, real tokens, padded tokens, sequences
-    sums = torch.zeros(10, dtype=torch.float64, device=world.device)
-    autocast = torch.autocast(world.device.type, dtype=run["precision"]) if run["precision"] != torch.float32 \
+    acc = torch.zeros(StepSums.size(), dtype=torch.float64, device=world.device)   # StepSums' fields, in order
+    autocast = torch.autocast(world.device.type, dtype=run.precision) if run.precision != torch.float32 \
         else nullcontext()
     for j, batch in enumerate(batches):
         torch.manual_seed(_seed(cfg.train.seed, st.step, batch.pop("_g")))      # dropout: f(seed, step, g)
         with D.no_sync(wrapped, skip=j < A - 1), autocast:
-            out = forward(wrapped, batch, run["packed"])
+            out = forward(wrapped, batch, run.packed)
             loss = out["loss"] / A
         (scaler.scale(loss) if scaler is not None else loss).backward()
-        sums += _batch_stats(out, batch)
-    sums = D.all_reduce_sum(sums, world).cpu()
+        acc += _batch_stats(out, batch)
+    sums = StepSums(*D.all_reduce_sum(acc, world).cpu().tolist())
     n_micro = A * world.world_size
-    loss_value = sums[0].item() / n_micro
+    loss_value = sums.loss / n_micro
     finite = math.isfinite(loss_value)
     lr = _lr(run)
     for group in opt.param_groups:
@@ -470,57 +543,57 @@ def train_step(run: dict) -> dict:
         st.skipped += 1
         log.warning("update %d: non-finite loss or gradient (loss %s, grad norm %s): skipped (%d in a row)",
                     st.step + 1, loss_value, norm, st.bad_steps)
-    ph = run["phases"][st.phase]
-    flops = step_flops(run["model"].config, int(sums[7] if run["packed"] else sums[8]), int(sums[9]),
-                       float(sums[7] / max(sums[9], 1)), int(sums[4]), cfg.train.nsp)
+    flops = step_flops(model.config, int(sums.real_tokens if run.packed else sums.padded_tokens), int(sums.sequences),
+                       sums.real_tokens / max(sums.sequences, 1), int(sums.mlm_count), cfg.train.nsp)
     st.step += 1
-    st.tokens += int(sums[7])
+    st.tokens += int(sums.real_tokens)
     st.flops += flops
-    return {"loss": loss_value, "mlm_loss": sums[1].item() / n_micro, "nsp_loss": sums[2].item() / n_micro,
-            "mlm_correct": sums[3].item(), "mlm_count": sums[4].item(), "nsp_correct": sums[5].item(),
-            "nsp_count": sums[6].item(), "tokens": int(sums[7]), "lr": lr, "grad_norm": norm, "flops": flops,
-            "seq_len": ph.max_len}
+    return Step(loss=loss_value, mlm_loss=sums.mlm_loss / n_micro, nsp_loss=sums.nsp_loss / n_micro,
+                mlm_correct=sums.mlm_correct, mlm_count=sums.mlm_count, nsp_correct=sums.nsp_correct,
+                nsp_count=sums.nsp_count, tokens=int(sums.real_tokens), lr=lr, grad_norm=norm, flops=flops)
 
 
 def _batch_stats(out: dict, batch: dict) -> torch.Tensor:
-    """The 10 sums of `train_step`, on the batch's device (one transfer per update, not per number)."""
+    """`StepSums` of one micro-batch as a tensor on its device, in field order (one transfer per
+    update, not per number)."""
     with torch.no_grad():
         mask = batch["attention_mask"]
         zero = mask.new_zeros((), dtype=torch.float64)
         nsp = "nsp_loss" in out
-        return torch.stack([
-            out["loss"].detach().double(), out["mlm_loss"].detach().double(),
-            out["nsp_loss"].detach().double() if nsp else zero,
-            (out["mlm_logits"].argmax(-1) == out["mlm_targets"]).sum().double(),
-            zero + out["mlm_targets"].numel(),
-            (out["nsp_logits"].argmax(-1) == batch["nsp_labels"]).sum().double() if nsp else zero,
-            zero + (len(batch["nsp_labels"]) if nsp else 0),
-            mask.sum().double(), zero + mask.numel(), zero + mask.shape[0]])
+        sums = dict(
+            loss=out["loss"].detach().double(), mlm_loss=out["mlm_loss"].detach().double(),
+            nsp_loss=out["nsp_loss"].detach().double() if nsp else zero,
+            mlm_correct=(out["mlm_logits"].argmax(-1) == out["mlm_targets"]).sum().double(),
+            mlm_count=zero + out["mlm_targets"].numel(),
+            nsp_correct=(out["nsp_logits"].argmax(-1) == batch["nsp_labels"]).sum().double() if nsp else zero,
+            nsp_count=zero + (len(batch["nsp_labels"]) if nsp else 0),
+            real_tokens=mask.sum().double(), padded_tokens=zero + mask.numel(), sequences=zero + mask.shape[0])
+        return torch.stack([sums[f.name] for f in fields(StepSums)])
 
 
 def _seed(*parts: int) -> int:
     return int(np.random.default_rng([abs(int(p)) for p in parts]).integers(2 ** 62))
 
 
-def _lr(run: dict) -> float:
-    cfg, st = run["cfg"], run["state"]
+def _lr(run: Run) -> float:
+    cfg, st = run.cfg, run.state
     oc = cfg.optim
-    if run["budget"]:     # Cramming: the schedule follows elapsed time
-        return lr_at(st.elapsed, run["budget"], oc.warmup * run["budget"], oc.lr, oc.schedule, oc.end_lr, oc.decay_fraction)
+    if run.budget:     # Cramming: the schedule follows elapsed time
+        return lr_at(st.elapsed, run.budget, oc.warmup * run.budget, oc.lr, oc.schedule, oc.end_lr, oc.decay_fraction)
     total = cfg.train.max_steps
     warm = oc.warmup * total if oc.warmup < 1 else oc.warmup
     return lr_at(st.step, total, warm, oc.lr, oc.schedule, oc.end_lr, oc.decay_fraction)
 
 
-def _maybe_switch_phase(run: dict) -> None:
-    cfg, st = run["cfg"], run["state"]
-    if len(run["phases"]) < 2 or st.phase == 1:
+def _maybe_switch_phase(run: Run) -> None:
+    cfg, st = run.cfg, run.state
+    if len(run.phases) < 2 or st.phase == 1:
         return
     tc = cfg.train
-    progress = st.elapsed / run["budget"] if run["budget"] else st.step / tc.max_steps
+    progress = st.elapsed / run.budget if run.budget else st.step / tc.max_steps
     if progress >= 1 - tc.long_fraction:
         st.phase = 1
-        log.info("update %d: phase 2 (long sequences, %s)", st.step, run["phases"][1].path)
+        log.info("update %d: phase 2 (long sequences, %s)", st.step, run.phases[1].path)
 
 
 # ---- evaluation ----------------------------------------------------------------------------------
@@ -538,40 +611,41 @@ def _eval_batches(cfg: PretrainConfig, phase: Phase, world: D.World) -> list[dic
 
 
 @torch.no_grad()
-def evaluate(run: dict) -> dict | None:
+def evaluate(run: Run) -> dict | None:
     """Held-out MLM loss (per predicted token), accuracy, perplexity and NSP accuracy; for
     train.objective=clm the next-token loss, accuracy and perplexity (eval_next_token_*)."""
-    if not run["eval"] and not run["world"].distributed:
+    if not run.eval_batches and not run.world.distributed:
         return None
-    model, world = run["wrapped"], run["world"]
-    run["model"].eval()
-    s = torch.zeros(6, dtype=torch.float64)   # mlm loss sum, mlm correct, mlm count, nsp correct, nsp count, n
-    autocast = torch.autocast(world.device.type, dtype=run["precision"]) if run["precision"] != torch.float32 \
+    model, world = run.wrapped, run.world
+    run.model.eval()
+    s = EvalSums()
+    autocast = torch.autocast(world.device.type, dtype=run.precision) if run.precision != torch.float32 \
         else nullcontext()
-    for batch in run["eval"]:
+    for batch in run.eval_batches:
         batch = {k: v.to(world.device) for k, v in batch.items()}
         with autocast:
-            out = forward(model, batch, run["packed"])
+            out = forward(model, batch, run.packed)
         m = out["mlm_targets"].numel()
-        s[0] += out["mlm_loss"].double().item() * m
-        s[1] += (out["mlm_logits"].argmax(-1) == out["mlm_targets"]).sum().item()
-        s[2] += m
+        s.mlm_loss += out["mlm_loss"].double().item() * m
+        s.mlm_correct += (out["mlm_logits"].argmax(-1) == out["mlm_targets"]).sum().item()
+        s.mlm_count += m
         if "nsp_logits" in out and "nsp_labels" in batch:
-            s[3] += (out["nsp_logits"].argmax(-1) == batch["nsp_labels"]).sum().item()
-            s[4] += len(batch["nsp_labels"])
-    s = D.all_reduce_sum(s.to(world.device), world).cpu()
-    run["model"].train()
-    if s[2] == 0:
+            s.nsp_correct += (out["nsp_logits"].argmax(-1) == batch["nsp_labels"]).sum().item()
+            s.nsp_count += len(batch["nsp_labels"])
+    totals = torch.tensor([getattr(s, f.name) for f in fields(EvalSums)], dtype=torch.float64, device=world.device)
+    s = EvalSums(*D.all_reduce_sum(totals, world).cpu().tolist())
+    run.model.train()
+    if s.mlm_count == 0:
         return None
-    loss = s[0].item() / s[2].item()
-    if run["cfg"].train.objective == "clm":
-        rec = {"step": run["state"].step, "eval_next_token_loss": loss,
-               "eval_next_token_accuracy": s[1].item() / s[2].item(),
-               "eval_next_token_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s[2])}
+    loss = s.mlm_loss / s.mlm_count
+    if run.cfg.train.objective == "clm":
+        rec = {"step": run.state.step, "eval_next_token_loss": loss,
+               "eval_next_token_accuracy": s.mlm_correct / s.mlm_count,
+               "eval_next_token_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s.mlm_count)}
     else:
-        rec = {"step": run["state"].step, "eval_mlm_loss": loss, "eval_mlm_accuracy": s[1].item() / s[2].item(),
-               "eval_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s[2])}
-    rec["eval_nsp_accuracy"] = s[3].item() / s[4].item() if s[4] else None
+        rec = {"step": run.state.step, "eval_mlm_loss": loss, "eval_mlm_accuracy": s.mlm_correct / s.mlm_count,
+               "eval_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s.mlm_count)}
+    rec["eval_nsp_accuracy"] = s.nsp_correct / s.nsp_count if s.nsp_count else None
     return rec
 
 
@@ -581,20 +655,20 @@ def _pair_mode(phase: Phase) -> str:
     return str((meta.get("config") or {}).get("pair_mode", "nsp"))
 
 
-def _timed_eval(run, evals, board, bar) -> float:
+def _timed_eval(run: Run, evals, board, bar) -> float:
     """Evaluate and log; returns the seconds it took (the loop takes them off its training clock)."""
     t = time.perf_counter()
     _eval_and_log(run, evals, board, bar)
-    run["last_eval_elapsed"] = run["state"].elapsed
+    run.last_eval_elapsed = run.state.elapsed
     return time.perf_counter() - t
 
 
-def _eval_and_log(run, evals, board, bar) -> dict | None:
+def _eval_and_log(run: Run, evals, board, bar) -> dict | None:
     rec = evaluate(run)
     if rec is not None:      # where on the training clock the point lies: curves against time or tokens
-        rec.update(elapsed_s=round(run["state"].elapsed, 3), tokens=run["state"].tokens)
-    run["last_eval"] = rec
-    if rec and run["world"].main:
+        rec.update(elapsed_s=round(run.state.elapsed, 3), tokens=run.state.tokens)
+    run.last_eval = rec
+    if rec and run.world.main:
         evals.write(rec)
         if board is not None:
             for k, v in rec.items():
@@ -655,19 +729,19 @@ def _masking_card(phases: list[Phase]) -> list[dict]:
     return rows
 
 
-def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None, command: str) -> dict:
+def finish(run: Run, world: D.World, stop_reason: str, final_eval: dict | None, command: str) -> dict:
     """Final HF folder, run card (md + json) and plot, on rank 0."""
-    cfg, st, model = run["cfg"], run["state"], run["model"]
+    cfg, st, model = run.cfg, run.state, run.model
     out = Path(cfg.out)
     if not world.main:
         export_model(run, world, out / "final")       # FSDP: every rank takes part in gathering
         return {}
     metrics = read_jsonl(out / "metrics.jsonl")
     evals = read_jsonl(out / "eval.jsonl")
-    peak_dtype = run["precision"] if world.device.type == "cuda" else torch.float32
+    peak_dtype = run.precision if world.device.type == "cuda" else torch.float32
     peak = gemm_peak(world.device, peak_dtype) * world.world_size
     achieved = st.flops / max(st.elapsed, 1e-9)
-    ph = run["phases"]
+    ph = run.phases
     mc = model.config
     card = {
         "name": out.name, "command": command or " ".join(sys.argv),
@@ -683,8 +757,8 @@ def finish(run: dict, world: D.World, stop_reason: str, final_eval: dict | None,
         "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,
         "updates": st.step, "tokens_seen": st.tokens, "skipped_updates": st.skipped,
         "optimizer": cfg.optim.name, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
-        "precision": str(run["precision"]).replace("torch.", ""), "precision_reason": run["precision_reason"],
-        "packed": run["packed"], "packed_reason": run.get("packed_reason", ""),
+        "precision": str(run.precision).replace("torch.", ""), "precision_reason": run.precision_reason,
+        "packed": run.packed, "packed_reason": run.packed_reason,
         "world_size": world.world_size, "wall_time_s": round(st.elapsed, 1),
         "tokens_per_s": st.tokens / max(st.elapsed, 1e-9), "train_flops": st.flops,
         "achieved_flops_per_s": achieved, "gemm_peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,

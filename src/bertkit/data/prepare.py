@@ -39,7 +39,7 @@ from concurrent.futures import ProcessPoolExecutor
 from array import array
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -361,8 +361,11 @@ class _InProcess:
 
 def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, workers: int = 1,
             num_shards: int = 1, shard_index: int = 0, overwrite: bool = False, progress: bool = True,
-            command: str | None = None) -> dict:
-    """Prepare the data; returns the meta dict written to OUT/meta.json (or meta-I-of-N.json)."""
+            command: str | None = None, on_shard: Callable[[int], None] | None = None) -> dict:
+    """Prepare the data; returns the meta dict written to OUT/meta.json (or meta-I-of-N.json).
+
+    `on_shard(n)`, if given, is called each time a shard has been built and written, with the number
+    of shards this call has built so far (kept shards do not count); a crash test kills the process there."""
     if num_shards < 1:
         raise BertkitError(f"--num-shards {num_shards}: expected >= 1")
     if not 0 <= shard_index < num_shards:
@@ -375,7 +378,7 @@ def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, w
     _check_existing(out, tok_hash, overwrite)
     try:
         return _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_shards, shard_index,
-                        progress, command)
+                        progress, command, on_shard)
     except BertkitError:
         if created:                  # bad input: leave no half-made folder behind
             shutil.rmtree(out, ignore_errors=True)
@@ -383,7 +386,7 @@ def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, w
 
 
 def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_shards, shard_index, progress,
-             command) -> dict:
+             command, on_shard) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # From here until the new meta file is written the folder is visibly incomplete: the old meta
     # goes first, so a rerun killed midway never leaves it describing a mix of old and new shards.
@@ -411,7 +414,7 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
             (out / EVAL_DIR).mkdir(exist_ok=True)
             _save_tokenizer(tokenizer, out / EVAL_DIR, tok_hash)
         results, reused = _build_shards(executor, files, job, counts, held, workers, num_shards, shard_index,
-                                        bar)
+                                        bar, on_shard)
     finally:
         executor.shutdown(cancel_futures=True) if workers > 1 else None
         bar.close()
@@ -444,8 +447,8 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
     return meta
 
 
-def _build_shards(executor, files, job: _Job, counts: TextCounts, held, workers, num_shards, shard_index, bar
-                  ) -> tuple[dict[str, dict[int, dict]], int]:
+def _build_shards(executor, files, job: _Job, counts: TextCounts, held, workers, num_shards, shard_index, bar,
+                  on_shard: Callable[[int], None] | None = None) -> tuple[dict[str, dict[int, dict]], int]:
     """Read, split and chunk the input; build (or keep) this machine's shards of both splits."""
     cfg = job.cfg
     results: dict[str, dict[int, dict]] = {"train": {}, "eval": {}}
@@ -472,11 +475,13 @@ def _build_shards(executor, files, job: _Job, counts: TextCounts, held, workers,
                 key = next(iter(inflight))
                 results[key[0]][key[1]] = inflight.pop(key).result()
                 built += 1
-                _test_kill(built)
+                if on_shard is not None:
+                    on_shard(built)
         for key in list(inflight):
             results[key[0]][key[1]] = inflight.pop(key).result()
             built += 1
-            _test_kill(built)
+            if on_shard is not None:
+                on_shard(built)
     finally:
         for f in inflight.values():
             f.cancel()
@@ -558,15 +563,6 @@ def _save_tokenizer(tokenizer, out: Path, tok_hash: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
-
-
-# Tests set BERTKIT_TEST_KILL_AFTER_SHARDS=N to SIGKILL prepare right after its N-th new shard (no cleanup).
-_KILL_AFTER_SHARDS = int(os.environ.get("BERTKIT_TEST_KILL_AFTER_SHARDS", "-1"))
-
-
-def _test_kill(new_shards: int) -> None:
-    if new_shards == _KILL_AFTER_SHARDS:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, command, num_shards, shard_index,
