@@ -5,7 +5,7 @@
   keeps answering; a 0.9 MB body under the limit is tokenised off the event loop;
 - slow clients: a slowloris trickling header bytes, silent connections and a trickled body are
   dropped (or answered 408) within their deadlines; SIGTERM with 100 half-sent requests exits 0
-  within --shutdown-timeout;
+  within --shutdown-timeout-s;
 - bursts: the server's RSS, sampled after each burst of requests, reaches a plateau;
 - malformed HTTP (request lines, chunk framing, headers) answers 4xx or closes, never 5xx.
 
@@ -45,9 +45,9 @@ def rss_mb(pid: int) -> float:
 
 
 def start_server(model: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    return serve_helpers.start_server(model, "--header-timeout", str(HEADER_TIMEOUT), "--body-timeout",
-                                      str(BODY_TIMEOUT), "--keep-alive-timeout", "2", "--shutdown-timeout",
-                                      str(SHUTDOWN_TIMEOUT), "--send-timeout", str(SEND_TIMEOUT), *extra)
+    return serve_helpers.start_server(model, "--header-timeout-s", str(HEADER_TIMEOUT), "--body-timeout-s",
+                                      str(BODY_TIMEOUT), "--keep-alive-s", "2", "--shutdown-timeout-s",
+                                      str(SHUTDOWN_TIMEOUT), "--send-timeout-s", str(SEND_TIMEOUT), *extra)
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +198,7 @@ def test_slow_clients_dropped(server):
             except OSError:
                 closed_at[k] = time.perf_counter() - t0
         time.sleep(0.1)
-    # a client that sent a request with a body it never finishes: 408 within --body-timeout
+    # a client that sent a request with a body it never finishes: 408 within --body-timeout-s
     b = socket.create_connection(("127.0.0.1", port))
     b.sendall(b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"texts\": [")
     t1 = time.perf_counter()
@@ -221,7 +221,7 @@ def test_slow_clients_dropped(server):
 @pytest.mark.slow
 def test_client_that_reads_nothing_dropped(server):
     """A client asks for ~15 MB of token embeddings and reads none of it: once the socket buffers
-    are full the server drops it after --send-timeout instead of holding the response forever."""
+    are full the server drops it after --send-timeout-s instead of holding the response forever."""
     proc, port = server
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -337,7 +337,7 @@ def test_malformed_http_never_5xx(server):
 
 @pytest.mark.slow
 def test_sigterm_bounded_with_half_sent_requests(minilm):
-    proc, port = start_server(minilm, "--header-timeout", "60", "--body-timeout", "60", "--no-warmup")
+    proc, port = start_server(minilm, "--header-timeout-s", "60", "--body-timeout-s", "60", "--no-warmup")
     try:
         conns = []
         for i in range(100):

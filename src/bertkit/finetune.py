@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 import torch
@@ -49,14 +49,16 @@ log = logging.getLogger("bertkit")
 @dataclass
 class FinetuneConfig:
     task: str = "sst2"
-    """Task name (sst2, mrpc, stsb, cola, qqp, mnli, qnli, rte, wnli, conll2003, squad, swag) or
-    your own data: classify, regress, tokens (see `columns`)."""
+    """Task name (sst2, mrpc, stsb, cola, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003, squad,
+    squad2, swag) or your own data: classify, regress, tokens (see the *_column fields)."""
     model: str = ""
     """Pre-trained checkpoint folder (Hugging Face format; its tokenizer is used)."""
     out: str = "runs/finetune"
     """Output folder: the best checkpoint on dev, with its tokenizer, run card and metrics."""
     data: str | None = None
-    """Folder with the task's files as distributed (train.tsv, dev.tsv, ... or .gz)."""
+    """Folder with the task's files as distributed (train.tsv, dev.tsv, ... or .gz) or as tables
+    (train.parquet, validation.jsonl, ...), or a dataset name NAME:CONFIG as datasets.load_dataset
+    takes it (e.g. nyu-mll/glue:sst2)."""
     train_file: str | None = None
     """Training file (overrides `data`)."""
     dev_file: str | None = None
@@ -73,9 +75,9 @@ class FinetuneConfig:
     """tokens (JSONL): the list of words."""
     tags_column: str = "tags"
     """tokens (JSONL): the list of tags, one per word."""
-    format: str | None = None
+    format: Literal["csv", "tsv", "jsonl", "conll"] | None = None
     """Your data's format: csv, tsv, jsonl or conll (None = from the file name)."""
-    init: str = "pretrained"
+    init: Literal["pretrained", "random"] = "pretrained"
     """'pretrained' (the checkpoint's weights) or 'random' (same shape, freshly initialised: a baseline)."""
     max_length: int | None = None
     """Tokens per input window (None = the task's default: 128, or 384 for SQuAD)."""
@@ -88,17 +90,25 @@ class FinetuneConfig:
     as the paper and run_classifier.py do (False). None = truncation unless a stride is given.
     Tagging and SQuAD always read long inputs in windows."""
     batch_size: int = 32
+    """Training examples (or windows) per update."""
     lr: float = 5e-5
+    """Peak learning rate (the paper's grid: 5e-5, 3e-5, 2e-5)."""
     epochs: float = 3.0
+    """Passes over the training data (a fraction stops part-way)."""
     warmup: float = 0.1
     """Warm-up as a fraction of the updates (< 1) or a number of updates."""
     weight_decay: float = 0.01
-    optimizer: str = "adamw"
+    """Decoupled weight decay (not on biases and LayerNorm weights)."""
+    optimizer: Literal["adamw", "adamw_google", "lamb"] = "adamw"
+    """'adamw', 'adamw_google' (no bias correction, eps 1e-6) or 'lamb'."""
     clip_norm: float = 1.0
+    """Global gradient-norm clipping (0 = off)."""
     seed: int = 0
+    """Seeds the head's initialisation, the data order and dropout."""
     train_limit: int | None = None
     """Use only the first N training examples (for CPU budgets; say so when reporting)."""
     dev_limit: int | None = None
+    """Use only the first N dev examples."""
     eval_every: int = 0
     """Also evaluate every N updates (0 = at epoch ends only)."""
     freeze: bool = False
@@ -107,7 +117,7 @@ class FinetuneConfig:
     """With freeze: embeddings, second_to_last, last, sum_last_four, concat_last_four (default:
     the paper's best, Table 7), sum_all, or pooler (sentence tasks, pre-trained pooler only);
     concat_last_N / sum_last_N for other depths (`bertkit.probe`)."""
-    probe_pooling: str | None = None
+    probe_pooling: Literal["cls", "last", "mean"] | None = None
     """With freeze, sentence tasks: read the features at [CLS] ('cls', the default), at the last
     real token ('last', the default on a causal model) or averaged over the tokens ('mean', the
     default for embeddings, whose [CLS] vector is constant)."""
@@ -117,13 +127,17 @@ class FinetuneConfig:
     """Padding-free training batches (`bertkit.packing.pack`) on heads that accept them (evaluation
     runs through `infer.Predictor`, always padding-free)."""
     skip_bad_rows: bool = False
+    """Skip (and count) malformed rows instead of stopping at the first."""
     threads: int = 0
     """torch CPU threads (0 = default)."""
     device: str = "auto"
     """'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ... Training is fp32."""
     log_every: int = 20
+    """Log the training loss every N updates."""
     progress: bool = True
+    """Show a progress bar."""
     eval_batch_size: int = 64
+    """Examples per batch when evaluating on dev."""
 
     def __post_init__(self) -> None:
         if self.init not in ("pretrained", "random"):

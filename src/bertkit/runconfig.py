@@ -398,6 +398,13 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
         return tuple(_coerce(v, a, where) for v, a in zip(value, args))
     if kind is Any:
         return value
+    if origin is typing.Literal:
+        for choice in args:
+            if value == choice and type(value) is type(choice):
+                return choice
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        raise RunConfigError(f"{where}: {value!r} is not one of {', '.join(map(str, args))}"
+                             + (f" (did you mean {close[0]!r}?)" if close else ""))
     if kind is bool:
         if isinstance(value, bool):
             return value

@@ -3,7 +3,7 @@
 Why ~600 lines: one route table and its request models; the HTTP edge is serve_http.py and the
 OpenAI / TEI routes serve_compat.py.
 
-    request -> serve_http: API key, body read under --max-body-bytes and --body-timeout
+    request -> serve_http: API key, body read under --max-body-bytes and --body-timeout-s
             -> handler: JSON parsed, validated and tokenised (limits: items, tokens) on a worker
                thread when the body is large, never on the event loop
             -> queue (bounded: full = 503)
@@ -20,7 +20,7 @@ The Predictor's padding-free batches make every input's result independent of wh
 batched with, so a batched request answers what the request alone would (to float rounding).
 A failing batch is retried request by request, so one bad request cannot fail its neighbours;
 a model error answers 500 and the server keeps serving; every client fault answers 4xx. SIGTERM
-stops accepting connections, lets in-flight requests finish (at most --shutdown-timeout), exits 0.
+stops accepting connections, lets in-flight requests finish (at most --shutdown-timeout-s), exits 0.
 
 FastAPI and uvicorn are imported only here (`pip install 'bertkit[serve]'`).
 """
@@ -32,7 +32,7 @@ import logging
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 import numpy as np
@@ -41,65 +41,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, Field, ValidationError
 
 from .infer import Predictor, PredictorError
-from .serve_http import (BodyError, Guard, GuardConfig, Heap, Metrics, dump_json, error_payload,
+from .serve_http import (BodyError, Guard, GuardConfig, Heap, Metrics, ServeConfig, dump_json, error_payload,
                          guarded_protocol, parse_json)
 
 log = logging.getLogger("bertkit")
-
-
-@dataclass
-class ServeConfig:
-    host: str = "127.0.0.1"
-    """Address to bind; the default answers only this machine."""
-    port: int = 8000
-    max_batch_tokens: int = 2048
-    """Most real tokens one batching round may hold (`bertkit serve` uses 8192 on a GPU)."""
-    max_wait_ms: float = 0.0
-    """How long the batcher waits for more requests once one has arrived (0: a round takes what
-    queued while the model was busy; on 2 CPU cores 5 ms only added latency)."""
-    max_queue: int = 256
-    """Most requests waiting for the model; beyond it requests get 503 with Retry-After."""
-    max_length: int = 512
-    """Most tokens of one text (with [CLS]/[SEP]); longer texts get 413 unless "truncate": true."""
-    max_request_items: int = 64
-    """Most texts (or questions) in one request; more is 413."""
-    max_body_bytes: int = 1_000_000
-    """Largest request body, counted as it arrives whatever the framing (chunked too); more is 413."""
-    window_factor: int = 16
-    """/v1/ner and /v1/qa read long texts in windows: up to window_factor x max_length tokens."""
-    retry_after_s: int = 1
-    header_timeout_s: float = 10.0
-    """A connection must send a request's line and headers within this (slow clients are dropped)."""
-    body_timeout_s: float = 30.0
-    """A request's whole body must arrive within this after its headers; later is 408."""
-    keep_alive_s: float = 5.0
-    """An idle keep-alive connection is closed after this."""
-    send_timeout_s: float = 30.0
-    """A client that reads none of its response for this long is dropped."""
-    shutdown_timeout_s: float = 15.0
-    """After SIGTERM, in-flight requests get this long to finish; the rest are cancelled."""
-    max_connections: int = 1024
-    """Open connections (and requests) at most; beyond it new requests get 503."""
-    served_model_name: str = "bertkit"
-    """The `model` that /v1/embeddings and /v1/models report."""
-    embed_pooling: str = "mean"
-    """Pooling of /v1/embed (when the request names none) and /v1/embeddings: the checkpoint's own
-    (`sentence_transformers_pooling`)."""
-    embed_normalize: bool = False
-    """Whether /v1/embed normalises when the request does not say (/v1/embeddings always does)."""
-    warmup: bool = True
-    """Before serving, build the kernels of every GEMM shape a batching round can take (prepacked
-    CPU weights: ~100 row counts up to max_batch_tokens). Memory is then flat from the first
-    request and no request waits for a kernel build; costs a few seconds at start."""
-    api_key: str | None = field(default=None, repr=False)
-    """When set, every route but /healthz and / needs `Authorization: Bearer KEY` (else 401)."""
-
-    def public(self) -> dict:
-        """The limits and settings /v1/model shows (never the key)."""
-        d = asdict(self)
-        d.pop("api_key")
-        d["api_key_required"] = self.api_key is not None
-        return d
 
 
 # ---- request and response bodies ----------------------------------------------------------------

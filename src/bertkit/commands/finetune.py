@@ -13,15 +13,13 @@ from ..errors import BertkitError
 log = logging.getLogger("bertkit")
 
 
-def _column_options(p: argparse.ArgumentParser) -> None:
+def _column_options(p: argparse.ArgumentParser, show_defaults: bool = False) -> None:
+    """--text_column ... --format: FinetuneConfig's fields (evaluate/predict: default = the checkpoint's)."""
+    from ..cliconfig import add_options
+    from ..finetune import COLUMN_KEYS, FinetuneConfig
+
     g = p.add_argument_group("your own data (--task classify / regress / tokens)")
-    g.add_argument("--text-column", dest="text_column", help="column or JSON key with the text (default text)")
-    g.add_argument("--pair-column", dest="pair_column", help="column with the second text of a pair")
-    g.add_argument("--label-column", dest="label_column", help="column with the label or score (default label)")
-    g.add_argument("--id-column", dest="id_column", help="column with an id (default: 0-based row index)")
-    g.add_argument("--tokens-column", dest="tokens_column", help="JSONL key with the list of words (tokens)")
-    g.add_argument("--tags-column", dest="tags_column", help="JSONL key with the list of tags (tokens)")
-    g.add_argument("--format", choices=("csv", "tsv", "jsonl", "conll"), help="file format (default: from the name)")
+    add_options(g, FinetuneConfig, names=COLUMN_KEYS, show_defaults=show_defaults)
 
 
 def _window_options(p: argparse.ArgumentParser, help_windows: str) -> None:
@@ -74,64 +72,28 @@ def inference_stride(args: argparse.Namespace, task, raw: dict, where: str, max_
     return input_stride(task, windows, stride, max_length)
 
 
-COLUMN_ARGS = ("text_column", "pair_column", "label_column", "id_column", "tokens_column", "tags_column", "format")
-
-
 # ---- finetune -----------------------------------------------------------------------------------
 def setup_finetune(p: argparse.ArgumentParser) -> None:
+    """Every option is a FinetuneConfig field of the same name (`bertkit.cliconfig`): the flag, the
+    YAML key and the attribute are one name; --batch-size is accepted for --batch_size."""
+    from ..cliconfig import add_options, suggest_unknown
+    from ..finetune import COLUMN_KEYS, FinetuneConfig
+
     p.epilog = ("example: bertkit finetune --task sst2 --data ../shared/data/glue/SST-2 --model MODEL_DIR "
                 "--out runs/sst2   |   bertkit finetune configs/finetune/sst2_minilm.yaml --seed 1")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("config", nargs="?", help="YAML file of FinetuneConfig values (options below override it)")
-    p.add_argument("--task", help="sst2, mrpc, stsb, cola, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003, squad, "
-                                  "squad2, swag; or classify / regress / tokens for your own files")
-    p.add_argument("--data", help="folder with the task's files as distributed (train.tsv, dev.tsv, ...) or as "
-                                  "tables (train.parquet, validation.jsonl, ...), or a dataset name NAME:CONFIG "
-                                  "as datasets.load_dataset takes it (e.g. nyu-mll/glue:sst2)")
-    p.add_argument("--train-file", dest="train_file", help="training file (instead of --data)")
-    p.add_argument("--dev-file", dest="dev_file", help="dev file to choose the best checkpoint on")
-    p.add_argument("--model", help="pre-trained checkpoint folder (Hugging Face format, with tokenizer)")
-    p.add_argument("--out", help="output folder (the best checkpoint on dev + run card + metrics)")
-    p.add_argument("--init", choices=("pretrained", "random"), help="'random': same shape, random weights (a baseline)")
-    p.add_argument("--max-length", dest="max_length", type=int, help="tokens per input (default: the task's, 128; SQuAD 384)")
-    p.add_argument("--stride", type=int, help="long inputs read in windows overlapping by this many tokens "
-                                              "(SQuAD: doc stride, the step between windows; default: the task's)")
-    _window_options(p, "sentence classification: read inputs longer than --max-length in overlapping windows "
-                       "(logits averaged) instead of longest-first truncation (the default, as in the paper)")
-    p.add_argument("--batch-size", dest="batch_size", type=int, help="default 32")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 5e-5; paper 2e-5..5e-5)")
-    p.add_argument("--epochs", type=float, help="default 3")
-    p.add_argument("--warmup", type=float, help="fraction (< 1) or number of warm-up updates (default 0.1)")
-    p.add_argument("--weight-decay", dest="weight_decay", type=float)
-    p.add_argument("--optimizer", choices=("adamw", "adamw_google", "lamb"))
-    p.add_argument("--seed", type=int)
-    p.add_argument("--train-limit", dest="train_limit", type=int, help="use the first N training examples")
-    p.add_argument("--dev-limit", dest="dev_limit", type=int, help="use the first N dev examples")
-    p.add_argument("--eval-every", dest="eval_every", type=int, help="also evaluate every N updates")
-    p.add_argument("--freeze", action="store_const", const=True,
-                   help="frozen-feature probe: a linear head on the frozen encoder's --probe-features")
-    p.add_argument("--probe-features", dest="probe_features",
-                   help="with --freeze (the paper's Table 7): embeddings, second_to_last, last, sum_last_four, "
-                        "concat_last_four (default), sum_all, or pooler (sentence tasks; pre-trained pooler only)")
-    p.add_argument("--probe-pooling", dest="probe_pooling", choices=("cls", "last", "mean"),
-                   help="with --freeze, sentence tasks: features at [CLS] (default), at the last token (default on "
-                        "a causal model) or averaged over the tokens (default for embeddings)")
-    p.add_argument("--probe-layers", dest="probe_layers", type=int,
-                   help="with --freeze: concatenate the last K layers (older spelling of concat_last_K)")
-    p.add_argument("--no-packed", dest="packed", action="store_const", const=False,
-                   help="padded batches instead of padding-free ones")
-    p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_const", const=True,
-                   help="skip (and count) malformed rows instead of stopping at the first")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--device", help="auto (default: cuda when available), cpu, cuda, cuda:1, ...")
-    p.add_argument("--no-progress", dest="progress", action="store_const", const=False)
+    add_options(p, FinetuneConfig, exclude=COLUMN_KEYS)
     p.add_argument("--grid", action="store_true",
                    help="the paper's grid: batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}; best on dev")
-    _column_options(p)
+    _column_options(p, show_defaults=True)
+    suggest_unknown(p)
     p.set_defaults(run=run_finetune)
 
 
 def finetune_config(args: argparse.Namespace):
+    """FinetuneConfig from the YAML file (if any), then the options given (same names, checked alike)."""
+    from ..cliconfig import given
     from ..finetune import FinetuneConfig
     from ..runconfig import RunConfigError, from_dict, read_yaml_mapping
 
@@ -140,13 +102,7 @@ def finetune_config(args: argparse.Namespace):
     if args.config:
         data = read_yaml_mapping(args.config, "FinetuneConfig keys")
         source = args.config
-    for key in ("task", "data", "train_file", "dev_file", "model", "out", "init", "max_length", "stride", "windows",
-                "batch_size", "lr", "epochs", "warmup", "weight_decay", "optimizer", "seed", "train_limit",
-                "dev_limit", "eval_every", "freeze", "probe_features", "probe_pooling", "probe_layers", "packed", "skip_bad_rows", "threads",
-                "progress", "device", *COLUMN_ARGS):
-        value = getattr(args, key, None)
-        if value is not None:
-            data[key] = value
+    data.update(given(args, FinetuneConfig))
     try:
         cfg = from_dict(FinetuneConfig, data, source)
     except RunConfigError as e:
@@ -194,9 +150,9 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
 
 def load_for_inference(args: argparse.Namespace, backend: str = "torch"):
     """(predictor, task, labels, config.json) of --model (`bertkit.finetune.load_for_inference`)."""
-    from ..finetune import load_for_inference as load
+    from ..finetune import COLUMN_KEYS, load_for_inference as load
 
-    columns = {k: getattr(args, k) for k in COLUMN_ARGS if getattr(args, k, None) is not None}
+    columns = {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None}
     return load(args.model, args.task, columns, backend=backend, onnx_file=getattr(args, "onnx", None),
                 threads=args.threads)
 

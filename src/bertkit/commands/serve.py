@@ -17,7 +17,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder (config.json, weights, vocab)")
     p.add_argument("--head", default=None, help="head to load (default: the one config.json names)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model (default: torch's choice)")
     p.add_argument("--int8", action="store_true",
                    help="dynamic int8 quantisation of the encoder's Linear layers (CPU; ~0.99 cosine to fp32)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder (slow start)")
@@ -66,53 +66,45 @@ def report_int8(args, predictor) -> dict:
 # 8192 tokens takes milliseconds, and larger batches use it better.
 CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 2048, 8192
 
+# ServeConfig fields a checkpoint decides (sentence-transformers pooling), not options
+_FROM_CHECKPOINT = ("embed_pooling", "embed_normalize")
+# former flags -> ServeConfig fields (still accepted, with a hint naming the new spelling)
+_FORMER = {"--header-timeout": "header_timeout_s", "--body-timeout": "body_timeout_s",
+           "--send-timeout": "send_timeout_s", "--keep-alive-timeout": "keep_alive_s",
+           "--shutdown-timeout": "shutdown_timeout_s"}
+
+
 def setup_serve(p: argparse.ArgumentParser) -> None:
+    """Model options (how a Predictor loads), then one option per ServeConfig field (`bertkit.cliconfig`):
+    the flag and the attribute are one name (--max_batch_tokens, also --max-batch-tokens)."""
+    from ..cliconfig import add_options, suggest_unknown
+    from ..serve_http import ServeConfig
+
     add_model_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s; 0.0.0.0 exposes the "
-                   "server to the network and needs --api-key or --insecure-no-api-key)")
-    p.add_argument("--port", type=int, default=8000, help="(default %(default)s)")
-    p.add_argument("--api-key", default=os.environ.get("BERTKIT_API_KEY") or None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on every route but /healthz and the page / "
-                        "(default: $BERTKIT_API_KEY)")
+    add_options(p, ServeConfig, exclude=_FROM_CHECKPOINT, defaults=True, old=_FORMER, help={
+        "max_batch_tokens": f"Most real tokens one batching round may hold (default {CPU_BATCH_TOKENS} on the CPU, "
+                            f"{GPU_BATCH_TOKENS} on a GPU).",
+        "max_length": "Most tokens of one text (default: the checkpoint's limit); longer texts get 413 unless "
+                      "\"truncate\": true.",
+        "served_model_name": "The `model` that /v1/embeddings and /v1/models report (default: the checkpoint "
+                             "folder's name).",
+        "api_key": "Require 'Authorization: Bearer KEY' on every route but /healthz and the page / (default: "
+                   "$BERTKIT_API_KEY); a --host beyond loopback needs it or --insecure-no-api-key."})
+    p.set_defaults(max_batch_tokens=None, max_length=None, served_model_name=None,
+                   api_key=os.environ.get("BERTKIT_API_KEY") or None)
     p.add_argument("--insecure-no-api-key", action="store_true",
                    help="allow a --host beyond loopback without an API key")
-    p.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="the model name /v1/embeddings and /v1/models report (default: the checkpoint folder's name)")
-    p.add_argument("--max-batch-tokens", type=int, default=None,
-                   help=f"real tokens per model round at most (default {CPU_BATCH_TOKENS} on the CPU, {GPU_BATCH_TOKENS} on a GPU)")
-    p.add_argument("--max-wait-ms", type=float, default=0.0,
-                   help="how long the first request of a round waits for others to batch with (default %(default)s: "
-                        "a round takes what queued while the model was busy)")
-    p.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; beyond: 503 + Retry-After (default %(default)s)")
-    p.add_argument("--max-length", type=int, default=None,
-                   help="tokens per text at most (default: the checkpoint's limit); longer: 413")
-    p.add_argument("--max-request-items", type=int, default=64, help="texts per request at most; more: 413 (default %(default)s)")
-    p.add_argument("--max-body-bytes", type=int, default=1_000_000,
-                   help="request body size at most, chunked bodies too; more: 413 (default %(default)s)")
-    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
-                   help="seconds a connection has to send a request's headers; slower: dropped (default %(default)s)")
-    p.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
-                   help="seconds a request's body has to arrive; slower: 408 (default %(default)s)")
-    p.add_argument("--send-timeout", type=float, default=30.0, metavar="S",
-                   help="a client that reads none of its response for this long is dropped (default %(default)s)")
-    p.add_argument("--keep-alive-timeout", type=float, default=5.0, metavar="S",
-                   help="idle keep-alive connections are closed after this (default %(default)s)")
-    p.add_argument("--shutdown-timeout", type=float, default=15.0, metavar="S",
-                   help="after SIGTERM, in-flight requests get this long to finish (default %(default)s)")
-    p.add_argument("--max-connections", type=int, default=1024,
-                   help="open connections at most; beyond: 503 (default %(default)s)")
-    p.add_argument("--no-warmup", dest="warmup", action="store_false",
-                   help="skip building every GEMM shape's kernels before serving (faster start; memory then "
-                        "grows to the same plateau as new batch shapes arrive)")
     p.add_argument("--null-threshold", type=float, default=None,
                    help="/v1/qa on a SQuAD v2.0 model: answer \"\" above these null odds (default: the threshold "
                         "fine-tuning found best on dev)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    suggest_unknown(p)
     p.set_defaults(run=run_serve)
 
 
 def run_serve(args) -> int:
     try:
+        from ..cliconfig import given
         from ..serve import ServeConfig, serve
         from ..serve_compat import sentence_transformers_pooling
         from ..serve_http import check_bind, is_loopback
@@ -128,23 +120,16 @@ def run_serve(args) -> int:
     if args.int8:
         report_int8(args, predictor)
     if args.max_length is not None and args.max_length > predictor.max_length:
-        raise BertkitError(f"--max-length {args.max_length} is over the model's limit {predictor.max_length}")
+        raise BertkitError(f"--max_length {args.max_length} is over the model's limit {predictor.max_length}")
     if args.max_batch_tokens is None:
         args.max_batch_tokens = CPU_BATCH_TOKENS if predictor.device.type == "cpu" else GPU_BATCH_TOKENS
     if args.max_batch_tokens < predictor.max_length:
-        log.warning("--max-batch-tokens %d is below --max-length %d: long texts run alone",
+        log.warning("--max_batch_tokens %d is below --max_length %d: long texts run alone",
                     args.max_batch_tokens, predictor.max_length)
     pooling, normalize = sentence_transformers_pooling(args.model)
-    cfg = ServeConfig(host=args.host, port=args.port, max_batch_tokens=args.max_batch_tokens,
-                      max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, max_length=predictor.max_length,
-                      max_request_items=args.max_request_items, max_body_bytes=args.max_body_bytes,
-                      header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                      send_timeout_s=args.send_timeout, keep_alive_s=args.keep_alive_timeout,
-                      shutdown_timeout_s=args.shutdown_timeout,
-                      max_connections=args.max_connections,
-                      served_model_name=args.served_model_name or Path(args.model).resolve().name,
-                      embed_pooling=pooling, embed_normalize=normalize, warmup=args.warmup,
-                      api_key=args.api_key)
+    cfg = ServeConfig(**{**given(args, ServeConfig), "max_length": predictor.max_length,
+                         "served_model_name": args.served_model_name or Path(args.model).resolve().name,
+                         "embed_pooling": pooling, "embed_normalize": normalize})
     if args.api_key is None and not is_loopback(args.host):
         log.warning("listening on %s without an API key (--insecure-no-api-key)", args.host)
     return serve(predictor, cfg, log_level=args.log_level)
@@ -153,20 +138,20 @@ def run_serve(args) -> int:
 def check_serve_options(args) -> None:
     """Every numeric option in range (a one-line error naming it), before anything loads."""
     for name in ("max_batch_tokens", "max_queue", "max_request_items", "max_body_bytes", "max_connections",
-                 "max_length", "threads"):
+                 "max_length", "window_factor", "retry_after_s", "threads"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
-            raise BertkitError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+            raise BertkitError(f"--{name} must be at least 1, not {value}")
     if not 1 <= args.port <= 65535:
         raise BertkitError(f"--port must be within 1..65535, not {args.port}")
     if not (math.isfinite(args.max_wait_ms) and args.max_wait_ms >= 0):
-        raise BertkitError(f"--max-wait-ms must be a finite number >= 0, not {args.max_wait_ms}")
-    for name in ("header_timeout", "body_timeout", "send_timeout", "keep_alive_timeout", "shutdown_timeout"):
+        raise BertkitError(f"--max_wait_ms must be a finite number >= 0, not {args.max_wait_ms}")
+    for name in ("header_timeout_s", "body_timeout_s", "send_timeout_s", "keep_alive_s", "shutdown_timeout_s"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value > 0):
-            raise BertkitError(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, not {value}")
+            raise BertkitError(f"--{name} must be a finite number of seconds > 0, not {value}")
     if args.served_model_name is not None and not args.served_model_name.strip():
-        raise BertkitError("--served-model-name is empty")
+        raise BertkitError("--served_model_name is empty")
 
 
 # ---- export --------------------------------------------------------------------------------------

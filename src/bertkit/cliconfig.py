@@ -1,0 +1,170 @@
+"""Command-line options generated from a typed dataclass: the flag, the YAML key and the attribute
+are one name.
+
+    add_options(parser, FinetuneConfig)          # --batch_size (also --batch-size), --packed/--no-packed, ...
+    suggest_unknown(parser)                      # '--batchsize' -> "did you mean --batch_size?"
+    values = given(args, FinetuneConfig)         # only the options on the command line
+    cfg = from_dict(FinetuneConfig, {**yaml_mapping, **values}, source)     # bertkit.runconfig
+
+One option per field, named like the attribute; the kebab spelling (`--batch-size`) is an alias.
+Help is the field's docstring (the string literal right after it in the class body), choices come
+from `Literal[...]` annotations, bool fields are `--x/--no-x`, values are checked as `from_dict`
+checks YAML values (`runconfig._coerce`). An option that is not given is absent from the namespace,
+so YAML values are overridden only by what the user typed.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import sys
+import textwrap
+import types
+import typing
+from typing import Any, Iterable
+
+from .runconfig import RunConfigError, _coerce
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: its docstring, on one line} for a dataclass and its dataclass bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):          # no source (a frozen app): no help text
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _strip_optional(kind: Any) -> Any:
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return kind
+
+
+def literal_choices(kind: Any) -> tuple | None:
+    """The values of a `Literal[...]` (or `Literal[...] | None`) annotation, else None."""
+    kind = _strip_optional(kind)
+    return typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
+
+
+def _converter(kind: Any, flag: str):
+    """str -> the field's type, checked like a YAML value (a bad one is argparse's one-line error)."""
+    base = _strip_optional(kind)
+
+    def convert(text: str):
+        import yaml
+
+        if base is str or literal_choices(kind) is not None and all(isinstance(c, str) for c in literal_choices(kind)):
+            value: Any = text
+        else:
+            try:
+                value = yaml.safe_load(text) if text != "" else ""
+            except yaml.YAMLError:
+                value = text
+        try:
+            return _coerce(value, kind, flag)
+        except RunConfigError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"{flag}: ")) from None
+    convert.__name__ = getattr(base, "__name__", "value")     # argparse names it in "invalid int value"
+    return convert
+
+
+def _help(doc: str, default: Any, show_default: bool) -> str:
+    text = doc
+    if show_default and default is not None and default != "" and not isinstance(default, bool):
+        text = f"{text} (default {default})" if text else f"default {default}"
+    return text.replace("%", "%%")
+
+
+def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
+                names: Iterable[str] | None = None, exclude: Iterable[str] = (), show_defaults: bool = True,
+                help: dict[str, str] | None = None, defaults: bool = False,
+                old: dict[str, str] | None = None) -> list[str]:
+    """One option per field of `cls` (those in `names`, else all but `exclude`); returns their names.
+    `help` replaces a field's docstring where the command means something more specific. An option
+    not given is absent from the namespace, or with `defaults` holds the field's default. `old` maps
+    former flags to fields: still accepted, with a one-line hint naming the new spelling."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    chosen = [n for n in (names if names is not None else by_name) if n not in set(exclude)]
+    for name in chosen:
+        f, kind = by_name[name], hints[name]
+        if dataclasses.is_dataclass(_strip_optional(kind)):
+            raise TypeError(f"{cls.__name__}.{name} is a section: give its fields as --{name}.key=value")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        own = (help or {}).get(name)              # the command's own text says its default itself
+        text = _help(own or docs.get(name, ""), default, show_defaults and own is None)
+        common = {"dest": name, "default": default if defaults else argparse.SUPPRESS}
+        if _strip_optional(kind) is bool:
+            flags += [f"--no-{name}"] + ([f"--no-{name.replace('_', '-')}"] if "_" in name else [])
+            parser.add_argument(*flags, action=_Switch, help=text, **common)
+            continue
+        choices = literal_choices(kind)
+        typed = {"type": _converter(kind, f"--{name}"), "choices": choices,
+                 "metavar": "{" + ",".join(map(str, choices)) + "}" if choices else name.upper()}
+        parser.add_argument(*flags, help=text, **typed, **common)
+        for former in [k for k, v in (old or {}).items() if v == name]:
+            parser.add_argument(former, action=_Renamed, help=argparse.SUPPRESS, **typed, **common)
+    return chosen
+
+
+class _Renamed(argparse.Action):
+    """A former flag: its value is taken, with a one-line hint naming the new spelling."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: warning: {option_string} is now --{self.dest}; the old spelling will go",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+class _Switch(argparse.Action):
+    """--x / --no-x (and their kebab spellings), shown as `--x | --no-x`."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, not option_string.startswith("--no-"))
+
+    def format_usage(self) -> str:
+        yes = self.option_strings[0]
+        return f"{yes} | --no-{yes[2:]}"
+
+
+def given(args: argparse.Namespace, cls: type) -> dict:
+    """{field: value} of the options of `cls` given on the command line."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+
+
+def suggest_unknown(parser: argparse.ArgumentParser) -> None:
+    """An unknown option is argparse's one-line error plus the closest known option."""
+    plain = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        ns, extras = plain(args, namespace)
+        unknown = [a.split("=", 1)[0] for a in extras if a.startswith("-") and a not in ("-", "--")]
+        if unknown:
+            known = [s for s in parser._option_string_actions if s.startswith("--")]
+            close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}"
+                         + (f" (did you mean {close[0]}?)" if close else ""))
+        return ns, extras
+    parser.parse_known_args = parse_known_args

@@ -1,0 +1,100 @@
+"""Options generated from the config dataclasses (`bertkit.cliconfig`): one name for the flag, the
+YAML key and the attribute; help from the field docs; Literal choices; "did you mean" on typos."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Literal
+
+import pytest
+
+from bertkit.cli import build_parser, main
+from bertkit.cliconfig import add_options, field_docs, given, suggest_unknown
+from bertkit.commands.finetune import finetune_config
+from bertkit.finetune import FinetuneConfig
+
+
+def finetune_parser() -> argparse.ArgumentParser:
+    parser = build_parser(only="finetune")
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["finetune"]
+
+
+def test_help_text_is_the_field_docstring(capsys):
+    docs = field_docs(FinetuneConfig)
+    assert docs["clip_norm"] == "Global gradient-norm clipping (0 = off)."
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("clip_norm", "eval_batch_size", "probe_pooling", "windows"):
+        assert docs[name] in text, name
+
+
+def test_literal_choices_are_enforced_with_a_suggestion(capsys):
+    assert finetune_parser().parse_args(["--optimizer", "lamb"]).optimizer == "lamb"
+    with pytest.raises(SystemExit) as e:
+        finetune_parser().parse_args(["--optimizer", "lamm"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "is not one of adamw, adamw_google, lamb" in err and "did you mean 'lamb'?" in err
+
+
+def test_unknown_option_gets_did_you_mean(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["finetune", "--model", "m", "--clipnorm", "0.5"])
+    assert e.value.code == 2
+    lines = [l for l in capsys.readouterr().err.splitlines() if "error:" in l]
+    assert lines == ["bertkit finetune: error: unrecognized arguments: --clipnorm (did you mean --clip_norm?)"]
+
+
+def test_every_finetune_field_is_reachable_from_the_cli(tmp_path):
+    """Each field under its own name (YAML key = flag = attribute), and under the kebab spelling."""
+    parser = finetune_parser()
+    for f in dataclasses.fields(FinetuneConfig):
+        flag = f"--{f.name}"
+        assert flag in parser._option_string_actions, flag
+        if "_" in f.name:
+            assert f"--{f.name.replace('_', '-')}" in parser._option_string_actions
+    args = parser.parse_args(["--model", "m", "--clip_norm", "0.25", "--log-every", "7", "--eval_batch_size", "8",
+                              "--no-packed", "--skip-bad-rows", "--format", "jsonl", "--no-progress"])
+    assert given(args, FinetuneConfig) == {"model": "m", "clip_norm": 0.25, "log_every": 7, "eval_batch_size": 8,
+                                          "packed": False, "skip_bad_rows": True, "format": "jsonl",
+                                          "progress": False}
+    cfg = finetune_config(args)
+    assert (cfg.clip_norm, cfg.log_every, cfg.eval_batch_size, cfg.packed, cfg.skip_bad_rows) == (0.25, 7, 8, False,
+                                                                                                   True)
+
+
+def test_yaml_key_is_the_flag_name_and_options_override_it(tmp_path):
+    config = tmp_path / "ft.yaml"
+    config.write_text("model: m\nclip_norm: 0.5\neval_batch_size: 16\nlr: 1.0e-4\nthreads: 1\n")
+    parser = finetune_parser()
+    cfg = finetune_config(parser.parse_args([str(config), "--eval_batch_size", "4"]))
+    assert (cfg.clip_norm, cfg.eval_batch_size, cfg.lr, cfg.threads) == (0.5, 4, 1e-4, 1)
+    config.write_text("model: m\nclip_nrom: 0.5\n")
+    with pytest.raises(Exception, match="did you mean 'clip_norm'"):
+        finetune_config(parser.parse_args([str(config)]))
+    config.write_text("model: m\noptimizer: lamm\n")
+    with pytest.raises(Exception, match="did you mean 'lamb'"):
+        finetune_config(parser.parse_args([str(config)]))
+
+
+@dataclasses.dataclass
+class Small:
+    mode: Literal["a", "b"] = "a"
+    """How to run."""
+    size: int | None = None
+    on: bool = True
+
+
+def test_generator_on_a_small_dataclass(capsys):
+    p = argparse.ArgumentParser(prog="small")
+    add_options(p, Small)
+    suggest_unknown(p)
+    assert given(p.parse_args([]), Small) == {}
+    assert given(p.parse_args(["--mode", "b", "--size", "3", "--no-on"]), Small) == {"mode": "b", "size": 3,
+                                                                                      "on": False}
+    assert p.format_help().count("How to run.") == 1
+    with pytest.raises(SystemExit):
+        p.parse_args(["--sise", "3"])
+    assert "did you mean --size?" in capsys.readouterr().err
