@@ -772,7 +772,8 @@ def _keep_steps(out: Path, steps: list[int]) -> None:
 
 def _budget_text(pcfg) -> str:
     t = pcfg.train
-    return f"time budget {t.budget}" if t.budget else f"{t.max_steps} updates of {t.batch_size} x {t.grad_accum}"
+    return f"time budget {t.budget}" if t.budget else (f"{t.max_steps} updates of {t.batch_size} sequences"
+                                                        + (f" x {t.grad_accum} accumulated" if t.grad_accum > 1 else ""))
 
 
 def _torchrun(config: Path, nproc: int, logfile: Path) -> None:
