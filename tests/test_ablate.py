@@ -112,6 +112,9 @@ def test_micro_grid_end_to_end(grid):
     early = json.loads((out / "arms" / "early" / "arm.json").read_text())
     assert early["model"].endswith("base/pretrain/at-step-1") and early["pretrain"]["updates"] == 1
     assert 0 < early["pretrain"]["tokens"] < base["pretrain"]["tokens"]
+    # its held-out MLM is that of the model at update 1, not the base's final model (a 3-update model
+    # after 1 update has a clearly higher held-out loss)
+    assert early["mlm"]["loss"] != base["mlm"]["loss"] and early["mlm"]["loss"] > base["mlm"]["loss"]
     assert not (out / "arms" / "base" / "pretrain" / "checkpoints").exists()
     nopre = json.loads((out / "arms" / "no_pretraining" / "arm.json").read_text())
     assert nopre["init"] == "random" and nopre["pretrain"]["tokens"] == 0
@@ -175,6 +178,28 @@ def test_rerun_skips_finished_arms_and_reuses_runs(grid):
     cfg.pretrain["optim"]["lr"] = 4e-4
     state = ablate.run_arm(cfg, cfg.arms[0], ablate.Shared(cfg), ablate.RunOptions())
     assert state["status"] == "failed" and "did not make" in state["error"]
+
+
+def test_a_pretraining_stopped_by_a_signal_resumes_instead_of_counting_as_done(grid):
+    """SIGTERM writes a run card and final/ too; the grid must continue that run, not fine-tune it."""
+    path, _ = grid
+    copy = path.parent / "out_signal"
+    shutil.copytree(path.parent / "out", copy)
+    cfg = ablate.load_ablate_config(path)
+    cfg.out = str(copy)
+    card_path = copy / "arms" / "base" / "pretrain" / "run_card.json"
+    card = json.loads(card_path.read_text())
+    card["stop_reason"] = "signal SIGTERM"
+    card_path.write_text(json.dumps(card))
+    arm = next(a for a in cfg.arms if a.name == "base")
+    (copy / "arms" / "base" / "arm.json").unlink()
+    log_path = copy / "arms" / "base" / "log.txt"
+    before = log_path.read_text().count("arm base: pre-training (")
+    state = ablate.run_arm(cfg, arm, ablate.Shared(cfg), ablate.RunOptions())
+    assert state["status"] == "done", state["error"]
+    log = log_path.read_text()
+    assert log.count("arm base: pre-training (") == before + 1 and log.count("finished before; reusing") == 0
+    assert json.loads(card_path.read_text())["stop_reason"] != "signal SIGTERM"
 
 
 def test_claims_leave_running_arms_to_their_process(grid, tmp_path):

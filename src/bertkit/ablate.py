@@ -580,7 +580,8 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
         state.update(pretrain=pre, model=str(model), init=init, weights=weights_id(model))
         state["stage"] = "held-out MLM"
         source = _read_json(Path(cfg.out) / "arms" / arm.model_from / "arm.json") if arm.model_from else None
-        state["mlm"] = source["mlm"] if source and "mlm" in source else heldout_mlm(cfg, shared, model)
+        same_model = source and "mlm" in source and not arm.checkpoint      # a probe reads the source's model
+        state["mlm"] = source["mlm"] if same_model else heldout_mlm(cfg, shared, model)
         rows = []
         for task in cfg.tasks:
             for seed in cfg.seeds:
@@ -707,7 +708,9 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
     key = _given_key(pcfg, data=data["key"])      # the launcher changes no number: not in the key
     card = _read_json(out / "run_card.json")
     same = (_read_json(out / "ablate_key.json") or {}).get("key") == key
-    finished = bool(card) and (out / "final" / "config.json").is_file()
+    # a run stopped by a signal (SIGTERM, Ctrl-C) also writes its card and final/: it resumes, it is not done
+    stopped = str((card or {}).get("stop_reason", "")).startswith("signal")
+    finished = bool(card) and (out / "final" / "config.json").is_file() and not stopped
     if finished and same:
         log.info("ablate: arm %s: pre-training finished before; reusing %s", arm.name, out / "final")
     else:
