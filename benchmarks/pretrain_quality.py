@@ -96,7 +96,7 @@ def run_bertkit(r: dict, data: Path, held: Path, out: Path, minutes: float, thre
     cmd = [sys.executable, "-m", "bertkit", "pretrain", r["path"], f"--out={run}", f"--data.path={data}",
            f"--data.eval_path={held}", "--data.eval_instances=512", f"--train.budget={minutes * 60:.0f}s",
            "--train.max_steps=10000000", "--train.checkpoint_every=0", f"--train.eval_minutes={minutes / evals:.4f}",
-           "--train.eval_every=0", f"--train.num_threads={threads}", "--train.progress=false"]
+           "--train.eval_every=0", f"--train.threads={threads}", "--train.progress=false"]
     subprocess.run(cmd, check=True, cwd=REPO)
     rows = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines() if line.strip()]
     card = json.loads((run / "run_card.json").read_text())

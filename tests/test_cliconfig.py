@@ -98,3 +98,19 @@ def test_generator_on_a_small_dataclass(capsys):
     with pytest.raises(SystemExit):
         p.parse_args(["--sise", "3"])
     assert "did you mean --size?" in capsys.readouterr().err
+
+
+def test_renamed_pretrain_key_still_works_with_a_one_line_hint(caplog):
+    """One name per concept: `threads` everywhere. The old `train.num_threads` (YAML files, scripts)
+    still works and says the new spelling once; a typo of either still gets 'did you mean'."""
+    import logging
+
+    from bertkit.runconfig import PretrainConfig, RunConfigError, from_dict
+
+    with caplog.at_level(logging.WARNING, logger="bertkit"):
+        cfg = from_dict(PretrainConfig, {"train": {"num_threads": 3}}, "old.yaml")
+    assert cfg.train.threads == 3
+    assert any("train.num_threads is now train.threads" in r.getMessage() for r in caplog.records)
+    assert from_dict(PretrainConfig, {"train": {"threads": 2}}, "new.yaml").train.threads == 2
+    with pytest.raises(RunConfigError, match="did you mean 'train.threads'"):
+        from_dict(PretrainConfig, {"train": {"thread": 2}}, "typo.yaml")

@@ -31,7 +31,7 @@ def tiny_config(data: Path, out: Path, **sections) -> PretrainConfig:
     overrides = {"out": str(out), "data.path": str(data), "data.eval_instances": 16, "model.preset": "tiny",
                  "model.hidden_size": 64, "model.num_heads": 2, "model.intermediate_size": 128,
                  "train.batch_size": 4, "train.max_steps": 12, "train.log_every": 1, "train.eval_every": 6,
-                 "train.checkpoint_every": 6, "train.progress": False, "train.num_threads": 1,
+                 "train.checkpoint_every": 6, "train.progress": False, "train.threads": 1,
                  "optim.lr": 2e-3, "optim.warmup": 0.1}
     overrides.update(sections)
     return load_config(PretrainConfig, None, [f"--{k}={json.dumps(v) if not isinstance(v, str) else v}"
@@ -217,5 +217,5 @@ def test_cli_pretrain_and_errors(data, tmp_path, capsys):
     assert "data.path is not set" in capsys.readouterr().err
     code = main(["pretrain", "--out", str(tmp_path / "run"), f"--data.path={data[64]}", "--model.preset=tiny",
                  "--train.max_steps=2", "--train.batch_size=4", "--train.progress=false", "--train.eval_every=0",
-                 "--data.eval_instances=8", "--train.num_threads=1"])
+                 "--data.eval_instances=8", "--train.threads=1"])
     assert code == 0 and (tmp_path / "run" / "final" / "model.safetensors").exists()

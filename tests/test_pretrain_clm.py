@@ -110,7 +110,7 @@ def test_clm_refuses_masking_keys_and_runs_from_the_cli(data, tmp_path, capsys):
         pretrain(tiny_config(data["packed"], tmp_path / "x", **{"train.objective": "clm", "data.mask_prob": 0.2}))
     code = main(["pretrain", "--out", str(tmp_path / "cli"), f"--data.path={data['static']}", "--model.preset=tiny",
                  "--model.causal=true", "--train.max_steps=2", "--train.batch_size=4", "--train.progress=false",
-                 "--train.eval_every=0", "--data.eval_instances=8", "--train.num_threads=1"])
+                 "--train.eval_every=0", "--data.eval_instances=8", "--train.threads=1"])
     assert code == 0
     card = json.loads((tmp_path / "cli" / "run_card.json").read_text())
     assert card["objective"].startswith("CLM") and "eval_next_token_accuracy" in card["final_eval"]

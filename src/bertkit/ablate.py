@@ -514,7 +514,7 @@ def pretrain_config(cfg: AblateConfig, arm: Arm, train: Path, heldout: Path, out
     fixed = {"out": str(out), "data": {"path": str(train), "eval_path": str(heldout)},
              "train": {"progress": False}}
     if cfg.threads:
-        fixed["train"]["num_threads"] = cfg.threads
+        fixed["train"]["threads"] = cfg.threads
     d = merge(merge(merge(cfg.pretrain, arm.pretrain), arm_budget(cfg, arm)), fixed)
     steps = read_steps(cfg, arm)
     if steps:                                   # checkpoints other arms read: every gcd(steps), all kept
@@ -553,7 +553,7 @@ def _given_key(config, **more) -> str:
     given = copy.deepcopy(config.ablate_given)
     for k in ("out", "progress", "threads", "resume"):
         given.pop(k, None)
-    for k in ("progress", "num_threads"):
+    for k in ("progress", "num_threads", "threads"):
         given.get("train", {}).pop(k, None)
     return _key({"given": given, **more})
 

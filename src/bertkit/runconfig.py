@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import logging
 import re
 import types
 import typing
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BertkitError
+
+log = logging.getLogger("bertkit")
 
 
 class RunConfigError(BertkitError, ValueError):
@@ -161,8 +164,8 @@ class TrainSection:
     """Stop (with a checkpoint) after this many non-finite losses in a row."""
     distributed: str = "ddp"
     """Under torchrun: 'ddp' or 'fsdp' (fully sharded, for large models)."""
-    num_threads: int = 0
-    """CPU threads for torch (0 = torch's default)."""
+    threads: int = 0
+    """CPU threads for torch (0 = torch's default); the name every command uses (was `num_threads`)."""
     tensorboard: bool = False
     """Also write TensorBoard event files (needs the tensorboard package)."""
     progress: bool = True
@@ -241,7 +244,7 @@ _RANGES = {
     "model.intermediate_size": "opt>=1", "model.max_position_embeddings": ">=1",
     "model.hidden_dropout": "prob", "model.attention_dropout": "prob",
     "train.max_bad_steps": ">=1", "train.long_batch_size": "opt>=1", "train.eval_every": ">=0",
-    "train.checkpoint_every": ">=0", "train.num_threads": "threads", "train.seed": "seed",
+    "train.checkpoint_every": ">=0", "train.threads": "threads", "train.seed": "seed",
     "train.clip_norm": ">=0", "train.eval_minutes": ">=0", "train.checkpoint_minutes": ">=0",
     "optim.lr": ">0", "optim.weight_decay": ">=0", "optim.eps": "opt>0", "optim.warmup": ">=0",
     "optim.end_lr": ">=0", "optim.decay_fraction": "unit",
@@ -352,12 +355,20 @@ def parse_override(item: str) -> tuple[str, Any]:
     return m.group(1), value
 
 
+# Keys renamed for one name per concept: the old spelling still works, with a one-line warning.
+RENAMED = {"train.num_threads": "train.threads"}
+
+
 def from_dict(cls: type, data: dict, source: str = "config", prefix: str = ""):
     """A dataclass from nested dicts, checking every key and type."""
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in fields(cls)}
     kwargs = {}
     for key, value in data.items():
+        new = RENAMED.get(f"{prefix}{key}")
+        if key not in known and new is not None and new.rsplit(".", 1)[-1] in known:
+            log.warning("%s: %s%s is now %s", source, prefix, key, new)
+            key = new.rsplit(".", 1)[-1]
         if key not in known:
             where = f"{prefix}{key}"
             close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)

@@ -230,8 +230,8 @@ def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> di
 # ---- setup ---------------------------------------------------------------------------------------
 def setup(cfg: PretrainConfig, world: D.World) -> Run:
     tc = cfg.train
-    if tc.num_threads:
-        torch.set_num_threads(tc.num_threads)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
     out = Path(cfg.out)
     budget = parse_duration(tc.budget, "train.budget") if tc.budget else 0.0
     if budget and cfg.optim.warmup >= 1:

@@ -180,7 +180,7 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0) 
                  "data.eval_path": str(root / "data" / "heldout"), "data.eval_instances": 256,
                  "train.budget": f"{budget:.0f}s", "train.max_steps": 10_000_000, "train.eval_every": 0,
                  "train.eval_minutes": round(budget / 60 / 12, 4), "train.log_every": 20,
-                 "train.checkpoint_every": 0, "train.seed": seed, "train.num_threads": threads}
+                 "train.checkpoint_every": 0, "train.seed": seed, "train.threads": threads}
     cfg = load_config(PretrainConfig, None, [f"--{k}={v}" for k, v in overrides.items()])
     print(f"4/4 pre-training BERT-{cfg.model.preset} (MLM only, pre-LN) for "
           f"{budget / 60:.1f} minutes ...", flush=True)

@@ -528,7 +528,7 @@ PRETRAIN_KEYS_INT_POSITIVE = ["train.max_steps", "train.batch_size", "train.grad
                               "train.log_every", "train.max_bad_steps", "model.max_position_embeddings",
                               "model.num_layers", "model.hidden_size", "model.num_heads", "model.intermediate_size",
                               "train.long_batch_size"]
-PRETRAIN_KEYS_INT_NONNEG = ["train.eval_every", "train.checkpoint_every", "train.num_threads", "train.seed"]
+PRETRAIN_KEYS_INT_NONNEG = ["train.eval_every", "train.checkpoint_every", "train.threads", "train.seed"]
 PRETRAIN_KEYS_FLOAT_UNIT = ["model.hidden_dropout", "model.attention_dropout"]      # [0, 1)
 PRETRAIN_KEYS_FLOAT_NONNEG = ["optim.weight_decay", "optim.warmup", "optim.end_lr", "train.clip_norm",
                               "train.eval_minutes", "train.checkpoint_minutes"]
