@@ -148,3 +148,13 @@ def test_fast_is_gone():
     assert not (SRC / "fast.py").exists()
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("bertkit.fast")
+
+
+def test_one_data_error_class():
+    """Task data and prepared pre-training data raise the same DataError (it was two classes)."""
+    from bertkit.data.pretraining import DataError as PretrainingDataError
+    from bertkit.errors import BertkitError, DataError
+    from bertkit.tasks import DataError as TaskDataError
+
+    assert PretrainingDataError is DataError and TaskDataError is DataError
+    assert issubclass(DataError, BertkitError) and issubclass(DataError, ValueError)

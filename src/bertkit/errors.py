@@ -3,3 +3,8 @@
 
 class BertkitError(Exception):
     """Bad input, files or options. The message names the file, line or field."""
+
+
+class DataError(BertkitError, ValueError):
+    """A data file - task data, raw text or prepared pre-training data - is missing, empty, malformed or
+    inconsistent with the model; the message names the file (and line, or id). One class for all data."""

@@ -46,15 +46,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import BertkitError
+from ..errors import DataError
 
 ARRAYS = ("input_ids", "offsets", "b_start", "nsp_labels", "short")
 STATIC_ARRAYS = ("masked_lm_offsets", "masked_lm_positions", "masked_lm_ids")
 FORMAT_VERSION = 1
-
-
-class DataError(BertkitError):
-    """Prepared data is missing, partial or inconsistent; the message names the file."""
 
 
 def shard_name(chunk_index: int) -> str:

@@ -60,13 +60,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..errors import BertkitError
+from ..errors import BertkitError, DataError
 
 log = logging.getLogger("bertkit")
-
-
-class DataError(BertkitError, ValueError):
-    """A data file is empty, malformed or inconsistent with the model; the message names file:line."""
 
 
 @dataclass
