@@ -94,11 +94,12 @@ def bertkit_runner(pred, sync: bool = False) -> Callable:
 
 
 def _bertkit_pooled(out, n: int) -> np.ndarray:
-    from bertkit.infer import _cpu, pool
+    from bertkit.infer import _cpu
+    from bertkit.model import pool_tokens
 
     emb = np.zeros((n, out[0][1].shape[-1]), np.float32)
     for batch, h in out:
-        emb[batch.index] = pool(h.float().cpu(), _cpu(batch.packed), "mean").numpy()
+        emb[batch.index] = pool_tokens(h.float().cpu(), "mean", _cpu(batch.packed)).numpy()
     return emb
 
 

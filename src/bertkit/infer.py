@@ -26,9 +26,7 @@ layers, per output channel; its agreement with fp32 on the sample is measured at
 `agreement()` reports cosine / max abs diff / accuracy on any texts), `compile` (torch.compile of
 the encoder), `backend="onnx"` (an exported graph on onnxruntime, see `onnx_export.py`),
 `backend="openvino"` (the model converted by OpenVINO at load: the fastest short requests).
-
-(Over 600 lines: one class whose task methods share one batch loop and one precision choice;
-the numerics live in packing.py, prepack.py, model.py and hardware.py.)
+The numerics live in packing.py, prepack.py, model.py and hardware.py.
 """
 from __future__ import annotations
 
@@ -86,11 +84,6 @@ def length_buckets(lengths: Sequence[int], batch_size: int, max_tokens: int | No
     if cur:
         batches.append(cur)
     return batches
-
-
-def pool(hidden: Tensor, p: Packed, pooling: str) -> Tensor:
-    """(N, C) packed states -> (B, C): mean over each sequence's tokens or the [CLS] state."""
-    return pool_tokens(hidden, pooling, p)
 
 
 def split_packed(x: Tensor, p: Packed) -> list[Tensor]:
@@ -453,7 +446,7 @@ class Predictor:
             if pooling == "none":
                 vecs = split_packed(F.normalize(h, dim=-1) if normalize else h, b.packed)
                 return [v.cpu().numpy() for v in vecs]
-            v = pool(h, b.packed, pooling)
+            v = pool_tokens(h, pooling, b.packed)
             if normalize:
                 v = F.normalize(v, dim=-1)
             return list(v.cpu().numpy())

@@ -122,11 +122,23 @@ def segment_ids(p: Packed) -> Tensor:
     return torch.repeat_interleave(torch.arange(p.batch_size, device=lengths.device), lengths)
 
 
+def varlen_runs(device: torch.device, dtype: torch.dtype, dropout_p: float) -> str | None:
+    """None when `packed_attention` runs torch's varlen flash attention for these, else why not."""
+    if _varlen_attn is None:
+        return "this torch has no varlen flash attention"
+    if device.type != "cuda":
+        return "varlen flash attention runs on CUDA only"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return "varlen flash attention needs bf16/fp16"
+    if dropout_p > 0:
+        return f"attention dropout {dropout_p} - varlen flash attention has none"
+    return None
+
+
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = False,
                      dropout_p: float = 0.0) -> Tensor:
     """Attention of (N, H, D) queries/keys/values within each sequence of the batch -> (N, H, D)."""
-    if (_varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and dropout_p == 0.0):
+    if varlen_runs(q.device, q.dtype, dropout_p) is None:
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
                             **_VARLEN_DIRECTION[causal])
     # Length groups pay on the CPU, where an extra attention call costs ~40 us against ~39 ns per

@@ -39,7 +39,7 @@ from . import distributed as D
 from .checkpoint import build, load_model
 from .config import preset
 from .model import init_weights, num_parameters
-from .packing import pack
+from .packing import pack, varlen_runs
 from .optim import build_optimizer, lr_at
 from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config, to_dict
 from .runlog import (MetricsLog, Window, bar_update, gemm_peak, hardware, plot_curves, progress_bar,
@@ -280,15 +280,9 @@ def resolve_packed(name: str, device: torch.device, precision: torch.dtype, mode
         return choice == "true", f"asked: train.packed={choice}"
     if device.type != "cuda":
         return True, "auto: padding-free on the CPU"
-    from . import packing
-
-    if packing._varlen_attn is None:
-        return False, "auto: padded (this torch has no varlen flash attention)"
-    if precision not in (torch.bfloat16, torch.float16):
-        return False, "auto: padded (varlen flash attention needs bf16/fp16)"
-    if model_cfg.attention_dropout > 0:
-        return False, (f"auto: padded (attention dropout {model_cfg.attention_dropout} - varlen flash "
-                       "attention has none)")
+    why_not = varlen_runs(device, precision, model_cfg.attention_dropout)
+    if why_not is not None:
+        return False, f"auto: padded ({why_not})"
     return True, "auto: packed (varlen flash attention)"
 
 
