@@ -91,13 +91,16 @@ def recipe_settings(spec: str) -> dict:
             "preset": (cfg.get("model") or {}).get("preset", "mini")}
 
 
-def run_bertkit(r: dict, data: Path, held: Path, out: Path, minutes: float, threads: int, evals: int) -> list[dict]:
+def bertkit_command(r: dict, data: Path, held: Path, out: Path, minutes: float, threads: int, evals: int) -> list[str]:
     run = out / "runs" / r["name"]
-    cmd = [sys.executable, "-m", "bertkit", "pretrain", r["path"], f"--out={run}", f"--data.path={data}",
+    return [sys.executable, "-m", "bertkit", "pretrain", r["path"], f"--out={run}", f"--data.path={data}",
            f"--data.eval_path={held}", "--data.eval_instances=512", f"--train.budget={minutes * 60:.0f}s",
            "--train.max_steps=10000000", "--train.checkpoint_every=0", f"--train.eval_minutes={minutes / evals:.4f}",
            "--train.eval_every=0", f"--train.threads={threads}", "--train.progress=false"]
-    subprocess.run(cmd, check=True, cwd=REPO)
+
+
+def bertkit_rows(r: dict, out: Path) -> list[dict]:
+    run = out / "runs" / r["name"]
     rows = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines() if line.strip()]
     card = json.loads((run / "run_card.json").read_text())
     return [{"recipe": r["name"], "minutes": e.get("elapsed_s", 0.0) / 60, "step": e["step"], "tokens": e.get("tokens"),
@@ -216,6 +219,8 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, default=8000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--evals", type=int, default=15, help="evaluation points per run")
+    ap.add_argument("--parallel", action="store_true",
+                    help="run every contender at the same time, --threads each (needs that many cores per contender)")
     ap.add_argument("--out", default="runs/quality")
     args = ap.parse_args()
     out = Path(args.out).resolve()
@@ -232,18 +237,31 @@ def main() -> None:
     tok_dir, _, held = prepare_data(train, held_text, out, args.vocab_size, recipes[0]["seq"], False)
     for r in recipes:
         _, data, _ = prepare_data(train, held_text, out, args.vocab_size, r["seq"], r["nsp"])
-        rows += run_bertkit(r, data, held, out, args.minutes, args.threads, args.evals)
-    if args.hf:
-        rows += run_hf(train, tok_dir, held, recipes[0]["preset"], args.minutes, args.threads, args.evals,
-                       recipes[0]["seq"])
+        r["command"] = bertkit_command(r, data, held, out, args.minutes, args.threads, args.evals)
+    if args.parallel:       # every contender at once, `--threads` each: same machine, same minutes
+        procs = [subprocess.Popen(r["command"], cwd=REPO) for r in recipes]
+        hf_rows = run_hf(train, tok_dir, held, recipes[0]["preset"], args.minutes, args.threads, args.evals,
+                         recipes[0]["seq"]) if args.hf else []
+        if any(p.wait() for p in procs):
+            sys.exit("a bertkit run failed (see its output above)")
+    else:
+        for r in recipes:
+            subprocess.run(r["command"], check=True, cwd=REPO)
+        hf_rows = run_hf(train, tok_dir, held, recipes[0]["preset"], args.minutes, args.threads, args.evals,
+                         recipes[0]["seq"]) if args.hf else []
+    for r in recipes:
+        rows += bertkit_rows(r, out)
+    rows += hf_rows
     with open(out / "results.jsonl", "w") as fh:
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    title = (f"held-out MLM accuracy vs training time, {args.minutes:g} min each, {args.threads} thread(s)\n"
+    title = (f"held-out MLM accuracy vs training time, {args.minutes:g} min each, {args.threads} thread(s)"
+             f"{' each, run side by side' if args.parallel else ''}\n"
              f"{hw.get('cpu', '?')} | {time.strftime('%Y-%m-%d')} | commit {commit}")
     plot(rows, out / "curves.png", title)
-    summary: dict = {"cpu": hw.get("cpu"), "date": time.strftime("%Y-%m-%d"), "commit": commit, "recipes": {}}
+    summary: dict = {"cpu": hw.get("cpu"), "date": time.strftime("%Y-%m-%d"), "commit": commit,
+                     "threads_each": args.threads, "side_by_side": args.parallel, "recipes": {}}
     anchor = [r for r in rows if r["recipe"].startswith("transformers")]
     anchor_final = anchor[-1]["accuracy"] if anchor else None
     for name in dict.fromkeys(r["recipe"] for r in rows):

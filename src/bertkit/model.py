@@ -414,10 +414,25 @@ def init_weights(model: nn.Module, cfg: BertConfig) -> nn.Module:
     return model
 
 
+@torch.no_grad()
+def sinusoidal_positions_(table: torch.Tensor, std: float) -> torch.Tensor:
+    """Fill a (positions, hidden) table in place with the Transformer's sin/cos encoding
+    (Vaswani et al. 2017, section 3.5), scaled to `std` per entry so it sits beside the token
+    embeddings as a normal init would."""
+    n, d = table.shape
+    pos = torch.arange(n, dtype=torch.float64)[:, None]
+    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64) * (-math.log(10000.0) / d))
+    pe = torch.zeros(n, d, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq[: d // 2])
+    table.copy_((pe * (std / pe.std())).to(table.dtype))
+    return table
+
+
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
 __all__ = ["BertModel", "Head", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
            "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice", "HEADS",
-           "init_weights", "num_parameters", "pool_tokens", "select_masked"]
+           "init_weights", "num_parameters", "pool_tokens", "select_masked", "sinusoidal_positions_"]

@@ -17,7 +17,7 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .errors import BertkitError
 
@@ -48,6 +48,11 @@ class ModelSection:
     so fine-tuning keeps it); None = what train.objective needs (clm: causal)."""
     init_from: str | None = None
     """An HF/bertkit checkpoint folder to continue pre-training from (instead of random init)."""
+    position_init: Literal["normal", "sinusoidal"] = "normal"
+    """How the learned position table starts: 'normal' (BERT: N(0, 0.02)) or 'sinusoidal' (the
+    Transformer's sin/cos table scaled to the same std, still learned; a relative offset is then a
+    linear map of the table, so attention to neighbours is learned sooner). Init only: the checkpoint
+    is a plain BERT either way."""
 
 
 @dataclass

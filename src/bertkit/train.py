@@ -38,7 +38,7 @@ import torch
 from . import distributed as D
 from .checkpoint import build, load_model
 from .config import preset
-from .model import init_weights, num_parameters
+from .model import init_weights, num_parameters, sinusoidal_positions_
 from .packing import pack, varlen_runs
 from .optim import build_optimizer, lr_at
 from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config, to_dict
@@ -422,8 +422,10 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
                       attention_dropout=mc.attention_dropout, norm_position=mc.norm_position, causal=mc.causal,
                       **overrides)
     torch.manual_seed(cfg.train.seed)
-    model = build("pretraining", bert_cfg, **head_args)
-    return init_weights(model, bert_cfg)
+    model = init_weights(build("pretraining", bert_cfg, **head_args), bert_cfg)
+    if mc.position_init == "sinusoidal":
+        sinusoidal_positions_(model.bert.embeddings.position.weight, bert_cfg.initializer_range)
+    return model
 
 
 def _attention(model, causal: bool):
