@@ -208,3 +208,22 @@ def test_finetune_evaluation_runs_the_predictor_and_leaves_the_model_alone(token
     else:
         assert [predictions[str(i)] for i in range(4)] == [str(d) for d in direct]
     assert set(scores) >= {task.main_metric}
+
+
+def test_head_metadata_lives_on_the_head_classes():
+    """Architecture name, owned weights, ONNX outputs and HTTP routes are class attributes of each
+    head; checkpoint, serve and ONNX export read them instead of keeping their own tables."""
+    from bertkit import checkpoint, onnx_export, serve
+    from bertkit.model import HEADS, BertModel
+
+    for name, cls in {"encoder": BertModel, **HEADS}.items():
+        assert cls.head == name
+        assert checkpoint.ARCHITECTURES[name] == cls.architecture
+        assert checkpoint.HEAD_OF_ARCHITECTURE[cls.architecture] == name
+        assert all(p.endswith(".") for p in cls.weight_prefixes)
+        for path in cls.endpoints:
+            assert name in serve.ENDPOINT_HEADS[path]
+    assert {p for c in HEADS.values() for p in c.endpoints} == set(serve.ENDPOINT_HEADS)
+    for src in (checkpoint, serve, onnx_export):         # no second copy of a head's name table
+        text = open(src.__file__).read()
+        assert '"BertForQuestionAnswering"' not in text and '"start_logits", "end_logits"' not in text

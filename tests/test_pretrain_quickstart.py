@@ -38,3 +38,17 @@ def test_quickstart_runs_the_documented_cpu_recipe():
     for key, value in QUICKSTART_RECIPE.items():
         section, name = key.split(".")
         assert cfg[section][name] == value, key
+
+
+def test_quickstart_corpus_holds_out_whole_documents_of_both_sources():
+    """The held-out documents are whole addresses and whole book passages, none of them trained on."""
+    from bertkit.commands.pretrain import quickstart_corpus
+
+    train, held, about = quickstart_corpus()
+    assert "inaugural" in about and "Gutenberg" in about
+    assert not set(train) & set(held)
+    assert len(held) >= 10 and len(train) > 10 * len(held)
+    assert any("Bush" in d or "Clinton" in d for d in held)                 # the last addresses
+    train_lines = {ln for d in train for ln in d.splitlines() if len(ln) > 60}
+    held_lines = [ln for d in held for ln in d.splitlines() if len(ln) > 60]
+    assert sum(ln in train_lines for ln in held_lines) < 0.01 * len(held_lines)

@@ -18,6 +18,7 @@ from torch import nn
 
 from .config import BertConfig, ConfigError
 from .model import HEADS, BertModel, init_weights
+from .probe import PROBE_HEADS, ProbeModel
 
 log = logging.getLogger("bertkit")
 
@@ -71,17 +72,10 @@ def _translate(name: str, table: list[tuple[str, str]], to_bertkit: bool) -> str
 # Names that carry no information of their own (tied copies, buffers).
 _IGNORED = re.compile(r"(^|\.)embeddings\.position_ids$|^cls\.predictions\.decoder\.(weight|bias)$")
 
-ARCHITECTURES = {
-    "encoder": "BertModel", "pretraining": "BertForPreTraining", "masked_lm": "BertForMaskedLM",
-    "sequence_classification": "BertForSequenceClassification",
-    "token_classification": "BertForTokenClassification",
-    "question_answering": "BertForQuestionAnswering", "multiple_choice": "BertForMultipleChoice",
-}
+# what each kind of checkpoint is called and which weights its head owns: read off the classes
+_KINDS = {"encoder": BertModel, **HEADS}
+ARCHITECTURES = {name: cls.architecture for name, cls in _KINDS.items()}
 HEAD_OF_ARCHITECTURE = {v: k for k, v in ARCHITECTURES.items()}
-# which head weights each head owns (bertkit names, without the 'bert.' encoder)
-_HEAD_PREFIXES = {"pretraining": ("mlm.", "nsp."), "masked_lm": ("mlm.",),
-                  "sequence_classification": ("classifier.",), "token_classification": ("classifier.",),
-                  "question_answering": ("qa.",), "multiple_choice": ("classifier.",), "encoder": ()}
 
 
 def _rename(hf_name: str) -> str | None:
@@ -273,8 +267,7 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     path = Path(path)
     cfg, raw = read_config(path)
     if head != "encoder" and not new_head_ok and ("bertkit_probe" in raw or "bertkit_probe_layers" in raw):
-        from .probe import load_probe            # a linear head on frozen features (finetune --freeze)
-        return load_probe(path, raw, head)
+        return load_probe(path, raw, head)      # a linear head on frozen features (finetune --freeze)
     sd = read_state_dict(path)
     renamed: dict[str, torch.Tensor] = {}
     unknown: list[str] = []
@@ -345,7 +338,7 @@ def check_weights_fit_config(cfg: BertConfig, renamed: dict[str, torch.Tensor], 
 
 
 def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, head: str, new_head_ok: bool) -> None:
-    owned = _HEAD_PREFIXES[head]
+    owned = _KINDS[head].weight_prefixes
     tied = {"mlm.decoder.weight", "bert.embeddings.word.weight", "embeddings.word.weight"}
     missing_encoder, missing_head, shapes = [], [], []
     for name, t in target.items():
@@ -422,3 +415,41 @@ def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] 
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(path / "model.safetensors")
     (path / "config.json").write_text(json.dumps(cfg_dict, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def load_probe(path: str | Path, raw: dict, head: str | None = None) -> ProbeModel:
+    """A probe checkpoint folder (config.json with `bertkit_probe`, or the older
+    `bertkit_probe_layers`) as a ProbeModel in eval mode."""
+    path = Path(path)
+    spec = raw.get("bertkit_probe")
+    if spec is None:                                    # bertkit < 0.x: the last K layers concatenated
+        k = raw.get("bertkit_probe_layers")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise CheckpointError(f"{path}/config.json: bertkit_probe_layers must be a positive integer, got {k!r}")
+        spec = {"features": f"concat_last_{k}"}
+    if not isinstance(spec, dict) or not isinstance(spec.get("features"), str):
+        raise CheckpointError(f"{path}/config.json: bertkit_probe must be an object with a \"features\" string")
+    arch = (raw.get("architectures") or [""])[0]
+    own = HEAD_OF_ARCHITECTURE.get(arch) if isinstance(arch, str) else None
+    if own not in PROBE_HEADS:
+        raise CheckpointError(f"{path}/config.json: a probe checkpoint names architecture {arch!r}; expected "
+                              f"BertForSequenceClassification or BertForTokenClassification")
+    if head is not None and head != own:
+        raise CheckpointError(f"{path}: a frozen-feature probe ({own}); it cannot be loaded as {head}")
+    encoder = load_model(path, head="encoder")
+    sd = read_state_dict(path)
+    weight = sd.get("classifier.weight")
+    if weight is None or weight.dim() != 2:
+        raise CheckpointError(f"{path}: a probe checkpoint without classifier.weight")
+    problem = {"regression": "regression", "multi_label_classification": "multi_label"}.get(raw.get("problem_type"))
+    try:
+        model = ProbeModel(encoder, own, weight.shape[0], spec["features"], problem, spec.get("pooling"))
+    except BertkitError as e:
+        raise CheckpointError(f"{path}/config.json: bertkit_probe: {e}") from None
+    head_sd = {k[len("classifier."):]: v for k, v in sd.items() if k.startswith("classifier.")}
+    try:
+        model.classifier.load_state_dict(head_sd)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: probe head weights do not match bertkit_probe "
+                              f"{spec['features']!r}: {str(e).splitlines()[0][:200]}") from None
+    return model.eval()          # config.json's id2label etc.: model.config.extra (the encoder's, same file)

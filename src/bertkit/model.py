@@ -123,6 +123,13 @@ class Block(nn.Module):
 class BertModel(nn.Module):
     """The encoder: embeddings, L blocks and (optionally) the pooler, tanh(W h_[CLS] + b)."""
 
+    # what a checkpoint, an ONNX graph and the server know about a model (the heads below say theirs)
+    head = "encoder"
+    architecture = "BertModel"         # Hugging Face class name in config.json
+    weight_prefixes: tuple[str, ...] = ()   # the head's own weights (bertkit names, outside 'bert.')
+    output_names: tuple[str, ...] = ()      # ONNX outputs after last_hidden_state
+    endpoints: tuple[str, ...] = ()         # HTTP routes that need this head (beyond /v1/embed)
+
     def __init__(self, cfg: BertConfig, add_pooler: bool = True):
         super().__init__()
         self.config = cfg
@@ -237,12 +244,21 @@ class Head(nn.Module):
     (`infer.Predictor`), ONNX export and serving call `outputs` on the encoder's states."""
 
     all_layers = False      # `outputs` reads the last layer's states (a probe reads all L+1: True)
+    head: str
+    architecture: str
+    weight_prefixes: tuple[str, ...]
+    output_names: tuple[str, ...] = ()
+    endpoints: tuple[str, ...] = ()
 
 
 class BertForPreTraining(Head):
     """L = L_MLM + L_NSP. With mlm_labels given, the MLM head runs on the labelled positions only."""
 
     head = "pretraining"
+    architecture = "BertForPreTraining"
+    weight_prefixes = ("mlm.", "nsp.")
+    output_names = ("mlm_logits",)
+    endpoints = ("/v1/fill-mask",)
 
     def __init__(self, cfg: BertConfig, nsp: bool = True):
         super().__init__()
@@ -283,6 +299,10 @@ class BertForMaskedLM(BertForPreTraining):
     """The MLM objective alone (no pooler, no NSP head), as in Hugging Face's BertForMaskedLM."""
 
     head = "masked_lm"
+    architecture = "BertForMaskedLM"
+    weight_prefixes = ("mlm.",)
+    output_names = ("mlm_logits",)
+    endpoints = ("/v1/fill-mask",)
 
     def __init__(self, cfg: BertConfig):
         super().__init__(cfg, nsp=False)
@@ -292,6 +312,10 @@ class BertForSequenceClassification(Head):
     """softmax(W tanh(pooled [CLS]) ); num_labels=1 is regression (MSE), as for STS-B."""
 
     head = "sequence_classification"
+    architecture = "BertForSequenceClassification"
+    weight_prefixes = ("classifier.",)
+    output_names = ("logits",)
+    endpoints = ("/v1/classify", "/predict", "/rerank")
 
     def __init__(self, cfg: BertConfig, num_labels: int = 2, problem: str | None = None):
         super().__init__()
@@ -315,6 +339,10 @@ class BertForTokenClassification(Head):
     """A label per token: W h_i (NER). Labels of -100 (later sub-words, specials) are ignored."""
 
     head = "token_classification"
+    architecture = "BertForTokenClassification"
+    weight_prefixes = ("classifier.",)
+    output_names = ("logits",)
+    endpoints = ("/v1/ner",)
 
     def __init__(self, cfg: BertConfig, num_labels: int = 2):
         super().__init__()
@@ -336,6 +364,10 @@ class BertForQuestionAnswering(Head):
     """Extractive QA: a start and an end logit per token, S.h_i and E.h_i."""
 
     head = "question_answering"
+    architecture = "BertForQuestionAnswering"
+    weight_prefixes = ("qa.",)
+    output_names = ("start_logits", "end_logits")
+    endpoints = ("/v1/qa",)
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -369,6 +401,10 @@ class BertForMultipleChoice(Head):
     """One score per (context, choice) pair from the pooled [CLS]; softmax over the K choices."""
 
     head = "multiple_choice"
+    architecture = "BertForMultipleChoice"
+    weight_prefixes = ("classifier.",)
+    output_names = ()
+    endpoints = ()
 
     def __init__(self, cfg: BertConfig):
         super().__init__()

@@ -52,10 +52,7 @@ class Exportable(nn.Module):
         self.head = getattr(model, "head", "encoder")
 
     def output_names(self) -> list[str]:
-        return ["last_hidden_state"] + {
-            "sequence_classification": ["logits"], "token_classification": ["logits"],
-            "question_answering": ["start_logits", "end_logits"], "masked_lm": ["mlm_logits"],
-            "pretraining": ["mlm_logits"]}.get(self.head, [])
+        return ["last_hidden_state", *type(self.model).output_names]      # the head class names its outputs
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> tuple[Tensor, ...]:
         m = self.model

@@ -26,7 +26,6 @@ cannot run it as the head it names (it would read the pooler, not these features
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -94,6 +93,7 @@ class ProbeModel(Head):
     """A classification or tagging head on chosen states of a frozen `BertModel` (module doc)."""
 
     all_layers = True           # `outputs` reads the encoder's L+1 states
+    output_names = ("logits",)  # either kind; its checkpoint names the head it stands for (self.head)
 
     def __init__(self, encoder: BertModel, head: str, num_labels: int, features: str = DEFAULT_FEATURES,
                  problem: str | None = None, pooling: str | None = None):
@@ -168,43 +168,3 @@ def check_pooling(head: str, features: str, pooling: str | None, causal: bool = 
     if pooling == "cls" and causal:
         raise BertkitError("probe pooling cls on a causal model: its [CLS] sees only itself; use last or mean")
     return pooling
-
-
-def load_probe(path: str | Path, raw: dict, head: str | None = None) -> ProbeModel:
-    """A probe checkpoint folder (config.json with `bertkit_probe`, or the older
-    `bertkit_probe_layers`) as a ProbeModel in eval mode."""
-    from .checkpoint import HEAD_OF_ARCHITECTURE, CheckpointError, load_model, read_state_dict
-
-    path = Path(path)
-    spec = raw.get("bertkit_probe")
-    if spec is None:                                    # bertkit < 0.x: the last K layers concatenated
-        k = raw.get("bertkit_probe_layers")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise CheckpointError(f"{path}/config.json: bertkit_probe_layers must be a positive integer, got {k!r}")
-        spec = {"features": f"concat_last_{k}"}
-    if not isinstance(spec, dict) or not isinstance(spec.get("features"), str):
-        raise CheckpointError(f"{path}/config.json: bertkit_probe must be an object with a \"features\" string")
-    arch = (raw.get("architectures") or [""])[0]
-    own = HEAD_OF_ARCHITECTURE.get(arch) if isinstance(arch, str) else None
-    if own not in PROBE_HEADS:
-        raise CheckpointError(f"{path}/config.json: a probe checkpoint names architecture {arch!r}; expected "
-                              f"BertForSequenceClassification or BertForTokenClassification")
-    if head is not None and head != own:
-        raise CheckpointError(f"{path}: a frozen-feature probe ({own}); it cannot be loaded as {head}")
-    encoder = load_model(path, head="encoder")
-    sd = read_state_dict(path)
-    weight = sd.get("classifier.weight")
-    if weight is None or weight.dim() != 2:
-        raise CheckpointError(f"{path}: a probe checkpoint without classifier.weight")
-    problem = {"regression": "regression", "multi_label_classification": "multi_label"}.get(raw.get("problem_type"))
-    try:
-        model = ProbeModel(encoder, own, weight.shape[0], spec["features"], problem, spec.get("pooling"))
-    except BertkitError as e:
-        raise CheckpointError(f"{path}/config.json: bertkit_probe: {e}") from None
-    head_sd = {k[len("classifier."):]: v for k, v in sd.items() if k.startswith("classifier.")}
-    try:
-        model.classifier.load_state_dict(head_sd)
-    except RuntimeError as e:
-        raise CheckpointError(f"{path}: probe head weights do not match bertkit_probe "
-                              f"{spec['features']!r}: {str(e).splitlines()[0][:200]}") from None
-    return model.eval()          # config.json's id2label etc.: model.config.extra (the encoder's, same file)

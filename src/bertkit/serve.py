@@ -41,6 +41,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, Field, ValidationError
 
 from .infer import Predictor, PredictorError
+from .model import HEADS
 from .serve_http import (BodyError, Guard, GuardConfig, Heap, Metrics, ServeConfig, dump_json, error_payload,
                          guarded_protocol, parse_json)
 
@@ -251,9 +252,9 @@ class Batcher:
 
 
 # ---- the app -------------------------------------------------------------------------------------
-ENDPOINT_HEADS = {"/v1/classify": ("sequence_classification",), "/v1/ner": ("token_classification",),
-                  "/v1/qa": ("question_answering",), "/v1/fill-mask": ("masked_lm", "pretraining"),
-                  "/predict": ("sequence_classification",), "/rerank": ("sequence_classification",)}
+# route -> the heads that serve it, read off the head classes (`endpoints`)
+ENDPOINT_HEADS = {path: tuple(name for name, cls in HEADS.items() if path in cls.endpoints)
+                  for path in dict.fromkeys(p for cls in HEADS.values() for p in cls.endpoints)}
 INLINE_BYTES = 4096     # bodies up to this are parsed and tokenised on the event loop (a thread hop costs more)
 
 

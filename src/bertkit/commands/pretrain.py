@@ -101,9 +101,10 @@ def run_pretrain(args) -> int:
 
 
 def setup_quickstart(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("The whole pipeline in about five minutes on the bundled corpus (US inaugural addresses, "
+    parser.description = ("The whole pipeline in about five minutes on the bundled corpus (US inaugural addresses "
+                          "and 11 Project Gutenberg books, "
                           "public domain): train a WordPiece vocabulary, prepare data, pre-train a small BERT with "
-                          "the CPU recipe (configs/pretrain/cpu-5m.yaml), then score it on held-out addresses and "
+                          "the CPU recipe (configs/pretrain/cpu-5m.yaml), then score it on held-out documents and "
                           "on cloze prompts.")
     parser.add_argument("--out", default="runs/quickstart", help="run folder (default: runs/quickstart)")
     parser.add_argument("--minutes", type=float, default=5.0,
@@ -136,6 +137,29 @@ CLOZE = [
 ]
 
 
+def quickstart_corpus() -> tuple[list[str], list[str], str]:
+    """The bundled public-domain corpus as (training documents, held-out documents, a one-line
+    description): the 55 inaugural addresses (the last 5, 1989-2005, held out) and the 11 Project
+    Gutenberg books as 235 passages of ~150 sentences (every 20th passage held out, so every part of
+    the collection is scored and no held-out sentence is trained on)."""
+    import gzip
+    from importlib import resources
+
+    def documents(name: str) -> list[str]:
+        text = gzip.decompress((resources.files("bertkit") / "sample" / name).read_bytes()).decode("utf-8")
+        return [d for d in text.split("\n\n") if d.strip()]
+
+    addresses, passages = documents("inaugural.txt.gz"), documents("gutenberg.txt.gz")
+    held_passages = [p for i, p in enumerate(passages) if i % 20 == 10]
+    train = addresses[:-5] + [p for i, p in enumerate(passages) if i % 20 != 10]
+    held = addresses[-5:] + held_passages
+    words = sum(len(d.split()) for d in addresses + passages)
+    about = (f"{len(addresses)} US inaugural addresses (1789-2005) and {len(passages)} passages of 11 Project "
+             f"Gutenberg books, {words / 1e6:.2f} M words, public domain; held out: the last 5 addresses "
+             f"(1989-2005) and {len(held_passages)} passages")
+    return train, held, about
+
+
 def run_quickstart(args) -> int:
     quickstart(args.out, minutes=args.minutes, seed=args.seed, threads=args.threads)
     return 0
@@ -145,9 +169,7 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0) 
     """The whole pipeline on the bundled corpus: train a WordPiece vocabulary, prepare
     full-sentence sequences, pre-train with the CPU recipe for what is left of `minutes`, then
     report held-out MLM accuracy and the cloze prompts. Returns the run card plus `cloze`."""
-    import gzip
     import time
-    from importlib import resources
     from pathlib import Path
 
     from ..data.prepare import PrepareConfig, prepare
@@ -160,13 +182,10 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0) 
     t0 = time.time()
     root = Path(out)
     (root / "text").mkdir(parents=True, exist_ok=True)
-    text = gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()).decode("utf-8")
-    docs = [d for d in text.split("\n\n") if d.strip()]
-    # the last 5 addresses are held out: accuracy is measured on documents never trained on
-    (root / "text" / "train.txt").write_text("\n\n".join(docs[:-5]) + "\n", encoding="utf-8")
-    (root / "text" / "heldout.txt").write_text("\n\n".join(docs[-5:]) + "\n", encoding="utf-8")
-    print(f"1/4 corpus: {len(docs)} inaugural addresses (1789-2005), {len(text) / 1e6:.2f} MB; the last 5 "
-          f"(1989-2005) held out", flush=True)
+    train_docs, held_docs, about = quickstart_corpus()
+    (root / "text" / "train.txt").write_text("\n\n".join(train_docs) + "\n", encoding="utf-8")
+    (root / "text" / "heldout.txt").write_text("\n\n".join(held_docs) + "\n", encoding="utf-8")
+    print(f"1/4 corpus: {about}", flush=True)
     tok = Tokenizer.train([str(root / "text" / "train.txt")], vocab_size=QUICKSTART_VOCAB, lowercase=True)
     tok.save(root / "tokenizer")
     print(f"2/4 WordPiece vocabulary: {tok.vocab_size:,} tokens", flush=True)
