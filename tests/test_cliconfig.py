@@ -114,3 +114,34 @@ def test_renamed_pretrain_key_still_works_with_a_one_line_hint(caplog):
     assert from_dict(PretrainConfig, {"train": {"threads": 2}}, "new.yaml").train.threads == 2
     with pytest.raises(RunConfigError, match="did you mean 'train.threads'"):
         from_dict(PretrainConfig, {"train": {"thread": 2}}, "typo.yaml")
+
+
+def test_pretrain_options_are_generated_from_its_config_sections(tmp_path, capsys):
+    """`bertkit pretrain` options come from PretrainConfig: --section.key (and the kebab spelling),
+    both `--k v` and `--k=v`, field docs in --help, the old train.num_threads with a hint, and the
+    YAML file overridden only by what was typed."""
+    import argparse
+
+    from bertkit.cliconfig import add_options, given, suggest_unknown
+    from bertkit.runconfig import RENAMED, PretrainConfig, load_config
+
+    p = argparse.ArgumentParser(prog="bertkit pretrain")
+    p.add_argument("config", nargs="?")
+    add_options(p, PretrainConfig, old={f"--{k}": v for k, v in RENAMED.items()})
+    suggest_unknown(p)
+    help_text = p.format_help()
+    assert "--train.batch_size" in help_text and "--optim.lr" in help_text and "Wall-time budget" in help_text
+    yml = tmp_path / "c.yaml"
+    yml.write_text("model:\n  preset: tiny\ntrain:\n  batch_size: 8\n  max_steps: 5\noptim:\n  lr: 0.001\n")
+    args = p.parse_args([str(yml), "--train.batch-size", "16", "--optim.betas=[0.9, 0.98]", "--train.num_threads=3",
+                         "--no-train.nsp", "--train.progress=false", "--resume=true"])
+    assert "--train.num_threads is now --train.threads" in capsys.readouterr().err
+    values = given(args, PretrainConfig)
+    assert values == {"resume": True, "train": {"batch_size": 16, "threads": 3, "nsp": False, "progress": False},
+                      "optim": {"betas": (0.9, 0.98)}}
+    with pytest.raises(SystemExit):
+        p.parse_args(["--train.nsp=maybe"])
+    assert "--train.nsp: expected true or false" in capsys.readouterr().err
+    cfg = load_config(PretrainConfig, args.config, values=values)
+    assert (cfg.model.preset, cfg.train.batch_size, cfg.train.max_steps, cfg.train.threads) == ("tiny", 16, 5, 3)
+    assert cfg.optim.lr == 0.001 and cfg.optim.betas == (0.9, 0.98) and cfg.train.nsp is False

@@ -70,8 +70,10 @@ def _converter(kind: Any, flag: str):
     def convert(text: str):
         import yaml
 
-        if base is str or literal_choices(kind) is not None and all(isinstance(c, str) for c in literal_choices(kind)):
-            value: Any = text
+        if base is not kind and text.strip() in ("null", "Null", "NULL", "~"):
+            value: Any = None                                  # an optional key set back to "not set"
+        elif base is str or literal_choices(kind) is not None and all(isinstance(c, str) for c in literal_choices(kind)):
+            value = text
         else:
             try:
                 value = yaml.safe_load(text) if text != "" else ""
@@ -95,33 +97,39 @@ def _help(doc: str, default: Any, show_default: bool) -> str:
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
                 names: Iterable[str] | None = None, exclude: Iterable[str] = (), show_defaults: bool = True,
                 help: dict[str, str] | None = None, defaults: bool = False,
-                old: dict[str, str] | None = None) -> list[str]:
+                old: dict[str, str] | None = None, prefix: str = "") -> list[str]:
     """One option per field of `cls` (those in `names`, else all but `exclude`); returns their names.
-    `help` replaces a field's docstring where the command means something more specific. An option
-    not given is absent from the namespace, or with `defaults` holds the field's default. `old` maps
-    former flags to fields: still accepted, with a one-line hint naming the new spelling."""
+    A field that is itself a dataclass is a section: its fields become `--section.key` options (an
+    argument group in --help). `help` replaces a field's docstring where the command means something
+    more specific. An option not given is absent from the namespace, or with `defaults` holds the
+    field's default. `old` maps former flags to fields ('--train.num_threads': 'train.threads'):
+    still accepted, with a one-line hint naming the new spelling."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     chosen = [n for n in (names if names is not None else by_name) if n not in set(exclude)]
     for name in chosen:
-        f, kind = by_name[name], hints[name]
+        f, kind, key = by_name[name], hints[name], prefix + name
         if dataclasses.is_dataclass(_strip_optional(kind)):
-            raise TypeError(f"{cls.__name__}.{name} is a section: give its fields as --{name}.key=value")
+            group = parser.add_argument_group(f"{key}.* ({docs[name]})" if docs.get(name) else f"{key}.*") \
+                if isinstance(parser, argparse.ArgumentParser) else parser
+            add_options(group, _strip_optional(kind), show_defaults=show_defaults, defaults=defaults, old=old,
+                        prefix=key + ".")
+            continue
         default = f.default if f.default is not dataclasses.MISSING else None
-        flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        flags = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
         own = (help or {}).get(name)              # the command's own text says its default itself
         text = _help(own or docs.get(name, ""), default, show_defaults and own is None)
-        common = {"dest": name, "default": default if defaults else argparse.SUPPRESS}
+        common = {"dest": key, "default": default if defaults else argparse.SUPPRESS}
         if _strip_optional(kind) is bool:
-            flags += [f"--no-{name}"] + ([f"--no-{name.replace('_', '-')}"] if "_" in name else [])
+            flags += [f"--no-{key}"] + ([f"--no-{key.replace('_', '-')}"] if "_" in key else [])
             parser.add_argument(*flags, action=_Switch, help=text, **common)
             continue
         choices = literal_choices(kind)
-        typed = {"type": _converter(kind, f"--{name}"), "choices": choices,
+        typed = {"type": _converter(kind, f"--{key}"), "choices": choices,
                  "metavar": "{" + ",".join(map(str, choices)) + "}" if choices else name.upper()}
         parser.add_argument(*flags, help=text, **typed, **common)
-        for former in [k for k, v in (old or {}).items() if v == name]:
+        for former in [k for k, v in (old or {}).items() if v == key]:
             parser.add_argument(former, action=_Renamed, help=argparse.SUPPRESS, **typed, **common)
     return chosen
 
@@ -136,7 +144,8 @@ class _Renamed(argparse.Action):
 
 
 class _Switch(argparse.Action):
-    """--x / --no-x (and their kebab spellings), shown as `--x | --no-x`."""
+    """--x / --no-x (and their kebab spellings), shown as `--x | --no-x`. `--x=false` (a YAML
+    boolean, as config keys are written) is rewritten to --no-x before parsing (`suggest_unknown`)."""
 
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
@@ -149,16 +158,45 @@ class _Switch(argparse.Action):
         return f"{yes} | --no-{yes[2:]}"
 
 
-def given(args: argparse.Namespace, cls: type) -> dict:
-    """{field: value} of the options of `cls` given on the command line."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+_TRUTH = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def _switch_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """'--x=false' -> '--no-x', '--x=true' -> '--x' for switch options; other arguments unchanged."""
+    out = []
+    for a in args:
+        flag, eq, value = a.partition("=")
+        action = parser._option_string_actions.get(flag) if eq and a.startswith("--") else None
+        if isinstance(action, _Switch) and not flag.startswith("--no-"):
+            if value.strip().lower() not in _TRUTH:
+                parser.error(f"argument {flag}: expected true or false, got {value!r}")
+            a = flag if _TRUTH[value.strip().lower()] else "--no-" + flag[2:]
+        out.append(a)
+    return out
+
+
+def given(args: argparse.Namespace, cls: type, prefix: str = "") -> dict:
+    """{field: value} of the options of `cls` given on the command line; a section's as a nested dict."""
+    hints, out = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if dataclasses.is_dataclass(_strip_optional(hints[f.name])):
+            if section := given(args, _strip_optional(hints[f.name]), key + "."):
+                out[f.name] = section
+        elif hasattr(args, key):
+            out[f.name] = getattr(args, key)
+    return out
 
 
 def suggest_unknown(parser: argparse.ArgumentParser) -> None:
-    """An unknown option is argparse's one-line error plus the closest known option."""
+    """An unknown option is argparse's one-line error plus the closest known option; `--x=false`
+    works for a switch. Abbreviations are off: '--train.max_step' is a typo to name, not a prefix
+    of --train.max_steps to guess."""
+    parser.allow_abbrev = False
     plain = parser.parse_known_args
 
     def parse_known_args(args=None, namespace=None):
+        args = _switch_values(parser, list(sys.argv[1:] if args is None else args))
         ns, extras = plain(args, namespace)
         unknown = [a.split("=", 1)[0] for a in extras if a.startswith("-") and a not in ("-", "--")]
         if unknown:

@@ -326,13 +326,16 @@ def read_yaml_mapping(path: str | Path, what: str = "keys") -> dict:
     return data
 
 
-def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None):
-    """Build `cls` from a YAML file (optional) and `--section.key=value` overrides (applied last)."""
+def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None,
+                values: dict | None = None):
+    """Build `cls` from a YAML file (optional), then nested `values` (what `cliconfig.given` returns
+    for the options typed) and `--section.key=value` override strings, applied last."""
     data: dict[str, Any] = {}
     source = "options"
     if path is not None:
-        source = str(path) + (" + options" if overrides else "")
+        source = str(path) + (" + options" if overrides or values else "")
         data = read_yaml_mapping(path, "sections")
+    _merge(data, values or {})
     for item in overrides or []:
         key, value = parse_override(item)
         node = data
@@ -343,6 +346,14 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
                 raise RunConfigError(f"{item}: {part!r} is a value, not a section")
         node[last] = value
     return from_dict(cls, data, source)
+
+
+def _merge(into: dict, values: dict) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def parse_override(item: str) -> tuple[str, Any]:

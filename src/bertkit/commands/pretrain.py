@@ -10,86 +10,28 @@ log = logging.getLogger("bertkit")
 
 
 def setup_pretrain(parser: argparse.ArgumentParser) -> None:
+    from ..cliconfig import add_options, suggest_unknown
+    from ..runconfig import RENAMED, PretrainConfig
+
     parser.usage = "bertkit pretrain [CONFIG.yaml] [--resume] [--section.key=value ...]"
     parser.description = (
-        "Pre-train BERT with MLM (+ NSP) on data written by `bertkit prepare`. Every config key can be "
-        "overridden on the command line, e.g. --out=runs/mini --data.path=data/prepared "
-        "--train.max_steps=1000 --train.budget=30m --train.batch_size=32 --optim.lr=5e-4. "
-        "Sections: model, data, train, optim (see configs/pretrain/*.yaml and bertkit/runconfig.py). "
-        "Several processes: torchrun --nproc_per_node N -m bertkit pretrain CONFIG.yaml ...")
+        "Pre-train BERT with MLM (+ NSP) on data written by `bertkit prepare`. Every option is a config key "
+        "(the YAML key, the flag and the attribute of bertkit.runconfig.PretrainConfig are one name) and "
+        "overrides the YAML file, e.g. --out=runs/mini --data.path=data/prepared --train.budget=30m "
+        "--train.batch_size=32 --optim.lr=5e-4. Several processes: "
+        "torchrun --nproc_per_node N -m bertkit pretrain CONFIG.yaml ...")
     parser.add_argument("config", nargs="?", help="YAML config (configs/pretrain/mini.yaml, ...)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint in --out")
-    parser.add_argument("overrides", nargs="*", metavar="--section.key=value",
-                        help="config overrides, e.g. --train.max_steps=100 (unknown keys are an error)")
+    add_options(parser, PretrainConfig, old={f"--{k}": v for k, v in RENAMED.items()})
+    suggest_unknown(parser)
     parser.set_defaults(run=run_pretrain)
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = config_keys_help()
-    plain = parser.parse_known_args
-
-    def parse_known_args(args=None, namespace=None):
-        """Options are config keys, known only to the dataclasses: split them off ourselves."""
-        args = list(sys.argv[2:] if args is None else args)
-        if any(a in ("-h", "--help") for a in args):
-            return plain(args, namespace)
-        config, overrides = split_args(args)
-        ns = namespace or argparse.Namespace()
-        ns.config, ns.overrides, ns.resume, ns.run = config, overrides, False, run_pretrain
-        return ns, []
-    parser.parse_known_args = parse_known_args
-
-
-def config_keys_help() -> str:
-    """Every config key with its default, for --help (the field docs are in bertkit/runconfig.py)."""
-    from ..runconfig import PretrainConfig, to_dict
-
-    lines = ["config keys (defaults):"]
-    for key, value in to_dict(PretrainConfig()).items():
-        if isinstance(value, dict):
-            lines.append("  " + "  ".join(f"--{key}.{k}={v}" for k, v in value.items()))
-        else:
-            lines.append(f"  --{key}={value}")
-    wrapped = []
-    for line in lines:                        # wrap long rows at ~100 columns
-        words, row = line.split("  "), ""
-        for w in words:
-            if row and len(row) + len(w) > 100:
-                wrapped.append(row.rstrip())
-                row = "    "
-            row += w + "  "
-        wrapped.append(row.rstrip())
-    return "\n".join(wrapped)
-
-
-def split_args(items: list[str]) -> tuple[str | None, list[str]]:
-    """(config file, ['--key=value', ...]) from '--key=value', '--key value', '--resume' and one bare path."""
-    from ..runconfig import RunConfigError
-
-    config, out, i = None, [], 0
-    while i < len(items):
-        item = items[i]
-        if item == "--resume":
-            out.append("--resume=true")
-        elif item.startswith("-") and "=" not in item:
-            if i + 1 >= len(items) or items[i + 1].startswith("--"):
-                raise RunConfigError(f"option {item} needs a value (--section.key=value)")
-            out.append(f"{item}={items[i + 1]}")
-            i += 1
-        elif item.startswith("-"):
-            out.append(item)
-        elif config is None:
-            config = item
-        else:
-            raise RunConfigError(f"two config files given ({config}, {item}); override keys with --section.key=value")
-        i += 1
-    return config, out
 
 
 def run_pretrain(args) -> int:
+    from ..cliconfig import given
     from ..runconfig import PretrainConfig, load_config
     from ..train import pretrain
 
-    overrides = list(args.overrides or []) + (["--resume=true"] if args.resume else [])
-    cfg = load_config(PretrainConfig, args.config, overrides)
+    cfg = load_config(PretrainConfig, args.config, values=given(args, PretrainConfig))
     card = pretrain(cfg, command=" ".join(["bertkit", "pretrain"] + [shlex.quote(a) for a in sys.argv[2:]]))
     if card and card.get("final_eval"):
         e = card["final_eval"]
