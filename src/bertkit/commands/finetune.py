@@ -30,23 +30,8 @@ def _window_options(p: argparse.ArgumentParser, help_windows: str) -> None:
 
 
 def qa_options(args: argparse.Namespace, task, raw: dict, where: str) -> dict:
-    """Postprocess options of a QA checkpoint: SQuAD v2.0's null threshold (--null-threshold, else
-    the one fine-tuning found best on dev, config.json `bertkit_null_threshold`, else 0)."""
-    threshold = getattr(args, "null_threshold", None)
-    if task is None or task.head != "question_answering":
-        if threshold is not None:
-            raise BertkitError("--null-threshold applies to SQuAD v2.0 question answering")
-        return {}
-    from ..tasks.squad import qa_settings
-    if threshold is not None and task.name != "squad2":
-        raise BertkitError(f"--null-threshold applies to SQuAD v2.0 models; this one answers {task.name}")
-    try:
-        saved = qa_settings(raw)["null_threshold"]
-    except BertkitError as e:
-        raise BertkitError(f"{where}/{e}") from None
-    if threshold is not None and (threshold != threshold or abs(threshold) == float("inf")):
-        raise BertkitError(f"--null-threshold must be a finite number, got {threshold}")
-    return {"null_threshold": saved if threshold is None else threshold}
+    from ..finetune import qa_options as options
+    return options(task, raw, where, getattr(args, "null_threshold", None))
 
 
 def _null_threshold_option(p: argparse.ArgumentParser) -> None:
@@ -56,20 +41,8 @@ def _null_threshold_option(p: argparse.ArgumentParser) -> None:
 
 
 def inference_stride(args: argparse.Namespace, task, raw: dict, where: str, max_length: int) -> int | None:
-    """--stride / --windows / --no-windows, else how the checkpoint was fine-tuned to read long
-    inputs (config.json `bertkit_stride`), else the task's default."""
-    from ..finetune import input_stride
-
-    saved = raw.get("bertkit_stride", task.stride)
-    if saved is not None and (isinstance(saved, bool) or not isinstance(saved, int) or saved < 0):
-        raise BertkitError(f"{where}/config.json: bertkit_stride must be a non-negative integer or null, "
-                           f"got {saved!r}")
-    windows, stride = getattr(args, "windows", None), args.stride
-    if windows is None and stride is None:
-        return saved
-    if windows and stride is None and saved is not None:
-        stride = saved
-    return input_stride(task, windows, stride, max_length)
+    from ..finetune import inference_stride as stride
+    return stride(task, raw, where, max_length, getattr(args, "windows", None), args.stride)
 
 
 # ---- finetune -----------------------------------------------------------------------------------
@@ -234,67 +207,19 @@ def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
 
 
 def run_predict(args: argparse.Namespace) -> int:
+    from ..finetune import COLUMN_KEYS, predict
+
     rows = read_jsonl_inputs(args.input)
+    records = predict(args.model, rows, args.task,
+                      {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None},
+                      max_length=args.max_length, stride=args.stride, windows=getattr(args, "windows", None),
+                      batch_size=args.batch_size, top_k=args.top_k, null_threshold=args.null_threshold,
+                      threads=args.threads, backend=args.backend, onnx_file=args.onnx, where=args.input)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
-        for record in predict_rows(args, rows):
+        for record in records:
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     finally:
         if args.out:
             out.close()
     return 0
-
-
-def predict_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list[dict]:
-    from ..checkpoint import read_config
-    from ..finetune import featurize
-
-    _, raw = read_config(Path(args.model))
-    archs = raw.get("architectures") or ["BertModel"]
-    if archs[0] in ("BertForMaskedLM", "BertForPreTraining"):
-        return fill_mask_rows(args, rows)
-    predictor, task, labels, raw = load_for_inference(args, getattr(args, "backend", "torch"))
-    head, tokenizer = predictor.head, predictor.tokenizer
-    if task is None or task.parse is None:
-        raise BertkitError(f"{args.model}: `predict` needs a task head (got {head}); "
-                           "use `bertkit embed` for a bare encoder")
-    examples = []
-    for i, (where, obj) in enumerate(rows):
-        ex = task.parse(obj, where)
-        if not ex.id:
-            ex.id = str(i)
-        examples.append(ex)
-    ids = [ex.id for ex in examples]
-    if len(set(ids)) != len(ids):
-        raise BertkitError(f"{args.input}: ids must be unique")
-    max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
-    stride = inference_stride(args, task, raw, args.model, max_length)
-    feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "predict")
-    outputs = predictor.outputs(feats, args.batch_size, desc="predict")
-    predictions = task.postprocess(outputs, feats, examples, labels, **qa_options(args, task, raw, args.model))
-    extra: dict = {}
-    if head == "sequence_classification" and labels is not None:
-        from ..tasks.glue import class_probabilities
-        extra = {k: {"scores": v} for k, v in class_probabilities(outputs, feats, examples, labels).items()}
-    if head == "token_classification":
-        extra = {ex.id: {"words": ex.words} for ex in examples}
-    if getattr(predictions, "null_odds", None):          # SQuAD v2.0: null score - best span score
-        extra = {q: {"null_odds": round(v, 6)} for q, v in predictions.null_odds.items()}
-    return [{"id": ex.id, "prediction": predictions[ex.id], **extra.get(ex.id, {})} for ex in examples]
-
-
-def fill_mask_rows(args: argparse.Namespace, rows: list[tuple[str, dict]]) -> list[dict]:
-    """Masked-LM checkpoints: the top-k words for each [MASK] (via `bertkit.infer.Predictor`)."""
-    from ..infer import Predictor
-    from ..tasks import DataError
-
-    texts = []
-    for where, obj in rows:
-        if not isinstance(obj.get("text"), str):
-            raise DataError(f"{where}: needs a \"text\" field with a [MASK]")
-        texts.append(obj["text"])
-    predictor = Predictor.from_dir(args.model, head="masked_lm", threads=args.threads, max_length=args.max_length,
-                                   backend=getattr(args, "backend", "torch"), onnx_file=getattr(args, "onnx", None))
-    results = predictor.fill_mask(texts, top_k=args.top_k, batch_size=args.batch_size)
-    return [{"id": str(obj.get("id", i)), "prediction": [c[0]["token"] for c in res], "candidates": res}
-            for i, ((_, obj), res) in enumerate(zip(rows, results))]
