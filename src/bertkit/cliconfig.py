@@ -73,7 +73,7 @@ def _converter(kind: Any, flag: str):
         if base is not kind and text.strip() in ("null", "Null", "NULL", "~"):
             value: Any = None                                  # an optional key set back to "not set"
         elif base is str or literal_choices(kind) is not None and all(isinstance(c, str) for c in literal_choices(kind)):
-            value = text
+            value = _unquote(text)
         else:
             try:
                 value = yaml.safe_load(text) if text != "" else ""
@@ -85,6 +85,20 @@ def _converter(kind: Any, flag: str):
             raise argparse.ArgumentTypeError(str(e).removeprefix(f"{flag}: ")) from None
     convert.__name__ = getattr(base, "__name__", "value")     # argparse names it in "invalid int value"
     return convert
+
+
+def _unquote(text: str) -> str:
+    """A string value as typed, or what a quoted YAML string means ('"normal"' -> 'normal'): a string
+    option never turns into a number or a boolean, but quotes written for YAML are taken off."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        import yaml
+
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+        return value if isinstance(value, str) else text
+    return text
 
 
 def _help(doc: str, default: Any, show_default: bool) -> str:
