@@ -104,7 +104,8 @@ def bertkit_rows(r: dict, out: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines() if line.strip()]
     card = json.loads((run / "run_card.json").read_text())
     return [{"recipe": r["name"], "minutes": e.get("elapsed_s", 0.0) / 60, "step": e["step"], "tokens": e.get("tokens"),
-             "accuracy": e["eval_mlm_accuracy"], "loss": e["eval_mlm_loss"], "precision": card.get("precision")}
+             "accuracy": e["eval_mlm_accuracy"], "mask_accuracy": e.get("eval_mask_accuracy"),
+             "loss": e["eval_mlm_loss"], "precision": card.get("precision")}
             for e in rows]
 
 
@@ -146,17 +147,22 @@ def run_hf(train: Path, tok_dir: Path, held: Path, preset: str, minutes: float, 
 
     def score(step: int, train_s: float):
         model.eval()
-        correct = total = 0
+        correct = total = at_mask = masks = 0
         with torch.no_grad():
             for b in batches:
                 logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                                token_type_ids=b["token_type_ids"]).logits
                 keep = b["mlm_labels"] != -100
-                correct += (logits[keep].argmax(-1) == b["mlm_labels"][keep]).sum().item()
+                right = logits[keep].argmax(-1) == b["mlm_labels"][keep]
+                shown = b["input_ids"][keep] == tok.mask_token_id            # the 80% replaced by [MASK]
+                correct += right.sum().item()
                 total += keep.sum().item()
+                at_mask += right[shown].sum().item()
+                masks += shown.sum().item()
         model.train()
         rows.append({"recipe": "transformers Trainer (run_mlm defaults)", "minutes": train_s / 60, "step": step,
-                     "accuracy": correct / max(total, 1), "precision": "float32"})
+                     "accuracy": correct / max(total, 1), "mask_accuracy": at_mask / max(masks, 1),
+                     "precision": "float32"})
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -267,6 +273,7 @@ def main() -> None:
     for name in dict.fromkeys(r["recipe"] for r in rows):
         pts = [r for r in rows if r["recipe"] == name]
         entry = {"final_accuracy": round(pts[-1]["accuracy"], 4), "minutes": round(pts[-1]["minutes"], 2),
+                 "final_mask_accuracy": None if pts[-1].get("mask_accuracy") is None else round(pts[-1]["mask_accuracy"], 4),
                  "precision": pts[-1].get("precision")}
         if anchor_final is not None and not name.startswith("transformers"):
             reach = minutes_to_reach(pts, anchor_final)

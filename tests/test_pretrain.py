@@ -220,3 +220,17 @@ def test_cli_pretrain_and_errors(data, tmp_path, capsys):
                  "--train.max_steps=2", "--train.batch_size=4", "--train.progress=false", "--train.eval_every=0",
                  "--data.eval_instances=8", "--train.threads=1"])
     assert code == 0 and (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+def test_mask_accuracy_counts_the_positions_that_show_mask(data, tmp_path):
+    """eval_mask_accuracy is the accuracy at chosen positions whose input is [MASK]: with every chosen
+    token replaced by [MASK] it equals the overall accuracy; with none replaced there is none to count."""
+    from bertkit.train import pretrain
+
+    all_masked = pretrain(tiny_config(data[64], tmp_path / "all", **{"train.max_steps": 6, "data.mask_token_fraction": 1.0,
+                                                                      "data.random_token_fraction": 0.0}))
+    e = all_masked["final_eval"]
+    assert e["eval_mask_accuracy"] == pytest.approx(e["eval_mlm_accuracy"], abs=1e-12)
+    none_masked = pretrain(tiny_config(data[64], tmp_path / "none", **{"train.max_steps": 6, "data.mask_token_fraction": 0.0,
+                                                                        "data.random_token_fraction": 0.0}))
+    assert "eval_mask_accuracy" not in none_masked["final_eval"]

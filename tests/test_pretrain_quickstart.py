@@ -27,6 +27,8 @@ def test_quickstart_runs_end_to_end(tmp_path, capsys):
     evals = [json.loads(x) for x in (out / "run" / "eval.jsonl").read_text().splitlines()]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == card["updates"]
     assert evals[-1]["eval_mlm_loss"] < evals[0]["eval_mlm_loss"]            # it learned something
+    assert 0.0 <= evals[-1]["eval_mask_accuracy"] <= 1.0                     # the [MASK]-only accuracy too
+    assert "at the [MASK] tokens alone" in text
     for f in ("tokenizer/vocab.txt", "data/train/meta.json", "data/heldout/meta.json", "run/curves.png",
               "run/run_card.md", "run/final/model.safetensors", "run/final/vocab.txt"):
         assert (out / f).exists(), f

@@ -131,6 +131,8 @@ class EvalSums:
     mlm_loss: float = 0.0        # MLM (next-token) loss x predictions: a sum over predicted tokens
     mlm_correct: float = 0.0
     mlm_count: float = 0.0       # predicted tokens
+    mask_correct: float = 0.0    # ... of them, those whose input was [MASK] (80%: no copy of the answer in view)
+    mask_count: float = 0.0
     nsp_correct: float = 0.0
     nsp_count: float = 0.0
 
@@ -617,14 +619,22 @@ def evaluate(run: Run) -> dict | None:
     s = EvalSums()
     autocast = torch.autocast(world.device.type, dtype=run.precision) if run.precision != torch.float32 \
         else nullcontext()
+    mask_id = getattr(getattr(run.phases[0].collator, "info", None), "mask_id", None)
     for batch in run.eval_batches:
         batch = {k: v.to(world.device) for k, v in batch.items()}
         with autocast:
             out = forward(model, batch, run.packed)
         m = out["mlm_targets"].numel()
+        right = out["mlm_logits"].argmax(-1) == out["mlm_targets"]
         s.mlm_loss += out["mlm_loss"].double().item() * m
-        s.mlm_correct += (out["mlm_logits"].argmax(-1) == out["mlm_targets"]).sum().item()
+        s.mlm_correct += right.sum().item()
         s.mlm_count += m
+        if mask_id is not None and "mlm_labels" in batch:       # predictions come in the labels' row-major order (select_masked)
+            chosen = batch["mlm_labels"] != -100
+            shown = batch["input_ids"][chosen] == mask_id                   # the input at each prediction
+            if shown.numel() == m and torch.equal(batch["mlm_labels"][chosen], out["mlm_targets"]):
+                s.mask_correct += right[shown].sum().item()
+                s.mask_count += shown.sum().item()
         if "nsp_logits" in out and "nsp_labels" in batch:
             s.nsp_correct += (out["nsp_logits"].argmax(-1) == batch["nsp_labels"]).sum().item()
             s.nsp_count += len(batch["nsp_labels"])
@@ -641,6 +651,8 @@ def evaluate(run: Run) -> dict | None:
     else:
         rec = {"step": run.state.step, "eval_mlm_loss": loss, "eval_mlm_accuracy": s.mlm_correct / s.mlm_count,
                "eval_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s.mlm_count)}
+        if s.mask_count:                # BERT's accuracy counts the 10% left unchanged, which a model copies
+            rec["eval_mask_accuracy"] = s.mask_correct / s.mask_count
     rec["eval_nsp_accuracy"] = s.nsp_correct / s.nsp_count if s.nsp_count else None
     return rec
 
@@ -672,7 +684,9 @@ def _eval_and_log(run: Run, evals, board, bar) -> dict | None:
                     board.add_scalar(f"eval/{k[5:]}", v, rec["step"])
         lm = ("next-token", "eval_next_token") if "eval_next_token_loss" in rec else ("MLM", "eval_mlm")
         msg = (f"update {rec['step']}: held-out {lm[0]} loss {rec[lm[1] + '_loss']:.4f}, accuracy "
-               f"{rec[lm[1] + '_accuracy']:.4f}, perplexity "
+               f"{rec[lm[1] + '_accuracy']:.4f}"
+               + (f" (at [MASK] {rec['eval_mask_accuracy']:.4f})" if "eval_mask_accuracy" in rec else "")
+               + ", perplexity "
                f"{rec.get('eval_perplexity', rec.get('eval_next_token_perplexity')):.1f}"
                + (f", NSP accuracy {rec['eval_nsp_accuracy']:.4f}" if rec["eval_nsp_accuracy"] is not None else ""))
         (bar.write(msg) if bar is not None else log.info(msg))
