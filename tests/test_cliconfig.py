@@ -145,3 +145,28 @@ def test_pretrain_options_are_generated_from_its_config_sections(tmp_path, capsy
     cfg = load_config(PretrainConfig, args.config, values=values)
     assert (cfg.model.preset, cfg.train.batch_size, cfg.train.max_steps, cfg.train.threads) == ("tiny", 16, 5, 3)
     assert cfg.optim.lr == 0.001 and cfg.optim.betas == (0.9, 0.98) and cfg.train.nsp is False
+
+
+def test_ablate_grid_options_come_from_its_config(capsys):
+    """`bertkit ablate` grid-level options are AblateConfig fields (same names as the YAML keys);
+    --arms stays a selection and never replaces the grid's arms."""
+    import argparse
+
+    from bertkit import ablate
+    from bertkit.cliconfig import given
+    from bertkit.commands.ablate import GRID_OPTIONS, setup_ablate
+
+    p = argparse.ArgumentParser(prog="bertkit ablate")
+    setup_ablate(p)
+    args = p.parse_args(["small.yaml", "--eval-documents", "7", "--keep_models", "--arms", "base",
+                         "--launcher", "torchrun"])
+    values = {k: v for k, v in given(args, ablate.AblateConfig).items() if k in GRID_OPTIONS}
+    assert values == {"eval_documents": 7, "keep_models": True} and args.launcher == "torchrun"
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    cfg = ablate.load_ablate_config(repo / "configs" / "ablate" / "small.yaml", values=values)
+    assert cfg.eval_documents == 7 and cfg.keep_models and len(cfg.arms) > 1
+    with pytest.raises(SystemExit):
+        p.parse_args(["--eval-document", "7"])
+    assert "did you mean --eval" in capsys.readouterr().err

@@ -54,7 +54,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from .errors import BertkitError
 
@@ -143,8 +143,10 @@ def _unknown(key: str, known: Sequence[str], where: str) -> str:
                                                f"; known: {', '.join(known)}")
 
 
-def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str | None = None) -> AblateConfig:
-    """The grid from YAML. Grid-level mistakes are errors now; an arm's mistakes become its failed row."""
+def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str | None = None,
+                       values: dict | None = None) -> AblateConfig:
+    """The grid from YAML, then `values` (grid keys given as options) on top. Grid-level mistakes are
+    errors now; an arm's mistakes become its failed row."""
     from .runconfig import read_yaml_mapping
 
     path = Path(path)
@@ -154,6 +156,7 @@ def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str |
         if key not in TOP_KEYS:
             raise BertkitError(_unknown(key, TOP_KEYS, str(path)))
         kw[key] = value
+    kw.update(values or {})
     for key in ("tokenizer", "prepare", "pretrain", "finetune", "tasks"):
         if not isinstance(kw.get(key, {}), dict):
             raise BertkitError(f"{path}: {key} must be a mapping")
@@ -480,7 +483,7 @@ def _unit(h: int) -> float:
 # ---- one arm --------------------------------------------------------------------------------------
 @dataclass
 class RunOptions:
-    launcher: str = "inprocess"
+    launcher: Literal["inprocess", "torchrun"] = "inprocess"
     """'inprocess' or 'torchrun' (pre-training as a subprocess over `nproc` processes)."""
     nproc: int = 1
     command: str = ""

@@ -9,6 +9,11 @@ import sys
 from ..errors import BertkitError
 
 
+# AblateConfig fields that are options too (the rest of a grid is structure: corpus, arms, tasks, ...)
+GRID_OPTIONS = ("out", "data_dir", "eval_documents", "split_seed", "mlm_eval_instances", "base_arm", "keep_models",
+                "jobs", "threads")
+
+
 def setup_ablate(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = (
@@ -20,21 +25,24 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "  bertkit ablate configs/ablate/small.yaml --jobs 2 --threads 1            # 2 arms at a time\n"
         "  bertkit ablate --contract-test [MODEL]     # right-hand context and the causal mask, checked\n"
         "A finished arm is skipped on a rerun; a failing arm becomes a row saying so. See bertkit/ablate.py.")
+    from ..ablate import AblateConfig, RunOptions
+    from ..cliconfig import add_options, suggest_unknown
+
     p.add_argument("config", nargs="?", help="grid YAML (configs/ablate/small.yaml, configs/ablate/gpu.yaml)")
-    p.add_argument("--out", help="output folder (default: the config's `out`)")
-    p.add_argument("--data-dir", dest="data_dir", help="folder of the corpus and task data (default: the config's)")
+    grid = p.add_argument_group("grid keys (override the config file's)")
+    add_options(grid, AblateConfig, names=GRID_OPTIONS, show_defaults=False, help={
+        "out": "output folder (default: the config's `out`)",
+        "data_dir": "folder of the corpus and task data (default: the config's)",
+        "jobs": "run arms in N processes at once on this machine (default: the config's `jobs`); each takes "
+                "the next unclaimed arm",
+        "threads": "torch threads per run (default: the config's; with --jobs N, cores / N)"})
+    add_options(p, RunOptions, names=("launcher", "nproc"), help={
+        "launcher": "pre-train in this process (default) or as `torchrun --nproc_per_node N -m bertkit pretrain`",
+        "nproc": "processes per arm with --launcher torchrun (e.g. GPUs); train.batch_size is split over them, "
+                 "so the global batch and the matched budget stay the same"}, defaults=True)
+    suggest_unknown(p)
     p.add_argument("--arms", help="run only these arms (comma-separated names)")
     p.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based): for N machines sharing --out")
-    p.add_argument("--jobs", type=int,
-                   help="run arms in N processes at once on this machine (default: the config's `jobs`); each "
-                        "takes the next unclaimed arm")
-    p.add_argument("--threads", type=int, help="torch threads per run (default: the config's; with --jobs N, "
-                                               "cores / N)")
-    p.add_argument("--launcher", choices=("inprocess", "torchrun"), default="inprocess",
-                   help="pre-train in this process (default) or as `torchrun --nproc_per_node N -m bertkit pretrain`")
-    p.add_argument("--nproc", type=int, default=1,
-                   help="processes per arm with --launcher torchrun (e.g. GPUs); train.batch_size is split "
-                        "over them, so the global batch and the matched budget stay the same")
     p.add_argument("--report-only", dest="report_only", action="store_true",
                    help="write REPORT.md, results.jsonl and plots from the finished arms; run nothing")
     p.add_argument("--dry-run", dest="dry_run", action="store_true",
@@ -52,7 +60,12 @@ def run_ablate(args: argparse.Namespace) -> int:
         return _contract(args.contract_test or None)
     if not args.config:
         raise BertkitError("give a grid config (e.g. configs/ablate/small.yaml), or --contract-test")
-    cfg = ablate.load_ablate_config(args.config, out=args.out, data_dir=args.data_dir)
+    from ..cliconfig import given
+
+    values = {k: v for k, v in given(args, ablate.AblateConfig).items()          # --arms is a selection, not
+              if k in GRID_OPTIONS and k not in ("jobs", "threads")}            # the grid's `arms`
+    cfg = ablate.load_ablate_config(args.config, values=values)
+    jobs, threads = getattr(args, "jobs", None), getattr(args, "threads", None)
     command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.report_only:
         print(ablate_report.write_report(cfg, command))
@@ -63,10 +76,10 @@ def run_ablate(args: argparse.Namespace) -> int:
         for row in ablate.dry_run(cfg, arms):
             print(json.dumps(row))
         return 0
-    if args.nproc < 1 or (args.jobs is not None and args.jobs < 1) or (args.threads is not None and args.threads < 0):
+    if args.nproc < 1 or (jobs is not None and jobs < 1) or (threads is not None and threads < 0):
         raise BertkitError("--nproc and --jobs must be >= 1, --threads >= 0")
-    opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command, jobs=args.jobs,
-                             threads=args.threads, verbose=bool(getattr(args, "verbose", False)))
+    opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command, jobs=jobs,
+                             threads=threads, verbose=bool(getattr(args, "verbose", False)))
     summary = ablate.run_grid(cfg, arms, opts, report=not args.no_report)
     print(json.dumps(summary))
     if any(summary.get("exit_codes") or []):
