@@ -234,3 +234,19 @@ def test_mask_accuracy_counts_the_positions_that_show_mask(data, tmp_path):
     none_masked = pretrain(tiny_config(data[64], tmp_path / "none", **{"train.max_steps": 6, "data.mask_token_fraction": 0.0,
                                                                         "data.random_token_fraction": 0.0}))
     assert "eval_mask_accuracy" not in none_masked["final_eval"]
+
+
+def test_position_init_reaches_the_model_or_is_refused(tmp_path):
+    """model.position_init=sinusoidal fills the new model's position table; with init_from (whose
+    checkpoint brings its own table) it is an error, not a setting that silently does nothing."""
+    import torch
+
+    from bertkit.model import sinusoidal_positions_
+    from bertkit.train import _build_model
+
+    cfg = load_config(PretrainConfig, None, ["--model.preset=tiny", "--model.position_init=sinusoidal"])
+    table = _build_model(cfg, 100, None).bert.embeddings.position.weight
+    expected = sinusoidal_positions_(torch.empty_like(table), 0.02)
+    assert torch.equal(table, expected) and abs(table.std().item() - 0.02) < 1e-4
+    with pytest.raises(RunConfigError, match="model.position_init 'sinusoidal' starts a new model"):
+        load_config(PretrainConfig, None, ["--model.position_init=sinusoidal", f"--model.init_from={tmp_path}"])

@@ -64,21 +64,17 @@ def literal_choices(kind: Any) -> tuple | None:
 
 
 def _converter(kind: Any, flag: str):
-    """str -> the field's type, checked like a YAML value (a bad one is argparse's one-line error)."""
+    """str -> the field's type, read as YAML and checked like a YAML value (a bad one is argparse's
+    one-line error). A string option keeps the text as typed unless YAML reads it as a string (quotes
+    taken off) or, for an optional key, as null: '123' stays '123', '"normal"' is 'normal'."""
     base = _strip_optional(kind)
+    choices = literal_choices(kind)
+    text_field = base is str or choices is not None and all(isinstance(c, str) for c in choices)
 
     def convert(text: str):
-        import yaml
-
-        if base is not kind and text.strip() in ("null", "Null", "NULL", "~"):
-            value: Any = None                                  # an optional key set back to "not set"
-        elif base is str or literal_choices(kind) is not None and all(isinstance(c, str) for c in literal_choices(kind)):
-            value = _unquote(text)
-        else:
-            try:
-                value = yaml.safe_load(text) if text != "" else ""
-            except yaml.YAMLError:
-                value = text
+        value = _yaml(text)
+        if text_field and not (isinstance(value, str) or value is None and base is not kind and text):
+            value = text
         try:
             return _coerce(value, kind, flag)
         except RunConfigError as e:
@@ -87,18 +83,14 @@ def _converter(kind: Any, flag: str):
     return convert
 
 
-def _unquote(text: str) -> str:
-    """A string value as typed, or what a quoted YAML string means ('"normal"' -> 'normal'): a string
-    option never turns into a number or a boolean, but quotes written for YAML are taken off."""
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        import yaml
+def _yaml(text: str) -> Any:
+    """A command-line value as YAML reads it (as config files are read); unreadable text as is."""
+    import yaml
 
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            return text
-        return value if isinstance(value, str) else text
-    return text
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
 
 
 def _help(doc: str, default: Any, show_default: bool) -> str:
@@ -172,19 +164,19 @@ class _Switch(argparse.Action):
         return f"{yes} | --no-{yes[2:]}"
 
 
-_TRUTH = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
-
-
 def _switch_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
-    """'--x=false' -> '--no-x', '--x=true' -> '--x' for switch options; other arguments unchanged."""
+    """'--x=false' -> '--no-x', '--x=true' -> '--x' for switch options (the value read as a YAML
+    boolean, as in a config file); other arguments unchanged."""
     out = []
     for a in args:
         flag, eq, value = a.partition("=")
         action = parser._option_string_actions.get(flag) if eq and a.startswith("--") else None
         if isinstance(action, _Switch) and not flag.startswith("--no-"):
-            if value.strip().lower() not in _TRUTH:
-                parser.error(f"argument {flag}: expected true or false, got {value!r}")
-            a = flag if _TRUTH[value.strip().lower()] else "--no-" + flag[2:]
+            try:
+                on = _coerce(_yaml(value), bool, flag)
+            except RunConfigError as e:
+                parser.error(f"argument {e}")
+            a = flag if on else "--no-" + flag[2:]
         out.append(a)
     return out
 

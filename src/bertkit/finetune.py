@@ -1,6 +1,7 @@
 """Fine-tuning: one pre-trained encoder, one small task head, the paper's recipe (section 4).
 
 Why ~600 lines: the loop, evaluation and staged output; evaluation runs through `infer.Predictor`.
+Running a fine-tuned checkpoint on new inputs (`evaluate`, `predict` commands) is `bertkit.predict`.
 
 The loop has the pre-training loop's shape - explicit phases you can read top to bottom:
 
@@ -38,7 +39,7 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from .errors import BertkitError
 from .tasks import BadRows, DataError, Task, check_labels, get_task
@@ -341,144 +342,6 @@ def evaluating(model: nn.Module, tokenizer):
         yield Predictor(model, tokenizer, device=next(model.parameters()).device)
     finally:
         model.train(was_training)
-
-
-def load_for_inference(model_dir: str | Path, task_name: str | None = None, columns: dict | None = None,
-                       backend: str = "torch", onnx_file: str | Path | None = None, threads: int | None = None):
-    """(predictor, task, labels, config.json) of a fine-tuned checkpoint, for `bertkit evaluate` and
-    `predict`: a `Predictor` in float32 (backend torch: prepacked on the CPU; backend onnx: the
-    exported file on onnxruntime), the task it was trained on (or `task_name`), its label names."""
-    from .checkpoint import read_config
-    from .infer import Predictor
-
-    _, raw = read_config(Path(model_dir))
-    predictor = Predictor.from_dir(model_dir, backend=backend, onnx_file=onnx_file, threads=threads,
-                                   dtype="float32" if backend == "torch" else None)
-    model, head = predictor.model, predictor.head
-    task = resolve_task(task_name, columns) if task_name else task_of_checkpoint(raw)
-    if task is None:
-        task = default_task(head, raw)
-    if task is not None and task.head != head:
-        raise BertkitError(f"{model_dir}: a {head} checkpoint cannot run task {task.name} ({task.head})")
-    id2label = raw.get("id2label") or {}
-    labels = [id2label[k] for k in sorted(id2label, key=int)] if id2label and head in (
-        "sequence_classification", "token_classification") and getattr(model, "num_labels", 2) > 1 else None
-    if head == "sequence_classification" and getattr(model, "problem", None) == "regression":
-        labels = None
-    return predictor, task, labels, raw
-
-
-def qa_options(task: Task | None, raw: dict, where: str, null_threshold: float | None = None) -> dict:
-    """Postprocess options of a QA checkpoint: SQuAD v2.0's null threshold (`null_threshold`, else
-    the one fine-tuning found best on dev, config.json `bertkit_null_threshold`, else 0)."""
-    threshold = null_threshold
-    if task is None or task.head != "question_answering":
-        if threshold is not None:
-            raise BertkitError("--null-threshold applies to SQuAD v2.0 question answering")
-        return {}
-    from .tasks.squad import qa_settings
-    if threshold is not None and task.name != "squad2":
-        raise BertkitError(f"--null-threshold applies to SQuAD v2.0 models; this one answers {task.name}")
-    try:
-        saved = qa_settings(raw)["null_threshold"]
-    except BertkitError as e:
-        raise BertkitError(f"{where}/{e}") from None
-    if threshold is not None and (threshold != threshold or abs(threshold) == float("inf")):
-        raise BertkitError(f"--null-threshold must be a finite number, got {threshold}")
-    return {"null_threshold": saved if threshold is None else threshold}
-
-
-def inference_stride(task: Task, raw: dict, where: str, max_length: int, windows: bool | None = None,
-                     stride: int | None = None) -> int | None:
-    """`stride` / `windows`, else how the checkpoint was fine-tuned to read long inputs (config.json
-    `bertkit_stride`), else the task's default."""
-    saved = raw.get("bertkit_stride", task.stride)
-    if saved is not None and (isinstance(saved, bool) or not isinstance(saved, int) or saved < 0):
-        raise BertkitError(f"{where}/config.json: bertkit_stride must be a non-negative integer or null, "
-                           f"got {saved!r}")
-    if windows is None and stride is None:
-        return saved
-    if windows and stride is None and saved is not None:
-        stride = saved
-    return input_stride(task, windows, stride, max_length)
-
-
-def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str | None = None,
-            columns: dict | None = None, max_length: int | None = None, stride: int | None = None,
-            windows: bool | None = None, batch_size: int = 64, top_k: int = 5,
-            null_threshold: float | None = None, threads: int | None = None, backend: str = "torch",
-            onnx_file: str | Path | None = None, where: str = "input") -> list[dict]:
-    """`bertkit predict`: one {id, prediction, ...} record per (where, JSON object) row, in order.
-    A masked-LM checkpoint answers each [MASK] with its top-k words; a task checkpoint runs the
-    task's own input parsing and post-processing (classification adds class scores, NER the words,
-    SQuAD v2.0 the null odds)."""
-    from .checkpoint import read_config
-
-    _, raw = read_config(Path(model_dir))
-    archs = raw.get("architectures") or ["BertModel"]
-    if archs[0] in ("BertForMaskedLM", "BertForPreTraining"):
-        return fill_mask_rows(model_dir, rows, top_k, batch_size, max_length, threads, backend, onnx_file)
-    predictor, task, labels, raw = load_for_inference(model_dir, task_name, columns, backend=backend,
-                                                      onnx_file=onnx_file, threads=threads)
-    head, tokenizer = predictor.head, predictor.tokenizer
-    if task is None or task.parse is None:
-        raise BertkitError(f"{model_dir}: `predict` needs a task head (got {head}); "
-                           "use `bertkit embed` for a bare encoder")
-    examples = []
-    for i, (at, obj) in enumerate(rows):
-        ex = task.parse(obj, at)
-        if not ex.id:
-            ex.id = str(i)
-        examples.append(ex)
-    ids = [ex.id for ex in examples]
-    if len(set(ids)) != len(ids):
-        raise BertkitError(f"{where}: ids must be unique")
-    max_length = max_length or int(raw.get("bertkit_max_length", task.max_length))
-    stride = inference_stride(task, raw, str(model_dir), max_length, windows, stride)
-    feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "predict")
-    outputs = predictor.outputs(feats, batch_size, desc="predict")
-    predictions = task.postprocess(outputs, feats, examples, labels,
-                                   **qa_options(task, raw, str(model_dir), null_threshold))
-    extra: dict = {}
-    if head == "sequence_classification" and labels is not None:
-        from .tasks.glue import class_probabilities
-        extra = {k: {"scores": v} for k, v in class_probabilities(outputs, feats, examples, labels).items()}
-    if head == "token_classification":
-        extra = {ex.id: {"words": ex.words} for ex in examples}
-    if getattr(predictions, "null_odds", None):          # SQuAD v2.0: null score - best span score
-        extra = {q: {"null_odds": round(v, 6)} for q, v in predictions.null_odds.items()}
-    return [{"id": ex.id, "prediction": predictions[ex.id], **extra.get(ex.id, {})} for ex in examples]
-
-
-def fill_mask_rows(model_dir: str | Path, rows: list[tuple[str, dict]], top_k: int = 5, batch_size: int = 64,
-                   max_length: int | None = None, threads: int | None = None, backend: str = "torch",
-                   onnx_file: str | Path | None = None) -> list[dict]:
-    """Masked-LM checkpoints: the top-k words for each [MASK] (via `bertkit.infer.Predictor`)."""
-    from .infer import Predictor
-
-    texts = []
-    for at, obj in rows:
-        if not isinstance(obj.get("text"), str):
-            raise DataError(f"{at}: needs a \"text\" field with a [MASK]")
-        texts.append(obj["text"])
-    predictor = Predictor.from_dir(model_dir, head="masked_lm", threads=threads, max_length=max_length,
-                                   backend=backend, onnx_file=onnx_file)
-    results = predictor.fill_mask(texts, top_k=top_k, batch_size=batch_size)
-    return [{"id": str(obj.get("id", i)), "prediction": [c[0]["token"] for c in res], "candidates": res}
-            for i, ((_, obj), res) in enumerate(zip(rows, results))]
-
-
-def default_task(head: str, raw: dict) -> Task | None:
-    """The task for a checkpoint that does not name one (trained elsewhere)."""
-    if head == "sequence_classification":
-        return resolve_task("regress" if raw.get("problem_type") == "regression" else "classify")
-    if head == "token_classification":
-        return resolve_task("tokens")
-    if head == "question_answering":
-        return get_task("squad")
-    if head == "multiple_choice":
-        return get_task("swag")
-    return None
 
 
 def check_references(task: Task, examples: list, labels, where: str) -> None:

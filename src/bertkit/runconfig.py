@@ -284,6 +284,9 @@ def _check_values(cfg: "PretrainConfig") -> None:
     heads = m.num_heads or PRESETS[m.preset]["num_heads"]
     if hidden % heads:
         raise RunConfigError(f"model.hidden_size ({hidden}) must be divisible by model.num_heads ({heads})")
+    if m.init_from and m.position_init != "normal":
+        raise RunConfigError(f"model.position_init {m.position_init!r} starts a new model; model.init_from "
+                             f"{m.init_from} brings its own position table (drop one of the two)")
     if not all(0 <= b < 1 for b in o.betas):
         raise RunConfigError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
     if o.end_lr > o.lr:

@@ -62,10 +62,8 @@ def run_ablate(args: argparse.Namespace) -> int:
         raise BertkitError("give a grid config (e.g. configs/ablate/small.yaml), or --contract-test")
     from ..cliconfig import given
 
-    values = {k: v for k, v in given(args, ablate.AblateConfig).items()          # --arms is a selection, not
-              if k in GRID_OPTIONS and k not in ("jobs", "threads")}            # the grid's `arms`
+    values = {k: v for k, v in given(args, ablate.AblateConfig).items() if k in GRID_OPTIONS}   # --arms selects
     cfg = ablate.load_ablate_config(args.config, values=values)
-    jobs, threads = getattr(args, "jobs", None), getattr(args, "threads", None)
     command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.report_only:
         print(ablate_report.write_report(cfg, command))
@@ -76,10 +74,10 @@ def run_ablate(args: argparse.Namespace) -> int:
         for row in ablate.dry_run(cfg, arms):
             print(json.dumps(row))
         return 0
-    if args.nproc < 1 or (jobs is not None and jobs < 1) or (threads is not None and threads < 0):
+    if args.nproc < 1 or cfg.jobs < 1 or cfg.threads < 0:
         raise BertkitError("--nproc and --jobs must be >= 1, --threads >= 0")
-    opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command, jobs=jobs,
-                             threads=threads, verbose=bool(getattr(args, "verbose", False)))
+    opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command,
+                             verbose=bool(getattr(args, "verbose", False)))
     summary = ablate.run_grid(cfg, arms, opts, report=not args.no_report)
     print(json.dumps(summary))
     if any(summary.get("exit_codes") or []):

@@ -29,20 +29,10 @@ def _window_options(p: argparse.ArgumentParser, help_windows: str) -> None:
                    help="sentence classification: longest-first truncation of long inputs")
 
 
-def qa_options(args: argparse.Namespace, task, raw: dict, where: str) -> dict:
-    from ..finetune import qa_options as options
-    return options(task, raw, where, getattr(args, "null_threshold", None))
-
-
 def _null_threshold_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--null-threshold", dest="null_threshold", type=float,
                    help="SQuAD v2.0: answer \"\" when the null odds exceed this (default: the threshold "
                         "best on dev, saved by finetune; else 0)")
-
-
-def inference_stride(args: argparse.Namespace, task, raw: dict, where: str, max_length: int) -> int | None:
-    from ..finetune import inference_stride as stride
-    return stride(task, raw, where, max_length, getattr(args, "windows", None), args.stride)
 
 
 # ---- finetune -----------------------------------------------------------------------------------
@@ -122,8 +112,9 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
 
 
 def load_for_inference(args: argparse.Namespace, backend: str = "torch"):
-    """(predictor, task, labels, config.json) of --model (`bertkit.finetune.load_for_inference`)."""
-    from ..finetune import COLUMN_KEYS, load_for_inference as load
+    """(predictor, task, labels, config.json) of --model (`bertkit.predict.load_for_inference`)."""
+    from ..finetune import COLUMN_KEYS
+    from ..predict import load_for_inference as load
 
     columns = {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None}
     return load(args.model, args.task, columns, backend=backend, onnx_file=getattr(args, "onnx", None),
@@ -132,6 +123,7 @@ def load_for_inference(args: argparse.Namespace, backend: str = "torch"):
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from ..finetune import check_references, evaluate, featurize, write_predictions
+    from ..predict import inference_stride, qa_options
     from ..tasks import BadRows
 
     predictor, task, labels, raw = load_for_inference(args)
@@ -143,9 +135,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
     examples = task.read(path, bad)
     check_references(task, examples, labels, str(path))
     max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
-    stride = inference_stride(args, task, raw, args.model, max_length)
+    stride = inference_stride(task, raw, args.model, max_length, args.windows, args.stride)
     feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "evaluate")
-    post = qa_options(args, task, raw, args.model)
+    post = qa_options(task, raw, args.model, args.null_threshold)
     scores, predictions = evaluate(predictor, task, examples, feats, labels, args.batch_size, progress=True, post=post)
     if args.predictions:
         write_predictions(predictions, Path(args.predictions))
@@ -207,7 +199,8 @@ def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from ..finetune import COLUMN_KEYS, predict
+    from ..finetune import COLUMN_KEYS
+    from ..predict import predict
 
     rows = read_jsonl_inputs(args.input)
     records = predict(args.model, rows, args.task,
