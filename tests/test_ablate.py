@@ -51,7 +51,7 @@ data_dir: {data}
 corpus: [{corpus}]
 eval_documents: 6
 tokenizer: {{vocab_size: 500}}
-prepare: {{max_seq_length: 48}}
+prepare: {{max_length: 48}}
 pretrain:
   model: {{preset: tiny, num_layers: 1, hidden_size: 32, num_heads: 2, intermediate_size: 64}}
   train: {{batch_size: 8, log_every: 1, eval_every: 0, checkpoint_every: 0}}
@@ -404,7 +404,7 @@ def test_prepare_sop_and_its_checks(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text((resources.files("bertkit") / "sample" / "sample.txt").read_text(encoding="utf-8"))
     tok = Tokenizer.train([str(text)], vocab_size=300)
-    meta = prepare([str(text)], tok, tmp_path / "sop", PrepareConfig(max_seq_length=64, pair_mode="sop"),
+    meta = prepare([str(text)], tok, tmp_path / "sop", PrepareConfig(max_length=64, pair_mode="sop"),
                    progress=False)
     assert meta["config"]["pair_mode"] == "sop" and meta["nsp"] and meta["counts"]["instances"] > 0
     assert 0.2 < meta["counts"]["random_next_fraction"] < 0.8

@@ -64,12 +64,44 @@ def test_prepare_stats_show_and_collate(minilm, small_corpus, tmp_path, capsys):
     assert shown.count("[CLS]") == 2 and "{[MASK]|" in shown and "  B: " in shown
     meta = json.loads((out / "meta.json").read_text())
     assert meta["command"] == (f"bertkit prepare --model {minilm} --input {small_corpus} --out {out} "
-                               "--workers 2 --no-progress")
+                               "--workers 2 --max_length 128")
     # the trainer's path: a batch from the folder, masks as the stats measured them
     ds = open_dataset(out)
     batch = Collator(ds, MaskingConfig(), seed=0)([ds[i] for i in range(8)], epoch=0)
     assert batch["input_ids"].shape[0] == 8 and batch["nsp_labels"].shape == (8,)
     assert ((batch["mlm_labels"] != -100).sum(1) >= 1).all()
+
+
+def test_prepare_options_are_prepare_config_fields_with_googles_spellings_kept():
+    """Every data option is a PrepareConfig field (masking ones as masking_config.KEY); Google's
+    create_pretraining_data.py names are aliases; the cap follows length and rate unless given."""
+    from bertkit.cli import build_parser
+    from bertkit.commands.data import command_line, prepare_config
+
+    def parse(*extra):
+        args = build_parser("prepare").parse_args(["prepare", "--model", "M", "--input", "a.txt", "--out", "O", *extra])
+        return args, prepare_config(args)
+
+    args, cfg = parse("--max-seq-length", "512", "--masked-lm-prob", "0.15", "--whole-word", "--no-nsp")
+    assert (cfg.max_length, cfg.nsp, cfg.masking_config.mode) == (512, False, "whole_word")
+    assert cfg.masking_config.max_predictions == 80                   # Google's 512 x 0.15 -> 80
+    assert command_line(args) == ("bertkit prepare --model M --input a.txt --out O --max_length 512 --no-nsp "
+                                  "--masking_config.mode whole_word --masking_config.mask_prob 0.15")
+    _, same = parse("--max-length", "512", "--masking_config.mask_prob", "0.15", "--masking_config.mode",
+                    "whole_word", "--nsp=false")
+    assert same == cfg
+    _, cfg = parse("--max-seq-length", "64", "--max-predictions-per-seq", "7", "--span", "--masking", "static")
+    assert (cfg.masking_config.max_predictions, cfg.masking_config.mode, cfg.dupe_factor) == (7, "span", 10)
+    assert parse()[1].masking_config.max_predictions == 20                   # 128 x 0.15 -> 20
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--masking", "stat"], "did you mean 'static'"), (["--whole-word", "--span"], "not allowed with"),
+    (["--max_lenght", "64"], "did you mean --max_length"), (["--nsp=maybe"], "--nsp")])
+def test_prepare_usage_errors_name_the_option(minilm, small_corpus, tmp_path, capsys, extra, says):
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", "--model", str(minilm), "--input", str(small_corpus), "--out", str(tmp_path / "o"), *extra])
+    assert e.value.code == 2 and says in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
 def test_cli_errors_are_one_line(minilm, tmp_path, capsys):
@@ -86,11 +118,12 @@ def test_cli_errors_are_one_line(minilm, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--chunk-mb", "nan"], "--chunk-mb nan"), (["--chunk-mb", "inf"], "--chunk-mb inf"),
-    (["--num-shards", "0"], "--num-shards 0"), (["--mask-token-fraction", "nan"], "--mask-token-fraction nan"),
-    (["--seed", "-1", "--masking", "static"], "--seed -1"), (["--random-token-fraction", "-0.1"], "-0.1"),
-    (["--masked-lm-prob", "1.5"], "--masked-lm-prob 1.5"), (["--eval-fraction", "nan"], "--eval-fraction nan"),
-    (["--eval-documents", "1"], "--eval-documents 1"), (["--max-predictions-per-seq", "0"], "per-seq 0")])
+    (["--chunk-mb", "nan"], "chunk_mb nan"), (["--chunk_mb", "inf"], "chunk_mb inf"),
+    (["--num-shards", "0"], "num_shards 0"), (["--mask-token-fraction", "nan"], "mask_token_fraction nan"),
+    (["--seed", "-1", "--masking", "static"], "seed -1"), (["--random-token-fraction", "-0.1"], "-0.1"),
+    (["--masked-lm-prob", "1.5"], "mask_prob 1.5"), (["--masking_config.mask_prob", "0"], "mask_prob 0"),
+    (["--eval-fraction", "nan"], "eval_fraction nan"), (["--eval-documents", "1"], "eval_documents 1"),
+    (["--max-predictions-per-seq", "0"], "max_predictions 0")])
 def test_bad_prepare_options_are_one_line_and_leave_nothing(minilm, small_corpus, tmp_path, capsys, extra, says):
     out = tmp_path / "o"
     assert main(["prepare", "--model", str(minilm), "--input", str(small_corpus), "--out", str(out),

@@ -40,11 +40,11 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, tok, corpus) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("heldout_data")
-    cfg = PrepareConfig(max_seq_length=64, chunk_mb=0.05, seed=3)
+    cfg = PrepareConfig(max_length=64, chunk_mb=0.05, seed=3)
     prepare([str(corpus)], tok, root / "split", cfg, progress=False)                     # default: 1%, at least 2
-    prepare([str(corpus)], tok, root / "none", PrepareConfig(max_seq_length=64, chunk_mb=0.05, seed=3,
+    prepare([str(corpus)], tok, root / "none", PrepareConfig(max_length=64, chunk_mb=0.05, seed=3,
                                                              eval_fraction=0.0), progress=False)
-    prepare([str(corpus)], tok, root / "static", PrepareConfig(max_seq_length=64, chunk_mb=0.05, seed=3,
+    prepare([str(corpus)], tok, root / "static", PrepareConfig(max_length=64, chunk_mb=0.05, seed=3,
             masking="static", dupe_factor=3, eval_documents=4), progress=False)
     return {k: root / k for k in ("split", "none", "static")}
 
@@ -76,7 +76,7 @@ def test_whole_documents_are_held_out_before_instances(tok, corpus, data):
 
 
 def test_split_is_deterministic_resumable_and_cluster_safe(tok, corpus, data, tmp_path):
-    cfg = PrepareConfig(max_seq_length=64, chunk_mb=0.05, seed=3)
+    cfg = PrepareConfig(max_length=64, chunk_mb=0.05, seed=3)
     prepare([str(corpus)], tok, tmp_path / "w2", cfg, workers=2, progress=False)
 
     def npy(out):
@@ -90,20 +90,20 @@ def test_split_is_deterministic_resumable_and_cluster_safe(tok, corpus, data, tm
     assert npy(tmp_path / "c") == npy(data["split"]) and len(eval_split(open_dataset(tmp_path / "c"))) == \
         len(eval_split(open_dataset(data["split"])))
     # no split this time: the old one goes
-    m = prepare([str(corpus)], tok, tmp_path / "w2", PrepareConfig(max_seq_length=64, chunk_mb=0.05, seed=3,
+    m = prepare([str(corpus)], tok, tmp_path / "w2", PrepareConfig(max_length=64, chunk_mb=0.05, seed=3,
                                                                     eval_documents=0), progress=False)
     assert m["eval"] is None and not (tmp_path / "w2" / "eval").exists()
     # too few documents for the default: no split, and a word about it
     small = tmp_path / "small.txt"
     small.write_text("\n\n".join(corpus.read_text(encoding="utf-8").split("\n\n")[:5]), encoding="utf-8")
     assert prepare([str(small)], tok, tmp_path / "s", cfg, progress=False)["eval"] is None
-    assert prepare([str(small)], tok, tmp_path / "s", PrepareConfig(max_seq_length=64, eval_documents=2),
+    assert prepare([str(small)], tok, tmp_path / "s", PrepareConfig(max_length=64, eval_documents=2),
                    progress=False)["eval"]["documents"] == 2
     with pytest.raises(BertkitError, match="at least 2 must stay"):
         prepare([str(small)], tok, tmp_path / "s2", PrepareConfig(eval_documents=4), progress=False)
-    with pytest.raises(BertkitError, match="--eval-documents 1"):
+    with pytest.raises(BertkitError, match="eval_documents 1"):
         PrepareConfig(eval_documents=1)
-    with pytest.raises(BertkitError, match="--eval-fraction"):
+    with pytest.raises(BertkitError, match="eval_fraction"):
         PrepareConfig(eval_fraction=1.0)
 
 

@@ -67,7 +67,7 @@ def _npy(out: Path) -> dict[str, bytes]:
 def test_killed_rerun_is_visibly_incomplete_then_finishes(minilm, corpus, tmp_path, capsys):
     out = tmp_path / "data"
     old = prepare([str(corpus)], Tokenizer.from_dir(minilm), out,
-                  PrepareConfig(max_seq_length=64, chunk_mb=0.015, seed=1), progress=False)
+                  PrepareConfig(max_length=64, chunk_mb=0.015, seed=1), progress=False)
     assert len(old["shards"]) >= 6
     # a rerun with other options rewrites every shard; kill -9 after its 3rd new shard
     proc = _run(_prepare_cmd(minilm, corpus, out, "--seed", "2"), kill_after=3)
@@ -85,7 +85,7 @@ def test_killed_rerun_is_visibly_incomplete_then_finishes(minilm, corpus, tmp_pa
     proc = _run(_prepare_cmd(minilm, corpus, out, "--seed", "2"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     straight = prepare([str(corpus)], Tokenizer.from_dir(minilm), tmp_path / "straight",
-                       PrepareConfig(max_seq_length=64, chunk_mb=0.015, seed=2), progress=False)
+                       PrepareConfig(max_length=64, chunk_mb=0.015, seed=2), progress=False)
     ds = open_dataset(out)
     assert ds.meta["seed"] == 2 and ds.meta["shards"] == straight["shards"]
     assert 3 <= ds.meta["counts"]["shards_kept_from_before"] < len(straight["shards"])
@@ -99,7 +99,7 @@ def test_leftovers_of_a_killed_first_run_do_not_block(minilm, corpus, tmp_path):
     (out / "tokenizer").mkdir(parents=True)
     (out / "tokenizer" / "vocab.txt").write_text("")
     (out / ".tokenizer.tmp-12345").mkdir()
-    meta = prepare([str(corpus)], Tokenizer.from_dir(minilm), out, PrepareConfig(max_seq_length=64, chunk_mb=0.05),
+    meta = prepare([str(corpus)], Tokenizer.from_dir(minilm), out, PrepareConfig(max_length=64, chunk_mb=0.05),
                    progress=False)
     assert open_dataset(out).tokenizer().fingerprint() == meta["tokenizer_hash"]
     assert not list(out.glob(".tokenizer*"))

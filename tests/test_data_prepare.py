@@ -150,7 +150,7 @@ def test_chunks_hold_two_documents():
 
 # ---- end to end ---------------------------------------------------------------------------------
 def test_prepare_nsp_workers_resume_cluster(tok, corpus, tmp_path):
-    cfg = PrepareConfig(max_seq_length=64, chunk_mb=0.015, seed=7)
+    cfg = PrepareConfig(max_length=64, chunk_mb=0.015, seed=7)
     m1 = prepare([str(corpus)], tok, tmp_path / "w1", cfg, workers=1, progress=False)
     m2 = prepare([str(corpus / "*.txt*")], tok, tmp_path / "w2", cfg, workers=2, progress=False)
     assert m1["counts"]["instances"] == m2["counts"]["instances"] > 200
@@ -186,7 +186,7 @@ def test_prepare_nsp_workers_resume_cluster(tok, corpus, tmp_path):
 
 def test_prepare_static_whole_word(tok, corpus, tmp_path):
     mc = MaskingConfig(mode="whole_word")
-    cfg = PrepareConfig(max_seq_length=128, masking="static", dupe_factor=2, masking_config=mc, chunk_mb=1)
+    cfg = PrepareConfig(max_length=128, masking="static", dupe_factor=2, masking_config=mc, chunk_mb=1)
     meta = prepare([str(corpus / "a.txt")], tok, tmp_path / "s", cfg, progress=False)
     ds = open_dataset(tmp_path / "s")
     assert meta["masking"] == "static" and meta["dupe_factor"] == 2
@@ -203,7 +203,7 @@ def test_prepare_static_whole_word(tok, corpus, tmp_path):
 
 
 def test_prepare_no_nsp_packs_full_sentences(tok, corpus, tmp_path):
-    cfg = PrepareConfig(max_seq_length=128, nsp=False, chunk_mb=1)
+    cfg = PrepareConfig(max_length=128, nsp=False, chunk_mb=1)
     meta = prepare([str(corpus / "a.txt")], tok, tmp_path / "p", cfg, progress=False)
     ds = open_dataset(tmp_path / "p")
     lens = ds.lengths()
@@ -223,7 +223,7 @@ def test_bad_inputs(tok, tmp_path):
     (d / "empty.txt").write_bytes(b"")
     long_line = ("word " * 40000).encode()                          # 200 KB on one line
     (d / "bad.txt").write_bytes(b"Good one.\nBad \xff\xfe byte here.\n\n" + long_line + b"\nEnd.\n\nOne.\n")
-    meta = prepare([str(d)], tok, tmp_path / "o", PrepareConfig(max_seq_length=32), progress=False)
+    meta = prepare([str(d)], tok, tmp_path / "o", PrepareConfig(max_length=32), progress=False)
     c = meta["counts"]
     assert (c["empty_files"], c["invalid_utf8_lines"], c["long_lines_split"]) == (1, 1, 1)
     assert c["one_sentence_documents"] == 1 and c["documents"] == 3
@@ -245,7 +245,7 @@ def test_bad_inputs(tok, tmp_path):
 
 def test_prepare_sentence_split(tok, tmp_path):
     (tmp_path / "p.txt").write_text("Mr. Smith came. He left! Then? Yes.\nSecond para. Two.\n\nOther doc. Here.\n")
-    meta = prepare([str(tmp_path / "p.txt")], tok, tmp_path / "o", PrepareConfig(sentence_split=True, max_seq_length=16),
+    meta = prepare([str(tmp_path / "p.txt")], tok, tmp_path / "o", PrepareConfig(sentence_split=True, max_length=16),
                    progress=False)
     assert (meta["counts"]["sentences"], meta["counts"]["documents"]) == (8, 2)
     assert meta["config"]["sentence_split"] is True

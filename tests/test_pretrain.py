@@ -22,7 +22,7 @@ def make_data(root: Path, lengths=(64,)) -> dict[int, Path]:
     raw = root / "inaugural.txt"
     raw.write_bytes(gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()))
     tok = Tokenizer.train([str(raw)], vocab_size=1000)
-    return {L: Path(prepare([str(raw)], tok, root / f"d{L}", PrepareConfig(max_seq_length=L), progress=False)
+    return {L: Path(prepare([str(raw)], tok, root / f"d{L}", PrepareConfig(max_length=L), progress=False)
                     and root / f"d{L}") for L in lengths}
 
 
@@ -250,3 +250,41 @@ def test_position_init_reaches_the_model_or_is_refused(tmp_path):
     assert torch.equal(table, expected) and abs(table.std().item() - 0.02) < 1e-4
     with pytest.raises(RunConfigError, match="model.position_init 'sinusoidal' starts a new model"):
         load_config(PretrainConfig, None, ["--model.position_init=sinusoidal", f"--model.init_from={tmp_path}"])
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_neighbour_attention_init_points_each_head_at_its_neighbour(norm):
+    """model.attention_init=neighbours: at step 0 head h of every layer puts most of its attention on
+    the token at its offset (-1, +1, -2, +2, ...), on any input; the weights are still a plain BERT
+    (the same names and shapes), so the checkpoint loads anywhere a BERT does."""
+    import torch
+
+    from bertkit.model import BertModel
+    from bertkit.train import _build_model
+
+    cfg = load_config(PretrainConfig, None, ["--model.preset=tiny", "--model.num_heads=4", "--model.num_layers=2",
+                                             f"--model.norm_position={norm}", "--model.attention_init=neighbours"])
+    model = _build_model(cfg, 500, None).eval()
+    plain = _build_model(load_config(PretrainConfig, None, ["--model.preset=tiny", "--model.num_heads=4",
+                                                            "--model.num_layers=2", f"--model.norm_position={norm}"]),
+                         500, None)
+    assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
+    bert: BertModel = model.bert
+    ids = torch.randint(5, 500, (2, 60), generator=torch.Generator().manual_seed(1))
+    x = bert.embeddings(ids, torch.zeros_like(ids), torch.arange(60).expand(2, -1))
+    offsets = [-1, 1, -2, 2]
+    for layer, block in enumerate(bert.blocks):
+        h_in = block.norm1(x) if norm == "pre" else x
+        q = block.attn.query(h_in).unflatten(-1, (4, -1)).transpose(1, 2)        # (B, H, T, D)
+        k = block.attn.key(h_in).unflatten(-1, (4, -1)).transpose(1, 2)
+        w = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).softmax(-1)           # (B, H, T, T)
+        for h in range(4):
+            d = offsets[(layer * 4 + h) % 4]
+            i = torch.arange(5, 55)
+            at_offset = w[:, h, i, i + d].mean().item()
+            assert at_offset > 0.2, (layer, h, d, at_offset)                        # random init: ~1/60
+        x = block(x, None)
+    with pytest.raises(RunConfigError, match="sets the position table itself"):
+        load_config(PretrainConfig, None, ["--model.attention_init=neighbours", "--model.position_init=sinusoidal"])
+    with pytest.raises(RunConfigError, match="model.attention_init 'neighbours' starts a new model"):
+        load_config(PretrainConfig, None, ["--model.attention_init=neighbours", "--model.init_from=/x"])

@@ -26,8 +26,8 @@ def data(tmp_path_factory) -> dict[str, Path]:
     raw = root / "inaugural.txt"
     raw.write_bytes(gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()))
     tok = Tokenizer.train([str(raw)], vocab_size=1000)
-    prepare([str(raw)], tok, root / "packed", PrepareConfig(max_seq_length=64, nsp=False), progress=False)
-    prepare([str(raw)], tok, root / "static", PrepareConfig(max_seq_length=64, masking="static", dupe_factor=1,
+    prepare([str(raw)], tok, root / "packed", PrepareConfig(max_length=64, nsp=False), progress=False)
+    prepare([str(raw)], tok, root / "static", PrepareConfig(max_length=64, masking="static", dupe_factor=1,
             masking_config=MaskingConfig(mask_token_fraction=1.0, random_token_fraction=0.0)), progress=False)
     return {"packed": root / "packed", "static": root / "static"}
 

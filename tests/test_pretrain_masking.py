@@ -39,10 +39,10 @@ def prepared(tmp_path_factory, minilm) -> dict[str, Path]:
     tok = Tokenizer.from_dir(minilm)
     out = {}
     for name, mc in VARIANTS.items():
-        prepare([str(root / "c.txt")], tok, root / name, PrepareConfig(max_seq_length=64, masking_config=mc),
+        prepare([str(root / "c.txt")], tok, root / name, PrepareConfig(max_length=64, masking_config=mc),
                 progress=False)
         out[name] = root / name
-    prepare([str(root / "c.txt")], tok, root / "static", PrepareConfig(max_seq_length=64, masking="static",
+    prepare([str(root / "c.txt")], tok, root / "static", PrepareConfig(max_length=64, masking="static",
             dupe_factor=1, masking_config=VARIANTS["mask100"]), progress=False)
     out["static"] = root / "static"
     return out

@@ -869,7 +869,7 @@ def heldout_mlm(cfg: AblateConfig, shared: Shared, model_dir: Path) -> dict | No
     data = open_dataset(heldout)
     n = min(len(data), cfg.mlm_eval_instances)
     idx = np.linspace(0, len(data) - 1, n).round().astype(int) if n else []
-    cap = 10 * math.ceil(0.15 * int(data.meta.get("max_seq_length", 128)) / 10)    # 20 at 128, 80 at 512
+    cap = 10 * math.ceil(0.15 * int(data.meta.get("max_length", 128)) / 10)    # 20 at 128, 80 at 512
     collator = Collator(data, MaskingConfig(mode="token", mask_prob=0.15, max_predictions=cap,
                                             mask_token_fraction=0.8, random_token_fraction=0.1), seed=20190101)
     model = load_model(model_dir, head="masked_lm").eval()

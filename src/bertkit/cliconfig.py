@@ -103,13 +103,15 @@ def _help(doc: str, default: Any, show_default: bool) -> str:
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
                 names: Iterable[str] | None = None, exclude: Iterable[str] = (), show_defaults: bool = True,
                 help: dict[str, str] | None = None, defaults: bool = False,
-                old: dict[str, str] | None = None, prefix: str = "") -> list[str]:
+                old: dict[str, str] | None = None, prefix: str = "",
+                aliases: dict[str, str] | None = None) -> list[str]:
     """One option per field of `cls` (those in `names`, else all but `exclude`); returns their names.
     A field that is itself a dataclass is a section: its fields become `--section.key` options (an
-    argument group in --help). `help` replaces a field's docstring where the command means something
-    more specific. An option not given is absent from the namespace, or with `defaults` holds the
+    argument group in --help). `help` replaces a field's docstring (by option name, 'section.key' in
+    a section) where the command means something more specific. An option not given is absent from the namespace, or with `defaults` holds the
     field's default. `old` maps former flags to fields ('--train.num_threads': 'train.threads'):
-    still accepted, with a one-line hint naming the new spelling."""
+    still accepted, with a one-line hint naming the new spelling. `aliases` maps other spellings kept
+    for good ('--masked-lm-prob': 'masking_config.mask_prob', the original tool's name) to fields."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
@@ -120,11 +122,12 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
             group = parser.add_argument_group(f"{key}.* ({docs[name]})" if docs.get(name) else f"{key}.*") \
                 if isinstance(parser, argparse.ArgumentParser) else parser
             add_options(group, _strip_optional(kind), show_defaults=show_defaults, defaults=defaults, old=old,
-                        prefix=key + ".")
+                        prefix=key + ".", aliases=aliases, help=help)
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         flags = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
-        own = (help or {}).get(name)              # the command's own text says its default itself
+        flags += [a for a, k in (aliases or {}).items() if k == key]
+        own = (help or {}).get(key)               # the command's own text says its default itself
         text = _help(own or docs.get(name, ""), default, show_defaults and own is None)
         common = {"dest": key, "default": default if defaults else argparse.SUPPRESS}
         if _strip_optional(kind) is bool:

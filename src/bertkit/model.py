@@ -465,10 +465,58 @@ def sinusoidal_positions_(table: torch.Tensor, std: float) -> torch.Tensor:
     return table
 
 
+@torch.no_grad()
+def neighbour_attention_(bert: "BertModel", gap: float = 6.0, offsets: tuple[int, ...] = (-1, 1, -2, 2)) -> None:
+    """Start every head attending to one neighbour (head h of a layer at offsets[h], cycling): the
+    position table becomes sin/cos pairs at frequencies spread evenly over (0, pi), so that
+    p(i) . p(j) peaks at i = j (a Dirichlet kernel), and a head's key reads its share of the pairs
+    while its query reads them rotated by its offset d, so that q_i . k_j peaks at j = i + d. `gap`:
+    the attention logit at the neighbour minus the mean over the others, measured on the model's own
+    embeddings. The small normal init stays on top; all of it is learned, and the checkpoint is a
+    plain BERT. Why: an MLM head learns nothing from context until attention finds the neighbours
+    (a [MASK] carries no information itself), and random heads take long to find them."""
+    table, cfg = bert.embeddings.position.weight, bert.config
+    n, C = table.shape
+    H, D = cfg.num_heads, C // cfg.num_heads
+    freq = (torch.arange(C // 2, dtype=torch.float64) + 0.5) * math.pi / (C // 2)       # (C/2,) in (0, pi)
+    angle = torch.arange(n, dtype=torch.float64)[:, None] * freq                         # (n, C/2)
+    pe = torch.stack([angle.sin(), angle.cos()], -1).flatten(1)                          # (n, C): pairs
+    table.copy_(pe * (cfg.initializer_range / pe.std()))
+    # the pairs each head reads (k = h, h + H, ...: every head spans the whole frequency range)
+    pairs = [torch.arange(h, C // 2, H)[: D // 2] for h in range(H)]
+    T = min(n, 128)
+    words = bert.embeddings.word.weight[torch.randint(0, bert.embeddings.word.num_embeddings, (T,))]
+    x = bert.embeddings.norm(words + table[:T] + bert.embeddings.segment.weight[0])     # (T, C) as layer 0 sees it
+    for layer, block in enumerate(bert.blocks):
+        attn = block.attn
+        for h in range(H):
+            d = offsets[(layer * H + h) % len(offsets)]
+            k_rows = torch.zeros(D, C, dtype=torch.float64)
+            q_rows = torch.zeros(D, C, dtype=torch.float64)
+            for r, k in enumerate(pairs[h].tolist()):
+                c, s = math.cos(d * freq[k].item()), math.sin(d * freq[k].item())
+                k_rows[2 * r, 2 * k] = k_rows[2 * r + 1, 2 * k + 1] = 1.0
+                # (sin, cos) at i -> at i + d: [[c, s], [-s, c]]
+                q_rows[2 * r, 2 * k], q_rows[2 * r, 2 * k + 1] = c, s
+                q_rows[2 * r + 1, 2 * k], q_rows[2 * r + 1, 2 * k + 1] = -s, c
+            q = x.double() @ q_rows.T                                                    # (T, D)
+            kk = x.double() @ k_rows.T
+            logits = q @ kk.T / math.sqrt(D)                                             # (T, T)
+            i = torch.arange(T)
+            j = i + d
+            ok = (j >= 0) & (j < T)
+            target = logits[i[ok], j[ok]].mean()
+            measured = target - logits.mean()
+            scale = math.sqrt(max(gap / measured.item(), 0.0)) if measured > 0 else 1.0
+            rows = slice(h * D, (h + 1) * D)
+            attn.query.weight[rows] += (scale * q_rows).to(table.dtype)
+            attn.key.weight[rows] += (scale * k_rows).to(table.dtype)
+
+
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
 __all__ = ["BertModel", "Head", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
            "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice", "HEADS",
-           "init_weights", "num_parameters", "pool_tokens", "select_masked", "sinusoidal_positions_"]
+           "init_weights", "neighbour_attention_", "num_parameters", "pool_tokens", "select_masked", "sinusoidal_positions_"]

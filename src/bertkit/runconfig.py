@@ -53,6 +53,10 @@ class ModelSection:
     Transformer's sin/cos table scaled to the same std, still learned; a relative offset is then a
     linear map of the table, so attention to neighbours is learned sooner). Init only: the checkpoint
     is a plain BERT either way."""
+    attention_init: Literal["normal", "neighbours"] = "normal"
+    """How the attention starts: 'normal' (BERT) or 'neighbours' (every head starts attending to one
+    neighbour, offsets -1, +1, -2, +2 in turn, through a sin/cos position table and matching query/key
+    weights; `model.neighbour_attention_`). Init only, all of it learned: the checkpoint is a plain BERT."""
 
 
 @dataclass
@@ -71,8 +75,8 @@ class DataSection:
     """Refuse a held-out set (split or eval_path) when more than this share of its 12-grams of token
     ids also occur in the training data (the paper note's "mask leakage"); above 0.05 a warning.
     The measured share is in the run card (and, for the fallback on training instances, warned)."""
-    # Masking. None = exactly as `bertkit prepare` recorded it (--masked-lm-prob, --whole-word,
-    # --span, --max-predictions-per-seq, the 80/10/10 fractions); a value overrides the prepared one
+    # Masking. None = exactly as `bertkit prepare` recorded it (--masking_config.*: mode, mask_prob,
+    # max_predictions, the 80/10/10 fractions); a value overrides the prepared one
     # (dynamic masking only: static data carries its masks) and the run card lists the override.
     mask_mode: str | None = None
     """Dynamic masking: 'token' (BERT), 'whole_word' or 'span'. New masks every epoch, a pure
@@ -287,6 +291,12 @@ def _check_values(cfg: "PretrainConfig") -> None:
     if m.init_from and m.position_init != "normal":
         raise RunConfigError(f"model.position_init {m.position_init!r} starts a new model; model.init_from "
                              f"{m.init_from} brings its own position table (drop one of the two)")
+    if m.init_from and m.attention_init != "normal":
+        raise RunConfigError(f"model.attention_init {m.attention_init!r} starts a new model; model.init_from "
+                             f"{m.init_from} brings its own weights (drop one of the two)")
+    if m.attention_init == "neighbours" and m.position_init != "normal":
+        raise RunConfigError("model.attention_init 'neighbours' sets the position table itself; "
+                             f"drop model.position_init {m.position_init!r}")
     if not all(0 <= b < 1 for b in o.betas):
         raise RunConfigError(f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
     if o.end_lr > o.lr:
@@ -375,7 +385,8 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 # Keys renamed for one name per concept: the old spelling still works, with a one-line warning.
-RENAMED = {"train.num_threads": "train.threads"}
+RENAMED = {"train.num_threads": "train.threads", "max_seq_length": "max_length",     # Google's name, HF run_glue's
+           "prepare.max_seq_length": "prepare.max_length"}
 
 
 def from_dict(cls: type, data: dict, source: str = "config", prefix: str = ""):

@@ -38,7 +38,7 @@ import torch
 from . import distributed as D
 from .checkpoint import build, load_model
 from .config import preset
-from .model import init_weights, num_parameters, sinusoidal_positions_
+from .model import init_weights, neighbour_attention_, num_parameters, sinusoidal_positions_
 from .packing import pack, varlen_runs
 from .optim import build_optimizer, lr_at
 from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config, to_dict
@@ -333,7 +333,7 @@ def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
                  "contiguous text)", dc.path)
     held = choose_held_out(first, dc.eval_path, dc.eval_instances)
     phases = [Phase("short", dc.path, first, None, np.arange(held.train_stop), tc.batch_size, tc.grad_accum,
-                    int(first.meta.get("max_seq_length", 0)), held)]
+                    int(first.meta.get("max_length", 0)), held)]
     if dc.long_path:
         long = open_dataset(dc.long_path)
         if long.tokenizer().fingerprint() != tokenizer.fingerprint():
@@ -343,7 +343,7 @@ def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
             raise RunConfigError(f"train.long_batch_size {lb} must divide batch_size x grad_accum "
                                  f"({tc.batch_size * tc.grad_accum}) so the global batch stays the same")
         phases.append(Phase("long", dc.long_path, long, None, np.arange(len(long)), lb,
-                            tc.batch_size * tc.grad_accum // lb, int(long.meta.get("max_seq_length", 0))))
+                            tc.batch_size * tc.grad_accum // lb, int(long.meta.get("max_length", 0))))
     for i, ph in enumerate(phases):
         ph.collator = Collator(ph.data, _masking(ph, dc.masking_overrides(long=i == 1), i == 1), seed=tc.seed,
                                objective=tc.objective)
@@ -401,7 +401,7 @@ def _masking(ph: Phase, overrides: dict, long: bool):
     want = round((ph.max_len - 3) * masking.mask_prob)      # what the probability selects in a full sequence
     if not ph.data.static and masking.max_predictions < 0.9 * want:
         log.warning("%s: the cap of %d predictions per sequence binds: %.0f%% of %d tokens would select %d "
-                    "(set %s, or prepare with --max-predictions-per-seq)", ph.path, masking.max_predictions,
+                    "(set %s, or prepare with --masking_config.max_predictions)", ph.path, masking.max_predictions,
                     100 * masking.mask_prob, ph.max_len, want, key["max_predictions"])
     return masking
 
@@ -427,6 +427,8 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
     model = init_weights(build("pretraining", bert_cfg, **head_args), bert_cfg)
     if mc.position_init == "sinusoidal":
         sinusoidal_positions_(model.bert.embeddings.position.weight, bert_cfg.initializer_range)
+    if mc.attention_init == "neighbours":
+        neighbour_attention_(model.bert)
     return model
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import shlex
 import sys
 
@@ -79,94 +78,92 @@ def run_tokenizer_stats(args) -> int:
 
 
 # ---- prepare ------------------------------------------------------------------------------------
+# Google's create_pretraining_data.py spellings, kept as aliases.
+GOOGLE_FLAGS = {"--max-seq-length": "max_length", "--max_seq_length": "max_length",
+                "--masked-lm-prob": "masking_config.mask_prob",
+                "--max-predictions-per-seq": "masking_config.max_predictions",
+                "--mask-token-fraction": "masking_config.mask_token_fraction",
+                "--random-token-fraction": "masking_config.random_token_fraction"}
+PREPARE_RUN_OPTIONS = ("model", "input", "out", "workers", "num_shards", "shard_index", "overwrite")
+
+
 def setup_prepare(parser: argparse.ArgumentParser) -> None:
+    """Every data option is a PrepareConfig field of the same name (`bertkit.cliconfig`), masking ones
+    as `--masking_config.KEY`; Google's spellings (--masked-lm-prob, --whole-word, ...) are aliases."""
+    from ..cliconfig import add_options, suggest_unknown
+    from ..data.prepare import PrepareConfig
+
     p = parser
     p.add_argument("--model", required=True, help="tokenizer or checkpoint folder (vocab.txt / tokenizer.json)")
     p.add_argument("--input", nargs="+", required=True, help=".txt / .txt.gz files, globs or folders: one sentence "
                    "per line, blank line between documents")
     p.add_argument("--out", required=True, help="output folder (meta.json + shard-*/)")
-    p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--nsp", action=argparse.BooleanOptionalAction, default=True,
-                   help="Google's sentence pairs with next-sentence labels (--no-nsp: RoBERTa FULL-SENTENCES packing)")
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--lone-segment", choices=["next", "random"], default="next",
-                   help="NSP when one sentence fills the target: 'next' keeps random-next at 50%%; "
-                   "'random' is Google's exact rule (about 60%% random-next on short documents)")
-    p.add_argument("--masking", choices=["dynamic", "static"], default="dynamic",
-                   help="dynamic: masks drawn per epoch by the collator; static: Google's pre-masked copies")
-    p.add_argument("--dupe-factor", type=int, default=None, help="copies with different splits/masks "
-                   "(default 10 static, 1 dynamic)")
-    p.add_argument("--max-predictions-per-seq", type=int, default=None,
-                   help="cap on predictions per instance (default: max-seq-length x masked-lm-prob rounded up to "
-                   "a multiple of 10: 20 at 128, 80 at 512, as Google's scripts); pretrain uses it unless overridden")
-    p.add_argument("--masked-lm-prob", type=float, default=0.15)
-    p.add_argument("--whole-word", action="store_true", help="whole-word masking")
-    p.add_argument("--span", action="store_true", help="span masking (SpanBERT)")
-    p.add_argument("--mask-token-fraction", type=float, default=0.8)
-    p.add_argument("--random-token-fraction", type=float, default=0.1)
-    p.add_argument("--eval-fraction", type=float, default=0.01,
-                   help="share of the documents held out for evaluation, written to OUT/eval/ (chosen by a hash of "
-                   "seed and text, before any instance is built; at least 2 when the input has 20 or more; 0 = none)")
-    p.add_argument("--eval-documents", type=int, default=None, help="hold out exactly N documents instead")
-    p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--workers", type=int, default=1, help="processes (output is identical for any number)")
-    p.add_argument("--num-shards", type=int, default=1, help="split the corpus over N machines ...")
-    p.add_argument("--shard-index", type=int, default=0, help="... and do part I of N here")
-    p.add_argument("--sentence-split", action="store_true", help="input lines are paragraphs: split into sentences")
-    p.add_argument("--strict", action="store_true", help="fail on invalid UTF-8 instead of replacing and counting it")
-    p.add_argument("--chunk-mb", type=float, default=4.0, help="text per shard and per random-next pool")
+    p.add_argument("--num-shards", "--num_shards", dest="num_shards", type=int, default=1,
+                   help="split the corpus over N machines ...")
+    p.add_argument("--shard-index", "--shard_index", dest="shard_index", type=int, default=0,
+                   help="... and do part I of N here")
     p.add_argument("--overwrite", action="store_true", help="delete shards already in --out")
     p.add_argument("--no-progress", action="store_true")
+    add_options(p, PrepareConfig, aliases=GOOGLE_FLAGS, help={
+        "masking_config.max_predictions": "Cap on predictions per sequence (default: max_length x mask_prob "
+                                          "rounded up to a multiple of 10: 20 at 128, 80 at 512, as Google's scripts)"})
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--whole-word", dest="masking_config.mode", action="store_const", const="whole_word",
+                   default=argparse.SUPPRESS, help="= --masking_config.mode whole_word (Google's --do_whole_word_mask)")
+    g.add_argument("--span", dest="masking_config.mode", action="store_const", const="span",
+                   default=argparse.SUPPRESS, help="= --masking_config.mode span (SpanBERT)")
+    suggest_unknown(p)
     p.set_defaults(run=run_prepare, _parser=p)
 
 
-def command_line(args) -> str:
-    """The command as it would be typed again: every option that differs from its default."""
-    parts = ["bertkit", "prepare"]
-    for a in args._parser._actions:
-        if not a.option_strings or a.dest in ("help",):
-            continue
-        v = getattr(args, a.dest, None)
-        if v == a.default:
-            continue
-        flag = a.option_strings[-1] if isinstance(a, argparse.BooleanOptionalAction) and not v else a.option_strings[0]
-        if isinstance(v, bool):
-            parts.append(flag)
-        elif isinstance(v, list):
-            parts += [flag, *map(str, v)]
-        else:
-            parts += [flag, str(v)]
+def prepare_config(args: argparse.Namespace):
+    """PrepareConfig from the options given (defaults for the rest); the prediction cap, when not
+    given, follows the length and the masking rate (`masking.default_max_predictions`)."""
+    from ..cliconfig import given
+    from ..data.masking import default_max_predictions
+    from ..data.prepare import PrepareConfig
+    from ..runconfig import RunConfigError, from_dict
+
+    values = given(args, PrepareConfig)
+    masking = values.setdefault("masking_config", {})
+    if "max_predictions" not in masking:
+        masking["max_predictions"] = default_max_predictions(values.get("max_length", 128),
+                                                             masking.get("mask_prob", 0.15))
+    try:
+        return from_dict(PrepareConfig, values, "options")
+    except RunConfigError as e:
+        raise BertkitError(str(e).removeprefix("options: ")) from None
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as it would be typed again: the run options that differ from their defaults and
+    every PrepareConfig option given, in their canonical spelling."""
+    from ..cliconfig import given
+    from ..data.prepare import PrepareConfig
+
+    parts = ["bertkit", "prepare", "--model", args.model, "--input", *args.input, "--out", args.out]
+    for key in PREPARE_RUN_OPTIONS[3:]:
+        value, default = getattr(args, key), args._parser.get_default(key)
+        if value != default:
+            parts += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+
+    def flat(values: dict, prefix: str = "") -> None:
+        nonlocal parts
+        for k, v in values.items():
+            if isinstance(v, dict):
+                flat(v, f"{prefix}{k}.")
+            elif isinstance(v, bool):
+                parts.append(f"--{prefix}{k}" if v else f"--no-{prefix}{k}")
+            else:
+                parts += [f"--{prefix}{k}", str(v)]
+    flat(given(args, PrepareConfig))
     return " ".join(shlex.quote(x) for x in parts)
 
 
-def masking_from_args(args):
-    from ..data.masking import MaskingConfig, MaskingError
-    if args.whole_word and args.span:
-        raise BertkitError("--whole-word and --span exclude each other")
-    cap = args.max_predictions_per_seq
-    if cap is None:
-        cap = max(1, math.ceil(args.max_seq_length * args.masked_lm_prob / 10 - 1e-9) * 10)
-    try:
-        return MaskingConfig(mode="span" if args.span else "whole_word" if args.whole_word else "token",
-                             mask_prob=args.masked_lm_prob, max_predictions=cap,
-                             mask_token_fraction=args.mask_token_fraction,
-                             random_token_fraction=args.random_token_fraction)
-    except MaskingError as e:              # name the options, not the fields
-        msg = str(e)
-        for field, flag in (("mask_token_fraction", "--mask-token-fraction"),
-                            ("random_token_fraction", "--random-token-fraction"),
-                            ("max_predictions", "--max-predictions-per-seq"), ("mask_prob", "--masked-lm-prob")):
-            msg = msg.replace(field, flag)
-        raise BertkitError(msg) from None
-
-
 def run_prepare(args) -> int:
-    from ..data.prepare import PrepareConfig, prepare
-    cfg = PrepareConfig(max_seq_length=args.max_seq_length, nsp=args.nsp, short_seq_prob=args.short_seq_prob,
-                        lone_segment=args.lone_segment, masking=args.masking, dupe_factor=args.dupe_factor,
-                        masking_config=masking_from_args(args), seed=args.seed, chunk_mb=args.chunk_mb,
-                        sentence_split=args.sentence_split, strict=args.strict, eval_fraction=args.eval_fraction,
-                        eval_documents=args.eval_documents)
+    from ..data.prepare import prepare
+    cfg = prepare_config(args)
     if args.workers < 1:
         raise BertkitError(f"--workers {args.workers}: expected >= 1")
     command = command_line(args)

@@ -131,7 +131,7 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0) 
     tok = Tokenizer.train([str(root / "text" / "train.txt")], vocab_size=QUICKSTART_VOCAB, lowercase=True)
     tok.save(root / "tokenizer")
     print(f"2/4 WordPiece vocabulary: {tok.vocab_size:,} tokens", flush=True)
-    pcfg = PrepareConfig(max_seq_length=QUICKSTART_SEQ, nsp=False, seed=seed, eval_documents=0)
+    pcfg = PrepareConfig(max_length=QUICKSTART_SEQ, nsp=False, seed=seed, eval_documents=0)
     meta = prepare([str(root / "text" / "train.txt")], tok, root / "data" / "train", pcfg, progress=False,
                    overwrite=True)
     prepare([str(root / "text" / "heldout.txt")], tok, root / "data" / "heldout", pcfg, progress=False, overwrite=True)

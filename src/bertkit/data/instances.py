@@ -6,7 +6,7 @@ an instance is a list of views, concatenated once for the whole shard.
 
 `nsp_instances` is google-research/bert's `create_instances_from_document`, step for step (the
 same draws from the same `random.Random`, checked against a transcription of Google's code):
-one target length per document (max_seq_length - 3, or with probability short_seq_prob a random
+one target length per document (max_length - 3, or with probability short_seq_prob a random
 length in [2, max]); sentences are accumulated until the target is reached or the document ends;
 A = the first a_end of them (a_end random in [1, len - 1]); B = the rest (is-next), or with
 probability 0.5 (always when only one sentence was accumulated) sentences of a random *other*
@@ -20,7 +20,7 @@ than from the whole corpus, so a chunk can be processed alone; truncation counts
 slices once. And one switch, `lone_segment` (see `nsp_instances`).
 
 `packed_instances` is RoBERTa's FULL-SENTENCES for --no-nsp: whole sentences, contiguous, packed
-up to max_seq_length - 2 tokens across document boundaries with a [SEP] between documents; a
+up to max_length - 2 tokens across document boundaries with a [SEP] between documents; a
 sentence longer than that is cut into pieces (counted).
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ def truncate_pair(len_a: int, len_b: int, max_num_tokens: int, rng: random.Rando
     return (cut[0][0], cut[0][1]), (cut[1][0], cut[1][1])
 
 
-def nsp_instances(docs: list[Doc], doc_index: int, max_seq_length: int, short_seq_prob: float,
+def nsp_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_prob: float,
                   rng: random.Random, cls_id: int, sep_id: int, counts: BuildCounts,
                   lone_segment: str = "next") -> list[Instance]:
     """Instances of one document (create_instances_from_document).
@@ -100,7 +100,7 @@ def nsp_instances(docs: list[Doc], doc_index: int, max_seq_length: int, short_se
     flat, off = docs[doc_index]
     n_sent = len(off) - 1
     cls, sep = np.array([cls_id]), np.array([sep_id])
-    max_num_tokens = max_seq_length - 3
+    max_num_tokens = max_length - 3
     target_seq_length = max_num_tokens
     short = False
     if rng.random() < short_seq_prob:
@@ -165,10 +165,10 @@ def nsp_instances(docs: list[Doc], doc_index: int, max_seq_length: int, short_se
     return instances
 
 
-def packed_instances(docs: list[Doc], max_seq_length: int, cls_id: int, sep_id: int,
+def packed_instances(docs: list[Doc], max_length: int, cls_id: int, sep_id: int,
                      counts: BuildCounts) -> list[Instance]:
     """FULL-SENTENCES packing of the documents in order (no NSP)."""
-    budget = max_seq_length - 2
+    budget = max_length - 2
     out: list[Instance] = []
     cls, sep = np.array([cls_id]), np.array([sep_id])
     buf: list[np.ndarray] = []
@@ -207,7 +207,7 @@ def packed_instances(docs: list[Doc], max_seq_length: int, cls_id: int, sep_id: 
 
 
 # ---- sentence-order prediction (PrepareConfig.pair_mode = 'sop') --------------------------------------
-def sop_instances(docs: list[Doc], doc_index: int, max_seq_length: int, short_seq_prob: float,
+def sop_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_prob: float,
                   rng: random.Random, cls_id: int, sep_id: int, counts: BuildCounts) -> list[Instance]:
     """Sentence-order prediction (ALBERT, Lan et al. 2020), the replacement for NSP the paper note
     mentions: A and B are always consecutive text of the same document, and with probability 0.5
@@ -218,7 +218,7 @@ def sop_instances(docs: list[Doc], doc_index: int, max_seq_length: int, short_se
     flat, off = docs[doc_index]
     n_sent = len(off) - 1
     cls, sep = np.array([cls_id]), np.array([sep_id])
-    max_num_tokens = max_seq_length - 3
+    max_num_tokens = max_length - 3
     target_seq_length, short = max_num_tokens, False
     if rng.random() < short_seq_prob:
         target_seq_length, short = rng.randint(2, max_num_tokens), True

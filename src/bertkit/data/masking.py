@@ -32,8 +32,9 @@ masked positions; the collator uses them as stored.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, asdict
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class MaskingError(BertkitError, ValueError):
 
 @dataclass
 class MaskingConfig:
-    mode: str = "token"
+    mode: Literal["token", "whole_word", "span"] = "token"
     """'token' (BERT), 'whole_word' (all pieces of a word together) or 'span' (SpanBERT)."""
     mask_prob: float = 0.15
     """Share of the candidate tokens to predict."""
@@ -95,6 +96,12 @@ def with_overrides(prepared: MaskingConfig, overrides: dict) -> tuple[MaskingCon
     changed = {k: {"prepared": getattr(prepared, k), "trained": v} for k, v in overrides.items()
                if getattr(prepared, k) != v}
     return MaskingConfig(**{**prepared.to_dict(), **overrides}), changed
+
+
+def default_max_predictions(max_length: int, mask_prob: float) -> int:
+    """Google's cap on predictions per sequence: length x rate rounded up to a multiple of 10
+    (20 at 128 and 15%, 80 at 512)."""
+    return max(1, math.ceil(max_length * mask_prob / 10 - 1e-9) * 10)
 
 
 def num_to_predict(n_candidates: int, cfg: MaskingConfig) -> int:

@@ -39,7 +39,7 @@ from concurrent.futures import ProcessPoolExecutor
 from array import array
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Literal
 
 import numpy as np
 
@@ -54,20 +54,20 @@ log = logging.getLogger("bertkit")
 
 @dataclass
 class PrepareConfig:
-    max_seq_length: int = 128
-    """Longest instance in tokens, [CLS] and [SEP]s included."""
+    max_length: int = 128
+    """Longest instance in tokens, [CLS] and [SEP]s included (Google's max_seq_length)."""
     nsp: bool = True
     """Google's sentence pairs with next-sentence labels; False packs full sentences (RoBERTa)."""
     short_seq_prob: float = 0.1
     """NSP: probability of a random shorter target length for a document."""
-    lone_segment: str = "next"
+    lone_segment: Literal["next", "random"] = "next"
     """NSP, when one sentence fills the target: 'next' keeps random-next at 50% (B = the next
     sentence); 'random' is Google's exact rule (B always random then: ~60% random-next)."""
-    pair_mode: str = "nsp"
+    pair_mode: Literal["nsp", "sop"] = "nsp"
     """With nsp: 'nsp' (B follows A or, half the time, comes from another document) or 'sop'
     (sentence-order prediction, ALBERT: B always follows A and half the pairs are swapped; the
     pair label, read by the NSP head, is 1 = swapped). See `instances.sop_instances`."""
-    masking: str = "dynamic"
+    masking: Literal["dynamic", "static"] = "dynamic"
     """'dynamic' (masks drawn by the collator every epoch) or 'static' (Google: stored with the data)."""
     dupe_factor: int | None = None
     """Passes over the corpus with different splits (and masks); default 10 static, 1 dynamic."""
@@ -94,32 +94,32 @@ class PrepareConfig:
     def __post_init__(self):
         if isinstance(self.masking_config, dict):
             self.masking_config = MaskingConfig(**self.masking_config)
-        if self.max_seq_length < 8 or self.max_seq_length > 65535:
-            raise BertkitError(f"--max-seq-length {self.max_seq_length}: expected 8..65535")
+        if self.max_length < 8 or self.max_length > 65535:
+            raise BertkitError(f"max_length {self.max_length}: expected 8..65535")
         if self.masking not in ("dynamic", "static"):
-            raise BertkitError(f"--masking {self.masking!r}: expected dynamic or static")
+            raise BertkitError(f"masking {self.masking!r}: expected dynamic or static")
         if self.dupe_factor is None:
             self.dupe_factor = 10 if self.masking == "static" else 1
         if self.dupe_factor < 1:
-            raise BertkitError(f"--dupe-factor {self.dupe_factor}: expected >= 1")
+            raise BertkitError(f"dupe_factor {self.dupe_factor}: expected >= 1")
         if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise BertkitError(f"--short-seq-prob {self.short_seq_prob}: expected 0..1")
+            raise BertkitError(f"short_seq_prob {self.short_seq_prob}: expected 0..1")
         if self.lone_segment not in ("next", "random"):
-            raise BertkitError(f"--lone-segment {self.lone_segment!r}: expected next or random")
+            raise BertkitError(f"lone_segment {self.lone_segment!r}: expected next or random")
         if self.pair_mode not in ("nsp", "sop"):
             raise BertkitError(f"pair_mode {self.pair_mode!r}: expected nsp or sop")
         if self.pair_mode == "sop" and not self.nsp:
-            raise BertkitError("pair_mode sop builds sentence pairs: it needs nsp (pairs), not --no-nsp packing")
+            raise BertkitError("pair_mode sop builds sentence pairs: it needs nsp (pairs), not nsp false (--no-nsp) packing")
         if not 0 < self.chunk_mb < 1e6:
-            raise BertkitError(f"--chunk-mb {self.chunk_mb}: expected a size in MB, > 0")
+            raise BertkitError(f"chunk_mb {self.chunk_mb}: expected a size in MB, > 0")
         if self.seed < 0:
-            raise BertkitError(f"--seed {self.seed}: expected >= 0")
+            raise BertkitError(f"seed {self.seed}: expected >= 0")
         if not 0.0 <= self.eval_fraction < 1.0:
-            raise BertkitError(f"--eval-fraction {self.eval_fraction}: expected 0 <= F < 1")
+            raise BertkitError(f"eval_fraction {self.eval_fraction}: expected 0 <= F < 1")
         if self.eval_documents is not None and self.eval_documents < 0:
-            raise BertkitError(f"--eval-documents {self.eval_documents}: expected >= 0")
+            raise BertkitError(f"eval_documents {self.eval_documents}: expected >= 0")
         if self.nsp and self.eval_documents == 1:
-            raise BertkitError("--eval-documents 1: NSP pairs need at least 2 held-out documents (or use --no-nsp)")
+            raise BertkitError("eval_documents 1: NSP pairs need at least 2 held-out documents (or nsp false: --no-nsp)")
 
     @property
     def eval_requested(self) -> bool:
@@ -223,13 +223,13 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder, spl
             rng.shuffle(order)                               # Google shuffles the documents first
             for d in order:
                 if cfg.pair_mode == "sop":                   # sentence-order pairs (ALBERT)
-                    instances.extend(sop_instances(tok_docs, int(d), cfg.max_seq_length, cfg.short_seq_prob,
+                    instances.extend(sop_instances(tok_docs, int(d), cfg.max_length, cfg.short_seq_prob,
                                                    rng, info.cls_id, info.sep_id, counts))
                     continue
-                instances.extend(nsp_instances(tok_docs, int(d), cfg.max_seq_length, cfg.short_seq_prob, rng,
+                instances.extend(nsp_instances(tok_docs, int(d), cfg.max_length, cfg.short_seq_prob, rng,
                                                info.cls_id, info.sep_id, counts, cfg.lone_segment))
         else:
-            instances.extend(packed_instances(tok_docs, cfg.max_seq_length, info.cls_id, info.sep_id, counts))
+            instances.extend(packed_instances(tok_docs, cfg.max_length, info.cls_id, info.sep_id, counts))
     if cfg.nsp:  # these counters tick once per dupe pass; report per corpus pass
         counts.one_sentence_documents //= cfg.dupe_factor
     else:
@@ -315,7 +315,7 @@ def held_out_documents(files: list[Path], cfg: PrepareConfig, progress=None) -> 
         return None, {"documents": 0, "note": note}
     keep = 2 if cfg.nsp else 1
     if k > n - keep:
-        raise BertkitError(f"--eval-documents {k}: the input has {n} documents and at least {keep} must stay "
+        raise BertkitError(f"eval_documents {k}: the input has {n} documents and at least {keep} must stay "
                            "for training")
     held = key <= np.partition(key, k - 1)[k - 1]
     return held, {"documents": int(held.sum()), "requested": k, "of_documents": n,
@@ -367,9 +367,9 @@ def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, w
     `on_shard(n)`, if given, is called each time a shard has been built and written, with the number
     of shards this call has built so far (kept shards do not count); a crash test kills the process there."""
     if num_shards < 1:
-        raise BertkitError(f"--num-shards {num_shards}: expected >= 1")
+        raise BertkitError(f"num_shards {num_shards}: expected >= 1")
     if not 0 <= shard_index < num_shards:
-        raise BertkitError(f"--shard-index {shard_index}: expected 0..{num_shards - 1}")
+        raise BertkitError(f"shard_index {shard_index}: expected 0..{num_shards - 1}")
     files = expand_inputs(inputs)
     out = Path(out)
     info = TokenInfo.from_vocab(tokenizer.vocab)
@@ -575,7 +575,7 @@ def _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, c
     n = max(total["instances"], 1)
     return {
         "format_version": FORMAT_VERSION,
-        "max_seq_length": cfg.max_seq_length, "nsp": cfg.nsp, "masking": cfg.masking,
+        "max_length": cfg.max_length, "nsp": cfg.nsp, "masking": cfg.masking,
         "masking_config": cfg.masking_config.to_dict(), "dupe_factor": cfg.dupe_factor, "seed": cfg.seed,
         "vocab_size": info.vocab_size, "lowercase": tokenizer.lowercase,
         "special_ids": {"pad": info.pad_id, "unk": tokenizer.unk_id, "cls": info.cls_id, "sep": info.sep_id,

@@ -2,7 +2,7 @@
 
 On-disk format (written by `bertkit prepare`, see `bertkit.data.prepare`):
 
-  OUT/meta.json               max_seq_length, nsp (bool), masking ('static'|'dynamic'), masking_config,
+  OUT/meta.json               max_length, nsp (bool), masking ('static'|'dynamic'), masking_config,
                               vocab_size, special_ids, tokenizer_hash, token_dtype, counts, shards
                               (names, in order), shard_instances, seed, command line, ...
                               (a cluster run with --num-shards N writes meta-IIIII-of-NNNNN.json per
@@ -148,7 +148,9 @@ def _checked_meta(f: Path) -> dict:
     if not isinstance(counts, list) or len(counts) != len(shards) or \
             not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
         raise DataError(f"{f}: 'shard_instances' must hold one instance count (>= 0) per shard")
-    for key, kind in (("max_seq_length", int), ("vocab_size", int)):
+    if "max_length" not in meta and "max_seq_length" in meta:        # written before 2026-12 (Google's name)
+        meta["max_length"] = meta.pop("max_seq_length")
+    for key, kind in (("max_length", int), ("vocab_size", int)):
         if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool) or meta[key] < 1):
             raise DataError(f"{f}: '{key}' must be a positive integer, got {meta[key]!r}")
     if meta.get("masking", "dynamic") not in ("dynamic", "static"):

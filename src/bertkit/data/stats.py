@@ -83,7 +83,7 @@ def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample
     """Counts over all instances; masking measured over an even sample of `sample` instances with
     the collator training uses (`masking`: default as prepared; `seed`: pretrain's train.seed)."""
     meta, info = ds.meta, ds.token_info()
-    max_len = int(meta["max_seq_length"])
+    max_len = int(meta["max_length"])
     lengths, nsp, short, b_start = [], [], [], []
     bad = 0
     for s in range(len(ds.shard_paths)):
