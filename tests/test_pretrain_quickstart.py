@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from bertkit.cli import main
-from bertkit.commands.pretrain import CLOZE, QUICKSTART_RECIPE
+from bertkit.quickstart import CLOZE, QUICKSTART_RECIPE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_quickstart_runs_the_documented_cpu_recipe():
 
 def test_quickstart_corpus_holds_out_whole_documents_of_both_sources():
     """The held-out documents are whole addresses and whole book passages, none of them trained on."""
-    from bertkit.commands.pretrain import quickstart_corpus
+    from bertkit.quickstart import quickstart_corpus
 
     train, held, about = quickstart_corpus()
     assert "inaugural" in about and "Gutenberg" in about

@@ -57,6 +57,10 @@ class BertConfig:
     """LayerNorm placement: 'post' (BERT, x = norm(x + f(x)); the Hugging Face layout) or 'pre'
     (x = x + f(norm(x)), a final LayerNorm after the last block; later stacks use it for stability).
     Pre-LN checkpoints load in bertkit only: transformers' BertModel is post-LN."""
+    position_embedding_type: str = "absolute"
+    """Where order comes from: 'absolute' (BERT: a learned position table added to the embeddings)
+    or 'alibi' (Press et al. 2022, as MosaicBERT: no table; each head's attention score falls by
+    slope_h * |i - j|, slopes 1, 1/2, 1/4, ...). ALiBi checkpoints load in bertkit only."""
     classifier_dropout: float | None = None
     """Dropout before task heads; None = hidden_dropout (as in Hugging Face)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -69,6 +73,9 @@ class BertConfig:
             )
         if self.norm_position not in ("post", "pre"):
             raise ConfigError(f"norm_position {self.norm_position!r}: expected 'post' or 'pre'")
+        if self.position_embedding_type not in ("absolute", "alibi"):
+            raise ConfigError(f"position_embedding_type {self.position_embedding_type!r}: expected 'absolute' "
+                              "or 'alibi' (bertkit does not implement transformers' relative_key variants)")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; use one of {ACTIVATIONS}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -98,7 +105,7 @@ class BertConfig:
             "layer_norm_eps": self.layer_norm_eps,
             "initializer_range": self.initializer_range,
             "pad_token_id": self.pad_token_id,
-            "position_embedding_type": "absolute",
+            "position_embedding_type": self.position_embedding_type,
             "classifier_dropout": self.classifier_dropout,
         })
         if self.causal:
@@ -119,8 +126,9 @@ class BertConfig:
         if d.get("model_type", "bert") not in ("bert",):
             raise ConfigError(f"{source}: model_type is {d.get('model_type')!r}, bertkit loads 'bert' models")
         pet = d.get("position_embedding_type", "absolute")
-        if pet not in (None, "absolute"):
-            raise ConfigError(f"{source}: position_embedding_type {pet!r} is not supported (only 'absolute')")
+        if pet not in (None, "absolute", "alibi"):
+            raise ConfigError(f"{source}: position_embedding_type {pet!r} is not supported (only 'absolute', "
+                              "or bertkit's 'alibi')")
         if d.get("is_decoder") or d.get("add_cross_attention"):
             raise ConfigError(f"{source}: decoder / cross-attention BERT variants are not supported")
         mapping = {
@@ -142,7 +150,9 @@ class BertConfig:
                 kwargs["causal"] = bool(v)
             elif k == "bertkit_norm_position":
                 kwargs["norm_position"] = v
-            elif k not in ("model_type", "position_embedding_type"):
+            elif k == "position_embedding_type":
+                kwargs["position_embedding_type"] = v or "absolute"
+            elif k != "model_type":
                 extra[k] = v
         if isinstance(kwargs.get("hidden_act"), str):
             kwargs["hidden_act"] = kwargs["hidden_act"].lower()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .packing import Packed, packed_attention, segment_ids, unpack
+from .packing import Packed, alibi_bias, packed_attention, segment_ids, unpack
 
 
 def activation(name: str):
@@ -38,18 +38,22 @@ def activation(name: str):
 
 
 class Embeddings(nn.Module):
-    """e_i = E_token(x_i) + E_segment(s_i) + E_position(i), then LayerNorm and dropout."""
+    """e_i = E_token(x_i) + E_segment(s_i) + E_position(i), then LayerNorm and dropout. With ALiBi
+    there is no position table: order enters through attention's distance penalty."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
-        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size) \
+            if cfg.position_embedding_type == "absolute" else None
         self.segment = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> Tensor:
-        x = self.word(input_ids) + self.segment(token_type_ids) + self.position(position_ids)
+        x = self.word(input_ids) + self.segment(token_type_ids)
+        if self.position is not None:
+            x = x + self.position(position_ids)
         return self.drop(self.norm(x))
 
 
@@ -62,30 +66,49 @@ class SelfAttention(nn.Module):
         self.num_heads, self.causal, self.dropout = cfg.num_heads, cfg.causal, cfg.attention_dropout
         self.query, self.key, self.value = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
         self.out = nn.Linear(C, C)
+        self.slopes = alibi_slopes(cfg)                    # (H,) or None
 
     def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
         H, p = self.num_heads, self.dropout if self.training else 0.0
         split = lambda t: t.unflatten(-1, (H, -1))         # (..., C) -> (..., H, D)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         if isinstance(layout, Packed):                     # (N, H, D): the padding-free path
-            y = packed_attention(q, k, v, layout, causal=self.causal, dropout_p=p)
+            y = packed_attention(q, k, v, layout, causal=self.causal, dropout_p=p, slopes=self.slopes)
         else:                                              # (B, T, H, D) -> (B, H, T, D)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias(layout, q, self.causal),
-                                               dropout_p=p, is_causal=self.causal and layout is None)
+            mask = attention_bias(layout, q, self.causal, self.slopes)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                               is_causal=self.causal and layout is None and self.slopes is None)
             y = y.transpose(1, 2)                          # (B, T, H, D)
         return self.out(y.flatten(-2))                     # (..., C)
 
 
-def attention_bias(mask: Tensor | None, q: Tensor, causal: bool) -> Tensor | None:
-    """(B, T) padding mask -> boolean (B, 1, T|1, T) 'may attend' mask for SDPA (None = all)."""
-    if mask is None:
+def alibi_slopes(cfg: BertConfig) -> Tensor | None:
+    """ALiBi: head h's score for key j falls by slope_h * |i - j| (bidirectional, as MosaicBERT).
+    Slopes 1, 1/2, 1/4, ...: the first heads look at the neighbours, the last ones far (Press et
+    al. start at 2^(-8/H); on a 2-4 head model that is almost flat, and a start at 1 measured best
+    here: docs/pretrain.md)."""
+    if cfg.position_embedding_type != "alibi":
         return None
-    allowed = mask.bool()[:, None, None, :]                # keys that are real tokens
+    return torch.tensor([2.0 ** -h for h in range(cfg.num_heads)])
+
+
+def attention_bias(mask: Tensor | None, q: Tensor, causal: bool, slopes: Tensor | None = None) -> Tensor | None:
+    """(B, T) padding mask -> boolean (B, 1, T|1, T) 'may attend' mask for SDPA (None = all); with
+    ALiBi slopes, an additive float mask (B|1, H, T, T) with -inf where attention is not allowed."""
+    allowed = None
+    if mask is not None:
+        allowed = mask.bool()[:, None, None, :]            # keys that are real tokens
     if causal:
-        T = mask.shape[1]
-        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
-    return allowed
+        T = q.shape[-2]
+        tril = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        allowed = tril if allowed is None else allowed & tril
+        if mask is None and slopes is None:
+            return None                                    # SDPA's is_causal does it
+    if slopes is None:
+        return allowed
+    bias = alibi_bias(slopes, q.shape[-2], q)[None]       # (1, H, T, T)
+    return bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
 
 
 class FeedForward(nn.Module):

@@ -140,7 +140,7 @@ def _example_batch(vocab: int, lengths: Sequence[int], seed: int, pairs: bool = 
     mask = torch.zeros_like(ids)
     types = torch.zeros_like(ids)
     for i, n in enumerate(lengths):
-        ids[i, :n] = torch.randint(1000, min(vocab, 29000), (n,), generator=g)
+        ids[i, :n] = torch.randint(min(1000, vocab // 2), min(vocab, 29000), (n,), generator=g)   # small vocabularies too
         ids[i, 0], ids[i, n - 1] = min(101, vocab - 1), min(102, vocab - 1)
         mask[i, :n] = 1
         if pairs and n > 4:

@@ -135,10 +135,18 @@ def varlen_runs(device: torch.device, dtype: torch.dtype, dropout_p: float) -> s
     return None
 
 
+def alibi_bias(slopes: Tensor, T: int, q: Tensor) -> Tensor:
+    """(H, T, T) additive scores -slope_h * |i - j| in q's dtype and device."""
+    pos = torch.arange(T, device=q.device)
+    distance = (pos[:, None] - pos[None, :]).abs().to(q.dtype)                  # (T, T)
+    return -slopes.to(device=q.device, dtype=q.dtype)[:, None, None] * distance
+
+
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = False,
-                     dropout_p: float = 0.0) -> Tensor:
-    """Attention of (N, H, D) queries/keys/values within each sequence of the batch -> (N, H, D)."""
-    if varlen_runs(q.device, q.dtype, dropout_p) is None:
+                     dropout_p: float = 0.0, slopes: Tensor | None = None) -> Tensor:
+    """Attention of (N, H, D) queries/keys/values within each sequence of the batch -> (N, H, D).
+    `slopes` (H,): ALiBi's distance penalty (positions counted within each sequence)."""
+    if slopes is None and varlen_runs(q.device, q.dtype, dropout_p) is None:
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
                             **_VARLEN_DIRECTION[causal])
     # Length groups pay on the CPU, where an extra attention call costs ~40 us against ~39 ns per
@@ -147,8 +155,9 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     # slower than padded on an H200, 2026-11-30): one padded call there.
     groups = [] if q.is_cuda else attention_groups(p, q.shape[1] * q.shape[2])
     if groups:                           # sequences of very different lengths: each group padded to its own longest
-        return torch.cat([_padded_attention(q[a:b], k[a:b], v[a:b], g, causal, dropout_p) for a, b, g in groups])
-    return _padded_attention(q, k, v, p, causal, dropout_p)
+        return torch.cat([_padded_attention(q[a:b], k[a:b], v[a:b], g, causal, dropout_p, slopes)
+                          for a, b, g in groups])
+    return _padded_attention(q, k, v, p, causal, dropout_p, slopes)
 
 
 # One more attention call costs about as much as this many padded (query, key) pairs at width
@@ -187,13 +196,19 @@ def attention_groups(p: Packed, width: int) -> list[tuple[int, int, Packed]]:
     return groups
 
 
-def _padded_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool, dropout_p: float) -> Tensor:
+def _padded_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool, dropout_p: float,
+                      slopes: Tensor | None = None) -> Tensor:
     """(N, H, D) -> (N, H, D) through SDPA on a (B, H, T_max, D) buffer with a key mask."""
     N, H, D = q.shape
     B, L = p.batch_size, p.max_seqlen
+    bias = alibi_bias(slopes, L, q)[None] if slopes is not None else None          # (1, H, L, L)
+    key = ("alibi", tuple(slopes.tolist()), q.dtype, causal) if slopes is not None else None
     if N == B * L:                       # every sequence is L long: the packed tokens ARE a (B, L) batch
         view = lambda t: t.view(B, L, H, D).transpose(1, 2)            # (B, H, L, D), no copy, no mask
-        y = F.scaled_dot_product_attention(view(q), view(k), view(v), dropout_p=dropout_p, is_causal=causal)
+        if bias is not None and causal:
+            bias = bias.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+        y = F.scaled_dot_product_attention(view(q), view(k), view(v), attn_mask=bias, dropout_p=dropout_p,
+                                           is_causal=causal and bias is None)
         return y.transpose(1, 2).reshape(N, H, D)
 
     def to_buffer(t: Tensor, slot: str) -> Tensor:                     # (N, H, D) -> (B, H, L, D)
@@ -211,6 +226,11 @@ def _padded_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool, 
     allowed = p.key_mask[:, None, None, :]                              # (B, 1, 1, L)
     if causal:
         allowed = allowed & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    mask = allowed
+    if bias is not None:                 # ALiBi: one (B, H, L, L) float mask, built once per batch for every layer
+        mask = p.scratch.get(key)
+        if mask is None:
+            mask = p.scratch[key] = bias.masked_fill(~allowed, float("-inf"))
     y = F.scaled_dot_product_attention(to_buffer(q, "q"), to_buffer(k, "k"), to_buffer(v, "v"),
-                                       attn_mask=allowed, dropout_p=dropout_p)
+                                       attn_mask=mask, dropout_p=dropout_p)
     return y.transpose(1, 2).reshape(B * L, H * D).index_select(0, p.pad_indices).view(N, H, D)

@@ -53,6 +53,11 @@ class ModelSection:
     Transformer's sin/cos table scaled to the same std, still learned; a relative offset is then a
     linear map of the table, so attention to neighbours is learned sooner). Init only: the checkpoint
     is a plain BERT either way."""
+    position_embedding_type: Literal["absolute", "alibi"] = "absolute"
+    """Where word order comes from: 'absolute' (BERT: a learned position table; Hugging Face
+    compatible) or 'alibi' (no table; each head's attention falls with distance, slopes 1, 1/2, ...,
+    as MosaicBERT; bertkit-only checkpoints). On the quickstart's corpus ALiBi read the neighbours of
+    a [MASK] within a few hundred updates where the table had not after thousands: docs/pretrain.md."""
     attention_init: Literal["normal", "neighbours"] = "normal"
     """How the attention starts: 'normal' (BERT) or 'neighbours' (every head starts attending to one
     neighbour, offsets -1, +1, -2, +2 in turn, through a sin/cos position table and matching query/key
@@ -294,6 +299,12 @@ def _check_values(cfg: "PretrainConfig") -> None:
     if m.init_from and m.attention_init != "normal":
         raise RunConfigError(f"model.attention_init {m.attention_init!r} starts a new model; model.init_from "
                              f"{m.init_from} brings its own weights (drop one of the two)")
+    if m.position_embedding_type == "alibi" and (m.position_init != "normal" or m.attention_init != "normal"):
+        raise RunConfigError("model.position_embedding_type 'alibi' has no position table to start: drop "
+                             "model.position_init / model.attention_init")
+    if m.init_from and m.position_embedding_type != "absolute":
+        raise RunConfigError(f"model.position_embedding_type {m.position_embedding_type!r} builds a new model; "
+                             f"model.init_from {m.init_from} brings its own (drop one of the two)")
     if m.attention_init == "neighbours" and m.position_init != "normal":
         raise RunConfigError("model.attention_init 'neighbours' sets the position table itself; "
                              f"drop model.position_init {m.position_init!r}")

@@ -254,7 +254,7 @@ def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
     lines = [f"# Run card: {card.get('name', out.name)}", "",
              f"Command: `{card.get('command', '')}`", "",
              "| item | value |", "|---|---|"]
-    for key in ("model", "parameters", "vocab_size", "objective", "attention", "normalisation", "dropout",
+    for key in ("model", "parameters", "vocab_size", "objective", "attention", "normalisation", "positions", "dropout",
                 "sequence_lengths", "global_batch", "updates", "tokens_seen", "optimizer", "peak_lr", "schedule",
                 "precision", "precision_reason", "packed", "packed_reason", "world_size",
                 "wall_time_s", "tokens_per_s", "train_flops", "achieved_flops_per_s", "gemm_peak_flops_per_s",

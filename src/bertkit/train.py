@@ -422,6 +422,7 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
     bert_cfg = preset(mc.preset, vocab_size=vocab_size, max_position_embeddings=mc.max_position_embeddings,
                       hidden_act=mc.hidden_act, hidden_dropout=mc.hidden_dropout,
                       attention_dropout=mc.attention_dropout, norm_position=mc.norm_position, causal=mc.causal,
+                      position_embedding_type=mc.position_embedding_type,
                       **overrides)
     torch.manual_seed(cfg.train.seed)
     model = init_weights(build("pretraining", bert_cfg, **head_args), bert_cfg)
@@ -764,6 +765,8 @@ def finish(run: Run, world: D.World, stop_reason: str, final_eval: dict | None, 
                      else ("MLM + SOP" if _pair_mode(ph[0]) == "sop" else "MLM + NSP") if cfg.train.nsp else "MLM",
         "attention": "causal (left-to-right)" if mc.causal else "bidirectional",
         "normalisation": "pre-LN (+ final LayerNorm)" if mc.norm_position == "pre" else "post-LN (BERT)",
+        "positions": "ALiBi (attention falls with distance; no position table)" if mc.position_embedding_type == "alibi"
+                     else "learned absolute table (BERT)",
         "dropout": f"hidden {mc.hidden_dropout}, attention {mc.attention_dropout}",
         "sequence_lengths": [p.max_len for p in ph],
         "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,

@@ -1,0 +1,152 @@
+"""`bertkit quickstart` as a function: the whole life cycle on the bundled public-domain corpus in a
+few minutes (vocabulary, data, pre-training with the CPU recipe, held-out and cloze scores)."""
+from __future__ import annotations
+
+import gzip
+import logging
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("bertkit")
+
+# The CPU recipe that `quickstart` runs; configs/pretrain/cpu-5m.yaml holds the same values (a test
+# keeps the two equal). Each value was chosen by measurement: docs/pretrain.md, "the CPU recipe".
+QUICKSTART_VOCAB = 4000
+QUICKSTART_SEQ = 128
+QUICKSTART_RECIPE = {
+    "model.preset": "tiny", "model.norm_position": "pre", "model.position_embedding_type": "alibi",
+    "model.hidden_dropout": 0.0,
+    "model.attention_dropout": 0.0, "train.nsp": False, "train.batch_size": 32, "train.precision": "auto",
+    "optim.lr": 2e-3, "optim.warmup": 0.05, "optim.schedule": "linear",
+}
+
+# Cloze prompts a model of the inaugural addresses should answer, with the words that count as right.
+CLOZE = [
+    ("the united [MASK] of america .", {"states"}),
+    ("we the [MASK] of the united states .", {"people"}),
+    ("my fellow [MASK] , thank you .", {"citizens", "americans", "countrymen"}),
+    ("i will preserve , protect and [MASK] the constitution of the united states .", {"defend"}),
+    ("the president of the united [MASK] .", {"states"}),
+    ("life , liberty and the pursuit of [MASK] .", {"happiness"}),
+    ("the federal [MASK] has no power to do this .", {"government"}),
+    ("may god [MASK] america .", {"bless"}),
+]
+
+
+def quickstart_corpus() -> tuple[list[str], list[str], str]:
+    """The bundled public-domain corpus as (training documents, held-out documents, a one-line
+    description): the 55 inaugural addresses (the last 5, 1989-2005, held out) and the 11 Project
+    Gutenberg books as 235 passages of ~150 sentences (every 20th passage held out, so every part of
+    the collection is scored and no held-out sentence is trained on)."""
+    def documents(name: str) -> list[str]:
+        text = gzip.decompress((resources.files("bertkit") / "sample" / name).read_bytes()).decode("utf-8")
+        return [d for d in text.split("\n\n") if d.strip()]
+
+    addresses, passages = documents("inaugural.txt.gz"), documents("gutenberg.txt.gz")
+    held_passages = [p for i, p in enumerate(passages) if i % 20 == 10]
+    train = addresses[:-5] + [p for i, p in enumerate(passages) if i % 20 != 10]
+    held = addresses[-5:] + held_passages
+    words = sum(len(d.split()) for d in addresses + passages)
+    about = (f"{len(addresses)} US inaugural addresses (1789-2005) and {len(passages)} passages of 11 Project "
+             f"Gutenberg books, {words / 1e6:.2f} M words, public domain; held out: the last 5 addresses "
+             f"(1989-2005) and {len(held_passages)} passages")
+    return train, held, about
+
+
+# Count models on the quickstart's own split (benchmarks/mlm_oracles.py, 2026-11-30): accuracy at a
+# gap from the most frequent piece, from the left neighbour, from both neighbours.
+ORACLES = {"unigram": 0.063, "left": 0.163, "left_right": 0.313}
+
+
+def what_to_expect(passes: float, tokens: int, mask_accuracy: float | None) -> str:
+    """The closing paragraph: which stage of BERT training the model reached, from its [MASK] accuracy."""
+    stage = (f"{passes:.0f} passes over this {tokens / 1e6:.1f} M-token corpus. Reference points at a [MASK] "
+             f"(benchmarks/mlm_oracles.py): the most frequent piece {ORACLES['unigram']:.2f}, a count model of "
+             f"the left neighbour {ORACLES['left']:.2f}, of both neighbours {ORACLES['left_right']:.2f}. ")
+    if mask_accuracy is None:
+        return "What to expect: " + stage
+    if mask_accuracy < ORACLES["unigram"] + 0.02:
+        return ("What to expect: " + stage + f"At {mask_accuracy:.2f} this model is still at the first stage of "
+                "BERT training: it answers a [MASK] with the most frequent pieces (and copies the 10% of chosen "
+                "tokens BERT leaves unchanged); docs/pretrain.md ('the CPU recipe') has the measured curves.")
+    return ("What to expect: " + stage + f"At {mask_accuracy:.2f} this model reads the words around a gap "
+            "(ALiBi's distance penalty lets a small model find its neighbours within minutes) but not yet the "
+            "longer context and rarer words that BERT-base learns over days; longer runs and more text are the "
+            "next steps (docs/pretrain.md, 'the CPU recipe').")
+
+
+def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0,
+               say: Callable[[str], None] = log.info) -> dict:
+    """The whole pipeline on the bundled corpus: train a WordPiece vocabulary, prepare
+    full-sentence sequences, pre-train with the CPU recipe for what is left of `minutes`, then
+    score held-out MLM accuracy and the cloze prompts. `say` gets a line per stage. Returns the run
+    card plus `cloze` (the answers) and `summary` (the closing text, one string per line)."""
+    from .data.prepare import PrepareConfig, prepare
+    from .infer import Predictor
+    from .runconfig import PretrainConfig, load_config
+    from .runlog import read_jsonl
+    from .tokenizer import Tokenizer
+    from .train import pretrain
+
+    t0 = time.time()
+    root = Path(out)
+    (root / "text").mkdir(parents=True, exist_ok=True)
+    train_docs, held_docs, about = quickstart_corpus()
+    (root / "text" / "train.txt").write_text("\n\n".join(train_docs) + "\n", encoding="utf-8")
+    (root / "text" / "heldout.txt").write_text("\n\n".join(held_docs) + "\n", encoding="utf-8")
+    say(f"1/4 corpus: {about}")
+    tok = Tokenizer.train([str(root / "text" / "train.txt")], vocab_size=QUICKSTART_VOCAB, lowercase=True)
+    tok.save(root / "tokenizer")
+    say(f"2/4 WordPiece vocabulary: {tok.vocab_size:,} tokens")
+    pcfg = PrepareConfig(max_length=QUICKSTART_SEQ, nsp=False, seed=seed, eval_documents=0)
+    meta = prepare([str(root / "text" / "train.txt")], tok, root / "data" / "train", pcfg, progress=False,
+                   overwrite=True)
+    prepare([str(root / "text" / "heldout.txt")], tok, root / "data" / "heldout", pcfg, progress=False, overwrite=True)
+    say(f"3/4 prepared {meta['counts']['instances']:,} sequences of up to {QUICKSTART_SEQ} tokens")
+    budget = max(minutes * 60 - (time.time() - t0) - 15, 10)     # 15 s kept for the final evaluation and report
+    overrides = {**QUICKSTART_RECIPE, "out": str(root / "run"), "data.path": str(root / "data" / "train"),
+                 "data.eval_path": str(root / "data" / "heldout"), "data.eval_instances": 256,
+                 "train.budget": f"{budget:.0f}s", "train.max_steps": 10_000_000, "train.eval_every": 0,
+                 "train.eval_minutes": round(budget / 60 / 12, 4), "train.log_every": 20,
+                 "train.checkpoint_every": 0, "train.seed": seed, "train.threads": threads}
+    cfg = load_config(PretrainConfig, None, [f"--{k}={v}" for k, v in overrides.items()])
+    say(f"4/4 pre-training BERT-{cfg.model.preset} (MLM only, pre-LN, ALiBi) for {budget / 60:.1f} minutes ...")
+    card = pretrain(cfg, command=f"bertkit quickstart --out {out} --minutes {minutes:g}")
+    evals = read_jsonl(root / "run" / "eval.jsonl")
+    before, after = evals[0], evals[-1]
+    predictor = Predictor.from_dir(root / "run" / "final")
+    answers = predictor.fill_mask([c[0] for c in CLOZE], top_k=3)
+    cloze, hits = [], 0
+    for (prompt, expected), preds in zip(CLOZE, answers):
+        top = [p["token"] for p in preds[0]]
+        ok = bool(expected & set(top))
+        hits += ok
+        cloze.append({"prompt": prompt, "expected": sorted(expected), "top3": top, "hit": ok})
+    card["cloze"] = {"hits": hits, "prompts": len(CLOZE), "answers": cloze}
+    final = root / "run" / "final"
+    lines = [
+        "",
+        f"held-out MLM accuracy {before['eval_mlm_accuracy']:.3f} -> {after['eval_mlm_accuracy']:.3f} "
+        f"({after.get('eval_mask_accuracy', float('nan')):.3f} at the [MASK] tokens alone; perplexity "
+        f"{before['eval_perplexity']:,.0f} -> {after['eval_perplexity']:,.0f}) after {card['updates']:,} "
+        f"updates, {card['tokens_seen'] / 1e6:.1f} M tokens, {card['wall_time_s'] / 60:.1f} min of training "
+        f"({card['precision']})",
+        f"cloze prompts: {hits} of {len(CLOZE)} answered with the expected word in the top 3",
+    ]
+    for c in cloze:
+        lines.append(f"  {'+' if c['hit'] else '-'} {c['prompt']:<76} {', '.join(c['top3'])}")
+    lines += [
+        "",
+        what_to_expect(card["tokens_seen"] / max(meta["counts"]["tokens"], 1), meta["counts"]["tokens"],
+                       after.get("eval_mask_accuracy")),
+        "",
+        f"run card:  {root / 'run' / 'run_card.md'}",
+        f"curves:    {root / 'run' / 'curves.png'}",
+        f"next:      bertkit fill-mask --model {final} \"the united [MASK] of america .\"",
+        f"           bertkit finetune configs/finetune/sst2.yaml --model {final} --out runs/sst2",
+        f"total {time.time() - t0:.0f} s",
+    ]
+    card["summary"] = lines
+    return card
