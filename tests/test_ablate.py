@@ -85,6 +85,7 @@ def grid(tmp_path_factory) -> tuple[Path, dict]:
     path.write_text(MICRO.format(out=root / "out", data=root / "data", corpus=corpus), encoding="utf-8")
     cfg = ablate.load_ablate_config(path)
     summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base", "no_pretraining", "bad", "early"]))
+    write_report(cfg)
     return path, summary
 
 
@@ -161,6 +162,7 @@ def test_rerun_skips_finished_arms_and_reuses_runs(grid):
     seed0 = out / "arms" / "base" / "finetune" / "sst2" / "seed0" / "metrics.json"
     t0 = seed0.stat().st_mtime_ns
     summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base"]))
+    write_report(cfg)                             # collects OUT/results.jsonl (bertkit ablate does this next)
     assert summary["ran"] == ["base"] and card.stat().st_mtime_ns == before and seed0.stat().st_mtime_ns == t0
     assert {r["seed"] for r in rows_of(out) if r["arm"] == "base"} == {0, 1, 2}
     # and a finished arm whose pre-training settings changed is pre-trained again, not mixed: the
@@ -210,7 +212,7 @@ def test_claims_leave_running_arms_to_their_process(grid, tmp_path):
     import os
     import socket
     (d / ".claim").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["later"]), report=False)
+    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["later"]))
     assert summary["elsewhere"] == ["later"] and summary["ran"] == []          # a live holder: left to it
     (d / ".claim").write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 4321}))
     claim = ablate._claim(d)                                                   # a dead holder: taken over

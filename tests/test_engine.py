@@ -213,7 +213,7 @@ def test_finetune_evaluation_runs_the_predictor_and_leaves_the_model_alone(token
 def test_head_metadata_lives_on_the_head_classes():
     """Architecture name, owned weights, ONNX outputs and HTTP routes are class attributes of each
     head; checkpoint, serve and ONNX export read them instead of keeping their own tables."""
-    from bertkit import checkpoint, onnx_export, serve
+    from bertkit import checkpoint, onnx_export, serve_api as serve
     from bertkit.model import HEADS, BertModel
 
     for name, cls in {"encoder": BertModel, **HEADS}.items():

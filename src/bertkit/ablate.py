@@ -933,10 +933,10 @@ def dry_run(cfg: AblateConfig, arms: Sequence[Arm]) -> list[dict]:
     return rows
 
 
-def run_grid(cfg: AblateConfig, arms: Sequence[Arm] | None = None, opts: RunOptions | None = None,
-             report: bool = True) -> dict:
-    """Run the selected arms (skipping finished ones and arms another process holds), then write the
-    report over everything finished. With opts.jobs > 1 the arms run in that many processes."""
+def run_grid(cfg: AblateConfig, arms: Sequence[Arm] | None = None, opts: RunOptions | None = None) -> dict:
+    """Run the selected arms (skipping finished ones and arms another process holds); the report over
+    everything finished is `ablate_report.write_report`, which `bertkit ablate` calls next. With
+    opts.jobs > 1 the arms run in that many processes."""
     opts = opts or RunOptions()
     arms = list(cfg.arms if arms is None else arms)
     if opts.threads is not None:
@@ -955,9 +955,6 @@ def run_grid(cfg: AblateConfig, arms: Sequence[Arm] | None = None, opts: RunOpti
     finally:
         for h in quiet:
             h.removeFilter(_QUIET)
-    if report:
-        from .ablate_report import write_report
-        summary["report"] = str(write_report(cfg, opts.command))
     return summary
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
-from .serve import Api, LimitError, Plan, _body_schema, _parse, _validate, _vectors
+from .serve_api import Api, LimitError, Plan, body_schema, parse_body, validate, vectors
 
 log = logging.getLogger("bertkit")
 
@@ -82,10 +82,10 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
     cfg, count, need, handle, hidden = api.cfg, api.count, api.need, api.handle, api.hidden
 
     def embeddings_plan(body: bytes) -> Plan:
-        value = _parse(body, 400)
+        value = parse_body(body, 400)
         if isinstance(value, dict) and _token_ids(value.get("input")):
             raise LimitError(400, "input: token-id arrays are not accepted; send text (a string or a list of strings)")
-        req = _validate(EmbeddingsRequest, value, status=400)
+        req = validate(EmbeddingsRequest, value, status=400)
         texts = [req.input] if isinstance(req.input, str) else req.input
         if not texts:
             raise LimitError(400, "input: the list is empty; send at least one text")
@@ -96,13 +96,13 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
 
         def answer(rows: list) -> dict:
             data = [{"object": "embedding", "index": i, "embedding": v}
-                    for i, v in enumerate(_vectors(rows, req.encoding_format))]
+                    for i, v in enumerate(vectors(rows, req.encoding_format))]
             return {"object": "list", "data": data, "model": cfg.served_model_name,
                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
         return Plan("embed", {"pooling": cfg.embed_pooling, "normalize": True}, {"texts": texts}, tokens, answer)
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings (mean pooling, unit length)",
-              openapi_extra=_body_schema(EmbeddingsRequest))
+              openapi_extra=body_schema(EmbeddingsRequest))
     async def embeddings(request: Request):
         return await handle(request, embeddings_plan, render_off_loop=True)
 
@@ -113,18 +113,18 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
 
     # ---- text-embeddings-inference ----
     def tei_embed_plan(body: bytes) -> Plan:
-        req = _validate(TeiEmbedRequest, body)
+        req = validate(TeiEmbedRequest, body)
         texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
         tokens = count(texts, None, "inputs", req.truncate)
         return Plan("embed", {"pooling": cfg.embed_pooling, "normalize": req.normalize}, {"texts": texts}, tokens,
-                    lambda r: _vectors(r, "float"))
+                    lambda r: vectors(r, "float"))
 
-    @app.post("/embed", summary="text-embeddings-inference: embeddings", openapi_extra=_body_schema(TeiEmbedRequest))
+    @app.post("/embed", summary="text-embeddings-inference: embeddings", openapi_extra=body_schema(TeiEmbedRequest))
     async def tei_embed(request: Request):
         return await handle(request, tei_embed_plan, render_off_loop=True)
 
     def tei_predict_plan(body: bytes) -> Plan:
-        req = _validate(TeiPredictRequest, body)
+        req = validate(TeiPredictRequest, body)
         x = req.inputs
         single = isinstance(x, str) or (bool(x) and all(isinstance(s, str) for s in x))
         items = [[x]] if isinstance(x, str) else [x] if single else x       # TEI: ["a", "b"] is one pair
@@ -141,13 +141,13 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
                     tokens, answer)
 
     @app.post("/predict", include_in_schema="/predict" in api.available, summary="text-embeddings-inference: classify",
-              openapi_extra=_body_schema(TeiPredictRequest))
+              openapi_extra=body_schema(TeiPredictRequest))
     async def tei_predict(request: Request):
         need("/predict")
         return await handle(request, tei_predict_plan)
 
     def tei_rerank_plan(body: bytes) -> Plan:
-        req = _validate(TeiRerankRequest, body)
+        req = validate(TeiRerankRequest, body)
         if not req.texts:
             raise LimitError(422, "texts: the list is empty")
         queries = [req.query] * len(req.texts)
@@ -163,7 +163,7 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
         return Plan("classify", {"raw": True}, {"texts": queries, "pairs": req.texts}, tokens, answer)
 
     @app.post("/rerank", include_in_schema="/rerank" in api.available, summary="text-embeddings-inference: rerank "
-              "(a cross-encoder with one output)", openapi_extra=_body_schema(TeiRerankRequest))
+              "(a cross-encoder with one output)", openapi_extra=body_schema(TeiRerankRequest))
     async def tei_rerank(request: Request):
         need("/rerank")
         return await handle(request, tei_rerank_plan)

@@ -426,12 +426,11 @@ def text_source_files(p: str) -> list[Path] | None:
     return None
 
 
-def table_documents(f: Path, counts, *, sentence_split: bool = False,
+def table_documents(f: Path, counts, *, split: Callable[[str], list[str]] | None = None,
                     progress: Callable[[int], None] | None = None) -> Iterator[list[str]]:
     """Documents of one table file: each row's text column, its non-empty lines as sentences
-    (split further into sentences with `sentence_split`). `counts` is a `bertkit.data.text.TextCounts`."""
-    from .data.text import split_sentences
-
+    (each split further by `split`, e.g. `bertkit.data.text.split_sentences`). `counts` is a
+    `bertkit.data.text.TextCounts`."""
     table = open_table(f)
     col = text_column(table)
     size = f.stat().st_size if f.is_file() else 0
@@ -446,7 +445,7 @@ def table_documents(f: Path, counts, *, sentence_split: bool = False,
             lines = [ln.strip() for ln in text.split("\n")]
             counts.lines += len(lines)
             counts.bytes += len(text.encode("utf-8", "surrogatepass"))
-            doc = [s for ln in lines if ln for s in (split_sentences(ln) if sentence_split else [ln])]
+            doc = [s for ln in lines if ln for s in (split(ln) if split else [ln])]
             if doc:
                 counts.sentences += len(doc)
                 counts.documents += 1

@@ -78,7 +78,9 @@ def run_ablate(args: argparse.Namespace) -> int:
         raise BertkitError("--nproc and --jobs must be >= 1, --threads >= 0")
     opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command,
                              verbose=bool(getattr(args, "verbose", False)))
-    summary = ablate.run_grid(cfg, arms, opts, report=not args.no_report)
+    summary = ablate.run_grid(cfg, arms, opts)
+    if not args.no_report:
+        summary["report"] = str(ablate_report.write_report(cfg, command))
     print(json.dumps(summary))
     if any(summary.get("exit_codes") or []):
         print(f"bertkit ablate: error: a job exited with {summary['exit_codes']} (see the arms' log.txt)",

@@ -193,7 +193,10 @@ def run_info(args) -> int:
         f"architecture {', '.join(info['architectures']) or '(not named)'}",
         f"size         {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads, "
         f"intermediate {c['intermediate_size']}, {c['hidden_act']}",
-        f"positions    {c['max_position_embeddings']}, segment types {c['type_vocab_size']}, vocab {c['vocab_size']}",
+        f"positions    " + (f"ALiBi (no table; bertkit only), up to {c['max_position_embeddings']}"
+                              if c.get("position_embedding_type") == "alibi" else f"{c['max_position_embeddings']}")
+        + f"{'; pre-LN (bertkit only)' if c.get('bertkit_norm_position') == 'pre' else ''}, segment types "
+          f"{c['type_vocab_size']}, vocab {c['vocab_size']}",
         f"parameters   {info['parameters']:,} ({info['encoder_parameters']:,} in the encoder)",
         f"heads        pooler: {'yes' if info['pooler'] else 'no'}; "
         f"{', '.join(info['heads']) or 'none (encoder only)'}",

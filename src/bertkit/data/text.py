@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from ..errors import BertkitError
-from ..sources import is_table_file
+from ..sources import is_table_file, table_documents, text_source_files
 
 log = logging.getLogger("bertkit")
 
@@ -53,8 +53,6 @@ class TextCounts:
 
 def expand_inputs(paths: Iterable[str]) -> list[Path]:
     """Files named by paths, globs (`**` allowed) and folders (every .txt / .txt.gz inside, sorted)."""
-    from ..sources import text_source_files
-
     files: list[Path] = []
     for p in paths:
         path = Path(p)
@@ -188,8 +186,8 @@ def read_documents(files: list[Path], counts: TextCounts, *, sentence_split: boo
     """Yield documents (lists of sentence strings) from the files, in order (`warn`: log empty files)."""
     for f in files:
         if is_table_file(f):                   # Parquet / Arrow / JSONL / CSV: a row is a document
-            from ..sources import table_documents
-            yield from table_documents(f, counts, sentence_split=sentence_split, progress=progress)
+            yield from table_documents(f, counts, split=split_sentences if sentence_split else None,
+                                       progress=progress)
             continue
         counts.files += 1
         before = counts.sentences
