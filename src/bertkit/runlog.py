@@ -246,6 +246,74 @@ def tensorboard_writer(out: Path):
 
 
 # ---- run card ------------------------------------------------------------------------------------
+# ---- the pre-training run card ------------------------------------------------------------------
+def pair_mode(phase) -> str:
+    """'nsp' or 'sop' (sentence-order pairs), as `prepare` recorded it."""
+    meta = getattr(phase.data, "meta", {}) or {}
+    return str((meta.get("config") or {}).get("pair_mode", "nsp"))
+
+
+def masking_card(phases: list) -> list[dict]:
+    """Per phase: the masking as trained, as prepared, and the config keys that changed it."""
+    from .data.masking import MaskingConfig
+
+    rows = []
+    for p in phases:
+        prepared = MaskingConfig(**p.data.meta.get("masking_config", {})).to_dict()
+        trained = p.collator.cfg.to_dict()
+        rows.append({"phase": p.name, "masks": "static (stored with the data)" if p.data.static
+                     else "dynamic (new every epoch)", "as_trained": trained, "prepared": prepared,
+                     "overridden": {k: {"prepared": prepared.get(k), "trained": v} for k, v in trained.items()
+                                    if prepared.get(k) != v}})
+    return rows
+
+
+def pretrain_card(run: "Run", world, stop_reason: str, final_eval: dict | None, command: str,
+                  metrics: list[dict]) -> dict[str, Any]:
+    """The pre-training run card: what was trained, how, how fast, what it scored, on what machine."""
+    import sys
+
+    from .model import num_parameters
+    from .runconfig import to_dict
+
+    cfg, st, model = run.cfg, run.state, run.model
+    out = Path(cfg.out)
+    peak_dtype = run.precision if world.device.type == "cuda" else torch.float32
+    peak = gemm_peak(world.device, peak_dtype) * world.world_size
+    achieved = st.flops / max(st.elapsed, 1e-9)
+    ph = run.phases
+    mc = model.config
+    card = {
+        "name": out.name, "command": command or " ".join(sys.argv),
+        "model": f"{cfg.model.preset}: {mc.num_layers} layers, hidden {mc.hidden_size}, {mc.num_heads} heads, "
+                 f"FFN {mc.intermediate_size}",
+        "parameters": num_parameters(model), "vocab_size": mc.vocab_size,
+        "objective": "CLM (next-token prediction)" if cfg.train.objective == "clm"
+                     else ("MLM + SOP" if pair_mode(ph[0]) == "sop" else "MLM + NSP") if cfg.train.nsp else "MLM",
+        "attention": "causal (left-to-right)" if mc.causal else "bidirectional",
+        "normalisation": "pre-LN (+ final LayerNorm)" if mc.norm_position == "pre" else "post-LN (BERT)",
+        "positions": "ALiBi (attention falls with distance; no position table)" if mc.position_embedding_type == "alibi"
+                     else "learned absolute table (BERT)",
+        "dropout": f"hidden {mc.hidden_dropout}, attention {mc.attention_dropout}",
+        "sequence_lengths": [p.max_len for p in ph],
+        "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,
+        "updates": st.step, "tokens_seen": st.tokens, "skipped_updates": st.skipped,
+        "optimizer": cfg.optim.name, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
+        "precision": str(run.precision).replace("torch.", ""), "precision_reason": run.precision_reason,
+        "packed": run.packed, "packed_reason": run.packed_reason,
+        "world_size": world.world_size, "wall_time_s": round(st.elapsed, 1),
+        "tokens_per_s": st.tokens / max(st.elapsed, 1e-9), "train_flops": st.flops,
+        "achieved_flops_per_s": achieved, "gemm_peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,
+        "stop_reason": stop_reason, "data": [p.path for p in ph], "seed": cfg.train.seed,
+        "masking": masking_card(ph), "held_out": ph[0].held_out.report,
+        "final_eval": final_eval, "final_train": metrics[-1] if metrics else None,
+        "hardware": hardware(), "config": to_dict(cfg),
+        "flop_model": "per step 3 x (2 x matmul weights x tokens + 4 T^2 C L per sequence + MLM head on masked "
+                      "tokens + NSP head); MFU against the best fp32 (CPU) / run-precision (GPU) GEMM measured now",
+    }
+    return card
+
+
 def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
     """run_card.json (everything) and run_card.md (the reproduction checklist, human-readable)."""
     out = Path(out)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import math
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -41,9 +40,9 @@ from .config import preset
 from .model import init_weights, neighbour_attention_, num_parameters, sinusoidal_positions_
 from .packing import pack, varlen_runs
 from .optim import build_optimizer, lr_at
-from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config, to_dict
-from .runlog import (MetricsLog, Window, bar_update, gemm_peak, hardware, plot_curves, progress_bar,
-                     read_jsonl, step_flops, tensorboard_writer, write_run_card)
+from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config
+from .runlog import (MetricsLog, Window, bar_update, plot_curves, pretrain_card, progress_bar, read_jsonl,
+                     step_flops, tensorboard_writer, write_run_card)
 from .runstate import State, export_model, find_checkpoint, load_checkpoint, save_checkpoint
 
 log = logging.getLogger("bertkit")
@@ -660,12 +659,6 @@ def evaluate(run: Run) -> dict | None:
     return rec
 
 
-def _pair_mode(phase: Phase) -> str:
-    """'nsp' or 'sop' (sentence-order pairs), as `prepare` recorded it."""
-    meta = getattr(phase.data, "meta", {}) or {}
-    return str((meta.get("config") or {}).get("pair_mode", "nsp"))
-
-
 def _timed_eval(run: Run, evals, board, bar) -> float:
     """Evaluate and log; returns the seconds it took (the loop takes them off its training clock)."""
     t = time.perf_counter()
@@ -727,63 +720,16 @@ class _StopFlag:
 
 
 # ---- the end -------------------------------------------------------------------------------------
-def _masking_card(phases: list[Phase]) -> list[dict]:
-    """Per phase: the masking as trained, as prepared, and the config keys that changed it."""
-    from .data.masking import MaskingConfig
-
-    rows = []
-    for p in phases:
-        prepared = MaskingConfig(**p.data.meta.get("masking_config", {})).to_dict()
-        trained = p.collator.cfg.to_dict()
-        rows.append({"phase": p.name, "masks": "static (stored with the data)" if p.data.static
-                     else "dynamic (new every epoch)", "as_trained": trained, "prepared": prepared,
-                     "overridden": {k: {"prepared": prepared.get(k), "trained": v} for k, v in trained.items()
-                                    if prepared.get(k) != v}})
-    return rows
-
-
 def finish(run: Run, world: D.World, stop_reason: str, final_eval: dict | None, command: str) -> dict:
     """Final HF folder, run card (md + json) and plot, on rank 0."""
-    cfg, st, model = run.cfg, run.state, run.model
+    cfg = run.cfg
     out = Path(cfg.out)
     if not world.main:
         export_model(run, world, out / "final")       # FSDP: every rank takes part in gathering
         return {}
     metrics = read_jsonl(out / "metrics.jsonl")
     evals = read_jsonl(out / "eval.jsonl")
-    peak_dtype = run.precision if world.device.type == "cuda" else torch.float32
-    peak = gemm_peak(world.device, peak_dtype) * world.world_size
-    achieved = st.flops / max(st.elapsed, 1e-9)
-    ph = run.phases
-    mc = model.config
-    card = {
-        "name": out.name, "command": command or " ".join(sys.argv),
-        "model": f"{cfg.model.preset}: {mc.num_layers} layers, hidden {mc.hidden_size}, {mc.num_heads} heads, "
-                 f"FFN {mc.intermediate_size}",
-        "parameters": num_parameters(model), "vocab_size": mc.vocab_size,
-        "objective": "CLM (next-token prediction)" if cfg.train.objective == "clm"
-                     else ("MLM + SOP" if _pair_mode(ph[0]) == "sop" else "MLM + NSP") if cfg.train.nsp else "MLM",
-        "attention": "causal (left-to-right)" if mc.causal else "bidirectional",
-        "normalisation": "pre-LN (+ final LayerNorm)" if mc.norm_position == "pre" else "post-LN (BERT)",
-        "positions": "ALiBi (attention falls with distance; no position table)" if mc.position_embedding_type == "alibi"
-                     else "learned absolute table (BERT)",
-        "dropout": f"hidden {mc.hidden_dropout}, attention {mc.attention_dropout}",
-        "sequence_lengths": [p.max_len for p in ph],
-        "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,
-        "updates": st.step, "tokens_seen": st.tokens, "skipped_updates": st.skipped,
-        "optimizer": cfg.optim.name, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
-        "precision": str(run.precision).replace("torch.", ""), "precision_reason": run.precision_reason,
-        "packed": run.packed, "packed_reason": run.packed_reason,
-        "world_size": world.world_size, "wall_time_s": round(st.elapsed, 1),
-        "tokens_per_s": st.tokens / max(st.elapsed, 1e-9), "train_flops": st.flops,
-        "achieved_flops_per_s": achieved, "gemm_peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,
-        "stop_reason": stop_reason, "data": [p.path for p in ph], "seed": cfg.train.seed,
-        "masking": _masking_card(ph), "held_out": ph[0].held_out.report,
-        "final_eval": final_eval, "final_train": metrics[-1] if metrics else None,
-        "hardware": hardware(), "config": to_dict(cfg),
-        "flop_model": "per step 3 x (2 x matmul weights x tokens + 4 T^2 C L per sequence + MLM head on masked "
-                      "tokens + NSP head); MFU against the best fp32 (CPU) / run-precision (GPU) GEMM measured now",
-    }
+    card = pretrain_card(run, world, stop_reason, final_eval, command, metrics)
     export_model(run, world, out / "final")
     write_run_card(out, card)
     plot_curves(metrics, evals, out / "curves.png")
