@@ -18,7 +18,7 @@ QUICKSTART_SEQ = 128
 QUICKSTART_RECIPE = {
     "model.preset": "tiny", "model.norm_position": "pre", "model.position_embedding_type": "alibi",
     "model.hidden_dropout": 0.0,
-    "model.attention_dropout": 0.0, "train.nsp": False, "train.batch_size": 32, "train.precision": "auto",
+    "model.attention_dropout": 0.0, "train.nsp": False, "train.batch_size": 32, "train.precision": "auto", "train.packed": False,
     "optim.lr": 2e-3, "optim.warmup": 0.05, "optim.schedule": "linear",
 }
 
