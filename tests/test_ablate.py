@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bertkit import ablate
+from bertkit import ablate, ablate_config
 from bertkit.ablate_report import betainc, compare, mean_std, welch_t_test, write_report
 from bertkit.errors import BertkitError
 
@@ -83,8 +83,8 @@ def grid(tmp_path_factory) -> tuple[Path, dict]:
     corpus = Path(str(resources.files("bertkit") / "sample" / "inaugural.txt.gz"))
     path = root / "micro.yaml"
     path.write_text(MICRO.format(out=root / "out", data=root / "data", corpus=corpus), encoding="utf-8")
-    cfg = ablate.load_ablate_config(path)
-    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base", "no_pretraining", "bad", "early"]))
+    cfg = ablate_config.load_ablate_config(path)
+    summary = ablate.run_grid(cfg, ablate_config.select_arms(cfg, ["base", "no_pretraining", "bad", "early"]))
     write_report(cfg)
     return path, summary
 
@@ -153,15 +153,15 @@ def test_rerun_skips_finished_arms_and_reuses_runs(grid):
     out = path.parent / "out"
     card = out / "arms" / "base" / "pretrain" / "run_card.json"
     before = card.stat().st_mtime_ns
-    cfg = ablate.load_ablate_config(path)
-    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base", "no_pretraining", "bad", "early"]))
+    cfg = ablate_config.load_ablate_config(path)
+    summary = ablate.run_grid(cfg, ablate_config.select_arms(cfg, ["base", "no_pretraining", "bad", "early"]))
     assert summary["skipped"] == ["base", "no_pretraining", "early"] and summary["ran"] == ["bad"]
     assert card.stat().st_mtime_ns == before
     # a third seed changes the plan: the arm runs again, but only the new fine-tuning runs are new
     cfg.seeds = [0, 1, 2]
     seed0 = out / "arms" / "base" / "finetune" / "sst2" / "seed0" / "metrics.json"
     t0 = seed0.stat().st_mtime_ns
-    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["base"]))
+    summary = ablate.run_grid(cfg, ablate_config.select_arms(cfg, ["base"]))
     write_report(cfg)                             # collects OUT/results.jsonl (bertkit ablate does this next)
     assert summary["ran"] == ["base"] and card.stat().st_mtime_ns == before and seed0.stat().st_mtime_ns == t0
     assert {r["seed"] for r in rows_of(out) if r["arm"] == "base"} == {0, 1, 2}
@@ -187,7 +187,7 @@ def test_a_pretraining_stopped_by_a_signal_resumes_instead_of_counting_as_done(g
     path, _ = grid
     copy = path.parent / "out_signal"
     shutil.copytree(path.parent / "out", copy)
-    cfg = ablate.load_ablate_config(path)
+    cfg = ablate_config.load_ablate_config(path)
     cfg.out = str(copy)
     card_path = copy / "arms" / "base" / "pretrain" / "run_card.json"
     card = json.loads(card_path.read_text())
@@ -206,13 +206,13 @@ def test_a_pretraining_stopped_by_a_signal_resumes_instead_of_counting_as_done(g
 
 def test_claims_leave_running_arms_to_their_process(grid, tmp_path):
     path, _ = grid
-    cfg = ablate.load_ablate_config(path)
+    cfg = ablate_config.load_ablate_config(path)
     d = path.parent / "out" / "arms" / "later"
     d.mkdir(parents=True, exist_ok=True)
     import os
     import socket
     (d / ".claim").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    summary = ablate.run_grid(cfg, ablate.select_arms(cfg, ["later"]))
+    summary = ablate.run_grid(cfg, ablate_config.select_arms(cfg, ["later"]))
     assert summary["elsewhere"] == ["later"] and summary["ran"] == []          # a live holder: left to it
     (d / ".claim").write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 4321}))
     claim = ablate._claim(d)                                                   # a dead holder: taken over
@@ -239,7 +239,7 @@ def test_jobs_share_the_arms(grid, capsys):
     report = (out / "REPORT.md").read_text()
     assert "| later |" in report and "| probe_later |" in report
     # the probe's numbers belong to the model it read: if that model is trained again, the probe is stale
-    cfg = ablate.load_ablate_config(path)
+    cfg = ablate_config.load_ablate_config(path)
     arms = {a.name: a for a in cfg.arms}
     assert ablate.finished(cfg, arms["later"]) and ablate.finished(cfg, arms["probe_later"])
     weights = next((out / "arms" / "later" / "pretrain" / "final").glob("*.safetensors"))
@@ -266,45 +266,45 @@ def test_torchrun_launcher_keeps_the_global_batch(grid, capsys):
 
 
 def test_shards_split_arms_disjointly():
-    cfg = ablate.AblateConfig(tasks={"sst2": {}}, source="grid.yaml",
+    cfg = ablate_config.AblateConfig(tasks={"sst2": {}}, source="grid.yaml",
                               arms=[ablate.Arm(n) for n in ("base", "a", "b", "c", "d")]
                               + [ablate.Arm("probe", model_from="base"), ablate.Arm("probe2", model_from="probe")])
-    ablate._check_grid(cfg)
+    ablate_config._check_grid(cfg)
     for n in (1, 2, 3, 7):
-        shards = [[a.name for a in ablate.select_arms(cfg, shard=f"{i}/{n}")] for i in range(n)]
+        shards = [[a.name for a in ablate_config.select_arms(cfg, shard=f"{i}/{n}")] for i in range(n)]
         names = [x for s in shards for x in s]
         assert sorted(names) == sorted(a.name for a in cfg.arms) and len(names) == len(set(names))
         assert any({"base", "probe", "probe2"} <= set(s) for s in shards)      # a model's users go with it
-    assert [a.name for a in ablate.select_arms(cfg, ["c", "a"])] == ["a", "c"]
+    assert [a.name for a in ablate_config.select_arms(cfg, ["c", "a"])] == ["a", "c"]
     with pytest.raises(BertkitError, match="unknown arm 'bsae'.*did you mean 'base'"):
-        ablate.select_arms(cfg, ["bsae"])
+        ablate_config.select_arms(cfg, ["bsae"])
     with pytest.raises(BertkitError, match="--shard"):
-        ablate.select_arms(cfg, shard="2/2")
+        ablate_config.select_arms(cfg, shard="2/2")
 
 
 def test_config_mistakes(tmp_path):
     p = tmp_path / "g.yaml"
     p.write_text("tasks: {sst2: {}}\narms: [{name: base}]\nseedz: [1, 2]\n")
     with pytest.raises(BertkitError, match="unknown key 'seedz'; did you mean 'seeds'"):
-        ablate.load_ablate_config(p)
+        ablate_config.load_ablate_config(p)
     p.write_text("tasks: {sst2: {}}\narms: [{name: base}, {name: p, model_from: q}]\n")
     with pytest.raises(BertkitError, match="model_from 'q' must name an earlier arm"):
-        ablate.load_ablate_config(p)
+        ablate_config.load_ablate_config(p)
     p.write_text("tasks: {sst2: {}}\narms: [{name: x}]\n")
     with pytest.raises(BertkitError, match="base_arm 'base'"):
-        ablate.load_ablate_config(p)
+        ablate_config.load_ablate_config(p)
     p.write_text("tasks: {sst2: {}}\npretrain: {train: {max_stepz: 3}}\narms: [{name: base}]\n")
     with pytest.raises(BertkitError, match="base settings do not resolve.*max_stepz"):
-        ablate.check_base(ablate.load_ablate_config(p))
+        ablate.check_base(ablate_config.load_ablate_config(p))
     p.write_text("tasks: {sst2: {}}\nbudget: {match: time, time: 90s}\narms: [{name: base}, "
                  "{name: short, budget: {time: 30s}}, {name: c, model_from: base, checkpoint: 0}]\n")
-    cfg = ablate.load_ablate_config(p)
+    cfg = ablate_config.load_ablate_config(p)
     train = [ablate.resolve(cfg, a)["pretrain"]["train"] for a in cfg.arms[:2]]
     assert [(t["budget"], t["max_steps"] >= 10 ** 9) for t in train] == [("90s", True), ("30s", True)]
     assert ablate.dry_run(cfg, cfg.arms)[2]["status"] == "would fail"             # checkpoint 0
     p.write_text("tasks: {sst2: {}}\narms: [{name: base}, {name: odd, pretrian: {}}, "
                  "{name: worse, finetune: {lr: fast}}]\n")
-    rows = ablate.dry_run(ablate.load_ablate_config(p), ablate.load_ablate_config(p).arms)
+    rows = ablate.dry_run(ablate_config.load_ablate_config(p), ablate_config.load_ablate_config(p).arms)
     assert [r["status"] for r in rows] == ["ok", "would fail", "would fail"]
     assert "did you mean 'pretrain'" in rows[1]["error"] and "lr" in rows[2]["error"]
 
@@ -315,7 +315,7 @@ def test_shipped_grids_resolve(name):
     text = path.read_text()
     assert text.startswith("#") and "bertkit ablate configs/ablate/" in text.split("\n\n")[0]
     assert "wall time" in text.split("\n\n")[0].lower()
-    cfg = ablate.load_ablate_config(path)
+    cfg = ablate_config.load_ablate_config(path)
     rows = ablate.dry_run(cfg, cfg.arms)
     assert [r for r in rows if r["status"] != "ok"] == []
     names = {a.name for a in cfg.arms}
@@ -350,7 +350,7 @@ def test_welch_t_test_matches_scipy():
 
 
 def test_report_only_on_an_empty_grid(tmp_path):
-    cfg = ablate.AblateConfig(out=str(tmp_path / "o"), tasks={"sst2": {}}, source="g.yaml",
+    cfg = ablate_config.AblateConfig(out=str(tmp_path / "o"), tasks={"sst2": {}}, source="g.yaml",
                               arms=[ablate.Arm("base"), ablate.Arm("x")])
     text = write_report(cfg).read_text()
     assert "0 of 2 arms finished" in text and text.count("not run") == 2
@@ -426,7 +426,7 @@ def test_rewording_a_setting_reruns_nothing_but_a_changed_override_does(tmp_path
     """The plan key holds what decides an arm's numbers; the `setting` text is a label. Arms finished
     under the older key (label included) still count as finished after the label is reworded."""
     arm = ablate.Arm(name="m", setting="masking 80/0/20", pretrain={"data": {"mask_token_fraction": 0.8}})
-    cfg = ablate.AblateConfig(out=str(tmp_path), tasks={"sst2": {}}, source="g.yaml", arms=[arm])
+    cfg = ablate_config.AblateConfig(out=str(tmp_path), tasks={"sst2": {}}, source="g.yaml", arms=[arm])
     d = tmp_path / "arms" / "m"
     d.mkdir(parents=True)
     legacy = ablate._labelled_plan_key(cfg, arm, "masking 80/0/20")

@@ -152,7 +152,7 @@ def test_ablate_grid_options_come_from_its_config(capsys):
     --arms stays a selection and never replaces the grid's arms."""
     import argparse
 
-    from bertkit import ablate
+    from bertkit import ablate, ablate_config
     from bertkit.cliconfig import given
     from bertkit.commands.ablate import GRID_OPTIONS, setup_ablate
 
@@ -160,12 +160,12 @@ def test_ablate_grid_options_come_from_its_config(capsys):
     setup_ablate(p)
     args = p.parse_args(["small.yaml", "--eval-documents", "7", "--keep_models", "--arms", "base",
                          "--launcher", "torchrun"])
-    values = {k: v for k, v in given(args, ablate.AblateConfig).items() if k in GRID_OPTIONS}
+    values = {k: v for k, v in given(args, ablate_config.AblateConfig).items() if k in GRID_OPTIONS}
     assert values == {"eval_documents": 7, "keep_models": True} and args.launcher == "torchrun"
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    cfg = ablate.load_ablate_config(repo / "configs" / "ablate" / "small.yaml", values=values)
+    cfg = ablate_config.load_ablate_config(repo / "configs" / "ablate" / "small.yaml", values=values)
     assert cfg.eval_documents == 7 and cfg.keep_models and len(cfg.arms) > 1
     with pytest.raises(SystemExit):
         p.parse_args(["--eval-document", "7"])

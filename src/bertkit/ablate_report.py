@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .ablate import AblateConfig, _read_json, _write_rows, describe, finished
+from .ablate import _write_rows, finished
+from .ablate_config import AblateConfig, _read_json, describe
 
 log = logging.getLogger("bertkit")
 

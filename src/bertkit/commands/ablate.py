@@ -25,7 +25,8 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "  bertkit ablate configs/ablate/small.yaml --jobs 2 --threads 1            # 2 arms at a time\n"
         "  bertkit ablate --contract-test [MODEL]     # right-hand context and the causal mask, checked\n"
         "A finished arm is skipped on a rerun; a failing arm becomes a row saying so. See bertkit/ablate.py.")
-    from ..ablate import AblateConfig, RunOptions
+    from ..ablate import RunOptions
+    from ..ablate_config import AblateConfig
     from ..cliconfig import add_options, suggest_unknown
 
     p.add_argument("config", nargs="?", help="grid YAML (configs/ablate/small.yaml, configs/ablate/gpu.yaml)")
@@ -54,7 +55,7 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    from .. import ablate, ablate_report
+    from .. import ablate, ablate_config, ablate_report
 
     if args.contract_test is not None:
         return _contract(args.contract_test or None)
@@ -62,14 +63,14 @@ def run_ablate(args: argparse.Namespace) -> int:
         raise BertkitError("give a grid config (e.g. configs/ablate/small.yaml), or --contract-test")
     from ..cliconfig import given
 
-    values = {k: v for k, v in given(args, ablate.AblateConfig).items() if k in GRID_OPTIONS}   # --arms selects
-    cfg = ablate.load_ablate_config(args.config, values=values)
+    values = {k: v for k, v in given(args, ablate_config.AblateConfig).items() if k in GRID_OPTIONS}   # --arms selects
+    cfg = ablate_config.load_ablate_config(args.config, values=values)
     command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.report_only:
         print(ablate_report.write_report(cfg, command))
         return 0
     names = [n.strip() for n in args.arms.split(",") if n.strip()] if args.arms else None
-    arms = ablate.select_arms(cfg, names, args.shard)
+    arms = ablate_config.select_arms(cfg, names, args.shard)
     if args.dry_run:
         for row in ablate.dry_run(cfg, arms):
             print(json.dumps(row))

@@ -1,0 +1,269 @@
+"""`bertkit ablate`'s configuration: the grid (`AblateConfig`), its arms (`Arm`, `Budget`), reading
+and checking a grid file, selecting arms, and the small helpers the grid and its report share
+(merging settings, describing an arm, JSON files written whole). The runs are `bertkit.ablate`,
+the statistics and the report `bertkit.ablate_report`."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import BertkitError
+
+log = logging.getLogger("bertkit")
+
+
+# ---- configuration ------------------------------------------------------------------------------
+@dataclass
+class Budget:
+    """What every arm gets, unless the arm's own `budget` changes it (the data/steps axis)."""
+    match: str = "tokens"
+    """'tokens': the same updates x global batch x sequence length for every arm (wall time is
+    recorded); 'time': the same pre-training wall time (tokens are recorded)."""
+    steps: int = 1000
+    """Updates per arm when matching tokens."""
+    time: str | None = None
+    """Pre-training wall time per arm when matching time ('3m', '90s')."""
+
+
+@dataclass
+class Arm:
+    name: str
+    setting: str = ""
+    """The one setting this arm changes, in words (default: written from the overrides)."""
+    pretrained: bool = True
+    """False: no pre-training, the fine-tuning encoder is a random initialisation of the same shape."""
+    model_from: str | None = None
+    """Reuse the pre-trained model of this (earlier) arm: e.g. frozen probes of the base model."""
+    checkpoint: int | None = None
+    """With model_from: fine-tune the source's pre-training as it was after this many updates (the
+    paper's Figure 5: one run read at k steps; the source keeps those checkpoints' models)."""
+    corpus_fraction: float = 1.0
+    """Pre-train on this share of the training documents (a fixed random subset; smaller is nested)."""
+    prepare: dict = field(default_factory=dict)
+    """PrepareConfig keys over the base's."""
+    pretrain: dict = field(default_factory=dict)
+    """PretrainConfig sections over the base's: {model: {...}, data: {...}, train: {...}, optim: {...}}."""
+    finetune: dict = field(default_factory=dict)
+    """FinetuneConfig keys over the base's, for every task."""
+    budget: dict = field(default_factory=dict)
+    """Budget keys over the grid's (steps / time)."""
+    error: str | None = None
+    """A problem found when reading the arm (it becomes a failed row, the grid goes on)."""
+
+
+@dataclass
+class AblateConfig:
+    out: str = "runs/ablate"
+    data_dir: str = "../shared/data"
+    """Folder of the pre-training text and the task data (relative paths below are inside it)."""
+    corpus: list = field(default_factory=lambda: ["pretrain/wiki_vital_leads.txt.gz"])
+    """Pre-training text files: one sentence per line, a blank line between documents."""
+    eval_documents: int = 200
+    """Documents held out (the same for every arm): held-out MLM accuracy is measured on them."""
+    split_seed: int = 0
+    tokenizer: dict = field(default_factory=lambda: {"vocab_size": 8000})
+    """Tokenizer.train keys: vocab_size, lowercase, min_frequency."""
+    prepare: dict = field(default_factory=dict)
+    pretrain: dict = field(default_factory=dict)
+    finetune: dict = field(default_factory=dict)
+    tasks: dict = field(default_factory=dict)
+    """name -> {data: folder inside data_dir, FinetuneConfig keys for this task (train_limit, ...)}."""
+    seeds: list = field(default_factory=lambda: [0, 1, 2])
+    budget: Budget = field(default_factory=Budget)
+    mlm_eval_instances: int = 512
+    """Held-out instances for the fixed MLM protocol (token masking, 15%, 80/10/10, same positions)."""
+    base_arm: str = "base"
+    threads: int = 0
+    """torch CPU threads for every run (0 = torch's default; with jobs > 1: cores / jobs)."""
+    jobs: int = 1
+    """Arms run in this many processes at once (`--jobs` overrides): on a small CPU, one process per
+    core with one thread each beats one process with many threads on these small models."""
+    keep_models: bool = False
+    """Keep fine-tuned weights (off: only metrics and run cards stay; pre-trained models always stay)."""
+    arms: list = field(default_factory=list)
+    source: str = ""
+
+
+TOP_KEYS = [f.name for f in dataclasses.fields(AblateConfig) if f.name != "source"]
+ARM_KEYS = [f.name for f in dataclasses.fields(Arm) if f.name != "error"]
+
+
+def _unknown(key: str, known: Sequence[str], where: str) -> str:
+    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)
+    return f"{where}: unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else
+                                               f"; known: {', '.join(known)}")
+
+
+def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str | None = None,
+                       values: dict | None = None) -> AblateConfig:
+    """The grid from YAML, then `values` (grid keys given as options) on top. Grid-level mistakes are
+    errors now; an arm's mistakes become its failed row."""
+    from .runconfig import read_yaml_mapping
+
+    path = Path(path)
+    raw = read_yaml_mapping(path, "grid keys")
+    kw: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in TOP_KEYS:
+            raise BertkitError(_unknown(key, TOP_KEYS, str(path)))
+        kw[key] = value
+    kw.update(values or {})
+    for key in ("tokenizer", "prepare", "pretrain", "finetune", "tasks"):
+        if not isinstance(kw.get(key, {}), dict):
+            raise BertkitError(f"{path}: {key} must be a mapping")
+    budget = kw.pop("budget", {}) or {}
+    if not isinstance(budget, dict) or set(budget) - {"match", "steps", "time"}:
+        raise BertkitError(f"{path}: budget takes match, steps and time")
+    arms = kw.pop("arms", []) or []
+    cfg = AblateConfig(**kw, budget=Budget(**budget), source=str(path))
+    if out:
+        cfg.out = out
+    if data_dir:
+        cfg.data_dir = data_dir
+    cfg.arms = [_read_arm(a, i, str(path)) for i, a in enumerate(arms)]
+    _check_grid(cfg)
+    return cfg
+
+
+def _read_arm(raw: Any, i: int, where: str) -> Arm:
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise BertkitError(f"{where}: arms[{i}] needs a name (arms are mappings: - name: ...)")
+    arm = Arm(name=str(raw["name"]))
+    for key, value in raw.items():
+        if key not in ARM_KEYS:
+            arm.error = _unknown(key, ARM_KEYS, f"{where} arm {arm.name}")
+            continue
+        if key in ("prepare", "pretrain", "finetune", "budget") and not isinstance(value, dict):
+            arm.error = f"{where} arm {arm.name}: {key} must be a mapping of keys, not {value!r}"
+            continue
+        setattr(arm, key, value)
+    if not 0 < float(arm.corpus_fraction) <= 1:
+        arm.error = f"{where} arm {arm.name}: corpus_fraction must be in (0, 1]"
+    if set(arm.budget) - {"steps", "time"}:
+        arm.error = f"{where} arm {arm.name}: budget takes steps and time"
+    if arm.checkpoint is not None and (not arm.model_from or not isinstance(arm.checkpoint, int)
+                                       or isinstance(arm.checkpoint, bool) or arm.checkpoint < 1):
+        arm.error = f"{where} arm {arm.name}: checkpoint must be an update number >= 1, with model_from"
+    return arm
+
+
+def _check_grid(cfg: AblateConfig) -> None:
+    src = cfg.source
+    names = [a.name for a in cfg.arms]
+    if not names:
+        raise BertkitError(f"{src}: no arms")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise BertkitError(f"{src}: arm names must be unique ({', '.join(dup)} repeated)")
+    if cfg.base_arm not in names:
+        raise BertkitError(f"{src}: base_arm {cfg.base_arm!r} is not one of the arms")
+    if cfg.budget.match not in ("tokens", "time"):
+        raise BertkitError(f"{src}: budget.match must be 'tokens' or 'time', not {cfg.budget.match!r}")
+    if cfg.budget.match == "time" and not cfg.budget.time:
+        raise BertkitError(f"{src}: budget.match 'time' needs budget.time (e.g. 3m)")
+    if not cfg.tasks:
+        raise BertkitError(f"{src}: no tasks (e.g. tasks: {{sst2: {{data: glue/SST-2}}}})")
+    if len(cfg.seeds) < 2:
+        raise BertkitError(f"{src}: give at least 2 seeds (3 or more to see fine-tuning variance)")
+    for i, arm in enumerate(cfg.arms):
+        if arm.model_from is not None and arm.model_from not in names[:i]:
+            raise BertkitError(f"{src}: arm {arm.name}: model_from {arm.model_from!r} must name an earlier arm")
+
+
+def select_arms(cfg: AblateConfig, names: Sequence[str] | None = None, shard: str | None = None) -> list[Arm]:
+    """The arms this process runs: all, the named ones, or shard I of N (arms reusing another arm's
+    model stay with it, so every shard can run what it holds)."""
+    arms = list(cfg.arms)
+    if names:
+        known = {a.name for a in arms}
+        for n in names:
+            if n not in known:
+                raise BertkitError(_unknown(n, sorted(known), "--arms").replace("unknown key", "unknown arm"))
+        arms = [a for a in arms if a.name in set(names)]
+    if shard:
+        i, n = _parse_shard(shard)
+        groups: list[str] = []
+        for a in cfg.arms:
+            root = _root(cfg, a)
+            if root not in groups:
+                groups.append(root)
+        mine = {g for k, g in enumerate(groups) if k % n == i}
+        arms = [a for a in arms if _root(cfg, a) in mine]
+    return arms
+
+
+def _root(cfg: AblateConfig, arm: Arm) -> str:
+    by = {a.name: a for a in cfg.arms}
+    while arm.model_from is not None:
+        arm = by[arm.model_from]
+    return arm.name
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise BertkitError(f"--shard {text!r}: write I/N, e.g. 0/2 (the first of two machines)") from None
+    if not 0 <= i < n:
+        raise BertkitError(f"--shard {text}: I must be in 0..N-1")
+    return i, n
+
+
+def merge(a: dict, b: dict) -> dict:
+    """b over a, section by section."""
+    out = copy.deepcopy(a)
+    for k, v in (b or {}).items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def describe(arm: Arm) -> str:
+    """The arm's setting in words: its own text, or its overrides."""
+    if arm.setting:
+        return arm.setting
+    parts = []
+    if not arm.pretrained:
+        parts.append("no pre-training (random init, same shape)")
+    if arm.model_from:
+        parts.append(f"model of arm {arm.model_from}" + (f" after {arm.checkpoint} updates" if arm.checkpoint else ""))
+    if arm.corpus_fraction != 1:
+        parts.append(f"{arm.corpus_fraction:g} of the text")
+    for section in ("prepare", "pretrain", "finetune", "budget"):
+        parts += [f"{section} {k}={v}" for k, v in flatten(getattr(arm, section)).items()]
+    return "; ".join(parts) or "the base recipe"
+
+
+def _key(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
