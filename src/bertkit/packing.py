@@ -201,10 +201,9 @@ def _padded_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool, 
     """(N, H, D) -> (N, H, D) through SDPA on a (B, H, T_max, D) buffer with a key mask."""
     N, H, D = q.shape
     B, L = p.batch_size, p.max_seqlen
-    bias = alibi_bias(slopes, L, q)[None] if slopes is not None else None          # (1, H, L, L)
-    key = ("alibi", tuple(slopes.tolist()), q.dtype, causal) if slopes is not None else None
     if N == B * L:                       # every sequence is L long: the packed tokens ARE a (B, L) batch
         view = lambda t: t.view(B, L, H, D).transpose(1, 2)            # (B, H, L, D), no copy, no mask
+        bias = alibi_bias(slopes, L, q)[None] if slopes is not None else None      # (1, H, L, L)
         if bias is not None and causal:
             bias = bias.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=q.device).tril(), float("-inf"))
         y = F.scaled_dot_product_attention(view(q), view(k), view(v), attn_mask=bias, dropout_p=dropout_p,
@@ -227,10 +226,11 @@ def _padded_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool, 
     if causal:
         allowed = allowed & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
     mask = allowed
-    if bias is not None:                 # ALiBi: one (B, H, L, L) float mask, built once per batch for every layer
+    if slopes is not None:               # ALiBi: one (B, H, L, L) float mask, built once per batch for every layer
+        key = ("alibi", tuple(slopes.tolist()), q.dtype, causal)
         mask = p.scratch.get(key)
         if mask is None:
-            mask = p.scratch[key] = bias.masked_fill(~allowed, float("-inf"))
+            mask = p.scratch[key] = alibi_bias(slopes, L, q)[None].masked_fill(~allowed, float("-inf"))
     y = F.scaled_dot_product_attention(to_buffer(q, "q"), to_buffer(k, "k"), to_buffer(v, "v"),
                                        attn_mask=mask, dropout_p=dropout_p)
     return y.transpose(1, 2).reshape(B * L, H * D).index_select(0, p.pad_indices).view(N, H, D)

@@ -1,8 +1,8 @@
 """Pre-training with MLM (+ NSP): an explicit loop you can read top to bottom.
 
-Why one file of ~800 lines: setup, the update, evaluation and the run card share the run state
-(`Run`, a dataclass; `runstate.State` is the part a checkpoint saves); the planned redesign (the
-card in its own module) splits it.
+Why one file of ~740 lines: setup, the update and evaluation share the run state (`Run`, a
+dataclass; `runstate.State` is the part a checkpoint saves) and read best together; the run card is
+assembled in runlog.py, checkpoints in runstate.py.
 
     setup()      model, optimizer, data, device, precision; resume from the latest valid checkpoint
     train_step() one update: micro-batches (gradient accumulation), clipping, a non-finite guard
