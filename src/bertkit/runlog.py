@@ -278,8 +278,9 @@ def pretrain_card(run: "Run", world, stop_reason: str, final_eval: dict | None, 
 
     cfg, st, model = run.cfg, run.state, run.model
     out = Path(cfg.out)
-    peak_dtype = run.precision if world.device.type == "cuda" else torch.float32
-    peak = gemm_peak(world.device, peak_dtype) * world.world_size
+    # the peak in the precision the matrix multiplies ran in (a bf16 run against an fp32 peak read
+    # MFU 1.38 on a CPU whose bf16 GEMMs run 2x fp32)
+    peak = gemm_peak(world.device, run.precision) * world.world_size
     achieved = st.flops / max(st.elapsed, 1e-9)
     ph = run.phases
     mc = model.config
