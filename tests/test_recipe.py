@@ -143,17 +143,23 @@ def test_a_causal_model_pools_its_last_real_token():
     torch.testing.assert_close(model(longer_ids, attention_mask=longer_mask)[0], logits, atol=1e-5, rtol=1e-5)
 
 
-def test_packed_auto_follows_the_device_and_what_varlen_can_run():
-    """'auto' packs on the CPU; on a GPU only where varlen flash attention runs it (bf16/fp16 and no
-    attention dropout), since packed attention is otherwise a padded call plus copies (slower on an
-    H200); the reason is recorded for the run card."""
+def test_packed_auto_follows_the_device_the_data_and_what_varlen_can_run():
+    """'auto' on the CPU packs only data with much padding for a model wider than BERT-tiny (padded
+    ran more updates on prepare's 83%-full data at every width); on a GPU only where varlen flash
+    attention runs it (bf16/fp16 and no attention dropout), since packed attention is otherwise a
+    padded call plus copies (slower on an H200); the reason is recorded for the run card."""
     from bertkit import packing
     from bertkit.model import BertConfig
     from bertkit.train import resolve_packed
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     drop, nodrop = BertConfig(attention_dropout=0.1), BertConfig(attention_dropout=0.0)
-    assert resolve_packed("auto", cpu, torch.float32, drop)[0] is True
+    assert drop.hidden_size > 128
+    assert resolve_packed("auto", cpu, torch.float32, drop, fill=0.5)[0] is True
+    packed, why = resolve_packed("auto", cpu, torch.float32, drop, fill=0.9)
+    assert packed is False and "90% real tokens" in why
+    assert resolve_packed("auto", cpu, torch.float32, drop)[0] is False          # fill unknown: padded
+    assert resolve_packed("auto", cpu, torch.float32, BertConfig(hidden_size=128, num_heads=2), fill=0.5)[0] is False
     assert resolve_packed("false", cpu, torch.float32, nodrop) == (False, "asked: train.packed=false")
     assert resolve_packed("true", gpu, torch.float32, drop)[0] is True
     assert resolve_packed("auto", gpu, torch.float32, nodrop)[0] is False

@@ -154,10 +154,10 @@ class TrainSection:
     """'auto' (bf16 autocast on a GPU with bf16, and on a CPU where a bf16 GEMM is measured faster than
     fp32: AMX, AVX512-BF16; else fp32), 'fp32', 'bf16' or 'fp16' (GPU, with a scaler). Weights stay fp32."""
     packed: str = "auto"
-    """Padding-free encoder path (real tokens only, `packing.pack`): 'auto' (the CPU: packed, measured
-    faster by benchmarks/pretrain_vs_hf.py; a GPU: packed only where varlen flash attention runs it -
-    bf16/fp16 without attention dropout - else padded, measured faster; the run card says which and
-    why), 'true', 'false'."""
+    """Padding-free encoder path (real tokens only, `packing.pack`): 'auto' (the CPU: padding-free only
+    for data under 75% real tokens and a model wider than 128, else padded, as measured; a GPU: packed
+    only where varlen flash attention runs it - bf16/fp16 without attention dropout - else padded,
+    measured faster; the run card says which and why), 'true', 'false'."""
     compile: bool = False
     """torch.compile the model."""
     clip_norm: float = 1.0

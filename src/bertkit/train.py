@@ -247,7 +247,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
         tokenizer.save(out / "tokenizer")
     model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)
     precision, precision_reason = _precision(tc.precision, world.device, model.config)
-    packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config)
+    packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config, data_fill(phases[0]))
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
     optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
                                 cfg.optim.betas, cfg.optim.eps)
@@ -270,21 +270,46 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     return run
 
 
-def resolve_packed(name: str, device: torch.device, precision: torch.dtype, model_cfg) -> tuple[bool, str]:
-    """Whether the encoder runs padding-free (`packing.pack`), and why. 'auto': on the CPU always (the
-    linear layers skip the padding, attention is grouped by length; benchmarks/pretrain_vs_hf.py);
-    on a GPU only where varlen flash attention serves it (bf16/fp16 and no attention dropout):
-    otherwise packed attention is one padded SDPA call plus a scatter and a gather per layer, and
-    the padded path measured faster (BERT-base 256 x 128 on an H200, benchmarks/gpu_all.sh)."""
+# Padding-free batches on the CPU (2 threads, AMD EPYC Zen 4, bf16, 45 s of pre-training each,
+# 2026-12-01): data with 83% real tokens ran 1.09x / 1.20x / 1.15x more updates padded at hidden
+# 128 / 256 / 512; data with 59% real tokens 1.19x more padded at 128, but 1.10x / 1.29x more
+# padding-free at 256 / 512. Below this share of real tokens (and above hidden 128) 'auto' packs.
+CPU_PACK_BELOW_FILL = 0.75
+CPU_PACK_ABOVE_WIDTH = 128
+
+
+def resolve_packed(name: str, device: torch.device, precision: torch.dtype, model_cfg,
+                   fill: float | None = None) -> tuple[bool, str]:
+    """Whether the encoder runs padding-free (`packing.pack`), and why. `fill`: the training data's
+    real tokens per position of its longest instance (None: unknown). 'auto' on the CPU: padding-free
+    where it skips enough padding to pay for its gathers (fill below CPU_PACK_BELOW_FILL and a model
+    wider than CPU_PACK_ABOVE_WIDTH; measured above), padded otherwise (prepare's full-sentence and NSP
+    data are 83-97% real tokens); on a GPU only where varlen flash attention serves it (bf16/fp16
+    and no attention dropout): otherwise packed attention is one padded SDPA call plus a scatter and
+    a gather per layer, and the padded path measured faster (BERT-base 256 x 128 on an H200,
+    benchmarks/gpu_all.sh)."""
     choice = str(name).lower()
     if choice in ("true", "false"):
         return choice == "true", f"asked: train.packed={choice}"
     if device.type != "cuda":
-        return True, "auto: padding-free on the CPU"
+        share = "" if fill is None else f"{fill:.0%} real tokens, "
+        if fill is not None and fill < CPU_PACK_BELOW_FILL and model_cfg.hidden_size > CPU_PACK_ABOVE_WIDTH:
+            return True, f"auto: padding-free on the CPU ({share}hidden {model_cfg.hidden_size})"
+        return False, f"auto: padded on the CPU ({share}hidden {model_cfg.hidden_size}: padding-free pays " \
+                      f"below {CPU_PACK_BELOW_FILL:.0%} real tokens above hidden {CPU_PACK_ABOVE_WIDTH})"
     why_not = varlen_runs(device, precision, model_cfg.attention_dropout)
     if why_not is not None:
         return False, f"auto: padded ({why_not})"
     return True, "auto: packed (varlen flash attention)"
+
+
+def data_fill(phase: "Phase", sample: int = 100_000) -> float | None:
+    """Real tokens per position of the longest instance, over (a sample of) a phase's training data."""
+    try:
+        lengths = np.asarray(phase.data.lengths())[phase.indices[:sample]]
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+    return float(lengths.mean() / lengths.max()) if lengths.size and lengths.max() > 0 else None
 
 
 def _precision(name: str, device: torch.device, model_cfg) -> tuple[torch.dtype, str]:
