@@ -117,6 +117,9 @@ def test_pretrain_run_learns_and_leaves_everything(data, tmp_path):
     assert math.isclose(evals[-1]["eval_perplexity"], math.exp(evals[-1]["eval_mlm_loss"]), rel_tol=1e-6)
     assert card["updates"] == 40 and card["tokens_seen"] > 0 and card["final_eval"] == evals[-1]
     assert 0 < card["mfu"] < 1.5 and card["parameters"] > 0 and card["global_batch"] == 4
+    # train.packed auto on the CPU is chosen from this data's share of real tokens, and says so
+    assert card["packed_reason"].startswith("auto: ") and "real tokens" in card["packed_reason"]
+    assert card["packed"] == card["packed_reason"].startswith("auto: padding-free")
     assert (out / "run_card.md").read_text().startswith("# Run card")
     assert json.loads((out / "run_card.json").read_text())["command"] == "test"
     assert (out / "curves.png").stat().st_size > 1000

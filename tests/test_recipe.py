@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -141,6 +142,17 @@ def test_a_causal_model_pools_its_last_real_token():
     longer_ids = torch.cat([ids, torch.zeros(3, 4, dtype=ids.dtype)], 1)
     longer_mask = torch.cat([mask, torch.zeros(3, 4, dtype=mask.dtype)], 1)
     torch.testing.assert_close(model(longer_ids, attention_mask=longer_mask)[0], logits, atol=1e-5, rtol=1e-5)
+
+
+def test_data_fill_is_real_tokens_per_position_of_the_longest_training_instance():
+    from types import SimpleNamespace
+
+    from bertkit.train import data_fill
+
+    data = SimpleNamespace(lengths=lambda: np.array([128, 64, 96, 128, 32]))
+    assert data_fill(SimpleNamespace(data=data, indices=np.arange(4))) == pytest.approx(416 / 4 / 128)
+    assert data_fill(SimpleNamespace(data=data, indices=np.arange(5)), sample=2) == pytest.approx(0.75)
+    assert data_fill(SimpleNamespace(data=data, indices=np.arange(0))) is None
 
 
 def test_packed_auto_follows_the_device_the_data_and_what_varlen_can_run():

@@ -1,6 +1,6 @@
 """Pre-training with MLM (+ NSP): an explicit loop you can read top to bottom.
 
-Why one file of ~740 lines: setup, the update and evaluation share the run state (`Run`, a
+Why one file of ~760 lines: setup, the update and evaluation share the run state (`Run`, a
 dataclass; `runstate.State` is the part a checkpoint saves) and read best together; the run card is
 assembled in runlog.py, checkpoints in runstate.py.
 
@@ -247,7 +247,8 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
         tokenizer.save(out / "tokenizer")
     model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)
     precision, precision_reason = _precision(tc.precision, world.device, model.config)
-    packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config, data_fill(phases[0]))
+    fill = data_fill(phases[0]) if str(tc.packed).lower() == "auto" and world.device.type != "cuda" else None
+    packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config, fill)
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
     optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
                                 cfg.optim.betas, cfg.optim.eps)
@@ -304,11 +305,9 @@ def resolve_packed(name: str, device: torch.device, precision: torch.dtype, mode
 
 
 def data_fill(phase: "Phase", sample: int = 100_000) -> float | None:
-    """Real tokens per position of the longest instance, over (a sample of) a phase's training data."""
-    try:
-        lengths = np.asarray(phase.data.lengths())[phase.indices[:sample]]
-    except (AttributeError, IndexError, TypeError, ValueError):
-        return None
+    """Real tokens per position of the longest instance, over the first `sample` training instances
+    of a phase (None for no data). Read from the shards' offsets only: what CPU 'auto' packing needs."""
+    lengths = phase.data.lengths()[phase.indices[:sample]]
     return float(lengths.mean() / lengths.max()) if lengths.size and lengths.max() > 0 else None
 
 
