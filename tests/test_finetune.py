@@ -404,3 +404,60 @@ def test_run_card_records_a_causal_model(tiny_model, sst_dir, tmp_path):
     finetune(cfg(task="sst2", data=str(sst_dir), model=str(src), out=str(tmp_path / "run"), epochs=1))
     card = json.loads((tmp_path / "run" / "run_card.json").read_text())
     assert card["attention"] == "causal (left-to-right)"
+
+
+def test_mean_pooling_trains_travels_with_the_checkpoint_and_is_refused_where_nothing_pools(
+        tiny_model, sst_dir, conll_dir, tmp_path, capsys):
+    out = tmp_path / "mean"
+    result = finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out), pooling="mean"))
+    assert result["dev"]["accuracy"] >= 0.95, result["history"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["classifier_pooling"] == "mean"
+    ours, _ = load_finetuned(out)
+    assert ours.config.classifier_pooling == "mean"
+    # the pooler reads the mean of the real tokens' states: padded, packed and by hand agree
+    tok = Tokenizer.from_dir(out)
+    batch = tok(["the movie was good", "a bad plot and it is very poor"])
+    with torch.no_grad():
+        logits, _ = ours(**batch)
+        h = ours.bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        m = batch["attention_mask"][..., None].float()
+        by_hand = ours.classifier(torch.tanh(ours.bert.pooler((h * m).sum(1) / m.sum(1))))
+        torch.testing.assert_close(logits, by_hand, atol=1e-5, rtol=1e-4)
+        cls_logits = ours.classifier(torch.tanh(ours.bert.pooler(h[:, 0])))
+        assert not torch.allclose(logits, cls_logits, atol=1e-3)     # not the [CLS] reading
+    # evaluate (the padding-free Predictor) re-computes the saved checkpoint's dev metric exactly
+    assert main(["evaluate", "--model", str(out), "--data", str(sst_dir / "dev.tsv"), "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ev["accuracy"] == pytest.approx(result["dev"]["accuracy"])
+    # a random-init baseline pools the same way; tagging has no pooler to choose for
+    base = tmp_path / "mean_random"
+    finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(base), pooling="mean",
+                 init="random", epochs=1))
+    assert json.loads((base / "config.json").read_text())["classifier_pooling"] == "mean"
+    assert main(["finetune", "--task", "conll2003", "--data", str(conll_dir), "--model", str(tiny_model),
+                 "--out", str(tmp_path / "ner"), "--pooling", "mean", "--no-progress"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pooling" in err[0] and "conll2003" in err[0], err
+
+
+def test_dropout_option_sets_the_fine_tuning_dropout_and_is_recorded(tiny_model, sst_dir, tmp_path):
+    """--dropout overrides the checkpoint's dropout for fine-tuning (the CPU recipes pre-train with
+    it off; the paper fine-tunes with 0.1); the run card and the saved config.json say what ran."""
+    from bertkit.finetune import build_model
+    from bertkit.tasks import get_task
+
+    task = get_task("sst2")
+    for init in ("pretrained", "random"):
+        m = build_model(task, cfg(task="sst2", model=str(tiny_model), init=init, dropout=0.25), ["0", "1"])
+        rates = {mod.p for mod in m.modules() if isinstance(mod, torch.nn.Dropout)}
+        assert rates == {0.25} and m.config.attention_dropout == 0.25, (init, rates)
+        assert all(b.attn.dropout == 0.25 for b in m.bert.blocks)
+    out = tmp_path / "d"
+    finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out), dropout=0.0, epochs=1))
+    card = json.loads((out / "run_card.json").read_text())
+    assert card["dropout"] == {"hidden": 0.0, "attention": 0.0, "head": 0.0} and card["pooling"] == "cls"
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == 0.0
+    with pytest.raises(Exception, match="dropout must be in"):
+        cfg(task="sst2", dropout=1.0)

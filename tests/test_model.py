@@ -290,6 +290,12 @@ def test_config_round_trip_and_errors():
         BertConfig.from_hf_dict({"position_embedding_type": "relative_key"})
     with pytest.raises(ConfigError, match="unknown preset"):
         preset("huge")
+    # classifier_pooling: written only when not BERT's [CLS] (ModernBERT's key), read back, checked
+    assert "classifier_pooling" not in cfg.to_hf_dict()
+    mean = cfg.replace(classifier_pooling="mean")
+    assert mean.to_hf_dict()["classifier_pooling"] == "mean" and BertConfig.from_hf_dict(mean.to_hf_dict()) == mean
+    with pytest.raises(ConfigError, match="classifier_pooling 'max'"):
+        BertConfig.from_hf_dict({"classifier_pooling": "max"})
 
 
 def test_mlm_loss_only_on_masked_positions():

@@ -291,3 +291,23 @@ def test_neighbour_attention_init_points_each_head_at_its_neighbour(norm):
         load_config(PretrainConfig, None, ["--model.attention_init=neighbours", "--model.position_init=sinusoidal"])
     with pytest.raises(RunConfigError, match="model.attention_init 'neighbours' starts a new model"):
         load_config(PretrainConfig, None, ["--model.attention_init=neighbours", "--model.init_from=/x"])
+
+
+def test_classifier_pooling_travels_from_pretraining_to_fine_tuning(data, tmp_path):
+    """model.classifier_pooling=mean is written into the checkpoint; a sentence head fine-tuned
+    from it pools the mean of the tokens unless `finetune --pooling` says otherwise."""
+    from bertkit.finetune import FinetuneConfig, build_model
+    from bertkit.tasks import get_task
+    from bertkit.train import pretrain
+
+    cfg = tiny_config(data[64], tmp_path / "run", **{"train.max_steps": 2, "train.eval_every": 0,
+                                                      "train.checkpoint_every": 0, "train.nsp": False,
+                                                      "model.classifier_pooling": "mean"})
+    card = pretrain(cfg, command="test")
+    assert card["sentence_pooling"].startswith("mean")
+    final = tmp_path / "run" / "final"
+    assert json.loads((final / "config.json").read_text())["classifier_pooling"] == "mean"
+    task = get_task("sst2")
+    for pooling, init, expect in ((None, "pretrained", "mean"), (None, "random", "mean"), ("cls", "pretrained", "cls")):
+        model = build_model(task, FinetuneConfig(task="sst2", model=str(final), init=init, pooling=pooling), ["0", "1"])
+        assert model.config.classifier_pooling == model.bert.config.classifier_pooling == expect, (pooling, init)

@@ -212,7 +212,7 @@ def check_config_json(raw: Any, cj: Path) -> None:
         v, vocab = raw["pad_token_id"], raw.get("vocab_size", 30522)
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
             raise bad("pad_token_id", f"null or an id in [0, vocab_size {vocab})")
-    for key in ("model_type", "hidden_act", "position_embedding_type", "bertkit_norm_position"):
+    for key in ("model_type", "hidden_act", "position_embedding_type", "bertkit_norm_position", "classifier_pooling"):
         if key in raw and raw[key] is not None and not isinstance(raw[key], str):
             raise bad(key, "a string")
     for key in ("tie_word_embeddings", "bertkit_causal", "is_decoder", "add_cross_attention"):
@@ -256,8 +256,10 @@ def build(head: str, cfg: BertConfig, **head_args: Any) -> nn.Module:
 
 
 def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = False,
-               **head_args: Any) -> nn.Module:
+               config_changes: dict[str, Any] | None = None, **head_args: Any) -> nn.Module:
     """Load a Hugging Face BERT folder as bertkit `head` (default: the head its config names).
+    `config_changes`: BertConfig fields that change no weight shape (dropout, pooling) set for
+    this use, as fine-tuning's --dropout / --pooling.
 
     Weights of other heads are ignored; encoder weights that are missing, unknown or of the
     wrong shape are one CheckpointError listing them. A head the checkpoint lacks is an error
@@ -266,6 +268,8 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     """
     path = Path(path)
     cfg, raw = read_config(path)
+    if config_changes:
+        cfg = cfg.replace(**config_changes)
     if head != "encoder" and not new_head_ok and ("bertkit_probe" in raw or "bertkit_probe_layers" in raw):
         return load_probe(path, raw, head)      # a linear head on frozen features (finetune --freeze)
     sd = read_state_dict(path)

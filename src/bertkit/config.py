@@ -63,6 +63,10 @@ class BertConfig:
     slope_h * |i - j|, slopes 1, 1/2, 1/4, ...). ALiBi checkpoints load in bertkit only."""
     classifier_dropout: float | None = None
     """Dropout before task heads; None = hidden_dropout (as in Hugging Face)."""
+    classifier_pooling: str = "cls"
+    """What the pooler (dense + tanh) of sentence heads and NSP reads: 'cls' (BERT: the [CLS] state;
+    the Hugging Face layout) or 'mean' (the mean over the sequence's tokens, as ModernBERT's
+    classifier_pooling; bertkit only: transformers' BertModel pools [CLS])."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Hugging Face config keys that do not change the computation (kept for the round trip)."""
 
@@ -76,6 +80,8 @@ class BertConfig:
         if self.position_embedding_type not in ("absolute", "alibi"):
             raise ConfigError(f"position_embedding_type {self.position_embedding_type!r}: expected 'absolute' "
                               "or 'alibi' (bertkit does not implement transformers' relative_key variants)")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ConfigError(f"classifier_pooling {self.classifier_pooling!r}: expected 'cls' or 'mean'")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; use one of {ACTIVATIONS}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -116,6 +122,10 @@ class BertConfig:
             d["bertkit_norm_position"] = self.norm_position
         else:
             d.pop("bertkit_norm_position", None)
+        if self.classifier_pooling != "cls":
+            d["classifier_pooling"] = self.classifier_pooling
+        else:
+            d.pop("classifier_pooling", None)
         if architectures:
             d["architectures"] = architectures
         d.update(more)
@@ -139,6 +149,7 @@ class BertConfig:
             "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
             "layer_norm_eps": "layer_norm_eps", "initializer_range": "initializer_range",
             "pad_token_id": "pad_token_id", "classifier_dropout": "classifier_dropout",
+            "classifier_pooling": "classifier_pooling",
         }
         kwargs: dict[str, Any] = {}
         extra: dict[str, Any] = {}

@@ -124,6 +124,16 @@ class FinetuneConfig:
     default for embeddings, whose [CLS] vector is constant)."""
     probe_layers: int | None = None
     """Older spelling: with freeze, concatenate the last K layers (= probe_features concat_last_K)."""
+    dropout: float | None = None
+    """Dropout while fine-tuning, on the embeddings, each residual branch, the attention
+    probabilities and before the head (the paper: 0.1). None = the checkpoint's (config.json's
+    hidden/attention/classifier dropout; a model pre-trained with dropout off, as the CPU recipes
+    are, then fine-tunes without it: give 0.1 to fine-tune as the paper does)."""
+    pooling: Literal["cls", "mean"] | None = None
+    """Sentence(-pair) and multiple-choice heads: what the pooler reads, the [CLS] state ('cls',
+    BERT's and the Hugging Face layout) or the mean over the tokens ('mean'; bertkit only: it
+    serves a model pre-trained without a sentence objective, whose [CLS] state learned nothing of
+    its own). None = the checkpoint's (config.json's classifier_pooling; 'cls' when absent)."""
     packed: bool = True
     """Padding-free training batches (`bertkit.packing.pack`) on heads that accept them (evaluation
     runs through `infer.Predictor`, always padding-free)."""
@@ -146,8 +156,13 @@ class FinetuneConfig:
         for key in ("batch_size", "max_length", "probe_layers", "log_every", "eval_batch_size"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise BertkitError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise BertkitError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.lr <= 0 or self.epochs <= 0:
             raise BertkitError("lr and epochs must be positive")
+        if self.freeze and self.pooling is not None:
+            raise BertkitError("pooling chooses what a fine-tuned head's pooler reads; a frozen probe "
+                               "takes probe_pooling")
         if (self.probe_features, self.probe_layers, self.probe_pooling) != (None, None, None) and not self.freeze:
             raise BertkitError("probe_features / probe_pooling / probe_layers choose a frozen probe's features: "
                                "give freeze too (--freeze)")
@@ -275,20 +290,26 @@ def build_model(task: Task, cfg: FinetuneConfig, labels: Sequence[str] | None) -
     from .checkpoint import build, load_model, read_config
 
     args = task.head_args(labels)
+    changes: dict = {} if cfg.pooling is None else {"classifier_pooling": cfg.pooling}
+    if cfg.dropout is not None:
+        changes.update(hidden_dropout=cfg.dropout, attention_dropout=cfg.dropout, classifier_dropout=None)
     if cfg.freeze:
         from .probe import ProbeModel
         if cfg.init == "random":
             if cfg.features == "pooler":
                 raise BertkitError("probe features 'pooler' with init random: a frozen random pooler is not a feature")
-            encoder = build("encoder", read_config(Path(cfg.model))[0], add_pooler=False)
-        else:
-            encoder = load_model(cfg.model, head="encoder")   # a pooler only where the checkpoint has one
+            encoder = build("encoder", read_config(Path(cfg.model))[0].replace(**changes), add_pooler=False)
+        else:   # a pooler only where the checkpoint has one
+            encoder = load_model(cfg.model, head="encoder", config_changes=changes)
         return ProbeModel(encoder, task.head, args.get("num_labels", 0), cfg.features, args.get("problem"),
                           cfg.probe_pooling)
+    if cfg.pooling is not None and task.head not in ("sequence_classification", "multiple_choice"):
+        raise BertkitError(f"pooling {cfg.pooling!r}: only sentence(-pair) and multiple-choice heads pool; "
+                           f"task {task.name} reads every token")
     if cfg.init == "random":
         config, _ = read_config(Path(cfg.model))
-        return build(task.head, config, **args)
-    return load_model(cfg.model, head=task.head, new_head_ok=True, **args)
+        return build(task.head, config.replace(**changes), **args)
+    return load_model(cfg.model, head=task.head, new_head_ok=True, config_changes=changes, **args)
 
 
 # ---- batches ------------------------------------------------------------------------------------

@@ -78,6 +78,10 @@ def build_card(cfg, task, model, labels, inputs: dict, result: dict, command: st
         "trainable_parameters": trainable,
         "attention": "causal (left-to-right)" if config.causal else "bidirectional",
         "normalization": f"{getattr(config, 'norm_position', 'post')}-LN",
+        "dropout": {"hidden": config.hidden_dropout, "attention": config.attention_dropout,
+                    "head": config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout},
+        "pooling": None if probe or task.head not in ("sequence_classification", "multiple_choice")
+                   else getattr(config, "classifier_pooling", "cls"),
         "layers": config.num_layers, "hidden_size": config.hidden_size, "heads": config.num_heads,
         "task": task.name, "head": task.head, "labels": labels, "max_length": cfg.max_length,
         "inputs": inputs, "global_batch": cfg.batch_size, "epochs": cfg.epochs, "updates": result["updates"],
@@ -107,11 +111,14 @@ def write_card(out: Path, card: dict) -> None:
                       f"{card['heads']} heads, {_fmt(card['parameters'])} parameters "
                       f"({_fmt(card['trainable_parameters'])} trained)"),
             ("attention direction", card["attention"]), ("normalization placement", card["normalization"]),
-            ("task / head", f"{card['task']} / {card['head']}" + (f", labels {card['labels']}" if card["labels"] else "")),
+            ("task / head", f"{card['task']} / {card['head']}" + (f", labels {card['labels']}" if card["labels"] else "")
+             + (f"; pooler over {'[CLS]' if card['pooling'] == 'cls' else 'the mean of the tokens'}"
+                if card.get("pooling") else "")),
             ("long inputs", describe_inputs(card["inputs"], card["max_length"])),
             ("batch / epochs / updates", f"{card['global_batch']} / {card['epochs']} / {card['updates']}"),
             ("optimizer", f"{card['optimizer']}, peak lr {card['peak_lr']}, warmup {card['warmup']}, "
                           f"weight decay {card['weight_decay']}"),
+            ("dropout", ", ".join(f"{k} {v}" for k, v in card["dropout"].items()) if card.get("dropout") else "-"),
             ("tokens seen (training)", _fmt(card["tokens_seen"])),
             ("compute", f"{_fmt(card['train_flops'])} FLOPs training + {_fmt(card['eval_flops'])} FLOPs dev "
                         f"evaluation"),

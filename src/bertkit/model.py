@@ -193,9 +193,12 @@ class BertModel(nn.Module):
         return states if all_layers else x
 
     def pool(self, hidden: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None) -> Tensor:
-        """The summary token of each sequence through dense + tanh: (B, C)."""
+        """Each sequence's summary through dense + tanh: (B, C). The summary is the [CLS] state
+        (BERT), or the mean over its tokens where config.classifier_pooling is 'mean'."""
         if self.pooler is None:
             raise ValueError("this model was built without a pooler")
+        if self.config.classifier_pooling == "mean":
+            return torch.tanh(self.pooler(pool_tokens(hidden, "mean", packed, attention_mask)))
         return torch.tanh(self.pooler(summary_token(hidden, self.config.causal, packed, attention_mask)))
 
 

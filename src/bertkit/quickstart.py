@@ -17,7 +17,7 @@ QUICKSTART_VOCAB = 4000
 QUICKSTART_SEQ = 128
 QUICKSTART_RECIPE = {
     "model.preset": "tiny", "model.norm_position": "pre", "model.position_embedding_type": "alibi",
-    "model.hidden_dropout": 0.0,
+    "model.hidden_dropout": 0.0, "model.classifier_pooling": "mean",
     "model.attention_dropout": 0.0, "train.nsp": False, "train.batch_size": 32, "train.precision": "auto", "train.packed": False,
     "optim.lr": 2e-3, "optim.warmup": 0.05, "optim.schedule": "linear",
 }

@@ -295,6 +295,8 @@ def pretrain_card(run: "Run", world, stop_reason: str, final_eval: dict | None, 
         "normalisation": "pre-LN (+ final LayerNorm)" if mc.norm_position == "pre" else "post-LN (BERT)",
         "positions": "ALiBi (attention falls with distance; no position table)" if mc.position_embedding_type == "alibi"
                      else "learned absolute table (BERT)",
+        "sentence_pooling": "mean over the tokens (bertkit only)" if mc.classifier_pooling == "mean"
+                            else "[CLS] (BERT)",
         "dropout": f"hidden {mc.hidden_dropout}, attention {mc.attention_dropout}",
         "sequence_lengths": [p.max_len for p in ph],
         "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,
@@ -323,8 +325,8 @@ def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
     lines = [f"# Run card: {card.get('name', out.name)}", "",
              f"Command: `{card.get('command', '')}`", "",
              "| item | value |", "|---|---|"]
-    for key in ("model", "parameters", "vocab_size", "objective", "attention", "normalisation", "positions", "dropout",
-                "sequence_lengths", "global_batch", "updates", "tokens_seen", "optimizer", "peak_lr", "schedule",
+    for key in ("model", "parameters", "vocab_size", "objective", "attention", "normalisation", "positions",
+                "sentence_pooling", "dropout", "sequence_lengths", "global_batch", "updates", "tokens_seen", "optimizer", "peak_lr", "schedule",
                 "precision", "precision_reason", "packed", "packed_reason", "world_size",
                 "wall_time_s", "tokens_per_s", "train_flops", "achieved_flops_per_s", "gemm_peak_flops_per_s",
                 "mfu", "stop_reason", "data", "seed"):

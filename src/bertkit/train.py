@@ -446,7 +446,7 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
                       hidden_act=mc.hidden_act, hidden_dropout=mc.hidden_dropout,
                       attention_dropout=mc.attention_dropout, norm_position=mc.norm_position, causal=mc.causal,
                       position_embedding_type=mc.position_embedding_type,
-                      **overrides)
+                      classifier_pooling=mc.classifier_pooling, **overrides)
     torch.manual_seed(cfg.train.seed)
     model = init_weights(build("pretraining", bert_cfg, **head_args), bert_cfg)
     if mc.position_init == "sinusoidal":

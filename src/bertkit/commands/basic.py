@@ -198,7 +198,8 @@ def run_info(args) -> int:
         + f"{'; pre-LN (bertkit only)' if c.get('bertkit_norm_position') == 'pre' else ''}, segment types "
           f"{c['type_vocab_size']}, vocab {c['vocab_size']}",
         f"parameters   {info['parameters']:,} ({info['encoder_parameters']:,} in the encoder)",
-        f"heads        pooler: {'yes' if info['pooler'] else 'no'}; "
+        f"heads        pooler: {'yes' if info['pooler'] else 'no'}"
+        f"{' (over the mean of the tokens; bertkit only)' if c.get('classifier_pooling') == 'mean' else ''}; "
         f"{', '.join(info['heads']) or 'none (encoder only)'}",
     ]
     if "labels" in info:
