@@ -461,3 +461,23 @@ def test_dropout_option_sets_the_fine_tuning_dropout_and_is_recorded(tiny_model,
     assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == 0.0
     with pytest.raises(Exception, match="dropout must be in"):
         cfg(task="sst2", dropout=1.0)
+
+
+def test_layer_lr_decay_reaches_the_training_loop(tiny_model, sst_dir, tmp_path):
+    """With a tiny decay the embeddings (lr x decay^(L+1)) stay where they were while the head
+    trains; the run card records the decay."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "llrd"
+    finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out), epochs=1,
+                 layer_lr_decay=1e-3))
+    before, after = load_file(tiny_model / "model.safetensors"), load_file(out / "model.safetensors")
+    def change(suffix: str) -> float:
+        a, b = (next(t for k, t in sd.items() if k.endswith(suffix)) for sd in (after, before))
+        return float((a - b).abs().max())
+    assert change("word_embeddings.weight") < 1e-6
+    assert 1e-8 < change("layer.1.output.dense.weight") < 1e-3          # the last block: lr x 1e-3
+    assert change("pooler.dense.weight") > 1e-3                            # above the blocks: the full rate
+    assert json.loads((out / "run_card.json").read_text())["layer_lr_decay"] == 1e-3
+    with pytest.raises(Exception, match="layer_lr_decay"):
+        cfg(task="sst2", layer_lr_decay=0.0)

@@ -153,3 +153,25 @@ def test_fused_adamw_is_the_same_update():
             o.step()
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+
+
+def test_layer_wise_lr_decay_scales_each_depth_and_covers_every_parameter_once():
+    """layer_decay d: the head and pooler at the full rate, block l (1..L) at d^(L+1-l), the
+    embeddings at d^(L+1); weight decay split as without it; d = 1 is the plain two groups."""
+    from bertkit.checkpoint import build
+
+    cfg = preset("tiny", vocab_size=50, num_layers=3)
+    model = build("sequence_classification", cfg, num_labels=2)
+    d = 0.5
+    groups = param_groups(model, 0.01, layer_decay=d)
+    scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    wd = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    assert len(scale) == sum(len(g["params"]) for g in groups) == len(named)      # each once
+    for name, p in named.items():
+        want = (d ** 4 if name.startswith("bert.embeddings.") else
+                d ** (3 - int(name.split(".")[2])) if name.startswith("bert.blocks.") else 1.0)
+        assert scale[id(p)] == pytest.approx(want), name
+    plain = param_groups(model, 0.01)
+    assert len(plain) == 2 and all("lr_scale" not in g for g in plain)
+    assert wd == {id(p): g["weight_decay"] for g in plain for p in g["params"]}

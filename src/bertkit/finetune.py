@@ -100,6 +100,10 @@ class FinetuneConfig:
     """Warm-up as a fraction of the updates (< 1) or a number of updates."""
     weight_decay: float = 0.01
     """Decoupled weight decay (not on biases and LayerNorm weights)."""
+    layer_lr_decay: float = 1.0
+    """Layer-wise learning-rate decay (as ELECTRA fine-tunes): the task head, pooler and top
+    LayerNorm train at lr, block l of L at lr x decay^(L+1-l), the embeddings at lr x decay^(L+1),
+    so the lower layers' pre-trained features move least. 1.0 = one rate for all (the paper)."""
     optimizer: Literal["adamw", "adamw_google", "lamb"] = "adamw"
     """'adamw', 'adamw_google' (no bias correction, eps 1e-6) or 'lamb'."""
     clip_norm: float = 1.0
@@ -156,6 +160,8 @@ class FinetuneConfig:
         for key in ("batch_size", "max_length", "probe_layers", "log_every", "eval_batch_size"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise BertkitError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if not 0.0 < self.layer_lr_decay <= 1.0:
+            raise BertkitError(f"layer_lr_decay must be in (0, 1], got {self.layer_lr_decay}")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise BertkitError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.lr <= 0 or self.epochs <= 0:
@@ -440,7 +446,7 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     model.to(device)
     model.train()
     optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                fused=cfg.optimizer == "adamw")
+                                fused=cfg.optimizer == "adamw", layer_decay=cfg.layer_lr_decay)
     steps_per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
     total = max(1, round(steps_per_epoch * cfg.epochs))
     warmup = cfg.warmup * total if cfg.warmup < 1 else cfg.warmup
@@ -465,7 +471,7 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
                 break
             lr = lr_at(run.step, total, warmup, cfg.lr)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             model.train()
             feats = [train_feats[i] for i in order[start:start + cfg.batch_size]]
             _, loss, batch, layout = run_batch(model, task, feats, cfg.packed)

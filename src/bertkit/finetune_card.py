@@ -85,7 +85,7 @@ def build_card(cfg, task, model, labels, inputs: dict, result: dict, command: st
         "layers": config.num_layers, "hidden_size": config.hidden_size, "heads": config.num_heads,
         "task": task.name, "head": task.head, "labels": labels, "max_length": cfg.max_length,
         "inputs": inputs, "global_batch": cfg.batch_size, "epochs": cfg.epochs, "updates": result["updates"],
-        "optimizer": cfg.optimizer, "peak_lr": cfg.lr, "warmup": cfg.warmup, "weight_decay": cfg.weight_decay,
+        "optimizer": cfg.optimizer, "peak_lr": cfg.lr, "layer_lr_decay": cfg.layer_lr_decay, "warmup": cfg.warmup, "weight_decay": cfg.weight_decay,
         "tokens_seen": counts["tokens"], "train_flops": counts["train_flops"],
         "eval_flops": counts["eval_flops"], "packed": cfg.packed, "precision": "fp32", "seed": cfg.seed,
         "data": f"{result['train_file']} ({result['train_examples']} examples), dev {result['dev_file']}",
@@ -117,7 +117,9 @@ def write_card(out: Path, card: dict) -> None:
             ("long inputs", describe_inputs(card["inputs"], card["max_length"])),
             ("batch / epochs / updates", f"{card['global_batch']} / {card['epochs']} / {card['updates']}"),
             ("optimizer", f"{card['optimizer']}, peak lr {card['peak_lr']}, warmup {card['warmup']}, "
-                          f"weight decay {card['weight_decay']}"),
+                          f"weight decay {card['weight_decay']}"
+                          + (f", layer-wise lr decay {card['layer_lr_decay']}" if card.get("layer_lr_decay", 1.0) != 1.0
+                             else "")),
             ("dropout", ", ".join(f"{k} {v}" for k, v in card["dropout"].items()) if card.get("dropout") else "-"),
             ("tokens seen (training)", _fmt(card["tokens_seen"])),
             ("compute", f"{_fmt(card['train_flops'])} FLOPs training + {_fmt(card['eval_flops'])} FLOPs dev "

@@ -51,7 +51,7 @@ class ModelSection:
     classifier_pooling; `bertkit finetune --pooling` overrides it): 'cls' (BERT: the [CLS] state,
     which NSP trains; Hugging Face compatible) or 'mean' (the mean over the tokens; bertkit only).
     An MLM-only model's [CLS] state has no objective of its own: on SST-2 from the one-hour recipe,
-    mean pooling gave the fine-tuned model about 3 points more (docs/pretrain.md)."""
+    mean pooling gave the fine-tuned model half a point more (docs/pretrain.md)."""
     init_from: str | None = None
     """An HF/bertkit checkpoint folder to continue pre-training from (instead of random init)."""
     position_init: Literal["normal", "sinusoidal"] = "normal"
