@@ -326,7 +326,8 @@ def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
              f"Command: `{card.get('command', '')}`", "",
              "| item | value |", "|---|---|"]
     for key in ("model", "parameters", "vocab_size", "objective", "attention", "normalisation", "positions",
-                "sentence_pooling", "dropout", "sequence_lengths", "global_batch", "updates", "tokens_seen", "optimizer", "peak_lr", "schedule",
+                "sentence_pooling", "dropout", "sequence_lengths", "global_batch", "updates", "tokens_seen",
+                "optimizer", "peak_lr", "schedule",
                 "precision", "precision_reason", "packed", "packed_reason", "world_size",
                 "wall_time_s", "tokens_per_s", "train_flops", "achieved_flops_per_s", "gemm_peak_flops_per_s",
                 "mfu", "stop_reason", "data", "seed"):
