@@ -145,7 +145,8 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0,
         f"run card:  {root / 'run' / 'run_card.md'}",
         f"curves:    {root / 'run' / 'curves.png'}",
         f"next:      bertkit fill-mask --model {final} \"the united [MASK] of america .\"",
-        f"           bertkit finetune configs/finetune/sst2.yaml --model {final} --out runs/sst2",
+        f"           bertkit finetune configs/finetune/sst2.yaml --data nyu-mll/glue:sst2 --model {final} "
+        f"--out runs/sst2   (GLUE through pip install 'bertkit[datasets]'; or --data YOUR_SST2_FOLDER)",
         f"total {time.time() - t0:.0f} s",
     ]
     card["summary"] = lines
