@@ -307,6 +307,15 @@ def test_classifier_pooling_travels_from_pretraining_to_fine_tuning(data, tmp_pa
     assert card["sentence_pooling"].startswith("mean")
     final = tmp_path / "run" / "final"
     assert json.loads((final / "config.json").read_text())["classifier_pooling"] == "mean"
+    # continuing with model.init_from keeps the checkpoint's choice unless the config names one
+    for asked, expect in ((None, "mean"), ("cls", "cls")):
+        more = {"model.classifier_pooling": asked} if asked else {}
+        again = tiny_config(data[64], tmp_path / f"again-{asked}", **{"train.max_steps": 1, "train.eval_every": 0,
+                                                                      "train.checkpoint_every": 0, "train.nsp": False,
+                                                                      "model.init_from": str(final), **more})
+        assert pretrain(again, command="test")["sentence_pooling"].startswith("mean" if expect == "mean" else "[CLS]")
+        written = json.loads((tmp_path / f"again-{asked}" / "final" / "config.json").read_text())
+        assert written.get("classifier_pooling", "cls") == expect, asked
     task = get_task("sst2")
     for pooling, init, expect in ((None, "pretrained", "mean"), (None, "random", "mean"), ("cls", "pretrained", "cls")):
         model = build_model(task, FinetuneConfig(task="sst2", model=str(final), init=init, pooling=pooling), ["0", "1"])

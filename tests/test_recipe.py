@@ -167,14 +167,17 @@ def test_packed_auto_follows_the_device_the_data_and_what_varlen_can_run():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     drop, nodrop = BertConfig(attention_dropout=0.1), BertConfig(attention_dropout=0.0)
     assert drop.hidden_size > 128
-    assert resolve_packed("auto", cpu, torch.float32, drop, fill=0.5)[0] is True
-    packed, why = resolve_packed("auto", cpu, torch.float32, drop, fill=0.9)
+    assert resolve_packed("auto", cpu, torch.float32, drop, fill=lambda: 0.5)[0] is True
+    packed, why = resolve_packed("auto", cpu, torch.float32, drop, fill=lambda: 0.9)
     assert packed is False and "90% real tokens" in why
     assert resolve_packed("auto", cpu, torch.float32, drop)[0] is False          # fill unknown: padded
-    assert resolve_packed("auto", cpu, torch.float32, BertConfig(hidden_size=128, num_heads=2), fill=0.5)[0] is False
-    assert resolve_packed("false", cpu, torch.float32, nodrop) == (False, "asked: train.packed=false")
-    assert resolve_packed("true", gpu, torch.float32, drop)[0] is True
-    assert resolve_packed("auto", gpu, torch.float32, nodrop)[0] is False
+    narrow = BertConfig(hidden_size=128, num_heads=2)
+    assert resolve_packed("auto", cpu, torch.float32, narrow, fill=lambda: 0.5)[0] is False
+    def unread() -> float:
+        raise AssertionError("the data's fill is read only for CPU auto")
+    assert resolve_packed("false", cpu, torch.float32, nodrop, unread) == (False, "asked: train.packed=false")
+    assert resolve_packed("true", gpu, torch.float32, drop, unread)[0] is True
+    assert resolve_packed("auto", gpu, torch.float32, nodrop, unread)[0] is False
     packed, why = resolve_packed("auto", gpu, torch.bfloat16, drop)
     assert packed is False and "dropout" in why
     if packing._varlen_attn is not None:

@@ -1,6 +1,6 @@
 """Fine-tuning: one pre-trained encoder, one small task head, the paper's recipe (section 4).
 
-Why ~600 lines: the loop, evaluation and staged output; evaluation runs through `infer.Predictor`.
+Why ~650 lines: the loop, evaluation and staged output; evaluation runs through `infer.Predictor`.
 Running a fine-tuned checkpoint on new inputs (`evaluate`, `predict` commands) is `bertkit.predict`.
 
 The loop has the pre-training loop's shape - explicit phases you can read top to bottom:
@@ -309,9 +309,6 @@ def build_model(task: Task, cfg: FinetuneConfig, labels: Sequence[str] | None) -
             encoder = load_model(cfg.model, head="encoder", config_changes=changes)
         return ProbeModel(encoder, task.head, args.get("num_labels", 0), cfg.features, args.get("problem"),
                           cfg.probe_pooling)
-    if cfg.pooling is not None and task.head not in ("sequence_classification", "multiple_choice"):
-        raise BertkitError(f"pooling {cfg.pooling!r}: only sentence(-pair) and multiple-choice heads pool; "
-                           f"task {task.name} reads every token")
     if cfg.init == "random":
         config, _ = read_config(Path(cfg.model))
         return build(task.head, config.replace(**changes), **args)
@@ -423,6 +420,9 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
 
     # setup
     task = resolve_task(cfg.task, columns_of(cfg))
+    if cfg.pooling is not None and task.head not in ("sequence_classification", "multiple_choice"):
+        raise BertkitError(f"pooling {cfg.pooling!r}: only sentence(-pair) and multiple-choice heads pool; "
+                           f"task {task.name} reads every token")     # before any data is read
     if cfg.max_length is None:                       # the task's own window (SQuAD: 384)
         cfg.max_length = task.max_length
     train_examples, train_path = read_split(task, cfg, "train")

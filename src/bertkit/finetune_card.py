@@ -81,7 +81,7 @@ def build_card(cfg, task, model, labels, inputs: dict, result: dict, command: st
         "dropout": {"hidden": config.hidden_dropout, "attention": config.attention_dropout,
                     "head": config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout},
         "pooling": None if probe or task.head not in ("sequence_classification", "multiple_choice")
-                   else getattr(config, "classifier_pooling", "cls"),
+                   else config.classifier_pooling,
         "layers": config.num_layers, "hidden_size": config.hidden_size, "heads": config.num_heads,
         "task": task.name, "head": task.head, "labels": labels, "max_length": cfg.max_length,
         "inputs": inputs, "global_batch": cfg.batch_size, "epochs": cfg.epochs, "updates": result["updates"],

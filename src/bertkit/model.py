@@ -197,9 +197,8 @@ class BertModel(nn.Module):
         (BERT), or the mean over its tokens where config.classifier_pooling is 'mean'."""
         if self.pooler is None:
             raise ValueError("this model was built without a pooler")
-        if self.config.classifier_pooling == "mean":
-            return torch.tanh(self.pooler(pool_tokens(hidden, "mean", packed, attention_mask)))
-        return torch.tanh(self.pooler(summary_token(hidden, self.config.causal, packed, attention_mask)))
+        how = "mean" if self.config.classifier_pooling == "mean" else "last" if self.config.causal else "cls"
+        return torch.tanh(self.pooler(pool_tokens(hidden, how, packed, attention_mask)))
 
 
 def summary_token(hidden: Tensor, causal: bool, packed: Packed | None = None,

@@ -46,10 +46,11 @@ class ModelSection:
     causal: bool | None = None
     """Attention: false = bidirectional (BERT), true = causal (left-to-right, recorded in config.json
     so fine-tuning keeps it); None = what train.objective needs (clm: causal)."""
-    classifier_pooling: Literal["cls", "mean"] = "cls"
+    classifier_pooling: Literal["cls", "mean"] | None = None
     """What the pooler of a sentence head fine-tuned from this checkpoint reads (config.json's
     classifier_pooling; `bertkit finetune --pooling` overrides it): 'cls' (BERT: the [CLS] state,
     which NSP trains; Hugging Face compatible) or 'mean' (the mean over the tokens; bertkit only).
+    None = 'cls' for a new model, model.init_from's own choice when continuing one.
     An MLM-only model's [CLS] state has no objective of its own: on SST-2 from the one-hour recipe,
     mean pooling gave the fine-tuned model half a point more (docs/pretrain.md)."""
     init_from: str | None = None

@@ -247,8 +247,8 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
         tokenizer.save(out / "tokenizer")
     model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)
     precision, precision_reason = _precision(tc.precision, world.device, model.config)
-    fill = data_fill(phases[0]) if str(tc.packed).lower() == "auto" and world.device.type != "cuda" else None
-    packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config, fill)
+    packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config,
+                                           lambda: data_fill(phases[0]))
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
     optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
                                 cfg.optim.betas, cfg.optim.eps)
@@ -280,9 +280,10 @@ CPU_PACK_ABOVE_WIDTH = 128
 
 
 def resolve_packed(name: str, device: torch.device, precision: torch.dtype, model_cfg,
-                   fill: float | None = None) -> tuple[bool, str]:
-    """Whether the encoder runs padding-free (`packing.pack`), and why. `fill`: the training data's
-    real tokens per position of its longest instance (None: unknown). 'auto' on the CPU: padding-free
+                   fill: Callable[[], float | None] = lambda: None) -> tuple[bool, str]:
+    """Whether the encoder runs padding-free (`packing.pack`), and why. `fill()`: the training data's
+    real tokens per position of its longest instance (None: unknown); called only where CPU 'auto'
+    needs it (it reads every shard's offsets). 'auto' on the CPU: padding-free
     where it skips enough padding to pay for its gathers (fill below CPU_PACK_BELOW_FILL and a model
     wider than CPU_PACK_ABOVE_WIDTH; measured above), padded otherwise (prepare's full-sentence and NSP
     data are 83-97% real tokens); on a GPU only where varlen flash attention serves it (bf16/fp16
@@ -293,6 +294,7 @@ def resolve_packed(name: str, device: torch.device, precision: torch.dtype, mode
     if choice in ("true", "false"):
         return choice == "true", f"asked: train.packed={choice}"
     if device.type != "cuda":
+        fill = fill()
         share = "" if fill is None else f"{fill:.0%} real tokens, "
         if fill is not None and fill < CPU_PACK_BELOW_FILL and model_cfg.hidden_size > CPU_PACK_ABOVE_WIDTH:
             return True, f"auto: padding-free on the CPU ({share}hidden {model_cfg.hidden_size})"
@@ -434,8 +436,9 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
     head_args = {"nsp": cfg.train.nsp}
     if ckpt is not None:                     # weights come from the checkpoint's HF folder
         return _attention(load_model(ckpt / "model", head="pretraining", **head_args), mc.causal)
-    if mc.init_from:
-        model = load_model(mc.init_from, head="pretraining", new_head_ok=True, **head_args)
+    if mc.init_from:                         # its own shape; a pooling choice changes no weight
+        pooling = {"classifier_pooling": mc.classifier_pooling} if mc.classifier_pooling else None
+        model = load_model(mc.init_from, head="pretraining", new_head_ok=True, config_changes=pooling, **head_args)
         if model.config.vocab_size != vocab_size:
             raise RunConfigError(f"model.init_from {mc.init_from} has vocab_size {model.config.vocab_size}, "
                                  f"the data's tokenizer {vocab_size}")
@@ -446,7 +449,7 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
                       hidden_act=mc.hidden_act, hidden_dropout=mc.hidden_dropout,
                       attention_dropout=mc.attention_dropout, norm_position=mc.norm_position, causal=mc.causal,
                       position_embedding_type=mc.position_embedding_type,
-                      classifier_pooling=mc.classifier_pooling, **overrides)
+                      classifier_pooling=mc.classifier_pooling or "cls", **overrides)
     torch.manual_seed(cfg.train.seed)
     model = init_weights(build("pretraining", bert_cfg, **head_args), bert_cfg)
     if mc.position_init == "sinusoidal":
