@@ -159,6 +159,61 @@ def bf16_fast(hidden: int = 384, intermediate: int = 1536) -> bool:
     return capabilities(hidden, intermediate).bf16_fast
 
 
+# ---- which attention kernel training runs -----------------------------------------------------------
+ATTENTION_ENV = "BERTKIT_ATTENTION"
+MIN_ATTENTION_SPEEDUP = 1.2   # the written-out kernel must beat SDPA by this much (Zen 4 bf16: 2.4x)
+
+
+def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtype: torch.dtype = torch.bfloat16,
+                              batch: int = 8, rounds: int = 3) -> float:
+    """SDPA time / `packing.attention(kernel='math')` time for one training step of attention
+    (forward + backward, an additive ALiBi-style mask, (batch, heads, length, head_dim) in `dtype`),
+    on one thread: about 0.1-0.3 s in all. torch's CPU flash-attention backward in bf16 measured
+    2.4x slower than the written-out formula on an AMD EPYC Zen 4; on a CPU whose flash kernel
+    runs bf16 tiles (AMX) it may be the faster one, so it is timed, not assumed."""
+    from .packing import attention
+
+    threads = torch.get_num_threads()
+    g = torch.Generator().manual_seed(0)
+    T = length
+    pos = torch.arange(T)
+    mask = -(pos[:, None] - pos[None, :]).abs().to(dtype)[None, None].expand(batch, heads, T, T).contiguous()
+    q, k, v = (torch.randn(batch, heads, T, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    grad = torch.randn(batch, heads, T, head_dim, generator=g).to(dtype)
+
+    def step(kernel: str):
+        return lambda: attention(q, k, v, mask, kernel=kernel).backward(grad)
+    try:
+        torch.set_num_threads(1)
+        sdpa, math = _best_times([step("sdpa"), step("math")], rounds)
+    except RuntimeError:                                   # a dtype this build cannot run
+        return 0.0
+    finally:
+        torch.set_num_threads(threads)
+    return sdpa / math
+
+
+@functools.lru_cache(maxsize=8)
+def _attention_measured(heads: int, head_dim: int, length: int, dtype: torch.dtype) -> float:
+    return measure_attention_speedup(heads, head_dim, length, dtype)
+
+
+def attention_kernel(heads: int, head_dim: int, length: int = 128,
+                     dtype: torch.dtype = torch.bfloat16) -> tuple[str, str]:
+    """The kernel ('sdpa' or 'math', `packing.attention`) that trains fastest on this CPU for
+    attention of this shape and precision, and why (measured once per process and shape;
+    BERTKIT_ATTENTION=sdpa|math|auto overrides)."""
+    raw = os.environ.get(ATTENTION_ENV, "").strip().lower()
+    if raw in ("sdpa", "math"):
+        return raw, f"{ATTENTION_ENV}={raw}"
+    if raw not in ("", "auto"):
+        raise BertkitError(f"{ATTENTION_ENV}={os.environ[ATTENTION_ENV]!r}: expected sdpa, math or auto")
+    speedup = _attention_measured(int(heads), int(head_dim), int(length), dtype)
+    name = str(dtype).replace("torch.", "")
+    kernel = "math" if speedup >= MIN_ATTENTION_SPEEDUP else "sdpa"
+    return kernel, f"{name} attention forward + backward: the math kernel {speedup:.3g}x as fast as SDPA (measured)"
+
+
 def summary() -> str:
     """One line: the CPU, its bf16/AVX flags and the measured bf16 speed."""
     return capabilities().summary()

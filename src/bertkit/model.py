@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .packing import Packed, alibi_bias, packed_attention, segment_ids, unpack
+from .packing import Packed, alibi_bias, attention, packed_attention, segment_ids, unpack
 
 
 def activation(name: str):
@@ -67,18 +67,19 @@ class SelfAttention(nn.Module):
         self.query, self.key, self.value = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
         self.out = nn.Linear(C, C)
         self.slopes = alibi_slopes(cfg)                    # (H,) or None
+        self.kernel = "sdpa"                               # how training computes it (packing.attention)
 
     def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
         H, p = self.num_heads, self.dropout if self.training else 0.0
         split = lambda t: t.unflatten(-1, (H, -1))         # (..., C) -> (..., H, D)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         if isinstance(layout, Packed):                     # (N, H, D): the padding-free path
-            y = packed_attention(q, k, v, layout, causal=self.causal, dropout_p=p, slopes=self.slopes)
+            y = packed_attention(q, k, v, layout, causal=self.causal, dropout_p=p, slopes=self.slopes,
+                                 kernel=self.kernel)
         else:                                              # (B, T, H, D) -> (B, H, T, D)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             mask = attention_bias(layout, q, self.causal, self.slopes)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                               is_causal=self.causal and layout is None and self.slopes is None)
+            y = attention(q, k, v, mask, p, self.causal and layout is None and self.slopes is None, self.kernel)
             y = y.transpose(1, 2)                          # (B, T, H, D)
         return self.out(y.flatten(-2))                     # (..., C)
 

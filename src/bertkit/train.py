@@ -37,7 +37,7 @@ import torch
 from . import distributed as D
 from .checkpoint import build, load_model
 from .config import preset
-from .model import init_weights, neighbour_attention_, num_parameters, sinusoidal_positions_
+from .model import SelfAttention, init_weights, neighbour_attention_, num_parameters, sinusoidal_positions_
 from .packing import pack, varlen_runs
 from .optim import build_optimizer, lr_at
 from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config
@@ -78,6 +78,8 @@ class Run:
     precision_reason: str
     packed: bool                 # the encoder runs padding-free (`packing.pack`)
     packed_reason: str
+    attention_kernel: str        # what computes attention while training: 'sdpa' or 'math' (`packing.attention`)
+    attention_kernel_reason: str
     budget: float                # train.budget in seconds; 0: the run is bounded by train.max_steps
     resumed: bool                # restored from a checkpoint
     eval_batches: list[dict]     # this rank's held-out micro-batches, masked once
@@ -249,14 +251,20 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     precision, precision_reason = _precision(tc.precision, world.device, model.config)
     packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config,
                                            lambda: data_fill(phases[0]))
+    kernel, kernel_reason = attention_kernel(world.device, precision, model.config, phases[0].max_len or 128)
+    set_attention_kernel(model, kernel)
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
+    # torch's fused AdamW: the same update in one pass (BERT-mini on 2 cores: 3 ms instead of 15 per
+    # update); not under FSDP, whose sharded parameters take the per-tensor loop
     optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
-                                cfg.optim.betas, cfg.optim.eps)
+                                cfg.optim.betas, cfg.optim.eps,
+                                fused=cfg.optim.name == "adamw" and not (world.distributed and tc.distributed == "fsdp"))
     scaler = torch.amp.GradScaler("cuda") if precision == torch.float16 else None
     state = State()
     run = Run(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,
               state=state, phases=phases, tokenizer=tokenizer, precision=precision,
               precision_reason=precision_reason, packed=packed, packed_reason=packed_reason,
+              attention_kernel=kernel, attention_kernel_reason=kernel_reason,
               budget=budget, resumed=ckpt is not None, eval_batches=_eval_batches(cfg, phases[0], world),
               pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"))
     if ckpt is not None:
@@ -311,6 +319,24 @@ def data_fill(phase: "Phase", sample: int = 100_000) -> float | None:
     of a phase (None for no data). Read from the shards' offsets only: what CPU 'auto' packing needs."""
     lengths = phase.data.lengths()[phase.indices[:sample]]
     return float(lengths.mean() / lengths.max()) if lengths.size and lengths.max() > 0 else None
+
+
+def attention_kernel(device: torch.device, precision: torch.dtype, model_cfg, length: int) -> tuple[str, str]:
+    """What computes attention in training, and why: torch's SDPA, except on a CPU where the
+    written-out formula (`packing.attention`, kernel 'math') measures faster for this model's heads,
+    length and precision (`hardware.attention_kernel`; bf16 on an AMD EPYC Zen 4: 1.5-2.4x)."""
+    if device.type != "cpu":
+        return "sdpa", f"SDPA on {device.type}"
+    from .hardware import attention_kernel as measured
+
+    return measured(model_cfg.num_heads, model_cfg.hidden_size // model_cfg.num_heads, length, precision)
+
+
+def set_attention_kernel(model, kernel: str) -> None:
+    """Every attention layer of `model` computes with `kernel` ('sdpa' or 'math') from now on."""
+    for m in model.modules():
+        if isinstance(m, SelfAttention):
+            m.kernel = kernel
 
 
 def _precision(name: str, device: torch.device, model_cfg) -> tuple[torch.dtype, str]:

@@ -1,0 +1,150 @@
+"""The training attention kernels (`packing.attention`): the written-out formula ('math') computes
+what SDPA computes, forward and backward, in every mask form the model passes; it runs only while
+autograd records; the measured choice reaches the layers of a training run and its run card."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertkit import hardware
+from bertkit.checkpoint import build
+from bertkit.config import preset
+from bertkit.packing import alibi_bias, attention, pack
+
+B, H, T, D = 3, 2, 10, 8
+
+
+def _qkv(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, D, generator=g).to(dtype).requires_grad_() for _ in range(3)]
+
+
+def _masks():
+    keys = torch.ones(B, T, dtype=torch.bool)
+    keys[1, 7:] = False
+    keys[2, 4:] = False
+    allowed = keys[:, None, None, :]                                        # (B, 1, 1, T)
+    alibi = alibi_bias(torch.tensor([1.0, 0.5]), T, torch.zeros(1))[None]   # (1, H, T, T)
+    return {"none": (None, False), "keys": (allowed, False), "causal": (None, True),
+            "alibi": (alibi, False), "alibi+keys": (alibi.masked_fill(~allowed, float("-inf")), False)}
+
+
+@pytest.mark.parametrize("form", list(_masks()))
+def test_math_kernel_equals_sdpa_forward_and_backward(form):
+    mask, causal = _masks()[form]
+    grads = {}
+    for kernel in ("sdpa", "math"):
+        q, k, v = _qkv()
+        y = attention(q, k, v, mask, is_causal=causal, kernel=kernel)
+        y.backward(torch.linspace(-1, 1, y.numel()).view_as(y))
+        grads[kernel] = (y.detach(), q.grad, k.grad, v.grad)
+    for a, b in zip(grads["sdpa"], grads["math"]):      # fp32: only the order of the sums differs
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_math_kernel_in_bf16_keeps_fp32_softmax_accuracy():
+    """bf16 inputs: Q K^T and P V are bf16 GEMMs, the scores, ALiBi bias and softmax fp32; the
+    result is as close to the fp32 reference as SDPA's own bf16 result is."""
+    mask = _masks()["alibi+keys"][0]
+    q32, k32, v32 = _qkv()
+    ref = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=mask)
+    q, k, v = _qkv(torch.bfloat16)
+    err = {kernel: (attention(q, k, v, mask.bfloat16(), kernel=kernel).float() - ref).abs().max().item()
+           for kernel in ("sdpa", "math")}
+    assert attention(q, k, v, mask.bfloat16(), kernel="math").dtype == torch.bfloat16
+    assert err["math"] <= 2 * err["sdpa"] + 1e-3, err
+
+
+def test_math_kernel_runs_only_while_autograd_records(monkeypatch):
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    q, k, v = _qkv()
+    attention(q, k, v, kernel="math")
+    assert calls == []                                   # training: the formula
+    with torch.no_grad():
+        attention(q, k, v, kernel="math")
+    assert calls == [1]                                  # evaluation, inference: SDPA's forward
+    attention(*(t.detach() for t in (q, k, v)), kernel="math")
+    assert calls == [1, 1]                               # nothing to differentiate: SDPA too
+
+
+def test_math_kernel_dropout_drops_and_scales():
+    q, k, v = (torch.ones(1, 1, 64, 4, requires_grad=True) for _ in range(3))
+    torch.manual_seed(0)
+    y = attention(q, k, v, dropout_p=0.5, kernel="math")
+    # every key has the same value 1: a row's output is the kept share of probability, rescaled
+    assert not torch.allclose(y, torch.ones_like(y))
+    assert abs(y.mean().item() - 1.0) < 0.1
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_a_model_trains_the_same_through_either_kernel(layout):
+    """The encoder's loss and gradients with every layer on 'math' equal SDPA's (fp32), in the
+    padded and the padding-free layout, with ALiBi and a key mask."""
+    cfg = preset("tiny", vocab_size=100, position_embedding_type="alibi", hidden_dropout=0.0,
+                 attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = build("pretraining", cfg, nsp=False)
+    ids = torch.randint(5, 100, (3, 12))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    labels = torch.full((3, 12), -100)
+    labels[:, 2] = ids[:, 2]
+    labels[0, 9] = ids[0, 9]
+    results = {}
+    for kernel in ("sdpa", "math"):
+        from bertkit.train import set_attention_kernel
+
+        set_attention_kernel(model, kernel)
+        model.zero_grad()
+        if layout == "packed":
+            flat, lay = pack(ids, mask, torch.zeros_like(ids), labels=labels)
+            out = model(flat["input_ids"], flat["token_type_ids"], None, mlm_labels=flat["labels"], packed=lay,
+                        position_ids=flat["position_ids"])
+        else:
+            out = model(ids, torch.zeros_like(ids), mask, mlm_labels=labels)
+        out["loss"].backward()
+        results[kernel] = (out["loss"].detach(), model.bert.blocks[0].attn.query.weight.grad.clone())
+    assert all(m.kernel == "math" for m in model.modules() if hasattr(m, "kernel"))
+    for a, b in zip(results["sdpa"], results["math"]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_attention_kernel_is_measured_or_forced(monkeypatch):
+    monkeypatch.setenv(hardware.ATTENTION_ENV, "math")
+    assert hardware.attention_kernel(2, 64) == ("math", "BERTKIT_ATTENTION=math")
+    monkeypatch.setenv(hardware.ATTENTION_ENV, "fast")
+    with pytest.raises(hardware.BertkitError, match="BERTKIT_ATTENTION"):
+        hardware.attention_kernel(2, 64)
+    monkeypatch.setenv(hardware.ATTENTION_ENV, "auto")
+    kernel, why = hardware.attention_kernel(2, 16, 16, torch.float32)
+    assert kernel in ("sdpa", "math") and "(measured)" in why
+    speedup = float(why.split("the math kernel ")[1].split("x")[0])
+    assert (kernel == "math") == (speedup >= hardware.MIN_ATTENTION_SPEEDUP)
+
+
+def test_the_run_card_says_which_kernel_trained(tmp_path, monkeypatch):
+    from test_pretrain import make_data, tiny_config
+    from bertkit.train import pretrain
+    import bertkit.packing as packing
+
+    data = make_data(tmp_path / "data", (64,))[64]
+    seen = []
+    real = packing.F.scaled_dot_product_attention
+    monkeypatch.setattr(packing.F, "scaled_dot_product_attention",
+                        lambda *a, **k: seen.append(torch.is_grad_enabled()) or real(*a, **k))
+    for kernel in ("math", "sdpa"):
+        monkeypatch.setenv(hardware.ATTENTION_ENV, kernel)
+        seen.clear()
+        card = pretrain(tiny_config(data, tmp_path / kernel, **{"train.max_steps": 2, "train.eval_every": 0,
+                                                                "train.precision": "fp32", "train.packed": "false"}))
+        assert card["attention_kernel"] == kernel and card["attention_kernel_reason"] == f"BERTKIT_ATTENTION={kernel}"
+        saved = json.loads((tmp_path / kernel / "run_card.json").read_text())
+        assert saved["attention_kernel"] == kernel
+        assert "| attention_kernel | " + kernel in (tmp_path / kernel / "run_card.md").read_text()
+        # training steps go through SDPA only when it is the kernel; the held-out evaluations (no
+        # autograd) run SDPA's forward either way
+        assert any(not g for g in seen)
+        assert any(seen) == (kernel == "sdpa"), seen
