@@ -5,7 +5,8 @@ real batches (32 x 128 NSP pairs from the bundled inaugural corpus, bert-base-un
 dynamic masking), the same optimizer (torch AdamW), the same precision: by default bf16 autocast on
 both sides where this machine runs bf16 GEMMs faster than fp32 (AMX, AVX512-BF16; measured by
 `bertkit.hardware`), fp32 on both elsewhere (`--precision` forces one). One training step = forward + backward +
-optimizer update. Variants are interleaved, each repetition times `--steps` steps; the figure is
+optimizer update; bertkit's attention runs the kernel its training would take on this machine
+(`hardware.attention_kernel`, measured). Variants are interleaved, each repetition times `--steps` steps; the figure is
 the median over repetitions. MFU = executed FLOPs/s / best fp32 GEMM measured in the same run
 (transformers executes the vocabulary projection on every token, bertkit on the masked ones).
 
@@ -162,9 +163,17 @@ def main() -> int:
           f"threads {args.threads}; {device} {args.precision}; torch {torch.__version__}", flush=True)
     results: dict[str, dict] = {}
     peaks: list[float] = []
+    kernels: dict[str, dict] = {}
     for size in args.sizes.split(","):
         ours, hf, cfg = build_pair(size, tmp, args.dropout)
         ours, hf = ours.to(device), hf.to(device)
+        # the attention kernel a bertkit training run would take here (measured, as train.setup does)
+        from bertkit.hardware import attention_kernel
+        from bertkit.model import set_attention_kernel
+
+        kernel, kernel_reason = attention_kernel(device, dtype, cfg, args.seq)
+        set_attention_kernel(ours, kernel)
+        kernels[size] = {"kernel": kernel, "reason": kernel_reason}
         variants = {} if args.no_hf else {"hf": (hf, torch.optim.AdamW(hf.parameters(), lr=1e-4))}
         variants["padded"] = (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4))
         variants["packed"] = (ours, variants["padded"][1])
@@ -200,7 +209,7 @@ def main() -> int:
               f"bertkit padded {res['padded']['tokens_per_s']:8.0f} tok/s (MFU {res['padded']['mfu']:.2f}) | "
               f"packed {res['packed']['tokens_per_s']:8.0f} tok/s (MFU {res['packed']['mfu']:.2f}) | "
               + (f"speedup {res['speedup_vs_hf']:.2f}x ({best}); " if "hf" in res else "")
-              + f"packed/padded {res['packed_vs_padded']:.2f}",
+              + f"packed/padded {res['packed_vs_padded']:.2f}; attention {kernels[size]['kernel']}",
               flush=True)
         del ours, hf, variants, steps
     first = args.sizes.split(",")[0]
@@ -212,6 +221,7 @@ def main() -> int:
                                                                           else vv) for kk, vv in v.items()})
                                for k, v in r.items()} for s, r in results.items()},
                "device": str(device), "precision": args.precision, "dropout": args.dropout,
+               "attention_kernel": kernels,
                "hardware": {k: v for k, v in hardware().items() if k in ("cpu", "gpu", "torch", "cuda")}}
     print(json.dumps(summary))
     return 0

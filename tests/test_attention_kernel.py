@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from bertkit import hardware
 from bertkit.checkpoint import build
 from bertkit.config import preset
+from bertkit.model import set_attention_kernel
 from bertkit.packing import alibi_bias, attention, pack
 
 B, H, T, D = 3, 2, 10, 8
@@ -95,8 +96,6 @@ def test_a_model_trains_the_same_through_either_kernel(layout):
     labels[0, 9] = ids[0, 9]
     results = {}
     for kernel in ("sdpa", "math"):
-        from bertkit.train import set_attention_kernel
-
         set_attention_kernel(model, kernel)
         model.zero_grad()
         if layout == "packed":
@@ -113,16 +112,19 @@ def test_a_model_trains_the_same_through_either_kernel(layout):
 
 
 def test_attention_kernel_is_measured_or_forced(monkeypatch):
+    cpu, small = torch.device("cpu"), preset("tiny", vocab_size=100, num_heads=2, hidden_size=32)
     monkeypatch.setenv(hardware.ATTENTION_ENV, "math")
-    assert hardware.attention_kernel(2, 64) == ("math", "BERTKIT_ATTENTION=math")
+    assert hardware.attention_kernel(cpu, torch.bfloat16, small) == ("math", "BERTKIT_ATTENTION=math")
     monkeypatch.setenv(hardware.ATTENTION_ENV, "fast")
     with pytest.raises(hardware.BertkitError, match="BERTKIT_ATTENTION"):
-        hardware.attention_kernel(2, 64)
+        hardware.attention_kernel(cpu, torch.bfloat16, small)
     monkeypatch.setenv(hardware.ATTENTION_ENV, "auto")
-    kernel, why = hardware.attention_kernel(2, 16, 16, torch.float32)
+    kernel, why = hardware.attention_kernel(cpu, torch.float32, small, 16)
     assert kernel in ("sdpa", "math") and "(measured)" in why
     speedup = float(why.split("the math kernel ")[1].split("x")[0])
     assert (kernel == "math") == (speedup >= hardware.MIN_ATTENTION_SPEEDUP)
+    # a GPU keeps SDPA (flash / memory-efficient kernels), nothing measured
+    assert hardware.attention_kernel(torch.device("cuda"), torch.bfloat16, small) == ("sdpa", "SDPA on cuda")
 
 
 def test_the_run_card_says_which_kernel_trained(tmp_path, monkeypatch):

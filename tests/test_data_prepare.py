@@ -217,6 +217,36 @@ def test_prepare_no_nsp_packs_full_sentences(tok, corpus, tmp_path):
     assert meta["counts"]["tokens"] == n_text + 2 * len(ds) + seps and seps <= 5
 
 
+def test_fill_packs_every_instance_full_and_keeps_every_token(tok, corpus, tmp_path):
+    """--fill: the sentence that does not fit is cut and its rest opens the next instance, so every
+    instance but the last is exactly max_length long; the token stream is the one whole-sentence
+    packing reads, only cut at other places."""
+    from bertkit.data.instances import packed_instances
+
+    text = (corpus / "a.txt").read_text(encoding="utf-8")
+    docs = [as_doc(tok.encode_ids([s for s in d.split("\n") if s.strip()])) for d in text.split("\n\n") if d.strip()]
+    body = lambda insts: np.concatenate([np.concatenate(x.parts)[1:-1] for x in insts])   # without [CLS] ... [SEP]
+    whole, full = BuildCounts(), BuildCounts()
+    kept = packed_instances(docs, 64, tok.cls_id, tok.sep_id, whole)
+    filled = packed_instances(docs, 64, tok.cls_id, tok.sep_id, full, fill=True)
+    # full, but for one short of it where a document ends a token before the instance does
+    assert all(x.length in (63, 64) for x in filled[:-1]) and filled[-1].length <= 64
+    assert sum(x.length == 64 for x in filled) >= 0.95 * len(filled)
+    assert np.mean([x.length for x in kept]) < 60 and len(filled) < len(kept)
+    drop_seps = lambda a: a[a != tok.sep_id]             # document separators fall elsewhere at a cut
+    assert np.array_equal(drop_seps(body(filled)), drop_seps(body(kept)))
+    assert 0.5 * len(filled) < full.sentences_cut <= len(filled) - 1 and whole.sentences_cut == 0
+    meta = prepare([str(corpus / "a.txt")], tok, tmp_path / "f", PrepareConfig(max_length=64, nsp=False, fill=True),
+                   progress=False)
+    lens = open_dataset(tmp_path / "f").lengths()
+    assert (lens >= 63).sum() >= len(lens) - 1 and meta["counts"]["sentences_cut"] > 0
+    assert meta["config"]["fill"] is True
+    # an unfilled config hashes as it did before the option existed
+    assert "fill" not in PrepareConfig(nsp=False).to_dict()
+    with pytest.raises(BertkitError, match="fill .* needs nsp false"):
+        PrepareConfig(fill=True)
+
+
 def test_bad_inputs(tok, tmp_path):
     d = tmp_path / "in"
     d.mkdir()

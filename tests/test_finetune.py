@@ -481,3 +481,37 @@ def test_layer_lr_decay_reaches_the_training_loop(tiny_model, sst_dir, tmp_path)
     assert json.loads((out / "run_card.json").read_text())["layer_lr_decay"] == 1e-3
     with pytest.raises(Exception, match="layer_lr_decay"):
         cfg(task="sst2", layer_lr_decay=0.0)
+
+
+def test_precision_reaches_the_training_steps_and_is_recorded(tiny_model, sst_dir, tmp_path, monkeypatch):
+    """precision=bf16 trains under bf16 autocast (fp32 weights) and learns as fp32 does; 'auto'
+    follows the measured bf16 speed (BERTKIT_BF16 forces it here); the run card and metrics.json
+    say what ran."""
+    import bertkit.finetune as ft
+
+    seen = []
+    real = ft.run_batch
+
+    def spy(model, *a, **k):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32)
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(ft, "run_batch", spy)
+    monkeypatch.setenv("BERTKIT_BF16", "1")          # bf16 counted as fast: the test runs alike on every CPU
+    results = {}
+    for precision in ("fp32", "bf16", "auto"):
+        seen.clear()
+        out = tmp_path / precision
+        results[precision] = finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out),
+                                          precision=precision))
+        card = json.loads((out / "run_card.json").read_text())
+        want = "float32" if precision == "fp32" else "bfloat16"
+        assert set(seen) == {torch.float32 if precision == "fp32" else torch.bfloat16}, precision
+        assert card["precision"] == results[precision]["precision"] == want
+        assert card["precision_reason"].startswith("auto" if precision == "auto" else "asked")
+        assert card["attention_kernel"] in ("sdpa", "math")
+        assert f"| precision | {want}" in (out / "run_card.md").read_text()
+    assert results["bf16"]["dev"]["accuracy"] >= 0.95 and results["fp32"]["dev"]["accuracy"] >= 0.95
+    monkeypatch.setenv("BERTKIT_BF16", "0")
+    assert finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(tmp_path / "slow"),
+                        epochs=1))["precision"] == "float32"

@@ -74,3 +74,19 @@ def test_info_says_what_runs_here(capsys, monkeypatch, minilm):
         assert len(line) == 1 and line[0].endswith(ending) and hardware.cpu_model() in line[0]
     assert main(["info", "--json", str(minilm)]) == 0
     assert json.loads(capsys.readouterr().out)["hardware"]["bf16_fast"] is True
+
+
+def test_choose_precision_names_the_setting_and_follows_the_measurement(monkeypatch):
+    from bertkit.config import preset
+
+    cpu, cfg = torch.device("cpu"), preset("tiny", vocab_size=100)
+    for env, dtype in (("1", torch.bfloat16), ("0", torch.float32)):
+        monkeypatch.setenv("BERTKIT_BF16", env)
+        got, why = hardware.choose_precision("auto", cpu, cfg, "precision")
+        assert got == dtype and why == f"auto: BERTKIT_BF16={env}"
+    assert hardware.choose_precision("fp32", cpu, cfg, "train.precision") == (torch.float32,
+                                                                              "asked: train.precision=fp32")
+    with pytest.raises(BertkitError, match="^train.precision=fp16 needs a GPU"):
+        hardware.choose_precision("fp16", cpu, cfg, "train.precision")
+    with pytest.raises(BertkitError, match="precision='half'"):
+        hardware.choose_precision("half", cpu, cfg)

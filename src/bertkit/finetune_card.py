@@ -88,7 +88,10 @@ def build_card(cfg, task, model, labels, inputs: dict, result: dict, command: st
         "optimizer": cfg.optimizer, "peak_lr": cfg.lr, "layer_lr_decay": cfg.layer_lr_decay, "warmup": cfg.warmup,
         "weight_decay": cfg.weight_decay,
         "tokens_seen": counts["tokens"], "train_flops": counts["train_flops"],
-        "eval_flops": counts["eval_flops"], "packed": cfg.packed, "precision": "fp32", "seed": cfg.seed,
+        "eval_flops": counts["eval_flops"], "packed": cfg.packed, "seed": cfg.seed,
+        "precision": result.get("precision", "float32"), "precision_reason": result.get("precision_reason"),
+        "attention_kernel": result.get("attention_kernel", "sdpa"),
+        "attention_kernel_reason": result.get("attention_kernel_reason"),
         "data": f"{result['train_file']} ({result['train_examples']} examples), dev {result['dev_file']}",
         "best_step": result["best_step"],
         "final_eval": {k: v for k, v in (result["dev"] or {}).items() if not isinstance(v, dict)},
@@ -125,7 +128,10 @@ def write_card(out: Path, card: dict) -> None:
             ("tokens seen (training)", _fmt(card["tokens_seen"])),
             ("compute", f"{_fmt(card['train_flops'])} FLOPs training + {_fmt(card['eval_flops'])} FLOPs dev "
                         f"evaluation"),
-            ("seed", card["seed"]), ("data", card["data"]), ("precision", card["precision"]),
+            ("seed", card["seed"]), ("data", card["data"]), ("precision", f"{card['precision']} ({card['precision_reason']})" if card.get("precision_reason")
+                          else card["precision"]),
+            ("attention kernel (training)", f"{card['attention_kernel']} ({card['attention_kernel_reason']})"
+                                            if card.get("attention_kernel_reason") else card["attention_kernel"]),
             ("wall time (s)", card["wall_time_s"])]
     if "null_threshold" in card:
         rows.append(("SQuAD 2.0 null threshold (best F1 on dev, saved)", card["null_threshold"]))

@@ -17,6 +17,7 @@ unset or `auto` measures.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
 import time
@@ -26,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from .errors import BertkitError
+
+log = logging.getLogger("bertkit")
 
 ENV = "BERTKIT_BF16"
 MIN_SPEEDUP = 1.3          # bf16 must beat fp32 by this much: clusters measured at 0.03-0.1, 2-2.5, 3-6
@@ -198,11 +201,15 @@ def _attention_measured(heads: int, head_dim: int, length: int, dtype: torch.dty
     return measure_attention_speedup(heads, head_dim, length, dtype)
 
 
-def attention_kernel(heads: int, head_dim: int, length: int = 128,
-                     dtype: torch.dtype = torch.bfloat16) -> tuple[str, str]:
-    """The kernel ('sdpa' or 'math', `packing.attention`) that trains fastest on this CPU for
-    attention of this shape and precision, and why (measured once per process and shape;
-    BERTKIT_ATTENTION=sdpa|math|auto overrides)."""
+def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length: int = 128) -> tuple[str, str]:
+    """What computes a model's attention while it trains, and why: torch's SDPA, except on a CPU
+    where the written-out formula (`packing.attention`, kernel 'math') is measured faster for its
+    heads, `length` and autocast `dtype` (bf16 on an AMD EPYC Zen 4: 1.5-2.4x; fp32: a tie).
+    Measured once per process and shape; BERTKIT_ATTENTION=sdpa|math|auto overrides."""
+    if device.type != "cpu":
+        return "sdpa", f"SDPA on {device.type}"
+    heads = model_cfg.num_heads
+    head_dim = model_cfg.hidden_size // heads
     raw = os.environ.get(ATTENTION_ENV, "").strip().lower()
     if raw in ("sdpa", "math"):
         return raw, f"{ATTENTION_ENV}={raw}"
@@ -212,6 +219,29 @@ def attention_kernel(heads: int, head_dim: int, length: int = 128,
     name = str(dtype).replace("torch.", "")
     kernel = "math" if speedup >= MIN_ATTENTION_SPEEDUP else "sdpa"
     return kernel, f"{name} attention forward + backward: the math kernel {speedup:.3g}x as fast as SDPA (measured)"
+
+
+def choose_precision(name: str, device: torch.device, model_cfg, key: str = "precision") -> tuple[torch.dtype, str]:
+    """The autocast dtype a run trains in, and why (`key`: the setting's name, for messages).
+    'auto': bf16 on a GPU that has it; on a CPU, bf16 where a bf16 GEMM of the model's FFN shape is
+    measured faster than fp32 (AMX, AVX512-BF16: `capabilities`), fp32 elsewhere (an AVX2-only
+    CPU emulates bf16 10-40x slower). Weights and optimizer state stay fp32 either way."""
+    hidden, inner = model_cfg.hidden_size, model_cfg.intermediate_size
+    if name == "auto":
+        if device.type == "cuda":
+            bf16 = torch.cuda.is_bf16_supported()
+            return (torch.bfloat16 if bf16 else torch.float32), f"auto: {'bf16' if bf16 else 'no bf16'} on this GPU"
+        caps = capabilities(hidden, inner)
+        return (torch.bfloat16 if caps.bf16_fast else torch.float32), f"auto: {caps.reason}"
+    if name == "fp16" and device.type != "cuda":
+        raise BertkitError(f"{key}=fp16 needs a GPU; use fp32 (or bf16) on CPU")
+    if name == "bf16" and device.type == "cpu" and not bf16_fast(hidden, inner):
+        log.warning("%s=bf16 on a CPU where bf16 matrix multiplies are slower than fp32 (%s)", key,
+                    capabilities(hidden, inner).reason)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if name not in dtypes:
+        raise BertkitError(f"{key}={name!r}: expected auto, fp32, bf16 or fp16")
+    return dtypes[name], f"asked: {key}={name}"
 
 
 def summary() -> str:

@@ -84,6 +84,13 @@ class SelfAttention(nn.Module):
         return self.out(y.flatten(-2))                     # (..., C)
 
 
+def set_attention_kernel(model: nn.Module, kernel: str) -> None:
+    """Every attention layer of `model` trains with `kernel` ('sdpa' or 'math': `packing.attention`)."""
+    for m in model.modules():
+        if isinstance(m, SelfAttention):
+            m.kernel = kernel
+
+
 def alibi_slopes(cfg: BertConfig) -> Tensor | None:
     """ALiBi: head h's score for key j falls by slope_h * |i - j| (bidirectional, as MosaicBERT).
     Slopes 1, 1/2, 1/4, ...: the first heads look at the neighbours, the last ones far (Press et

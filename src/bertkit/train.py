@@ -37,7 +37,8 @@ import torch
 from . import distributed as D
 from .checkpoint import build, load_model
 from .config import preset
-from .model import SelfAttention, init_weights, neighbour_attention_, num_parameters, sinusoidal_positions_
+from .hardware import attention_kernel, choose_precision
+from .model import init_weights, neighbour_attention_, num_parameters, set_attention_kernel, sinusoidal_positions_
 from .packing import pack, varlen_runs
 from .optim import build_optimizer, lr_at
 from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config
@@ -248,7 +249,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
         save_config(cfg, out / "config.yaml")
         tokenizer.save(out / "tokenizer")
     model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)
-    precision, precision_reason = _precision(tc.precision, world.device, model.config)
+    precision, precision_reason = choose_precision(tc.precision, world.device, model.config, "train.precision")
     packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config,
                                            lambda: data_fill(phases[0]))
     kernel, kernel_reason = attention_kernel(world.device, precision, model.config, phases[0].max_len or 128)
@@ -319,44 +320,6 @@ def data_fill(phase: "Phase", sample: int = 100_000) -> float | None:
     of a phase (None for no data). Read from the shards' offsets only: what CPU 'auto' packing needs."""
     lengths = phase.data.lengths()[phase.indices[:sample]]
     return float(lengths.mean() / lengths.max()) if lengths.size and lengths.max() > 0 else None
-
-
-def attention_kernel(device: torch.device, precision: torch.dtype, model_cfg, length: int) -> tuple[str, str]:
-    """What computes attention in training, and why: torch's SDPA, except on a CPU where the
-    written-out formula (`packing.attention`, kernel 'math') measures faster for this model's heads,
-    length and precision (`hardware.attention_kernel`; bf16 on an AMD EPYC Zen 4: 1.5-2.4x)."""
-    if device.type != "cpu":
-        return "sdpa", f"SDPA on {device.type}"
-    from .hardware import attention_kernel as measured
-
-    return measured(model_cfg.num_heads, model_cfg.hidden_size // model_cfg.num_heads, length, precision)
-
-
-def set_attention_kernel(model, kernel: str) -> None:
-    """Every attention layer of `model` computes with `kernel` ('sdpa' or 'math') from now on."""
-    for m in model.modules():
-        if isinstance(m, SelfAttention):
-            m.kernel = kernel
-
-
-def _precision(name: str, device: torch.device, model_cfg) -> tuple[torch.dtype, str]:
-    """The autocast dtype and why. 'auto': bf16 on a GPU that has it; on a CPU, bf16 where a bf16
-    GEMM of the model's FFN shape is measured faster than fp32 (AMX, AVX512-BF16; `hardware`),
-    fp32 elsewhere (an AVX2-only CPU emulates bf16 10-40x slower). Weights stay fp32 either way."""
-    from .hardware import bf16_fast, capabilities
-
-    if name == "auto":
-        if device.type == "cuda":
-            bf16 = torch.cuda.is_bf16_supported()
-            return (torch.bfloat16 if bf16 else torch.float32), f"auto: {'bf16' if bf16 else 'no bf16'} on this GPU"
-        caps = capabilities(model_cfg.hidden_size, model_cfg.intermediate_size)
-        return (torch.bfloat16 if caps.bf16_fast else torch.float32), f"auto: {caps.reason}"
-    if name == "fp16" and device.type != "cuda":
-        raise RunConfigError("train.precision=fp16 needs a GPU; use fp32 (or bf16) on CPU")
-    if name == "bf16" and device.type == "cpu" and not bf16_fast(model_cfg.hidden_size, model_cfg.intermediate_size):
-        log.warning("train.precision=bf16 on a CPU where bf16 matrix multiplies are slower than fp32 (%s)",
-                    capabilities(model_cfg.hidden_size, model_cfg.intermediate_size).reason)
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name], f"asked: train.precision={name}"
 
 
 def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:

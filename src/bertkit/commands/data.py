@@ -173,7 +173,7 @@ def run_prepare(args) -> int:
     c = meta["counts"]
     notes = [f"{c[k]} {k.replace('_', ' ')}" for k in ("empty_files", "invalid_utf8_lines", "long_lines_split",
                                                         "long_documents_split", "one_sentence_documents",
-                                                        "sentences_split", "empty_documents_dropped") if c.get(k)]
+                                                        "sentences_split", "sentences_cut", "empty_documents_dropped") if c.get(k)]
     if notes:
         log.info("input notes (counted in meta.json): %s", ", ".join(notes))
     return 0

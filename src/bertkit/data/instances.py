@@ -21,7 +21,10 @@ slices once. And one switch, `lone_segment` (see `nsp_instances`).
 
 `packed_instances` is RoBERTa's FULL-SENTENCES for --no-nsp: whole sentences, contiguous, packed
 up to max_length - 2 tokens across document boundaries with a [SEP] between documents; a
-sentence longer than that is cut into pieces (counted).
+sentence longer than that is cut into pieces (counted). With `fill` (prepare --fill) the sentence
+that does not fit is cut there and its rest opens the next instance, so every instance but the last
+is max_length tokens (one less where a document ends a token short of it): no padding for the model
+to compute on (counted as sentences_cut).
 """
 from __future__ import annotations
 
@@ -68,6 +71,7 @@ class BuildCounts:
     sentences_split: int = 0
     tokens_truncated: int = 0
     lone_segments_next: int = 0
+    sentences_cut: int = 0          # fill: sentences cut at an instance's end, their rest opening the next
 
 
 def truncate_pair(len_a: int, len_b: int, max_num_tokens: int, rng: random.Random
@@ -166,8 +170,9 @@ def nsp_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
 
 
 def packed_instances(docs: list[Doc], max_length: int, cls_id: int, sep_id: int,
-                     counts: BuildCounts) -> list[Instance]:
-    """FULL-SENTENCES packing of the documents in order (no NSP)."""
+                     counts: BuildCounts, fill: bool = False) -> list[Instance]:
+    """FULL-SENTENCES packing of the documents in order (no NSP); `fill`: cut the sentence that does
+    not fit and carry its rest into the next instance (every instance full)."""
     budget = max_length - 2
     out: list[Instance] = []
     cls, sep = np.array([cls_id]), np.array([sep_id])
@@ -198,6 +203,13 @@ def packed_instances(docs: list[Doc], max_length: int, cls_id: int, sep_id: int,
             else:
                 pieces = [sent]
             for p in pieces:
+                if fill and length + len(p) > budget and budget - length > 0:
+                    room = budget - length                 # what fits of it ends this instance
+                    buf.append(p[:room])
+                    length += room
+                    counts.sentences_cut += 1
+                    emit()
+                    p = p[room:]
                 if length + len(p) > budget:
                     emit()
                 buf.append(p)

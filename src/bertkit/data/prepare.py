@@ -58,6 +58,10 @@ class PrepareConfig:
     """Longest instance in tokens, [CLS] and [SEP]s included (Google's max_seq_length)."""
     nsp: bool = True
     """Google's sentence pairs with next-sentence labels; False packs full sentences (RoBERTa)."""
+    fill: bool = False
+    """With nsp false: cut the sentence that does not fit and carry its rest into the next
+    instance, so every instance is max_length tokens but the last (no padding to compute on;
+    whole sentences leave ~17% of a 128-token instance empty on the shared corpus)."""
     short_seq_prob: float = 0.1
     """NSP: probability of a random shorter target length for a document."""
     lone_segment: Literal["next", "random"] = "next"
@@ -110,6 +114,9 @@ class PrepareConfig:
             raise BertkitError(f"pair_mode {self.pair_mode!r}: expected nsp or sop")
         if self.pair_mode == "sop" and not self.nsp:
             raise BertkitError("pair_mode sop builds sentence pairs: it needs nsp (pairs), not nsp false (--no-nsp) packing")
+        if self.fill and self.nsp:
+            raise BertkitError("fill packs full-length instances of running text: it needs nsp false (--no-nsp); "
+                               "sentence pairs keep Google's target lengths")
         if not 0 < self.chunk_mb < 1e6:
             raise BertkitError(f"chunk_mb {self.chunk_mb}: expected a size in MB, > 0")
         if self.seed < 0:
@@ -126,7 +133,10 @@ class PrepareConfig:
         return self.eval_documents != 0 and (self.eval_documents is not None or self.eval_fraction > 0)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not d["fill"]:            # absent unless set: folders prepared before it keep their config hash
+            del d["fill"]
+        return d
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
@@ -229,11 +239,12 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder, spl
                 instances.extend(nsp_instances(tok_docs, int(d), cfg.max_length, cfg.short_seq_prob, rng,
                                                info.cls_id, info.sep_id, counts, cfg.lone_segment))
         else:
-            instances.extend(packed_instances(tok_docs, cfg.max_length, info.cls_id, info.sep_id, counts))
+            instances.extend(packed_instances(tok_docs, cfg.max_length, info.cls_id, info.sep_id, counts, cfg.fill))
     if cfg.nsp:  # these counters tick once per dupe pass; report per corpus pass
         counts.one_sentence_documents //= cfg.dupe_factor
     else:
         counts.sentences_split //= cfg.dupe_factor
+        counts.sentences_cut //= cfg.dupe_factor
     rng.shuffle(instances)
     lens = np.fromiter((x.length for x in instances), dtype=np.int64, count=len(instances))
     total = int(lens.sum())
@@ -256,7 +267,7 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder, spl
     stats = {"instances": len(instances), "tokens": total, "documents": len(tok_docs),
              "sentences": sum(len(d.off) - 1 for d in tok_docs), "random_next": counts.random_next, "short": counts.short,
              "one_sentence_documents": counts.one_sentence_documents, "sentences_split": counts.sentences_split,
-             "tokens_truncated": counts.tokens_truncated,
+             "sentences_cut": counts.sentences_cut, "tokens_truncated": counts.tokens_truncated,
              "lone_segments_next": counts.lone_segments_next // cfg.dupe_factor, "max_length": int(lens.max()) if len(lens) else 0,
              "empty_documents_dropped": len(docs) - len(tok_docs)}
     return arrays, stats
@@ -569,9 +580,10 @@ def _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, c
           seconds, reused) -> dict:
     order = sorted(results)
     per = [results[c] for c in order]
-    total = {k: sum(r[k] for r in per) for k in ("instances", "tokens", "random_next", "short",
-                                               "one_sentence_documents", "sentences_split", "tokens_truncated", "lone_segments_next",
-                                               "empty_documents_dropped")}
+    total = {k: sum(r.get(k, 0) for r in per) for k in ("instances", "tokens", "random_next", "short",
+                                                        "one_sentence_documents", "sentences_split", "sentences_cut",
+                                                        "tokens_truncated", "lone_segments_next",
+                                                        "empty_documents_dropped")}
     n = max(total["instances"], 1)
     return {
         "format_version": FORMAT_VERSION,
