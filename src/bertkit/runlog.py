@@ -407,8 +407,9 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path, card: 
     steps = [m["step"] for m in metrics]
     held = "o-" if len(evals) <= 40 else "-"
     lm, name = ("next_token", "next-token") if "next_token_loss" in metrics[0] else ("mlm", "MLM")
-    axes[0].plot(steps, [m["loss"] for m in metrics], label="train loss (MLM + NSP)" if lm == "mlm" else
-                 "train loss", lw=1)
+    with_nsp = any(m.get("nsp_loss") == m.get("nsp_loss") for m in metrics)      # not all NaN: NSP trained
+    axes[0].plot(steps, [m["loss"] for m in metrics], label="train loss (MLM + NSP)" if lm == "mlm" and with_nsp
+                 else "train loss", lw=1)
     axes[0].plot(steps, [m[f"{lm}_loss"] for m in metrics], label=f"train {name} loss", lw=1)
     if evals:
         axes[0].plot([e["step"] for e in evals], [e[f"eval_{lm}_loss"] for e in evals], held, ms=3,
