@@ -107,6 +107,8 @@ def test_a_model_trains_the_same_through_either_kernel(layout):
         out["loss"].backward()
         results[kernel] = (out["loss"].detach(), model.bert.blocks[0].attn.query.weight.grad.clone())
     assert all(m.kernel == "math" for m in model.modules() if hasattr(m, "kernel"))
+    with pytest.raises(ValueError, match="attention kernel"):
+        set_attention_kernel(model, "flash")
     for a, b in zip(results["sdpa"], results["math"]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 

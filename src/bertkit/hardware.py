@@ -5,7 +5,10 @@ than fp32; an AMD EPYC Zen 4 (AVX512_BF16 dot products) about 2-2.5x; a CPU with
 no bf16 arithmetic at all, and bf16 GEMMs there run 10-40x *slower* than fp32 (converted in
 software). So `capabilities()` times a GEMM of the model's FFN shape in fp32 and in bf16 (a few
 milliseconds, once per process and shape) and reports the ratio, together with what the CPU
-says it has. `bf16_fast()` is the yes/no that inference (`infer.Predictor`) and training use.
+says it has. `bf16_fast()` is the yes/no that inference (`infer.Predictor`) uses, `choose_precision()`
+the autocast dtype pre-training and fine-tuning take from it. `attention_kernel()` times a training
+step of attention through torch's SDPA and through the formula written out (`packing.attention`):
+torch's bf16 flash-attention backward is 2-3x slower than the formula on an AMD EPYC Zen 4.
 
 Override with the environment: `BERTKIT_BF16=1` treats bf16 as fast (no timing), `0` as slow;
 unset or `auto` measures.

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .packing import Packed, alibi_bias, attention, packed_attention, segment_ids, unpack
+from .packing import KERNELS, Packed, alibi_bias, attention, packed_attention, segment_ids, unpack
 
 
 def activation(name: str):
@@ -86,6 +86,8 @@ class SelfAttention(nn.Module):
 
 def set_attention_kernel(model: nn.Module, kernel: str) -> None:
     """Every attention layer of `model` trains with `kernel` ('sdpa' or 'math': `packing.attention`)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"attention kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     for m in model.modules():
         if isinstance(m, SelfAttention):
             m.kernel = kernel

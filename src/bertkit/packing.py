@@ -142,7 +142,7 @@ def alibi_bias(slopes: Tensor, T: int, q: Tensor) -> Tensor:
     return -slopes.to(device=q.device, dtype=q.dtype)[:, None, None] * distance
 
 
-KERNELS = ("sdpa", "math")
+KERNELS = ("sdpa", "math")           # what `attention` can compute with
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0,
@@ -154,7 +154,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
     records: the same formula written out, Q K^T and P V as bf16/fp32 batched GEMMs in q's dtype,
     the scores, mask and softmax in fp32. On CPUs whose bf16 flash-attention backward is slow this
     trains faster (AMD EPYC Zen 4, BERT-mini's 4 heads of 64 at 128 tokens, bf16: forward + backward
-    2.4x faster); `hardware.attention_kernel` measures which one a run takes. Without autograd
+    2.4-2.85x faster); `hardware.attention_kernel` measures which one a run takes. Without autograd
     (evaluation, inference) SDPA's forward is the faster one, so 'math' falls back to it."""
     if kernel != "math" or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
