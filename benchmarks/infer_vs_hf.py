@@ -12,7 +12,8 @@ Timed: token ids -> last hidden state. bertkit: exactly what `Predictor` runs - 
 each forced one. Contenders (each optional runtime skipped with a note when not installed):
   transformers fp32 (sdpa) - the reference of every ratio; transformers + bf16 autocast;
   bertkit default / fp32 / bf16 / int8 / openvino backend (the Predictor on OpenVINO, converted
-  at load); onnxruntime on bertkit's own export (fp32, int8);
+  at load) / PyTorch only (the default without its onnxruntime engine of short batches, shown
+  when the default has one); onnxruntime on bertkit's own export (fp32, int8);
   onnxruntime on transformers' graph with its BERT fusions (attention, LayerNorm, GELU fused;
   fp32 and int8 - `onnxruntime.transformers.optimizer`); OpenVINO (its default precision: bf16
   where the CPU has it) on that graph; CTranslate2 int8.
@@ -175,7 +176,9 @@ def build_contenders(path: Path, args, tmp: Path, notes: list[str]) -> dict[str,
     if bf16_ok and args.want("transformers + bf16 autocast"):
         c["transformers + bf16 autocast"] = torch_padded_runner(hf, autocast=True)
     c[f"bertkit default ({default.precision})"] = bertkit_runner(default)
-    variants = {"bertkit fp32": dict(dtype="float32"), "bertkit int8": dict(int8=True),
+    notes.append(f"bertkit default, short batches: {default.small_reason}")
+    variants = {"bertkit fp32": dict(dtype="float32"), "bertkit PyTorch only": dict(small_batches=False),
+                "bertkit int8": dict(int8=True),
                 "bertkit bf16": dict(dtype="bfloat16"), "bertkit compile": dict(compile=True),
                 "bertkit openvino": dict(backend="openvino", threads=args.threads)}
     try:
@@ -185,7 +188,8 @@ def build_contenders(path: Path, args, tmp: Path, notes: list[str]) -> dict[str,
         notes.append("bertkit openvino skipped: openvino not installed")
     for name, kw in variants.items():
         same = {"bertkit fp32": "float32", "bertkit bf16": "bfloat16"}.get(name) == default.precision
-        skip = same or (name == "bertkit bf16" and not bf16_ok) or (name == "bertkit compile" and not args.compile)
+        skip = (same or (name == "bertkit bf16" and not bf16_ok) or (name == "bertkit compile" and not args.compile)
+                or (name == "bertkit PyTorch only" and default.small is None))
         if not skip and args.want(name):
             c[name] = bertkit_runner(Predictor.from_dir(path, device="cpu", **kw))
     if args.want("onnxruntime"):

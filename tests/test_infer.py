@@ -1,6 +1,7 @@
 """Predictor: every task against transformers on the same weights, batching invariance, int8 agreement.
 
-The parity tests run twice, on prepacked (oneDNN) and on plain Linear layers, and compare with
+The parity tests run three times, on prepacked (oneDNN) and on plain Linear layers and with every
+batch on the onnxruntime graph of the encoder (onnx_graph.py), and compare with
 the fp32 reordering bound below instead of a fixed atol; `BERTKIT_PREPACK=0` runs the rest of the
 suite on plain layers too."""
 from __future__ import annotations
@@ -57,20 +58,33 @@ def minilm_dir() -> str:
     return os.path.join(os.path.dirname(mod.__file__), "model")
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["prepacked", "plain"])
-def prepack(request) -> bool:
-    """Parity tests run on oneDNN-prepacked and on plain Linear layers."""
-    if request.param and prepack_disabled():
+ENGINES = {"prepacked": {"prepack": True, "small_batches": False},
+           "plain": {"prepack": False, "small_batches": False},
+           # every batch of the tests (at most a few hundred tokens) on the onnxruntime graph
+           "onnxruntime": {"prepack": True, "small_batches": 1 << 20}}
+
+
+@pytest.fixture(scope="module", params=list(ENGINES))
+def engine(request) -> dict:
+    """Parity tests run on oneDNN-prepacked Linear layers, on plain ones, and with every batch on
+    the onnxruntime graph of the encoder (onnx_graph.py): Predictor.from_dir keyword arguments."""
+    if request.param == "prepacked" and prepack_disabled():
         pytest.skip("BERTKIT_PREPACK=0")
-    return request.param
+    if request.param == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+    return ENGINES[request.param]
+
+
+def _check_engine(p: Predictor, engine: dict) -> Predictor:
+    if engine["prepack"] and not p.prepacked:
+        pytest.skip("this torch build has no oneDNN prepacked Linear")
+    assert (p.small is not None) == bool(engine["small_batches"]), p.small_reason
+    return p
 
 
 @pytest.fixture(scope="module")
-def minilm(prepack) -> Predictor:
-    p = Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", prepack=prepack)
-    if prepack and not p.prepacked:
-        pytest.skip("this torch build has no oneDNN prepacked Linear")
-    return p
+def minilm(engine) -> Predictor:
+    return _check_engine(Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", **engine), engine)
 
 
 @pytest.fixture(scope="module")
@@ -132,11 +146,11 @@ def test_fp32_bound_covers_fp32_rounding(tmp_path_factory, tok):
         assert 0 < diff <= fp32_bound(b.numpy(), cfg) / 2, (path, diff, fp32_bound(b.numpy(), cfg))
 
 
-def test_fp32_bound_catches_real_bugs(tmp_path_factory, tok, prepack):
+def test_fp32_bound_catches_real_bugs(tmp_path_factory, tok, engine):
     """The parity tests would fail on a real bug: bertkit against a transformers model with the
     tanh GELU instead of erf, one LayerNorm missing or positions shifted by one is far over the bound."""
     path = _tiny_token_classifier(tmp_path_factory, tok)
-    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
     enc = tok(TEXTS)
     real = enc["attention_mask"].bool()
     got = np.concatenate(p.outputs([{"input_ids": e.input_ids, "token_type_ids": e.token_type_ids}
@@ -155,7 +169,7 @@ def test_fp32_bound_catches_real_bugs(tmp_path_factory, tok, prepack):
         diff = float(np.abs(got - out[real].numpy()).max())
         assert diff > 5 * fp32_bound(ref, p.config), (bug, diff, fp32_bound(ref, p.config))
     minilm_tanh = transformers.AutoModel.from_pretrained(minilm_dir(), hidden_act="gelu_new").eval()
-    m = Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", prepack=prepack)
+    m = _check_engine(Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", **engine), engine)
     got = np.concatenate(m.embed(TEXTS, pooling="none"))
     with torch.no_grad():
         bad = minilm_tanh(**m.tokenizer(TEXTS)).last_hidden_state[real].numpy()
@@ -211,9 +225,9 @@ def test_truncation_limit(minilm_default):
     assert p.embed([long], pooling="none", max_length=20)[0].shape[0] == 20
 
 
-def test_fill_mask_matches_transformers(tmp_path_factory, tok, prepack):
+def test_fill_mask_matches_transformers(tmp_path_factory, tok, engine):
     path = tiny_checkpoint(tmp_path_factory, tok, "masked_lm", "mlm")
-    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
     texts = ["paris is the [MASK] of [MASK].", "hello [MASK] world", "[MASK]"]
     got = p.fill_mask(texts, top_k=4, batch_size=2)
     hf = transformers.BertForMaskedLM.from_pretrained(path).eval()
@@ -235,10 +249,10 @@ def test_fill_mask_matches_transformers(tmp_path_factory, tok, prepack):
         p.fill_mask(["a [MASK]", "none here"])
 
 
-def test_classify_matches_transformers(tmp_path_factory, tok, prepack):
+def test_classify_matches_transformers(tmp_path_factory, tok, engine):
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "cls", num_labels=3,
                            names=["neg", "neu", "pos"])
-    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
     pairs = ["second segment", None, "x", "y z", None, "w"]
     got = p.classify(TEXTS, pairs=pairs, batch_size=4, raw=True)
     hf = transformers.BertForSequenceClassification.from_pretrained(path).eval()
@@ -255,10 +269,10 @@ def test_classify_matches_transformers(tmp_path_factory, tok, prepack):
         p.classify(["a", "b"], pairs=["c"])
 
 
-def test_regression_head(tmp_path_factory, tok, prepack):
+def test_regression_head(tmp_path_factory, tok, engine):
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "reg", num_labels=1,
                            problem="regression", names=["score"])
-    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
     got = p.classify(TEXTS[:2])
     hf = transformers.BertForSequenceClassification.from_pretrained(path).eval()
     with torch.no_grad():
@@ -266,10 +280,10 @@ def test_regression_head(tmp_path_factory, tok, prepack):
     assert_fp32_close([g["score"] for g in got], ref, p.config, "regression scores")
 
 
-def test_ner_word_level(tmp_path_factory, tok, prepack):
+def test_ner_word_level(tmp_path_factory, tok, engine):
     names = ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
     path = tiny_checkpoint(tmp_path_factory, tok, "token_classification", "ner", num_labels=5, names=names)
-    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
     texts = ["Angela Merkel visited New York City yesterday.", ["Jean-Pierre", "lives", "in", "Lyon"]]
     got = p.ner(texts)
     hf = transformers.BertForTokenClassification.from_pretrained(path).eval()
@@ -293,11 +307,11 @@ def test_ner_word_level(tmp_path_factory, tok, prepack):
     assert len(p.ner([long], max_length=64)[0]["tags"]) == 300
 
 
-def test_qa_matches_transformers(tmp_path_factory, tok, prepack):
+def test_qa_matches_transformers(tmp_path_factory, tok, engine):
     from bertkit.tasks.squad import QAExample, featurize_qa, postprocess_qa
 
     path = tiny_checkpoint(tmp_path_factory, tok, "question_answering", "qa")
-    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
     qs = ["Where is the fox?", "Who wrote it?"]
     cs = ["The quick brown fox sits in the garden of the old house near the river.",
           " ".join(["Émile Zola wrote novels in Paris."] * 40)]
@@ -334,12 +348,12 @@ def test_int8_agreement(minilm_default, monkeypatch, bf16):
     assert 0 < rep["max_abs_diff"] < 0.5, rep
 
 
-def test_outputs_follow_the_task_contract(tmp_path_factory, tok, prepack):
+def test_outputs_follow_the_task_contract(tmp_path_factory, tok, engine):
     from bertkit.tasks.ner import TaggedExample, featurize_tokens
 
     names = ["B-LOC", "I-LOC", "O"]
     path = tiny_checkpoint(tmp_path_factory, tok, "token_classification", "ner3", num_labels=3, names=names)
-    p = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=prepack)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
     feats = featurize_tokens([TaggedExample("0", ["New", "York", "is", "big"]), TaggedExample("1", ["hi"])],
                              tok, None, max_length=32)
     outs = p.outputs(feats)

@@ -54,6 +54,7 @@ POOLINGS = ("mean", "cls", "none")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TASK_OUTPUTS = {"sequence_classification": "logits", "multiple_choice": "logits",
                 "token_classification": "token_logits", "question_answering": "span_logits"}
+SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load for the onnxruntime engine
 BF16_MIN_COSINE = 0.999     # the bf16 default keeps every sample sentence, token state and head output this close to fp32
 
 
@@ -164,6 +165,8 @@ class Predictor:
         # `bertkit serve --int8` (commands.serve.report_int8), shown by its /v1/model
         self.int8_agreement: dict | None = None
         self.null_threshold: float | None = None      # SQuAD v2.0: overrides the checkpoint's (serve --null-threshold)
+        self.small = None                               # onnx_graph.SmallBatches: short batches on onnxruntime
+        self.small_reason = "not asked for"
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
@@ -171,7 +174,7 @@ class Predictor:
                  threads: int | None = None, int8: bool = False, compile: bool = False,
                  backend: str = "torch", max_length: int | None = None,
                  onnx_file: str | Path | None = None, dtype: str | torch.dtype | None = None,
-                 prepack: bool = True) -> "Predictor":
+                 prepack: bool = True, small_batches: bool | int = True) -> "Predictor":
         """Load a checkpoint folder (HF format + tokenizer files).
 
         head: which head to load (default: the one config.json names); device: 'cpu', 'cuda', ...
@@ -183,7 +186,12 @@ class Predictor:
         or 'auto' (bf16 on a CPU where it is faster and accurate, else fp32; see the module
         docstring), 'float32', 'bfloat16' or 'float16' (GPU; the packed path then runs varlen
         flash attention); prepack: on the CPU in fp32 or bf16 (no int8, no compile), reorder the
-        encoder's Linear weights for oneDNN and fuse the FFN's GELU (`prepack.prepack_linears`).
+        encoder's Linear weights for oneDNN and fuse the FFN's GELU (`prepack.prepack_linears`);
+        small_batches: on the CPU in fp32, with onnxruntime installed, run batches of few tokens
+        through onnxruntime where that measures faster at load (`onnx_graph.py`: the lower
+        latency of one short request; ~1 s more at load, a second copy of the weights); an int N
+        sends every batch of <= N padded tokens there without timing, False none
+        (`BERTKIT_SMALL_BATCHES=0|N|auto` overrides).
         """
         from .checkpoint import load_model
 
@@ -214,7 +222,8 @@ class Predictor:
         if int8 and str(device).startswith("cuda"):
             raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
         p = cls(model.to(device), tokenizer, device=device, max_length=max_len)
-        p._choose_precision(dt, bool(int8), prepack=prepack and not compile)
+        small = _small_batches_setting(small_batches)
+        p._choose_precision(dt, bool(int8), prepack=prepack and not compile, small=small if not compile else False)
         log.info("precision %s: %s", p.precision, p.precision_reason)
         if compile:
             p.compile()
@@ -245,8 +254,9 @@ class Predictor:
         log.info("OpenVINO backend, %s: %s", p.precision, p.precision_reason)
         return p
 
-    def _choose_precision(self, dtype: torch.dtype | None, int8: bool, prepack: bool) -> None:
-        """Set self.model to the int8 / bf16 / fp32 model that will run, and say why."""
+    def _choose_precision(self, dtype: torch.dtype | None, int8: bool, prepack: bool, small: bool | int = False) -> None:
+        """Set self.model to the int8 / bf16 / fp32 model that will run, and say why (and, for
+        fp32 on the CPU when `small`, the onnxruntime engine of short batches)."""
         from . import hardware
 
         fp32 = self.model
@@ -282,8 +292,79 @@ class Predictor:
                 self.model = fp32
                 self.precision_reason = (f"{caps.reason}, but bf16 cosine {cos:.5f} < {BF16_MIN_COSINE} to fp32 "
                                          "on the sample")
+        session = None
+        if small and self.device.type == "cpu" and self.precision == "float32":
+            session = self._small_session()               # from the plain weights, before prepacking
         if prepack and self.device.type == "cpu":
             self.prepacked = prepack_linears(self.model)
+        if session is not None:
+            self._measure_small(session, None if small is True else int(small))
+
+    def _small_session(self) -> Any:
+        """An onnxruntime session of the encoder's blocks (onnx_graph.py), or None and the reason."""
+        from . import onnx_graph
+
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            self.small_reason = "onnxruntime is not installed (pip install 'bertkit[onnx]')"
+            return None
+        why = onnx_graph.supported(self.encoder)
+        if why:
+            self.small_reason = f"no onnxruntime graph for {why}"
+            return None
+        try:
+            return onnx_graph.session(onnx_graph.encoder_graph(self.encoder), torch.get_num_threads())
+        except Exception as e:         # an onnxruntime or onnx build that cannot take the graph
+            self.small_reason = f"onnxruntime could not load the graph ({type(e).__name__}: {str(e)[:120]})"
+            return None
+
+    def _measure_small(self, session: Any, max_tokens: int | None = None) -> None:
+        """Keep onnxruntime for short batches if it agrees with PyTorch on the sample texts (max
+        abs diff <= 1e-3, token cosine >= 0.9999) and is faster on one sequence of 16 tokens; it
+        then takes batches up to the longest length (16, 32, ... 256 tokens) at which it stays
+        faster, each measured here on this machine. `max_tokens` given: that limit, untimed."""
+        from .onnx_graph import SmallBatches, time_call
+
+        small = SmallBatches(session)
+        rows = sample_rows(self.tokenizer, self.max_length)
+        diff, cos = 0.0, 1.0
+        with torch.inference_mode():
+            for b in self.batches(rows, batch_size=8):
+                ref, got = self.hidden(b), small.hidden(self.encoder, b.tensors, b.packed)
+                diff = max(diff, float((ref - got).abs().max()))
+                cos = min(cos, float(F.cosine_similarity(ref, got, dim=-1).min()))
+            small.agreement = {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos}
+            if diff > 1e-3 or cos < 0.9999:
+                self.small_reason = f"onnxruntime disagrees with PyTorch on the sample (max abs diff {diff:.3g})"
+                return
+            if max_tokens is not None:
+                small.max_tokens, self.small = max_tokens, small
+                self.small_reason = f"onnxruntime for batches of up to {max_tokens} tokens, as asked (not timed)"
+                return
+            stream = [i for r in rows for i in r[0][1:-1]]
+            for n in SMALL_LENGTHS:
+                if n > min(self.max_length, len(stream) + 2):
+                    break
+                b = self.batches([([self.tokenizer.cls_id, *stream[:n - 2], self.tokenizer.sep_id], [0] * n)])[0]
+                ms_torch = time_call(lambda: self.hidden(b))
+                ms_small = time_call(lambda: small.hidden(self.encoder, b.tensors, b.packed))
+                small.latency_ms[n] = {"torch": round(ms_torch, 3), "onnxruntime": round(ms_small, 3)}
+                if ms_small > 0.95 * ms_torch:
+                    break
+                small.max_tokens = n
+        if not small.latency_ms:
+            self.small_reason = f"the model takes fewer than {SMALL_LENGTHS[0]} tokens: nothing to time"
+            return
+        if small.max_tokens == 0:
+            t = small.latency_ms[SMALL_LENGTHS[0]]
+            self.small_reason = (f"onnxruntime not faster on {SMALL_LENGTHS[0]} tokens here "
+                                 f"({t['onnxruntime']:.2f} ms vs {t['torch']:.2f} ms)")
+            return
+        self.small = small
+        self.small_reason = (f"onnxruntime faster up to {small.max_tokens} tokens here "
+                             f"({small.latency_ms[SMALL_LENGTHS[0]]['onnxruntime']:.2f} ms vs "
+                             f"{small.latency_ms[SMALL_LENGTHS[0]]['torch']:.2f} ms at {SMALL_LENGTHS[0]})")
 
     def _check_against(self, reference: nn.Module) -> dict[str, float]:
         """How closely this model follows `reference` (fp32) on the sample texts: cosine of the
@@ -321,7 +402,9 @@ class Predictor:
         fp32 measured at load), prepacked / compiled, threads, and the CPU's bf16 summary."""
         info = {"backend": self.backend, "device": str(self.device), "precision": self.precision,
                 "precision_reason": self.precision_reason, "precision_check": self.precision_check,
-                "prepacked": self.prepacked, "compiled": self.compiled, "threads": torch.get_num_threads()}
+                "prepacked": self.prepacked, "compiled": self.compiled, "threads": torch.get_num_threads(),
+                "small_batches": {**(self.small.describe() if self.small is not None else {"engine": None}),
+                                  "reason": self.small_reason}}
         if self.device.type == "cpu":
             from .hardware import cpu_flags, cpu_model
             info["cpu"] = f"{cpu_model()} ({' '.join(cpu_flags())}; torch {torch.backends.cpu.get_cpu_capability()})"
@@ -396,6 +479,8 @@ class Predictor:
         """(N, C) last-layer states of a packed batch."""
         if self.session is not None:
             return self._onnx(b)["hidden"]
+        if self.small is not None and self.small.takes(b.packed):
+            return self.small.hidden(self.encoder, b.tensors, b.packed)
         return self.encoder(b.tensors["input_ids"], b.tensors["token_type_ids"], None,
                             b.tensors["position_ids"], packed=b.packed)
 
@@ -649,6 +734,25 @@ def _rows(encodings: Sequence[Encoding]) -> list[tuple[list[int], list[int]]]:
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Cosine along the last axis."""
     return (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
+
+
+def _small_batches_setting(value: bool | int) -> bool | int:
+    """`small_batches` after BERTKIT_SMALL_BATCHES (0/off: none, N: up to N tokens untimed,
+    auto: measured)."""
+    import os
+
+    env = os.environ.get("BERTKIT_SMALL_BATCHES", "").strip().lower()
+    if env in ("0", "off", "false", "no"):
+        return False
+    if env.isdigit():
+        return int(env)
+    if env not in ("", "auto", "on", "true", "yes"):
+        raise PredictorError(f"BERTKIT_SMALL_BATCHES={env!r}: expected 0, auto or a number of tokens")
+    if isinstance(value, bool) or value is None:
+        return bool(value)
+    if int(value) < 1:
+        raise PredictorError(f"small_batches must be True, False or a number of tokens >= 1, not {value!r}")
+    return int(value)
 
 
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:

@@ -25,7 +25,7 @@ def load_for_inference(model_dir: str | Path, task_name: str | None = None, colu
 
     _, raw = read_config(Path(model_dir))
     predictor = Predictor.from_dir(model_dir, backend=backend, onnx_file=onnx_file, threads=threads,
-                                   dtype="float32" if backend == "torch" else None)
+                                   dtype="float32" if backend == "torch" else None, small_batches=False)
     model, head = predictor.model, predictor.head
     task = resolve_task(task_name, columns) if task_name else task_of_checkpoint(raw)
     if task is None:
@@ -134,7 +134,7 @@ def fill_mask_rows(model_dir: str | Path, rows: list[tuple[str, dict]], top_k: i
             raise DataError(f"{at}: needs a \"text\" field with a [MASK]")
         texts.append(obj["text"])
     predictor = Predictor.from_dir(model_dir, head="masked_lm", threads=threads, max_length=max_length,
-                                   backend=backend, onnx_file=onnx_file)
+                                   backend=backend, onnx_file=onnx_file, small_batches=False)
     results = predictor.fill_mask(texts, top_k=top_k, batch_size=batch_size)
     return [{"id": str(obj.get("id", i)), "prediction": [c[0]["token"] for c in res], "candidates": res}
             for i, ((_, obj), res) in enumerate(zip(rows, results))]

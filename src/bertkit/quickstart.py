@@ -119,7 +119,7 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0,
     card = pretrain(cfg, command=f"bertkit quickstart --out {out} --minutes {minutes:g}")
     evals = read_jsonl(root / "run" / "eval.jsonl")
     before, after = evals[0], evals[-1]
-    predictor = Predictor.from_dir(root / "run" / "final")
+    predictor = Predictor.from_dir(root / "run" / "final", small_batches=False)
     answers = predictor.fill_mask([c[0] for c in CLOZE], top_k=3)
     cloze, hits = [], 0
     for (prompt, expected), preds in zip(CLOZE, answers):

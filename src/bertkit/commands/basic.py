@@ -183,7 +183,7 @@ def run_info(args) -> int:
     info = describe(args.model)
     c = info["config"]
     caps = capabilities(c["hidden_size"], c["intermediate_size"])     # bf16 vs fp32 speed on this CPU
-    info["hardware"] = caps.as_dict()
+    info["hardware"] = {**caps.as_dict(), "short_inputs": _short_inputs(info, caps.bf16_fast)}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -212,8 +212,22 @@ def run_info(args) -> int:
         if "error" in tok:
             lines.append(f"warning      {tok['error']}")
     lines.append(f"runs here    {caps.summary()}" + (" if it matches fp32 at load" if caps.bf16_fast else ""))
+    lines.append(f"short inputs {info['hardware']['short_inputs']}")
     print("\n".join(lines))
     return 0
+
+
+def _short_inputs(info: dict, bf16_fast: bool) -> str:
+    """What a Predictor (bertkit serve, the Python API) will run short batches on, before loading it."""
+    from importlib.util import find_spec
+
+    if bf16_fast:
+        return "as the rest, if bf16 is chosen at load (the onnxruntime engine of short inputs runs fp32)"
+    if info["config"].get("bertkit_causal"):
+        return "PyTorch (no onnxruntime graph for a causal encoder)"
+    if find_spec("onnxruntime") is None:
+        return "PyTorch (pip install onnxruntime: its GEMMs are faster on short inputs on some CPUs)"
+    return "onnxruntime in fp32 if it agrees with PyTorch and measures faster at load (bertkit serve, Predictor)"
 
 
 # ---- tokenize ------------------------------------------------------------------------------------
@@ -287,7 +301,8 @@ def run_embed(args) -> int:
             raise BertkitError(f"--output {args.output}: is a directory")
         if not out.parent.is_dir():
             raise BertkitError(f"--output {args.output}: the folder {out.parent} does not exist")
-    pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads)
+    pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads,
+                              small_batches=False)          # one pass over a file: no start-up timing
     check_fits(pred, args.max_length)
     texts, pairs = read_inputs(args.input, args.jsonl)
     to_npy = bool(args.output and args.output.endswith(".npy"))
@@ -371,7 +386,7 @@ def run_fill_mask(args) -> int:
         if not _is_unicode(text):
             raise BertkitError(f"text {i + 1}: not valid UTF-8 (undecodable bytes)")
     # the masked-LM head of a BertForMaskedLM or BertForPreTraining checkpoint (NSP weights unused)
-    pred = Predictor.from_dir(args.model, head="masked_lm", device=args.device)
+    pred = Predictor.from_dir(args.model, head="masked_lm", device=args.device, small_batches=False)
     check_fits(pred, None)
     results = pred.fill_mask(args.texts, top_k=args.top_k)
     if args.json:

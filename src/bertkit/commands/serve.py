@@ -23,6 +23,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder (slow start)")
     p.add_argument("--no-prepack", dest="prepack", action="store_false",
                    help="keep plain Linear layers on the CPU (default: weights prepacked for oneDNN, GELU fused)")
+    p.add_argument("--no-small-batches", dest="small_batches", action="store_false",
+                   help="keep short batches on PyTorch too (default on the CPU in fp32: onnxruntime runs them "
+                        "where it measures faster at start-up)")
     p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                    help="weight precision (float16/bfloat16 on a GPU run varlen flash attention)")
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
@@ -39,7 +42,7 @@ def load_predictor(args, max_length: int | None = None):
     return Predictor.from_dir(args.model, head=args.head, device=args.device, threads=args.threads,
                               int8=args.int8, compile=args.compile, backend=args.backend,
                               max_length=max_length, onnx_file=args.onnx, dtype=getattr(args, "dtype", None),
-                              prepack=getattr(args, "prepack", True))
+                              prepack=getattr(args, "prepack", True), small_batches=getattr(args, "small_batches", True))
 
 
 def report_int8(args, predictor) -> dict:
@@ -49,7 +52,7 @@ def report_int8(args, predictor) -> dict:
     from ..infer import Predictor, agreement
 
     reference = Predictor.from_dir(args.model, head=args.head, device="cpu", dtype="float32",
-                                   max_length=predictor.max_length)
+                                   max_length=predictor.max_length, small_batches=False)
     sample = Path(__file__).resolve().parents[1] / "sample" / "sample.txt"
     texts = [l for l in sample.read_text(encoding="utf-8").splitlines() if l.strip()]
     rep = agreement(predictor, reference, texts)

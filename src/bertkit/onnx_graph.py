@@ -1,0 +1,195 @@
+"""The encoder written out as an ONNX graph from its weights, for onnxruntime's small batches.
+
+Why a second spelling of the forward pass: on a CPU without fast bf16 (AVX2 only), one short
+request is mostly 24 small GEMMs (16 rows each for a 16-token text), and onnxruntime's GEMM
+(MLAS) runs them 1.4-1.6x faster than oneDNN (all-MiniLM-L6-v2's 24 GEMMs at 16 rows, 2 threads,
+AMD EPYC Zen 1: 5.8 ms against 9.1); at 1,000 rows and more the two tie, and bertkit's
+padding-free batches win. So `Predictor` sends batches of few tokens here (`SmallBatches`) when
+onnxruntime is installed and measures faster at load, and keeps everything else on `model.py`.
+
+The graph is built node by node from the loaded weights in well under a second; no tracer and no
+exporter are involved (`torch.onnx.export`'s TorchScript path freezes shapes and masks it saw,
+its dynamo path takes ~20 s for a 6-layer model). It mirrors `model.py` exactly: embeddings (word
++ segment + absolute position) and LayerNorm, then per block attention with Q, K, V from one
+MatMul, the padding mask (and ALiBi's distance penalty) added to the scores, post-LN or pre-LN,
+the feed-forward with the checkpoint's GELU. Inputs: padded (B, T) int64 `input_ids`,
+`token_type_ids`, `attention_mask`; output: `last_hidden_state` (B, T, C). Heads stay in
+PyTorch: they read these states. Causal models and other activations are not written here
+(`supported` says why); the Predictor then keeps its PyTorch path. Every graph is checked
+against the PyTorch model at load (`Predictor._small_batches`); a disagreement discards it.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .model import BertModel
+from .packing import Packed
+
+OPSET = 20                      # LayerNormalization (17), Gelu with its tanh approximation (20)
+_GELU = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",
+         "gelu_python_tanh": "tanh", "gelu_fast": "tanh", "gelu_accurate": "tanh"}
+
+
+def supported(bert: BertModel) -> str | None:
+    """None if `encoder_graph` can write this encoder, else why not."""
+    cfg = bert.config
+    if cfg.causal:
+        return "a causal encoder"
+    if cfg.hidden_act not in _GELU and cfg.hidden_act != "relu":
+        return f"hidden_act {cfg.hidden_act}"
+    if any(p.dtype != torch.float32 for p in bert.parameters()):
+        return "weights not in float32"
+    return None
+
+
+class _Builder:
+    """Nodes and initializers of one graph, each value given a fresh name."""
+
+    def __init__(self):
+        from onnx import helper, numpy_helper
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.nodes: list = []
+        self.inits: list = []
+        self.count = 0
+
+    def const(self, value: Tensor | np.ndarray | float | list, dtype=np.float32) -> str:
+        arr = value.detach().float().numpy() if isinstance(value, Tensor) else np.asarray(value, dtype=dtype)
+        name = f"c{len(self.inits)}"
+        self.inits.append(self.numpy_helper.from_array(np.array(arr, dtype=dtype, order="C"), name))   # 0-d stays 0-d
+        return name
+
+    def op(self, kind: str, *inputs: str, outputs: int = 1, **attrs: Any) -> Any:
+        names = [f"v{self.count + i}" for i in range(outputs)]
+        self.count += outputs
+        self.nodes.append(self.helper.make_node(kind, list(inputs), names, **attrs))
+        return names[0] if outputs == 1 else names
+
+    def linear(self, x: str, lin: torch.nn.Linear) -> str:
+        """x W^T + b, the weight stored as (in, out) for MatMul."""
+        return self.op("Add", self.op("MatMul", x, self.const(lin.weight.t())), self.const(lin.bias))
+
+    def norm(self, x: str, ln: torch.nn.LayerNorm) -> str:
+        return self.op("LayerNormalization", x, self.const(ln.weight), self.const(ln.bias),
+                       axis=-1, epsilon=float(ln.eps))
+
+
+def encoder_graph(bert: BertModel) -> bytes:
+    """The serialized ONNX model of `bert`'s forward pass on padded inputs (see the module doc)."""
+    from onnx import TensorProto, helper
+
+    why = supported(bert)
+    if why:
+        raise ValueError(f"no ONNX graph for {why}")
+    cfg, g = bert.config, _Builder()
+    H, C = cfg.num_heads, cfg.hidden_size
+    D = C // H
+    x = "embeddings"                              # (B, T, C): the embedding layer's output, from PyTorch
+    # scores bias: 0 for real keys, the lowest float for padding                   (B, 1, 1, T)
+    keep = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)
+    bias = g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(float(np.finfo(np.float32).min)))
+    bias = g.op("Unsqueeze", bias, g.const([1, 2], np.int64))
+    slopes = bert.blocks[0].attn.slopes
+    if slopes is not None:                       # ALiBi: - slope_h |i - j|                     (1, H, T, T)
+        T = g.op("Squeeze", g.op("Shape", "attention_mask", start=1, end=2), g.const([0], np.int64))
+        i = g.op("Cast", g.op("Range", g.const(0, np.int64), T, g.const(1, np.int64)), to=TensorProto.FLOAT)
+        dist = g.op("Abs", g.op("Sub", g.op("Unsqueeze", i, g.const([1], np.int64)),
+                                g.op("Unsqueeze", i, g.const([0], np.int64))))          # (T, T)
+        bias = g.op("Add", bias, g.op("Mul", dist, g.const(-slopes.float().reshape(1, H, 1, 1))))
+    scale = g.const(1.0 / math.sqrt(D))
+    for block in bert.blocks:
+        a = block.attn
+        h = g.norm(x, block.norm1) if block.pre_norm else x
+        qkv = torch.nn.Linear(C, 3 * C)
+        with torch.no_grad():
+            qkv.weight.copy_(torch.cat([a.query.weight, a.key.weight, a.value.weight]))
+            qkv.bias.copy_(torch.cat([a.query.bias, a.key.bias, a.value.bias]))
+        y = g.op("Reshape", g.linear(h, qkv), g.const([0, 0, 3, H, D], np.int64))     # (B, T, 3, H, D)
+        y = g.op("Transpose", y, perm=[2, 0, 3, 1, 4])                                  # (3, B, H, T, D)
+        q, k, v = (g.op("Gather", y, g.const(n, np.int64), axis=0) for n in range(3))  # (B, H, T, D)
+        s = g.op("MatMul", g.op("Mul", q, scale), g.op("Transpose", k, perm=[0, 1, 3, 2]))   # (B, H, T, T)
+        p = g.op("Softmax", g.op("Add", s, bias), axis=-1)
+        ctx = g.op("Transpose", g.op("MatMul", p, v), perm=[0, 2, 1, 3])               # (B, T, H, D)
+        att = g.linear(g.op("Reshape", ctx, g.const([0, 0, C], np.int64)), a.out)      # (B, T, C)
+        if block.pre_norm:
+            x = g.op("Add", x, att)
+            x = g.op("Add", x, _ffn(g, g.norm(x, block.norm2), block.mlp, cfg.hidden_act))
+        else:
+            x = g.norm(g.op("Add", x, att), block.norm1)
+            x = g.norm(g.op("Add", x, _ffn(g, x, block.mlp, cfg.hidden_act)), block.norm2)
+    if bert.final_norm is not None:
+        x = g.norm(x, bert.final_norm)
+    g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
+    ins = [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", "sequence", C]),
+           helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])]
+    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", C])
+    graph = helper.make_graph(g.nodes, "bertkit_encoder_blocks", ins, [out], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bertkit")
+    return model.SerializeToString()
+
+
+def _ffn(g: _Builder, x: str, mlp, act: str) -> str:
+    up = g.linear(x, mlp.up)
+    up = g.op("Relu", up) if act == "relu" else g.op("Gelu", up, approximate=_GELU[act])
+    return g.linear(up, mlp.down)
+
+
+@dataclass
+class SmallBatches:
+    """onnxruntime for batches of at most `max_tokens` padded positions (B x T); the rest stay on
+    PyTorch. The embedding layer runs in PyTorch (a table lookup), the blocks here.
+    `latency_ms` holds what was measured at load: per sequence length, PyTorch and onnxruntime."""
+    session: Any
+    max_tokens: int = 0
+    latency_ms: dict = field(default_factory=dict)
+    agreement: dict = field(default_factory=dict)
+
+    def takes(self, p: Packed) -> bool:
+        return p.batch_size * p.max_seqlen <= self.max_tokens
+
+    def hidden(self, bert: BertModel, tensors: dict[str, Tensor], p: Packed) -> Tensor:
+        """(N, C) last hidden states of a packed batch, as `bert(..., packed=p)` returns them."""
+        x = bert.embeddings(tensors["input_ids"], tensors["token_type_ids"], tensors["position_ids"])   # (N, C)
+        if p.batch_size == 1:                                             # one sequence: nothing to pad
+            feed = {"embeddings": x[None].numpy(), "attention_mask": np.ones((1, x.shape[0]), np.int64)}
+            return torch.from_numpy(self.session.run(None, feed)[0][0])
+        buf = x.new_zeros(p.batch_size * p.max_seqlen, x.shape[-1])
+        buf[p.pad_indices] = x                                            # (B * T, C), T the longest here
+        feed = {"embeddings": buf.view(p.batch_size, p.max_seqlen, -1).numpy(),
+                "attention_mask": p.key_mask.long().numpy()}
+        h = torch.from_numpy(self.session.run(None, feed)[0])                             # (B, T, C)
+        return h.flatten(0, 1)[p.pad_indices]
+
+    def describe(self) -> dict:
+        return {"engine": "onnxruntime", "max_tokens": self.max_tokens, "latency_ms": self.latency_ms,
+                "agreement": self.agreement}
+
+
+def session(graph: bytes, threads: int):
+    """An onnxruntime CPU session for the graph: all graph optimisations, `threads` intra-op
+    threads, and no spinning between runs (spinning threads would take the cores from the
+    PyTorch batches that follow)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads, so.inter_op_num_threads = max(1, threads), 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+
+
+def time_call(fn, calls: int = 7) -> float:
+    """Median wall time of `fn()` in ms, after two untimed calls."""
+    fn(), fn()
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))

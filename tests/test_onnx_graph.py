@@ -1,0 +1,151 @@
+"""onnx_graph.py: the encoder written out as an ONNX graph computes what model.py computes, and the
+Predictor sends short batches there only when it is installed, agrees and (by default) measures faster."""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit import Tokenizer, preset
+from bertkit.checkpoint import build, save_model
+from bertkit.infer import Predictor, PredictorError
+from bertkit.model import BertModel
+from bertkit.packing import pack
+
+pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from bertkit import onnx_graph  # noqa: E402
+from test_infer import assert_fp32_close, minilm_dir  # noqa: E402  (the fp32 reordering bound, explained there)
+
+VARIANTS = [("gelu", "absolute", "post"), ("gelu_new", "alibi", "pre"), ("relu", "absolute", "pre"),
+            ("gelu", "alibi", "post")]
+
+
+def _model(act: str, positions: str, norm: str) -> BertModel:
+    torch.manual_seed(0)
+    model = BertModel(preset("tiny", vocab_size=500, hidden_act=act, position_embedding_type=positions,
+                             norm_position=norm)).eval()
+    for p in model.parameters():          # larger weights than the init so that a wrong op shows
+        if p.dim() > 1:
+            p.data.normal_(0, 0.2)
+    return model
+
+
+@pytest.mark.parametrize("act, positions, norm", VARIANTS)
+def test_graph_equals_the_model_padded_and_packed(act, positions, norm):
+    model = _model(act, positions, norm)
+    session = onnx_graph.session(onnx_graph.encoder_graph(model), threads=1)
+    small = onnx_graph.SmallBatches(session, max_tokens=1 << 20)
+    ids = torch.randint(5, 500, (3, 13))
+    types = (torch.arange(13) >= 7).long().expand(3, 13)
+    mask = torch.tensor([[1] * 13, [1] * 6 + [0] * 7, [1] * 9 + [0] * 4])
+    flat, layout = pack(ids, mask, types)
+    with torch.inference_mode():
+        want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
+        got = small.hidden(model, flat, layout)                           # three sequences, padded inside
+        assert_fp32_close(got, want, model.config, f"{act}/{positions}/{norm}, a padded batch")
+        one, alone = pack(ids[1:2, :6], mask[1:2, :6], types[1:2, :6])    # one sequence: no padding at all
+        want = model(one["input_ids"], one["token_type_ids"], position_ids=one["position_ids"], packed=alone)
+        assert_fp32_close(small.hidden(model, one, alone), want, model.config, f"{act}/{positions}/{norm}, alone")
+        assert torch.allclose(small.hidden(model, one, alone), got[13:19], atol=1e-5)   # padding changes nothing
+
+
+def test_a_wrong_graph_is_caught_by_the_bound():
+    """The comparison above fails when the graph differs from the model in one operation."""
+    model = _model("gelu", "absolute", "post")
+    wrong = _model("gelu_new", "absolute", "post")                     # same weights, tanh GELU
+    small = onnx_graph.SmallBatches(onnx_graph.session(onnx_graph.encoder_graph(wrong), threads=1), 1 << 20)
+    flat, layout = pack(torch.randint(5, 500, (2, 9)), torch.ones(2, 9, dtype=torch.long))
+    with torch.inference_mode():
+        want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
+        with pytest.raises(AssertionError, match="fp32 reordering bound"):
+            assert_fp32_close(small.hidden(model, flat, layout), want, model.config)
+
+
+def test_what_is_not_written_as_a_graph():
+    assert onnx_graph.supported(_model("gelu", "absolute", "post")) is None
+    causal = BertModel(preset("tiny", vocab_size=500, causal=True))
+    assert onnx_graph.supported(causal) == "a causal encoder"
+    assert onnx_graph.supported(BertModel(preset("tiny", vocab_size=500, hidden_act="silu"))) == "hidden_act silu"
+    assert onnx_graph.supported(BertModel(preset("tiny", vocab_size=500)).to(torch.bfloat16)) == "weights not in float32"
+    with pytest.raises(ValueError, match="causal"):
+        onnx_graph.encoder_graph(causal)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict:
+    tok = Tokenizer.from_dir(minilm_dir())
+    out = {}
+    for name, kw in (("plain", {}), ("causal", {"causal": True})):
+        torch.manual_seed(0)
+        d = tmp_path_factory.mktemp(name)
+        save_model(build("encoder", preset("tiny", vocab_size=tok.vocab_size, **kw)), d)
+        tok.save(d)
+        out[name] = d
+    return out
+
+
+def test_predictor_default_measures_and_says_why(checkpoints, monkeypatch):
+    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    info = p.describe()["small_batches"]
+    assert info["reason"] == p.small_reason
+    if p.small is not None:                          # faster here at 16 tokens: timed lengths and agreement
+        assert info["engine"] == "onnxruntime" and info["max_tokens"] in (16, 32, 64, 128, 256)
+        assert "16" in {str(k) for k in info["latency_ms"]} and info["agreement"]["max_abs_diff"] <= 1e-3
+        assert p.small_reason.startswith("onnxruntime faster up to")
+    else:
+        assert info["engine"] is None and "not faster" in p.small_reason
+    off = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False)
+    assert off.small is None and off.describe()["small_batches"] == {"engine": None, "reason": "not asked for"}
+    texts = ["one", "two words", "a third text of a few more words"]
+    np.testing.assert_allclose(p.embed(texts), off.embed(texts), atol=1e-5)
+
+
+def test_predictor_keeps_pytorch_where_no_graph_applies(checkpoints, monkeypatch):
+    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
+    p = Predictor.from_dir(checkpoints["causal"], device="cpu", dtype="float32")
+    assert p.small is None and p.small_reason == "no onnxruntime graph for a causal encoder"
+    real_import = builtins.__import__
+
+    def no_onnxruntime(name, *args, **kwargs):
+        if name == "onnxruntime":
+            raise ImportError("No module named 'onnxruntime'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_onnxruntime)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    assert p.small is None and "onnxruntime is not installed" in p.small_reason
+
+
+def test_the_environment_setting(checkpoints, monkeypatch):
+    monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "0")
+    assert Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32").small is None
+    monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "48")
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False)
+    assert p.small is not None and p.small.max_tokens == 48 and "as asked" in p.small_reason
+    b = p.batches([([101] + [2000] * 5 + [102], [0] * 7)] * 6)[0]       # 6 x 7 = 42 tokens: onnxruntime
+    assert p.small.takes(b.packed) and not p.small.takes(p.batches([([101] * 50, [0] * 50)])[0].packed)
+    monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "fast")
+    with pytest.raises(PredictorError, match="BERTKIT_SMALL_BATCHES"):
+        Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    monkeypatch.delenv("BERTKIT_SMALL_BATCHES")
+    with pytest.raises(PredictorError, match="small_batches"):
+        Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=0)
+
+
+def test_a_disagreeing_graph_is_discarded(checkpoints, monkeypatch):
+    """A graph that computes something else (here: another model's weights) never serves."""
+    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
+    real = onnx_graph.encoder_graph
+
+    def other_weights(bert):
+        torch.manual_seed(1)
+        return real(BertModel(bert.config).eval())
+
+    monkeypatch.setattr(onnx_graph, "encoder_graph", other_weights)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=1 << 20)
+    assert p.small is None and "disagrees with PyTorch" in p.small_reason
