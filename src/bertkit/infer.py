@@ -225,6 +225,8 @@ class Predictor:
         small = _small_batches_setting(small_batches)
         p._choose_precision(dt, bool(int8), prepack=prepack and not compile, small=small if not compile else False)
         log.info("precision %s: %s", p.precision, p.precision_reason)
+        if p.small is not None or small:
+            log.info("short batches: %s", p.small_reason)
         if compile:
             p.compile()
         return p
