@@ -15,6 +15,10 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 # measured faster (AMX, AVX512_BF16), fp32 elsewhere. Tests run fp32 unless they ask otherwise;
 # tests/test_infer.py and tests/test_hardware.py force each path (BERTKIT_BF16=1 / 0) everywhere.
 os.environ.setdefault("BERTKIT_BF16", "0")
+# Likewise a default Predictor runs short batches on onnxruntime where it times faster at load:
+# off unless a test asks (tests/test_onnx_graph.py, the third engine of tests/test_infer.py, and the
+# servers of tests/test_serve.py and tests/test_serve_openai.py turn it on).
+os.environ.setdefault("BERTKIT_SMALL_BATCHES", "0")
 # Tests never reach a hub: a dataset or model name that is not local fails at once instead of waiting
 # on the network (bertkit reads names through the `datasets` library when a path does not exist).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

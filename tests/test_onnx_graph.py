@@ -125,7 +125,9 @@ def test_the_environment_setting(checkpoints, monkeypatch):
     monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "0")
     assert Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32").small is None
     monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "48")
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False)
+    assert Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False).small is None
+    assert Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=8).small.max_tokens == 8
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")     # the default: the variable decides
     assert p.small is not None and p.small.max_tokens == 48 and "as asked" in p.small_reason
     b = p.batches([([101] + [2000] * 5 + [102], [0] * 7)] * 6)[0]       # 6 x 7 = 42 tokens: onnxruntime
     assert p.small.takes(b.packed) and not p.small.takes(p.batches([([101] * 50, [0] * 50)])[0].packed)

@@ -59,8 +59,8 @@ def encoder_dir(root) -> Path:
     return checkpoint(root, "encoder")
 
 
-def client_for(path: Path, **cfg) -> tuple[TestClient, Predictor]:
-    p = Predictor.from_dir(path, device="cpu")
+def client_for(path: Path, small_batches: bool | int = True, **cfg) -> tuple[TestClient, Predictor]:
+    p = Predictor.from_dir(path, device="cpu", small_batches=small_batches)
     settings = ServeConfig(max_length=p.max_length, **cfg)
     return TestClient(create_app(p, settings)), p
 
@@ -153,8 +153,14 @@ def test_head_endpoints(root):
         assert post(c, "/v1/qa", {"questions": [" "], "contexts": ctx})[0] == 422
 
 
-def test_batched_requests_equal_alone(encoder_dir):
-    c, p = client_for(encoder_dir, max_wait_ms=300, max_batch_tokens=100000)
+@pytest.mark.parametrize("short", ["pytorch", "onnxruntime"])
+def test_batched_requests_equal_alone(encoder_dir, short):
+    """Alone, a request's texts are a short batch (onnxruntime's engine when on); batched, PyTorch."""
+    if short == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+    c, p = client_for(encoder_dir, small_batches=40 if short == "onnxruntime" else False,
+                      max_wait_ms=300, max_batch_tokens=100000)
+    assert (p.small is not None) == (short == "onnxruntime"), p.small_reason
     reqs = [{"texts": [t, TEXTS[(i + 1) % len(TEXTS)]], "normalize": True} for i, t in enumerate(TEXTS * 2)]
     with c:
         results: dict[int, list] = {}

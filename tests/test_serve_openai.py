@@ -29,7 +29,9 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "hi", "A man is playing
 
 @pytest.fixture(scope="module")
 def minilm_app(minilm):
-    p = Predictor.from_dir(minilm, device="cpu")
+    pytest.importorskip("onnxruntime")
+    p = Predictor.from_dir(minilm, device="cpu", small_batches=64)   # short inputs on the onnxruntime engine
+    assert p.small is not None, p.small_reason
     pooling, normalize = sentence_transformers_pooling(minilm)
     assert (pooling, normalize) == ("mean", True)          # modules.json: Pooling (mean) + Normalize
     cfg = ServeConfig(max_length=p.max_length, embed_pooling=pooling, embed_normalize=normalize,

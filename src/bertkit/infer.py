@@ -191,7 +191,7 @@ class Predictor:
         through onnxruntime where that measures faster at load (`onnx_graph.py`: the lower
         latency of one short request; ~1 s more at load, a second copy of the weights); an int N
         sends every batch of <= N padded tokens there without timing, False none
-        (`BERTKIT_SMALL_BATCHES=0|N|auto` overrides).
+        (`BERTKIT_SMALL_BATCHES=0|N|auto` decides for the default True).
         """
         from .checkpoint import load_model
 
@@ -739,10 +739,17 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _small_batches_setting(value: bool | int) -> bool | int:
-    """`small_batches` after BERTKIT_SMALL_BATCHES (0/off: none, N: up to N tokens untimed,
-    auto: measured)."""
+    """`small_batches` as given (False: none; N: batches of up to N tokens, untimed), or for True
+    (measure at load) what BERTKIT_SMALL_BATCHES says instead: 0/off none, N untimed, auto measure."""
     import os
 
+    if isinstance(value, bool) or value is None:
+        if not value:
+            return False
+    elif int(value) < 1:
+        raise PredictorError(f"small_batches must be True, False or a number of tokens >= 1, not {value!r}")
+    else:
+        return int(value)
     env = os.environ.get("BERTKIT_SMALL_BATCHES", "").strip().lower()
     if env in ("0", "off", "false", "no"):
         return False
@@ -750,11 +757,7 @@ def _small_batches_setting(value: bool | int) -> bool | int:
         return int(env)
     if env not in ("", "auto", "on", "true", "yes"):
         raise PredictorError(f"BERTKIT_SMALL_BATCHES={env!r}: expected 0, auto or a number of tokens")
-    if isinstance(value, bool) or value is None:
-        return bool(value)
-    if int(value) < 1:
-        raise PredictorError(f"small_batches must be True, False or a number of tokens >= 1, not {value!r}")
-    return int(value)
+    return True
 
 
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:

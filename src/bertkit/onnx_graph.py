@@ -9,14 +9,15 @@ onnxruntime is installed and measures faster at load, and keeps everything else 
 
 The graph is built node by node from the loaded weights in well under a second; no tracer and no
 exporter are involved (`torch.onnx.export`'s TorchScript path freezes shapes and masks it saw,
-its dynamo path takes ~20 s for a 6-layer model). It mirrors `model.py` exactly: embeddings (word
-+ segment + absolute position) and LayerNorm, then per block attention with Q, K, V from one
-MatMul, the padding mask (and ALiBi's distance penalty) added to the scores, post-LN or pre-LN,
-the feed-forward with the checkpoint's GELU. Inputs: padded (B, T) int64 `input_ids`,
-`token_type_ids`, `attention_mask`; output: `last_hidden_state` (B, T, C). Heads stay in
-PyTorch: they read these states. Causal models and other activations are not written here
-(`supported` says why); the Predictor then keeps its PyTorch path. Every graph is checked
-against the PyTorch model at load (`Predictor._small_batches`); a disagreement discards it.
+its dynamo path takes ~20 s for a 6-layer model). It mirrors `model.py`'s blocks exactly: attention
+with Q, K, V from one MatMul, the padding mask (and ALiBi's distance penalty) added to the scores,
+post-LN or pre-LN (with the final LayerNorm), the feed-forward with the checkpoint's GELU or ReLU.
+Inputs: the embedding layer's output (B, T, C) float32 `embeddings` (computed by `model.py`: a
+table lookup, and no second copy of the vocabulary's rows) and the (B, T) int64 `attention_mask`;
+output: `last_hidden_state` (B, T, C). Heads stay in PyTorch: they read these states. Causal
+encoders and other activations are not written here (`supported` says why); the Predictor then
+keeps its PyTorch path. Every graph is checked against the PyTorch model at load
+(`Predictor._measure_small`); a disagreement discards it.
 """
 from __future__ import annotations
 
