@@ -2,8 +2,6 @@
 Predictor sends short batches there only when it is installed, agrees and (by default) measures faster."""
 from __future__ import annotations
 
-import builtins
-
 import numpy as np
 import pytest
 import torch
@@ -34,11 +32,15 @@ def _model(act: str, positions: str, norm: str) -> BertModel:
     return model
 
 
+@pytest.mark.parametrize("engine", onnx_graph.ENGINES)
 @pytest.mark.parametrize("act, positions, norm", VARIANTS)
-def test_graph_equals_the_model_padded_and_packed(act, positions, norm):
+def test_graph_equals_the_model_padded_and_packed(act, positions, norm, engine):
+    pytest.importorskip(engine)
     model = _model(act, positions, norm)
-    session = onnx_graph.session(onnx_graph.encoder_graph(model), threads=1)
-    small = onnx_graph.SmallBatches(session, max_tokens=1 << 20)
+    small = onnx_graph.SmallBatches(onnx_graph.load_engine(engine, onnx_graph.encoder_graph(model), threads=1),
+                                    engine, max_tokens=1 << 20)
+    if small.engine.precision != "float32":
+        pytest.skip(f"{engine} runs {small.engine.precision} on this CPU (judged by cosine at load)")
     ids = torch.randint(5, 500, (3, 13))
     types = (torch.arange(13) >= 7).long().expand(3, 13)
     mask = torch.tensor([[1] * 13, [1] * 6 + [0] * 7, [1] * 9 + [0] * 4])
@@ -57,7 +59,8 @@ def test_a_wrong_graph_is_caught_by_the_bound():
     """The comparison above fails when the graph differs from the model in one operation."""
     model = _model("gelu", "absolute", "post")
     wrong = _model("gelu_new", "absolute", "post")                     # same weights, tanh GELU
-    small = onnx_graph.SmallBatches(onnx_graph.session(onnx_graph.encoder_graph(wrong), threads=1), 1 << 20)
+    small = onnx_graph.SmallBatches(onnx_graph.load_engine("onnxruntime", onnx_graph.encoder_graph(wrong), 1),
+                                    "onnxruntime", 1 << 20)
     flat, layout = pack(torch.randint(5, 500, (2, 9)), torch.ones(2, 9, dtype=torch.long))
     with torch.inference_mode():
         want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
@@ -94,11 +97,11 @@ def test_predictor_default_measures_and_says_why(checkpoints, monkeypatch):
     info = p.describe()["small_batches"]
     assert info["reason"] == p.small_reason
     if p.small is not None:                          # faster here at 16 tokens: timed lengths and agreement
-        assert info["engine"] == "onnxruntime" and info["max_tokens"] in (16, 32, 64, 128, 256)
-        assert "16" in {str(k) for k in info["latency_ms"]} and info["agreement"]["max_abs_diff"] <= 1e-3
-        assert p.small_reason.startswith("onnxruntime faster up to")
+        assert info["engine"] in onnx_graph.ENGINES and info["max_tokens"] in (16, 32, 64, 128, 256)
+        assert "16" in {str(k) for k in info["latency_ms"]} and info["agreement"]["ok"]
+        assert p.small_reason.startswith(f"{info['engine']} ({info['precision']}) faster up to")
     else:
-        assert info["engine"] is None and "not faster" in p.small_reason
+        assert info["engine"] is None and "not faster than PyTorch" in p.small_reason
     off = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False)
     assert off.small is None and off.describe()["small_batches"] == {"engine": None, "reason": "not asked for"}
     texts = ["one", "two words", "a third text of a few more words"]
@@ -108,17 +111,10 @@ def test_predictor_default_measures_and_says_why(checkpoints, monkeypatch):
 def test_predictor_keeps_pytorch_where_no_graph_applies(checkpoints, monkeypatch):
     monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
     p = Predictor.from_dir(checkpoints["causal"], device="cpu", dtype="float32")
-    assert p.small is None and p.small_reason == "no onnxruntime graph for a causal encoder"
-    real_import = builtins.__import__
-
-    def no_onnxruntime(name, *args, **kwargs):
-        if name == "onnxruntime":
-            raise ImportError("No module named 'onnxruntime'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_onnxruntime)
+    assert p.small is None and p.small_reason == "no ONNX graph for a causal encoder"
+    monkeypatch.setattr(onnx_graph, "installed_engines", lambda: [])
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
-    assert p.small is None and "onnxruntime is not installed" in p.small_reason
+    assert p.small is None and "neither onnxruntime nor openvino is installed" in p.small_reason
 
 
 def test_the_environment_setting(checkpoints, monkeypatch):
@@ -151,3 +147,62 @@ def test_a_disagreeing_graph_is_discarded(checkpoints, monkeypatch):
     monkeypatch.setattr(onnx_graph, "encoder_graph", other_weights)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=1 << 20)
     assert p.small is None and "disagrees with PyTorch" in p.small_reason
+
+
+class FakeEngine:
+    """onnxruntime under another name, precision and speed, counting its runs."""
+
+    def __init__(self, graph: bytes, precision: str = "float32", noise: float = 0.0):
+        self.inner, self.precision, self.noise, self.calls = onnx_graph.OnnxRuntimeEngine(graph, 1), precision, noise, 0
+
+    def run(self, embeddings, mask):
+        self.calls += 1
+        h = self.inner.run(embeddings, mask)
+        return h + self.noise * np.random.default_rng(0).standard_normal(h.shape).astype(np.float32)
+
+
+def _with_fakes(monkeypatch, fakes: dict, ms: dict):
+    """Predictor._small_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch'])."""
+    def engines(self, encoder):
+        graph = onnx_graph.encoder_graph(encoder)
+        return {name: make(graph) for name, make in fakes.items()}
+
+    def fake_time(fn, calls=7):
+        made = engines_made[-1]
+        before = {n: e.calls for n, e in made.items()}
+        fn()
+        ran = [n for n, e in made.items() if e.calls > before[n]]
+        return ms[ran[0]] if ran else ms["torch"]
+
+    engines_made = []
+    monkeypatch.setattr(Predictor, "_small_engines", lambda self, enc: engines_made.append(engines(self, enc)) or engines_made[-1])
+    monkeypatch.setattr(onnx_graph, "time_call", fake_time)
+
+
+def test_the_fastest_agreeing_engine_is_chosen(checkpoints, monkeypatch):
+    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
+    _with_fakes(monkeypatch, {"slow": FakeEngine, "fast": FakeEngine, "wrong": lambda g: FakeEngine(g, noise=0.5)},
+                {"torch": 5.0, "slow": 4.0, "fast": 2.0, "wrong": 1.0})
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    assert p.small is not None and p.small.name == "fast", p.small_reason
+    assert p.small.max_tokens == 256                         # ahead at every timed length
+    assert p.small_reason.startswith("fast (float32) faster up to 256 tokens here (slow 4.00 ms, fast 2.00 ms vs PyTorch 5.00 ms")
+    assert p.describe()["small_batches"]["latency_ms"][16] == {"torch": 5.0, "slow": 4.0, "fast": 2.0}
+    _with_fakes(monkeypatch, {"slow": FakeEngine}, {"torch": 5.0, "slow": 4.9})   # not 5% ahead
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    assert p.small is None and p.small_reason == "not faster than PyTorch on 16 tokens here (slow 4.90 ms vs 5.00 ms)"
+
+
+def test_a_bf16_engine_is_judged_by_cosine(checkpoints, monkeypatch):
+    """OpenVINO runs bf16 on CPUs that have it: such an engine may differ by more than fp32 rounding,
+    as long as every token keeps cosine >= 0.999 to fp32 (the bar of bf16 everywhere in bertkit)."""
+    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
+    fakes = {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.002), "fp32": lambda g: FakeEngine(g, noise=0.002)}
+    _with_fakes(monkeypatch, fakes, {"torch": 5.0, "bf16": 2.0, "fp32": 1.0})
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    assert p.small is not None and p.small.name == "bf16", p.small_reason
+    assert p.small.agreement["max_abs_diff"] > 1e-3 and p.small.agreement["token_cosine_min"] >= 0.999
+    assert "fp32 (float32) disagrees with PyTorch" not in p.small_reason      # chosen: the reason is the choice
+    _with_fakes(monkeypatch, {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.3)}, {"torch": 5.0, "bf16": 1.0})
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    assert p.small is None and p.small_reason.startswith("bf16 (bfloat16) disagrees with PyTorch on the sample")

@@ -257,8 +257,8 @@ class Predictor:
         return p
 
     def _choose_precision(self, dtype: torch.dtype | None, int8: bool, prepack: bool, small: bool | int = False) -> None:
-        """Set self.model to the int8 / bf16 / fp32 model that will run, and say why (and, for
-        fp32 on the CPU when `small`, the onnxruntime engine of short batches)."""
+        """Set self.model to the int8 / bf16 / fp32 model that will run, and say why (and, on the
+        CPU when `small`, the engine of short batches: `_small_batches`)."""
         from . import hardware
 
         fp32 = self.model
@@ -290,83 +290,121 @@ class Predictor:
                 if cos >= BF16_MIN_COSINE:
                     self.precision, self.prepacked, self.precision_check = "bfloat16", packed, check
                     self.precision_reason = f"{caps.reason}; cosine {cos:.5f} to fp32 on the sample"
+                    engines = self._small_engines(_encoder_of(fp32)) if small else None
+                    if engines:
+                        self._small_batches(engines, small, _encoder_of(fp32))
                     return
                 self.model = fp32
                 self.precision_reason = (f"{caps.reason}, but bf16 cosine {cos:.5f} < {BF16_MIN_COSINE} to fp32 "
                                          "on the sample")
-        session = None
+        engines = None
         if small and self.device.type == "cpu" and self.precision == "float32":
-            session = self._small_session()               # from the plain weights, before prepacking
+            engines = self._small_engines(self.encoder)          # from the plain weights, before prepacking
         if prepack and self.device.type == "cpu":
             self.prepacked = prepack_linears(self.model)
-        if session is not None:
-            self._measure_small(session, None if small is True else int(small))
+        if engines:
+            self._small_batches(engines, small)
 
-    def _small_session(self) -> Any:
-        """An onnxruntime session of the encoder's blocks (onnx_graph.py), or None and the reason."""
+    def _small_engines(self, fp32_encoder: BertModel) -> dict[str, Any]:
+        """The installed engines of short batches (`onnx_graph.load_engine`) on the encoder's graph,
+        by name; none (and the reason) where none is installed or no graph applies."""
         from . import onnx_graph
 
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            self.small_reason = "onnxruntime is not installed (pip install 'bertkit[onnx]')"
-            return None
-        why = onnx_graph.supported(self.encoder)
-        if why:
-            self.small_reason = f"no onnxruntime graph for {why}"
-            return None
-        try:
-            return onnx_graph.session(onnx_graph.encoder_graph(self.encoder), torch.get_num_threads())
-        except Exception as e:         # an onnxruntime or onnx build that cannot take the graph
-            self.small_reason = f"onnxruntime could not load the graph ({type(e).__name__}: {str(e)[:120]})"
-            return None
+        why = onnx_graph.supported(fp32_encoder)
+        installed = onnx_graph.installed_engines()
+        if why or not installed:
+            self.small_reason = (f"no ONNX graph for {why}" if why else
+                                 "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
+            return {}
+        graph, engines, failed = onnx_graph.encoder_graph(fp32_encoder), {}, []
+        for name in installed:
+            try:
+                engines[name] = onnx_graph.load_engine(name, graph, torch.get_num_threads())
+            except Exception as e:        # a build that cannot take the graph: say so, keep the others
+                failed.append(f"{name} could not load the graph ({type(e).__name__}: {str(e)[:100]})")
+        if not engines:
+            self.small_reason = "; ".join(failed)
+        return engines
 
-    def _measure_small(self, session: Any, max_tokens: int | None = None) -> None:
-        """Keep onnxruntime for short batches if it agrees with PyTorch on the sample texts (max
-        abs diff <= 1e-3, token cosine >= 0.9999) and is faster on one sequence of 16 tokens; it
-        then takes batches up to the longest length (16, 32, ... 256 tokens) at which it stays
-        faster, each measured here on this machine. `max_tokens` given: that limit, untimed."""
-        from .onnx_graph import SmallBatches, time_call
+    def _small_batches(self, engines: dict[str, Any], small: bool | int, reference: BertModel | None = None) -> None:
+        """Keep the fastest engine of short batches that follows the fp32 model on the sample texts
+        (`reference`, default this model: an fp32 engine within max abs diff 1e-3 and token cosine
+        0.9999, a bf16 one token cosine >= 0.999) and beats the PyTorch path by 5% on one sequence
+        of 16 tokens; it then takes batches up to the longest length (16, 32, ... 256 tokens) at
+        which it stays ahead, each timed here. `small` a number: the first engine that agrees takes
+        batches up to that many tokens, untimed."""
+        from .onnx_graph import SmallBatches
 
-        small = SmallBatches(session)
         rows = sample_rows(self.tokenizer, self.max_length)
-        diff, cos = 0.0, 1.0
+        notes, agreeing = [], {}
         with torch.inference_mode():
-            for b in self.batches(rows, batch_size=8):
-                ref, got = self.hidden(b), small.hidden(self.encoder, b.tensors, b.packed)
-                diff = max(diff, float((ref - got).abs().max()))
-                cos = min(cos, float(F.cosine_similarity(ref, got, dim=-1).min()))
-            small.agreement = {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos}
-            if diff > 1e-3 or cos < 0.9999:
-                self.small_reason = f"onnxruntime disagrees with PyTorch on the sample (max abs diff {diff:.3g})"
+            for name, engine in engines.items():
+                candidate = SmallBatches(engine, name)
+                candidate.agreement = self._engine_agreement(candidate, rows, reference)
+                if candidate.agreement["ok"]:
+                    agreeing[name] = candidate
+                else:
+                    notes.append(f"{name} ({engine.precision}) disagrees with PyTorch on the sample (token cosine "
+                                 f"{candidate.agreement['token_cosine_min']:.5f}, max abs diff "
+                                 f"{candidate.agreement['max_abs_diff']:.3g})")
+            if agreeing and small is not True:
+                chosen = next(iter(agreeing.values()))
+                chosen.max_tokens, self.small = int(small), chosen
+                self.small_reason = f"{chosen.name} for batches of up to {small} tokens, as asked (not timed)"
                 return
-            if max_tokens is not None:
-                small.max_tokens, self.small = max_tokens, small
-                self.small_reason = f"onnxruntime for batches of up to {max_tokens} tokens, as asked (not timed)"
-                return
-            stream = [i for r in rows for i in r[0][1:-1]]
-            for n in SMALL_LENGTHS:
-                if n > min(self.max_length, len(stream) + 2):
-                    break
-                b = self.batches([([self.tokenizer.cls_id, *stream[:n - 2], self.tokenizer.sep_id], [0] * n)])[0]
-                ms_torch = time_call(lambda: self.hidden(b))
-                ms_small = time_call(lambda: small.hidden(self.encoder, b.tensors, b.packed))
-                small.latency_ms[n] = {"torch": round(ms_torch, 3), "onnxruntime": round(ms_small, 3)}
-                if ms_small > 0.95 * ms_torch:
-                    break
-                small.max_tokens = n
-        if not small.latency_ms:
-            self.small_reason = f"the model takes fewer than {SMALL_LENGTHS[0]} tokens: nothing to time"
-            return
-        if small.max_tokens == 0:
-            t = small.latency_ms[SMALL_LENGTHS[0]]
-            self.small_reason = (f"onnxruntime not faster on {SMALL_LENGTHS[0]} tokens here "
-                                 f"({t['onnxruntime']:.2f} ms vs {t['torch']:.2f} ms)")
-            return
-        self.small = small
-        self.small_reason = (f"onnxruntime faster up to {small.max_tokens} tokens here "
-                             f"({small.latency_ms[SMALL_LENGTHS[0]]['onnxruntime']:.2f} ms vs "
-                             f"{small.latency_ms[SMALL_LENGTHS[0]]['torch']:.2f} ms at {SMALL_LENGTHS[0]})")
+            if agreeing:
+                note = self._time_engines(agreeing, rows)
+                if self.small is not None:
+                    return
+                notes.append(note)
+        self.small_reason = "; ".join(notes)
+
+    def _time_engines(self, agreeing: dict[str, Any], rows: list) -> str:
+        """Time PyTorch and each engine on one sequence of each SMALL_LENGTHS; set self.small to the
+        fastest if it wins at the first length (and its reason), else say why not."""
+        from .onnx_graph import time_call
+
+        stream = [i for r in rows for i in r[0][1:-1]]
+        lengths = [n for n in SMALL_LENGTHS if n <= min(self.max_length, len(stream) + 2)]
+        if not lengths:
+            return f"the model takes fewer than {SMALL_LENGTHS[0]} tokens: nothing to time"
+        batch = {n: self.batches([([self.tokenizer.cls_id, *stream[:n - 2], self.tokenizer.sep_id], [0] * n)])[0]
+                 for n in lengths}
+        run = lambda c, b: (lambda: c.hidden(self.encoder, b.tensors, b.packed))    # noqa: E731
+        b = batch[lengths[0]]
+        ms_torch = time_call(lambda: self.hidden(b))
+        timed = {name: time_call(run(c, b)) for name, c in agreeing.items()}
+        times = ", ".join(f"{k} {v:.2f} ms" for k, v in timed.items())
+        best = min(timed, key=timed.get)
+        if timed[best] > 0.95 * ms_torch:
+            return f"not faster than PyTorch on {lengths[0]} tokens here ({times} vs {ms_torch:.2f} ms)"
+        chosen = agreeing[best]
+        chosen.latency_ms[lengths[0]] = {"torch": round(ms_torch, 3), **{k: round(v, 3) for k, v in timed.items()}}
+        chosen.max_tokens = lengths[0]
+        for n in lengths[1:]:
+            t_torch, t = time_call(lambda: self.hidden(batch[n])), time_call(run(chosen, batch[n]))
+            chosen.latency_ms[n] = {"torch": round(t_torch, 3), best: round(t, 3)}
+            if t > 0.95 * t_torch:
+                break
+            chosen.max_tokens = n
+        self.small = chosen
+        self.small_reason = (f"{best} ({chosen.engine.precision}) faster up to {chosen.max_tokens} tokens here "
+                             f"({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]})")
+        return ""
+
+    def _engine_agreement(self, candidate: Any, rows: list, reference: BertModel | None) -> dict:
+        """How closely an engine of short batches follows the fp32 model on the sample texts."""
+        ref_encoder = reference if reference is not None else self.encoder
+        diff, cos = 0.0, 1.0
+        for b in self.batches(rows, batch_size=8):
+            t = b.tensors
+            ref = ref_encoder(t["input_ids"], t["token_type_ids"], None, t["position_ids"], packed=b.packed).float()
+            got = candidate.hidden(self.encoder, t, b.packed).float()
+            diff = max(diff, float((ref - got).abs().max()))
+            cos = min(cos, float(F.cosine_similarity(ref, got, dim=-1).min()))
+        fp32 = candidate.engine.precision == "float32"
+        ok = (diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= BF16_MIN_COSINE
+        return {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos, "ok": ok}
 
     def _check_against(self, reference: nn.Module) -> dict[str, float]:
         """How closely this model follows `reference` (fp32) on the sample texts: cosine of the
@@ -813,6 +851,10 @@ def agreement(candidate: Predictor, reference: Predictor, texts: Sequence[str],
             report["accuracy"] = float(np.mean([x == str(y) for x, y in zip(pa, labels)]))
             report["accuracy_reference"] = float(np.mean([x == str(y) for x, y in zip(pb, labels)]))
     return report
+
+
+def _encoder_of(model: nn.Module) -> BertModel:
+    return model if isinstance(model, BertModel) else model.bert
 
 
 def _cpu(p: Packed) -> Packed:

@@ -5,7 +5,8 @@ request is mostly 24 small GEMMs (16 rows each for a 16-token text), and onnxrun
 (MLAS) runs them 1.4-1.6x faster than oneDNN (all-MiniLM-L6-v2's 24 GEMMs at 16 rows, 2 threads,
 AMD EPYC Zen 1: 5.8 ms against 9.1); at 1,000 rows and more the two tie, and bertkit's
 padding-free batches win. So `Predictor` sends batches of few tokens here (`SmallBatches`) when
-onnxruntime is installed and measures faster at load, and keeps everything else on `model.py`.
+an engine is installed (onnxruntime, or OpenVINO, which runs bf16 where the CPU has it), follows
+the fp32 model and measures faster at load; everything else stays on `model.py`.
 
 The graph is built node by node from the loaded weights in well under a second; no tracer and no
 exporter are involved (`torch.onnx.export`'s TorchScript path freezes shapes and masks it saw,
@@ -17,7 +18,7 @@ table lookup, and no second copy of the vocabulary's rows) and the (B, T) int64 
 output: `last_hidden_state` (B, T, C). Heads stay in PyTorch: they read these states. Causal
 encoders and other activations are not written here (`supported` says why); the Predictor then
 keeps its PyTorch path. Every graph is checked against the PyTorch model at load
-(`Predictor._measure_small`); a disagreement discards it.
+(`Predictor._small_batches`); a disagreement discards it.
 """
 from __future__ import annotations
 
@@ -143,10 +144,12 @@ def _ffn(g: _Builder, x: str, mlp, act: str) -> str:
 
 @dataclass
 class SmallBatches:
-    """onnxruntime for batches of at most `max_tokens` padded positions (B x T); the rest stay on
-    PyTorch. The embedding layer runs in PyTorch (a table lookup), the blocks here.
-    `latency_ms` holds what was measured at load: per sequence length, PyTorch and onnxruntime."""
-    session: Any
+    """An engine (`load_engine`) for batches of at most `max_tokens` padded positions (B x T); the
+    rest stay on PyTorch. The embedding layer runs in PyTorch (a table lookup), the blocks here.
+    `latency_ms` holds what was timed at load (per sequence length: PyTorch and the engines),
+    `agreement` how closely it follows the fp32 model on the sample texts."""
+    engine: Any
+    name: str
     max_tokens: int = 0
     latency_ms: dict = field(default_factory=dict)
     agreement: dict = field(default_factory=dict)
@@ -155,34 +158,79 @@ class SmallBatches:
         return p.batch_size * p.max_seqlen <= self.max_tokens
 
     def hidden(self, bert: BertModel, tensors: dict[str, Tensor], p: Packed) -> Tensor:
-        """(N, C) last hidden states of a packed batch, as `bert(..., packed=p)` returns them."""
+        """(N, C) last hidden states of a packed batch, as `bert(..., packed=p)` returns them (in
+        the model's dtype)."""
         x = bert.embeddings(tensors["input_ids"], tensors["token_type_ids"], tensors["position_ids"])   # (N, C)
+        dtype, x = x.dtype, x.float()
         if p.batch_size == 1:                                             # one sequence: nothing to pad
-            feed = {"embeddings": x[None].numpy(), "attention_mask": np.ones((1, x.shape[0]), np.int64)}
-            return torch.from_numpy(self.session.run(None, feed)[0][0])
+            h = self.engine.run(x[None].numpy(), np.ones((1, x.shape[0]), np.int64))[0]
+            return torch.from_numpy(h).to(dtype)
         buf = x.new_zeros(p.batch_size * p.max_seqlen, x.shape[-1])
         buf[p.pad_indices] = x                                            # (B * T, C), T the longest here
-        feed = {"embeddings": buf.view(p.batch_size, p.max_seqlen, -1).numpy(),
-                "attention_mask": p.key_mask.long().numpy()}
-        h = torch.from_numpy(self.session.run(None, feed)[0])                             # (B, T, C)
-        return h.flatten(0, 1)[p.pad_indices]
+        h = self.engine.run(buf.view(p.batch_size, p.max_seqlen, -1).numpy(), p.key_mask.long().numpy())
+        return torch.from_numpy(h).flatten(0, 1)[p.pad_indices].to(dtype)                  # (B, T, C) -> (N, C)
 
     def describe(self) -> dict:
-        return {"engine": "onnxruntime", "max_tokens": self.max_tokens, "latency_ms": self.latency_ms,
-                "agreement": self.agreement}
+        return {"engine": self.name, "precision": self.engine.precision, "max_tokens": self.max_tokens,
+                "latency_ms": self.latency_ms, "agreement": self.agreement}
 
 
-def session(graph: bytes, threads: int):
-    """An onnxruntime CPU session for the graph: all graph optimisations, `threads` intra-op
-    threads, and no spinning between runs (spinning threads would take the cores from the
-    PyTorch batches that follow)."""
-    import onnxruntime as ort
+ENGINES = ("onnxruntime", "openvino")
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads, so.inter_op_num_threads = max(1, threads), 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+
+def installed_engines() -> list[str]:
+    """Which of ENGINES import here."""
+    from importlib.util import find_spec
+
+    return [name for name in ENGINES if find_spec(name) is not None]
+
+
+class OnnxRuntimeEngine:
+    """The graph on onnxruntime's CPU provider, fp32: all graph optimisations, `threads` intra-op
+    threads, no spinning between runs (spinning threads would take the cores from the PyTorch
+    batches that follow: measured 1.8x slower PyTorch right after a spinning run)."""
+
+    precision = "float32"
+
+    def __init__(self, graph: bytes, threads: int):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads, so.inter_op_num_threads = max(1, threads), 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+
+    def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"embeddings": embeddings, "attention_mask": mask})[0]
+
+
+class OpenVINOEngine:
+    """The graph compiled by OpenVINO for the CPU with its latency hint, in OpenVINO's own precision
+    (bf16 where the CPU has AMX or AVX512_BF16; the agreement check at load decides whether it may
+    serve)."""
+
+    def __init__(self, graph: bytes, threads: int):
+        import io
+
+        import openvino as ov
+
+        core = ov.Core()
+        config: dict = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": max(1, threads)}
+        self.compiled = core.compile_model(core.read_model(io.BytesIO(graph)), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+        hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
+        name = hint.split("'")[1] if "'" in hint else hint
+        self.precision = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
+
+    def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        out = self.request.infer([embeddings, mask])
+        return np.array(out[self.compiled.outputs[0]])          # a copy: the request reuses its buffers
+
+
+def load_engine(name: str, graph: bytes, threads: int):
+    """One of ENGINES on the graph."""
+    return {"onnxruntime": OnnxRuntimeEngine, "openvino": OpenVINOEngine}[name](graph, threads)
 
 
 def time_call(fn, calls: int = 7) -> float:

@@ -183,7 +183,7 @@ def run_info(args) -> int:
     info = describe(args.model)
     c = info["config"]
     caps = capabilities(c["hidden_size"], c["intermediate_size"])     # bf16 vs fp32 speed on this CPU
-    info["hardware"] = {**caps.as_dict(), "short_inputs": _short_inputs(info, caps.bf16_fast)}
+    info["hardware"] = {**caps.as_dict(), "short_inputs": _short_inputs(info)}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -217,17 +217,17 @@ def run_info(args) -> int:
     return 0
 
 
-def _short_inputs(info: dict, bf16_fast: bool) -> str:
+def _short_inputs(info: dict) -> str:
     """What a Predictor (bertkit serve, the Python API) will run short batches on, before loading it."""
     from importlib.util import find_spec
 
-    if bf16_fast:
-        return "as the rest, if bf16 is chosen at load (the onnxruntime engine of short inputs runs fp32)"
     if info["config"].get("bertkit_causal"):
-        return "PyTorch (no onnxruntime graph for a causal encoder)"
-    if find_spec("onnxruntime") is None:
-        return "PyTorch (pip install onnxruntime: its GEMMs are faster on short inputs on some CPUs)"
-    return "onnxruntime in fp32 if it agrees with PyTorch and measures faster at load (bertkit serve, Predictor)"
+        return "PyTorch (no ONNX graph for a causal encoder)"
+    engines = [name for name in ("onnxruntime", "openvino") if find_spec(name) is not None]
+    if not engines:
+        return "PyTorch (pip install 'bertkit[onnx]': onnxruntime's GEMMs are faster on short inputs on some CPUs)"
+    return (f"{' or '.join(engines)} where one follows fp32 and times faster than PyTorch at load "
+            "(bertkit serve, Predictor), else PyTorch")
 
 
 # ---- tokenize ------------------------------------------------------------------------------------
