@@ -76,6 +76,10 @@ def test_what_is_not_written_as_a_graph():
     assert onnx_graph.supported(BertModel(preset("tiny", vocab_size=500)).to(torch.bfloat16)) == "weights not in float32"
     with pytest.raises(ValueError, match="causal"):
         onnx_graph.encoder_graph(causal)
+    with pytest.raises(ValueError, match="2 GB"):
+        import unittest.mock
+        with unittest.mock.patch.object(onnx_graph, "MAX_GRAPH_BYTES", 1000):
+            onnx_graph.encoder_graph(_model("gelu", "absolute", "post"))
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +116,11 @@ def test_predictor_keeps_pytorch_where_no_graph_applies(checkpoints, monkeypatch
     monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
     p = Predictor.from_dir(checkpoints["causal"], device="cpu", dtype="float32")
     assert p.small is None and p.small_reason == "no ONNX graph for a causal encoder"
+    monkeypatch.setattr(onnx_graph, "MAX_GRAPH_BYTES", 1000)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    assert p.small is None and "at most 2 GB" in p.small_reason
+    monkeypatch.undo()
+    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
     monkeypatch.setattr(onnx_graph, "installed_engines", lambda: [])
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
     assert p.small is None and "neither onnxruntime nor openvino is installed" in p.small_reason

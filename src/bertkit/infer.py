@@ -316,7 +316,11 @@ class Predictor:
             self.small_reason = (f"no ONNX graph for {why}" if why else
                                  "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
             return {}
-        graph, engines, failed = onnx_graph.encoder_graph(fp32_encoder), {}, []
+        try:
+            graph, engines, failed = onnx_graph.encoder_graph(fp32_encoder), {}, []
+        except ValueError as e:                   # over protobuf's 2 GB
+            self.small_reason = str(e)
+            return {}
         for name in installed:
             try:
                 engines[name] = onnx_graph.load_engine(name, graph, torch.get_num_threads())

@@ -34,6 +34,7 @@ from torch import Tensor
 from .model import BertModel
 from .packing import Packed
 
+MAX_GRAPH_BYTES = 1_900_000_000  # the weights inside one ONNX protobuf (2 GB limit, with room for the rest)
 OPSET = 20                      # LayerNormalization (17), Gelu with its tanh approximation (20)
 _GELU = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",
          "gelu_python_tanh": "tanh", "gelu_fast": "tanh", "gelu_accurate": "tanh"}
@@ -89,6 +90,9 @@ def encoder_graph(bert: BertModel) -> bytes:
     why = supported(bert)
     if why:
         raise ValueError(f"no ONNX graph for {why}")
+    size = 4 * sum(p.numel() for p in bert.blocks.parameters())
+    if size > MAX_GRAPH_BYTES:
+        raise ValueError(f"no ONNX graph for {size / 2**30:.1f} GB of weights (one protobuf holds at most 2 GB)")
     cfg, g = bert.config, _Builder()
     H, C = cfg.num_heads, cfg.hidden_size
     D = C // H
