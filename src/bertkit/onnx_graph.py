@@ -23,6 +23,7 @@ keeps its PyTorch path. Every graph is checked against the PyTorch model at load
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,13 +224,15 @@ class OpenVINOEngine:
         config: dict = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": max(1, threads)}
         self.compiled = core.compile_model(core.read_model(io.BytesIO(graph)), "CPU", config)
         self.request = self.compiled.create_infer_request()
+        self.lock = threading.Lock()                     # one request object: one call at a time
         hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
         name = hint.split("'")[1] if "'" in hint else hint
         self.precision = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
 
     def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        out = self.request.infer([embeddings, mask])
-        return np.array(out[self.compiled.outputs[0]])          # a copy: the request reuses its buffers
+        with self.lock:
+            out = self.request.infer([embeddings, mask])
+            return np.array(out[self.compiled.outputs[0]])      # a copy: the request reuses its buffers
 
 
 def load_engine(name: str, graph: bytes, threads: int):
