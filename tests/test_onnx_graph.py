@@ -107,7 +107,7 @@ def test_predictor_default_measures_and_says_why(checkpoints, monkeypatch):
     else:
         assert info["engine"] is None and "not faster than PyTorch" in p.small_reason
     off = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False)
-    assert off.small is None and off.describe()["small_batches"] == {"engine": None, "reason": "not asked for"}
+    assert off.small is None and off.describe()["small_batches"] == {"engine": None, "reason": "off: small_batches=False"}
     texts = ["one", "two words", "a third text of a few more words"]
     np.testing.assert_allclose(p.embed(texts), off.embed(texts), atol=1e-5)
 
@@ -128,7 +128,8 @@ def test_predictor_keeps_pytorch_where_no_graph_applies(checkpoints, monkeypatch
 
 def test_the_environment_setting(checkpoints, monkeypatch):
     monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "0")
-    assert Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32").small is None
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    assert p.small is None and p.small_reason == "off: BERTKIT_SMALL_BATCHES=0"
     monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "48")
     assert Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False).small is None
     assert Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=8).small.max_tokens == 8

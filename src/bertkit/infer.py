@@ -223,7 +223,12 @@ class Predictor:
             raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
         p = cls(model.to(device), tokenizer, device=device, max_length=max_len)
         small = _small_batches_setting(small_batches)
+        p.small_reason = ("off: compile=True" if compile and small else "off: small_batches=False" if not small_batches
+                          else "off: BERTKIT_SMALL_BATCHES=0" if not small else p.small_reason)
         p._choose_precision(dt, bool(int8), prepack=prepack and not compile, small=small if not compile else False)
+        if small and p.small is None and p.small_reason == "not asked for":
+            p.small_reason = ("off: int8 runs on PyTorch" if int8 else f"off: on {p.device.type}" if p.device.type != "cpu"
+                              else f"off: dtype={p.precision} asked for (the engines start from fp32 weights)")
         log.info("precision %s: %s", p.precision, p.precision_reason)
         if p.small is not None or small:
             log.info("short batches: %s", p.small_reason)
