@@ -99,8 +99,7 @@ def test_alibi_reaches_the_model_or_is_refused():
     model = _build_model(cfg, 200, None)
     assert model.bert.embeddings.position is None and model.config.position_embedding_type == "alibi"
     for bad, says in ((["--model.position_init=sinusoidal"], "no position table"),
-                      (["--model.attention_init=neighbours"], "no position table"),
-                      (["--model.init_from=/x"], "builds a new model")):
+                      (["--model.attention_init=neighbours"], "no position table")):
         with pytest.raises(RunConfigError, match=says):
             load_config(PretrainConfig, None, ["--model.position_embedding_type=alibi", *bad])
     with pytest.raises(RunConfigError):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import math
 from importlib import resources
 from pathlib import Path
@@ -291,6 +292,48 @@ def test_neighbour_attention_init_points_each_head_at_its_neighbour(norm):
         load_config(PretrainConfig, None, ["--model.attention_init=neighbours", "--model.position_init=sinusoidal"])
     with pytest.raises(RunConfigError, match="model.attention_init 'neighbours' starts a new model"):
         load_config(PretrainConfig, None, ["--model.attention_init=neighbours", "--model.init_from=/x"])
+
+
+def test_init_from_trains_the_checkpoints_architecture_and_says_so(data, tmp_path):
+    """Continued pre-training (model.init_from): the checkpoint's architecture, never a model key
+    silently ignored: one that contradicts the checkpoint is refused by name; dropout, which changes
+    no weight, is applied when given; config.yaml and the run card say what trained, and the
+    written config.yaml runs again."""
+    from bertkit.train import pretrain
+
+    steps = {"train.max_steps": 1, "train.eval_every": 0, "train.checkpoint_every": 0, "train.nsp": False}
+    src = tiny_config(data[64], tmp_path / "src", **steps, **{"model.position_embedding_type": "alibi",
+                                                             "model.norm_position": "pre", "model.hidden_dropout": 0.0,
+                                                             "model.attention_dropout": 0.0})
+    pretrain(src, command="test")
+    final = str(tmp_path / "src" / "final")
+    cont = tiny_config(data[64], tmp_path / "cont", **steps, **{"model.init_from": final})
+    card = pretrain(cont, command="test")
+    assert card["dropout"] == "hidden 0.0, attention 0.0" and card["normalisation"].startswith("pre-LN")
+    written = load_config(PretrainConfig, tmp_path / "cont" / "config.yaml", [])
+    m = written.model
+    assert (m.position_embedding_type, m.norm_position, m.hidden_dropout, m.num_layers, m.hidden_size) == \
+        ("alibi", "pre", 0.0, 2, 64)
+    written.out = str(tmp_path / "again")
+    pretrain(written, command="test")                                   # the record runs as it says
+    drop = tiny_config(data[64], tmp_path / "drop", **steps, **{"model.init_from": final, "model.hidden_dropout": 0.2})
+    assert pretrain(drop, command="test")["dropout"] == "hidden 0.2, attention 0.0"
+    assert json.loads((tmp_path / "drop" / "final" / "config.json").read_text())["hidden_dropout_prob"] == 0.2
+    for key, value, says in (("model.num_layers", 4, "model.num_layers=4 (it has 2)"),
+                             ("model.hidden_act", "relu", "model.hidden_act='relu' (it has 'gelu')"),
+                             ("model.preset", "small", "model.num_layers=4 (it has 2)"),
+                             ("model.position_embedding_type", "absolute", None)):
+        bad = tiny_config(data[64], tmp_path / f"bad-{value}", **steps, **{"model.init_from": final, key: value})
+        if says is None:       # 'absolute' is the default: the checkpoint's ALiBi is kept (and recorded)
+            pretrain(bad, command="test")
+            assert bad.model.position_embedding_type == "alibi"
+            continue
+        if key == "model.preset":
+            bad = load_config(PretrainConfig, None, [f"--data.path={data[64]}", f"--out={tmp_path / 'bad-preset'}",
+                                                     "--model.preset=small", f"--model.init_from={final}",
+                                                     "--train.max_steps=1", "--train.nsp=false"])
+        with pytest.raises(RunConfigError, match=re.escape(says)):
+            pretrain(bad, command="test")
 
 
 def test_classifier_pooling_travels_from_pretraining_to_fine_tuning(data, tmp_path):

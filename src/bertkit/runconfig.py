@@ -39,8 +39,11 @@ class ModelSection:
     intermediate_size: int | None = None
     max_position_embeddings: int = 512
     hidden_act: str = "gelu"
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
+    hidden_dropout: float | None = None
+    """Dropout on embeddings, attention output and FFN output. None = 0.1 (BERT) for a new model,
+    model.init_from's own when continuing one (a value given is applied to it)."""
+    attention_dropout: float | None = None
+    """Dropout on the attention probabilities; None as hidden_dropout."""
     norm_position: str = "post"
     """LayerNorm placement: 'post' (BERT, Hugging Face compatible) or 'pre' (pre-norm + a final LayerNorm)."""
     causal: bool | None = None
@@ -54,7 +57,10 @@ class ModelSection:
     An MLM-only model's [CLS] state has no objective of its own: on SST-2 from the one-hour recipe,
     mean pooling gave the fine-tuned model half a point more (docs/pretrain.md)."""
     init_from: str | None = None
-    """An HF/bertkit checkpoint folder to continue pre-training from (instead of random init)."""
+    """An HF/bertkit checkpoint folder to continue pre-training from (instead of random init). Its
+    shape, activation, norm placement, positions and attention direction are the checkpoint's: a
+    model key above that says otherwise is an error, and config.yaml records the checkpoint's
+    values. Dropout and classifier_pooling, which change no weight, are applied when given."""
     position_init: Literal["normal", "sinusoidal"] = "normal"
     """How the learned position table starts: 'normal' (BERT: N(0, 0.02)) or 'sinusoidal' (the
     Transformer's sin/cos table scaled to the same std, still learned; a relative offset is then a
@@ -263,7 +269,7 @@ class PretrainConfig:
 _RANGES = {
     "model.num_layers": "opt>=1", "model.hidden_size": "opt>=1", "model.num_heads": "opt>=1",
     "model.intermediate_size": "opt>=1", "model.max_position_embeddings": ">=1",
-    "model.hidden_dropout": "prob", "model.attention_dropout": "prob",
+    "model.hidden_dropout": "optprob", "model.attention_dropout": "optprob",
     "train.max_bad_steps": ">=1", "train.long_batch_size": "opt>=1", "train.eval_every": ">=0",
     "train.checkpoint_every": ">=0", "train.threads": "threads", "train.seed": "seed",
     "train.clip_norm": ">=0", "train.eval_minutes": ">=0", "train.checkpoint_minutes": ">=0",
@@ -309,9 +315,6 @@ def _check_values(cfg: "PretrainConfig") -> None:
     if m.position_embedding_type == "alibi" and (m.position_init != "normal" or m.attention_init != "normal"):
         raise RunConfigError("model.position_embedding_type 'alibi' has no position table to start: drop "
                              "model.position_init / model.attention_init")
-    if m.init_from and m.position_embedding_type != "absolute":
-        raise RunConfigError(f"model.position_embedding_type {m.position_embedding_type!r} builds a new model; "
-                             f"model.init_from {m.init_from} brings its own (drop one of the two)")
     if m.attention_init == "neighbours" and m.position_init != "normal":
         raise RunConfigError("model.attention_init 'neighbours' sets the position table itself; "
                              f"drop model.position_init {m.position_init!r}")

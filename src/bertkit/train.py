@@ -41,7 +41,7 @@ from .hardware import attention_kernel, choose_precision
 from .model import init_weights, neighbour_attention_, num_parameters, set_attention_kernel, sinusoidal_positions_
 from .packing import pack, varlen_runs
 from .optim import build_optimizer, lr_at
-from .runconfig import PretrainConfig, RunConfigError, parse_duration, save_config
+from .runconfig import ModelSection, PretrainConfig, RunConfigError, parse_duration, save_config
 from .runlog import (MetricsLog, Window, bar_update, plot_curves, pretrain_card, progress_bar, read_jsonl,
                      step_flops, tensorboard_writer, write_run_card)
 from .runstate import State, export_model, find_checkpoint, load_checkpoint, save_checkpoint
@@ -244,11 +244,11 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     ckpt = find_checkpoint(out / "checkpoints") if cfg.resume else None
     if cfg.resume and ckpt is None:
         log.warning("--resume: no valid checkpoint in %s; starting from scratch", out / "checkpoints")
+    model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)   # (init_from: cfg.model says what it is)
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
         tokenizer.save(out / "tokenizer")
-    model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)
     precision, precision_reason = choose_precision(tc.precision, world.device, model.config, "train.precision")
     packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config,
                                            lambda: data_fill(phases[0]))
@@ -420,23 +420,53 @@ def _masking(ph: Phase, overrides: dict, long: bool):
     return masking
 
 
+def _or(value, default):
+    return default if value is None else value
+
+
+def _continued_model(cfg: PretrainConfig, vocab_size: int, head_args: dict):
+    """model.init_from's model: its own architecture (a model key that says otherwise is refused,
+    naming it), the dropout and pooling asked for applied, and cfg.model rewritten to what it is,
+    so config.yaml and the run card say what trained."""
+    from .config import PRESETS
+
+    mc, defaults = cfg.model, ModelSection()
+    changes = {k: getattr(mc, k) for k in ("hidden_dropout", "attention_dropout", "classifier_pooling")
+               if getattr(mc, k) is not None}
+    model = load_model(mc.init_from, head="pretraining", new_head_ok=True, config_changes=changes or None, **head_args)
+    have = model.config
+    if have.vocab_size != vocab_size:
+        raise RunConfigError(f"model.init_from {mc.init_from} has vocab_size {have.vocab_size}, "
+                             f"the data's tokenizer {vocab_size}")
+    shape = {k: getattr(have, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")}
+    asked = {k: getattr(mc, k) for k in shape if getattr(mc, k) is not None}
+    if mc.preset != defaults.preset:
+        asked = {**PRESETS[mc.preset], **asked}
+    asked.update({k: getattr(mc, k) for k in ("hidden_act", "norm_position", "max_position_embeddings",
+                                               "position_embedding_type") if getattr(mc, k) != getattr(defaults, k)})
+    wrong = [f"model.{k}={v!r} (it has {getattr(have, k)!r})" for k, v in asked.items() if getattr(have, k) != v]
+    if wrong:
+        raise RunConfigError(f"model.init_from {mc.init_from} brings its own architecture: " + ", ".join(wrong)
+                             + " (drop the key, or start a new model)")
+    for k in (*shape, "hidden_act", "norm_position", "max_position_embeddings", "position_embedding_type",
+              "hidden_dropout", "attention_dropout", "classifier_pooling"):
+        setattr(mc, k, getattr(have, k))
+    mc.preset = next((name for name, p in PRESETS.items() if p == shape), mc.preset)
+    return model
+
+
 def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
     mc = cfg.model
     head_args = {"nsp": cfg.train.nsp}
     if ckpt is not None:                     # weights come from the checkpoint's HF folder
         return _attention(load_model(ckpt / "model", head="pretraining", **head_args), mc.causal)
-    if mc.init_from:                         # its own shape; a pooling choice changes no weight
-        pooling = {"classifier_pooling": mc.classifier_pooling} if mc.classifier_pooling else None
-        model = load_model(mc.init_from, head="pretraining", new_head_ok=True, config_changes=pooling, **head_args)
-        if model.config.vocab_size != vocab_size:
-            raise RunConfigError(f"model.init_from {mc.init_from} has vocab_size {model.config.vocab_size}, "
-                                 f"the data's tokenizer {vocab_size}")
-        return _attention(model, mc.causal)
+    if mc.init_from:
+        return _attention(_continued_model(cfg, vocab_size, head_args), mc.causal)
     overrides = {k: getattr(mc, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
                  if getattr(mc, k) is not None}
     bert_cfg = preset(mc.preset, vocab_size=vocab_size, max_position_embeddings=mc.max_position_embeddings,
-                      hidden_act=mc.hidden_act, hidden_dropout=mc.hidden_dropout,
-                      attention_dropout=mc.attention_dropout, norm_position=mc.norm_position, causal=mc.causal,
+                      hidden_act=mc.hidden_act, hidden_dropout=_or(mc.hidden_dropout, 0.1),
+                      attention_dropout=_or(mc.attention_dropout, 0.1), norm_position=mc.norm_position, causal=mc.causal,
                       position_embedding_type=mc.position_embedding_type,
                       classifier_pooling=mc.classifier_pooling or "cls", **overrides)
     torch.manual_seed(cfg.train.seed)
