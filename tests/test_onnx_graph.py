@@ -216,3 +216,19 @@ def test_a_bf16_engine_is_judged_by_cosine(checkpoints, monkeypatch):
     _with_fakes(monkeypatch, {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.3)}, {"torch": 5.0, "bf16": 1.0})
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
     assert p.small is None and p.small_reason.startswith("bf16 (bfloat16) disagrees with PyTorch on the sample")
+
+
+def test_a_bf16_predictor_takes_an_engine_from_the_fp32_weights(checkpoints, monkeypatch):
+    """Where bf16 is chosen at load (forced here), the graph is written from the fp32 weights, the
+    engine is held to bf16's bar against the fp32 model, and its states come back in bf16."""
+    monkeypatch.setenv("BERTKIT_BF16", "1")
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", small_batches=64)
+    assert p.precision == "bfloat16" and p.small is not None, (p.precision_reason, p.small_reason)
+    assert p.small.agreement["ok"] and p.small.agreement["token_cosine_min"] >= 0.999
+    b = p.batches([([101, 2023, 2003, 1037, 3231, 102], [0] * 6)])[0]
+    assert p.small.takes(b.packed) and p.hidden(b).dtype == torch.bfloat16
+    monkeypatch.setenv("BERTKIT_BF16", "0")
+    ref = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False)
+    texts = ["a short text", "another one of a few more words"]
+    a, r = p.embed(texts), ref.embed(texts)
+    assert (np.sum(a * r, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(r, axis=1)).min() >= 0.999

@@ -166,7 +166,7 @@ class SmallBatches:
         """(N, C) last hidden states of a packed batch, as `bert(..., packed=p)` returns them (in
         the model's dtype)."""
         x = bert.embeddings(tensors["input_ids"], tensors["token_type_ids"], tensors["position_ids"])   # (N, C)
-        dtype, x = x.dtype, x.float()
+        dtype, x = x.dtype, x.detach().float()
         if p.batch_size == 1:                                             # one sequence: nothing to pad
             h = self.engine.run(x[None].numpy(), np.ones((1, x.shape[0]), np.int64))[0]
             return torch.from_numpy(h).to(dtype)
