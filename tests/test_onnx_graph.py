@@ -232,3 +232,19 @@ def test_a_bf16_predictor_takes_an_engine_from_the_fp32_weights(checkpoints, mon
     texts = ["a short text", "another one of a few more words"]
     a, r = p.embed(texts), ref.embed(texts)
     assert (np.sum(a * r, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(r, axis=1)).min() >= 0.999
+
+
+def test_an_engine_that_fails_at_run_time_hands_back_to_pytorch(checkpoints, caplog):
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=64)
+    want = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False).embed(["a b c"])
+
+    class Broken:
+        precision = "float32"
+
+        def run(self, embeddings, mask):
+            raise RuntimeError("out of memory")
+
+    p.small.engine = Broken()
+    np.testing.assert_allclose(p.embed(["a b c"]), want, atol=1e-5)      # answered, by PyTorch
+    assert p.small is None and p.small_reason == "off: onnxruntime failed at run time (RuntimeError)"
+    assert "PyTorch runs them from now on" in caplog.text

@@ -529,7 +529,12 @@ class Predictor:
         if self.session is not None:
             return self._onnx(b)["hidden"]
         if self.small is not None and self.small.takes(b.packed):
-            return self.small.hidden(self.encoder, b.tensors, b.packed)
+            try:
+                return self.small.hidden(self.encoder, b.tensors, b.packed)
+            except Exception as e:           # an engine that fails at run time: off for good, PyTorch answers
+                log.warning("the %s engine of short batches failed (%s: %s); PyTorch runs them from now on",
+                            self.small.name, type(e).__name__, str(e)[:200])
+                self.small, self.small_reason = None, f"off: {self.small.name} failed at run time ({type(e).__name__})"
         return self.encoder(b.tensors["input_ids"], b.tensors["token_type_ids"], None,
                             b.tensors["position_ids"], packed=b.packed)
 
