@@ -69,6 +69,8 @@ def test_a_wrong_graph_is_caught_by_the_bound():
 
 
 def test_what_is_not_written_as_a_graph():
+    from bertkit import infer
+    assert onnx_graph.BF16_MIN_COSINE == infer.BF16_MIN_COSINE          # one bar for bf16, kept in two places
     assert onnx_graph.supported(_model("gelu", "absolute", "post")) is None
     causal = BertModel(preset("tiny", vocab_size=500, causal=True))
     assert onnx_graph.supported(causal) == "a causal encoder"

@@ -1,7 +1,8 @@
 """Predictor: load a checkpoint once, then embed, classify, fill masks, tag entities, answer questions.
 
-Why one file of ~700 lines: it is the one inference engine (every backend, precision choice,
-batching); what a head computes from the encoder's states is the head's own `outputs` (model.py).
+Why one file of ~790 lines: it is the one inference engine (every backend, precision choice,
+batching); what a head computes from the encoder's states is the head's own `outputs` (model.py),
+and the engines of short batches (graph, agreement, timing) are onnx_graph.py's.
 
 The one object the CLI (`bertkit embed`, `fill-mask`, `predict`, `evaluate`), fine-tuning's
 evaluation, the HTTP server and the Python API use. Inputs are tokenized, sorted by length and cut
@@ -54,7 +55,6 @@ POOLINGS = ("mean", "cls", "none")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TASK_OUTPUTS = {"sequence_classification": "logits", "multiple_choice": "logits",
                 "token_classification": "token_logits", "question_answering": "span_logits"}
-SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load for the onnxruntime engine
 BF16_MIN_COSINE = 0.999     # the bf16 default keeps every sample sentence, token state and head output this close to fp32
 
 
@@ -165,7 +165,7 @@ class Predictor:
         # `bertkit serve --int8` (commands.serve.report_int8), shown by its /v1/model
         self.int8_agreement: dict | None = None
         self.null_threshold: float | None = None      # SQuAD v2.0: overrides the checkpoint's (serve --null-threshold)
-        self.small = None                               # onnx_graph.SmallBatches: short batches on onnxruntime
+        self.small = None                               # onnx_graph.SmallBatches: short batches on onnxruntime / OpenVINO
         self.small_reason = "not asked for"
 
     # ---- loading -------------------------------------------------------------------------------
@@ -187,11 +187,12 @@ class Predictor:
         docstring), 'float32', 'bfloat16' or 'float16' (GPU; the packed path then runs varlen
         flash attention); prepack: on the CPU in fp32 or bf16 (no int8, no compile), reorder the
         encoder's Linear weights for oneDNN and fuse the FFN's GELU (`prepack.prepack_linears`);
-        small_batches: on the CPU in fp32, with onnxruntime installed, run batches of few tokens
-        through onnxruntime where that measures faster at load (`onnx_graph.py`: the lower
-        latency of one short request; ~1 s more at load, a second copy of the weights); an int N
-        sends every batch of <= N padded tokens there without timing, False none
-        (`BERTKIT_SMALL_BATCHES=0|N|auto` decides for the default True).
+        small_batches: on the CPU, with onnxruntime or OpenVINO installed, run batches of few
+        tokens on the engine that follows the fp32 model and times fastest at load, if ahead of
+        PyTorch (`onnx_graph.py`: the lower latency of one short request; 1-3 s more at load, a
+        second copy of the weights); an int N sends every batch of <= N padded tokens to the
+        first engine that agrees, untimed; False none (`BERTKIT_SMALL_BATCHES=0|N|auto` decides
+        for the default True).
         """
         from .checkpoint import load_model
 
@@ -311,109 +312,21 @@ class Predictor:
             self._small_batches(engines, small)
 
     def _small_engines(self, fp32_encoder: BertModel) -> dict[str, Any]:
-        """The installed engines of short batches (`onnx_graph.load_engine`) on the encoder's graph,
-        by name; none (and the reason) where none is installed or no graph applies."""
-        from . import onnx_graph
+        """The installed engines of short batches on the encoder's graph (onnx_graph.load_engines)."""
+        from .onnx_graph import load_engines
 
-        why = onnx_graph.supported(fp32_encoder)
-        installed = onnx_graph.installed_engines()
-        if why or not installed:
-            self.small_reason = (f"no ONNX graph for {why}" if why else
-                                 "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
-            return {}
-        try:
-            graph, engines, failed = onnx_graph.encoder_graph(fp32_encoder), {}, []
-        except ValueError as e:                   # over protobuf's 2 GB
-            self.small_reason = str(e)
-            return {}
-        for name in installed:
-            try:
-                engines[name] = onnx_graph.load_engine(name, graph, torch.get_num_threads())
-            except Exception as e:        # a build that cannot take the graph: say so, keep the others
-                failed.append(f"{name} could not load the graph ({type(e).__name__}: {str(e)[:100]})")
+        engines, why = load_engines(fp32_encoder, torch.get_num_threads())
         if not engines:
-            self.small_reason = "; ".join(failed)
+            self.small_reason = why
         return engines
 
     def _small_batches(self, engines: dict[str, Any], small: bool | int, reference: BertModel | None = None) -> None:
-        """Keep the fastest engine of short batches that follows the fp32 model on the sample texts
-        (`reference`, default this model: an fp32 engine of an fp32 Predictor within max abs diff
-        1e-3 and token cosine 0.9999; with bf16 in either, token cosine >= 0.999) and beats the PyTorch path by 5% on one sequence
-        of 16 tokens; it then takes batches up to the longest length (16, 32, ... 256 tokens) at
-        which it stays ahead, each timed here. `small` a number: the first engine that agrees takes
-        batches up to that many tokens, untimed."""
-        from .onnx_graph import SmallBatches
+        """Keep the engine of short batches that follows the fp32 model and times fastest here, if
+        any (onnx_graph.choose_engine), and say why."""
+        from .onnx_graph import choose_engine
 
-        rows = sample_rows(self.tokenizer, self.max_length)
-        notes, agreeing = [], {}
-        with torch.inference_mode():
-            for name, engine in engines.items():
-                candidate = SmallBatches(engine, name)
-                candidate.agreement = self._engine_agreement(candidate, rows, reference)
-                if candidate.agreement["ok"]:
-                    agreeing[name] = candidate
-                else:
-                    notes.append(f"{name} ({engine.precision}) disagrees with PyTorch on the sample (token cosine "
-                                 f"{candidate.agreement['token_cosine_min']:.5f}, max abs diff "
-                                 f"{candidate.agreement['max_abs_diff']:.3g})")
-            if agreeing and small is not True:
-                chosen = next(iter(agreeing.values()))
-                chosen.max_tokens, self.small = int(small), chosen
-                self.small_reason = f"{chosen.name} for batches of up to {small} tokens, as asked (not timed)"
-                return
-            if agreeing:
-                note = self._time_engines(agreeing, rows)
-                if self.small is not None:
-                    return
-                notes.append(note)
-        self.small_reason = "; ".join(notes)
-
-    def _time_engines(self, agreeing: dict[str, Any], rows: list) -> str:
-        """Time PyTorch and each engine on one sequence of each SMALL_LENGTHS; set self.small to the
-        fastest if it wins at the first length (and its reason), else say why not."""
-        from .onnx_graph import time_call
-
-        stream = [i for r in rows for i in r[0][1:-1]]
-        lengths = [n for n in SMALL_LENGTHS if n <= min(self.max_length, len(stream) + 2)]
-        if not lengths:
-            return f"the model takes fewer than {SMALL_LENGTHS[0]} tokens: nothing to time"
-        batch = {n: self.batches([([self.tokenizer.cls_id, *stream[:n - 2], self.tokenizer.sep_id], [0] * n)])[0]
-                 for n in lengths}
-        run = lambda c, b: (lambda: c.hidden(self.encoder, b.tensors, b.packed))    # noqa: E731
-        b = batch[lengths[0]]
-        ms_torch = time_call(lambda: self.hidden(b))
-        timed = {name: time_call(run(c, b)) for name, c in agreeing.items()}
-        times = ", ".join(f"{k} {v:.2f} ms" for k, v in timed.items())
-        best = min(timed, key=timed.get)
-        if timed[best] > 0.95 * ms_torch:
-            return f"not faster than PyTorch on {lengths[0]} tokens here ({times} vs {ms_torch:.2f} ms)"
-        chosen = agreeing[best]
-        chosen.latency_ms[lengths[0]] = {"torch": round(ms_torch, 3), **{k: round(v, 3) for k, v in timed.items()}}
-        chosen.max_tokens = lengths[0]
-        for n in lengths[1:]:
-            t_torch, t = time_call(lambda: self.hidden(batch[n])), time_call(run(chosen, batch[n]))
-            chosen.latency_ms[n] = {"torch": round(t_torch, 3), best: round(t, 3)}
-            if t > 0.95 * t_torch:
-                break
-            chosen.max_tokens = n
-        self.small = chosen
-        self.small_reason = (f"{best} ({chosen.engine.precision}) faster up to {chosen.max_tokens} tokens here "
-                             f"({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]})")
-        return ""
-
-    def _engine_agreement(self, candidate: Any, rows: list, reference: BertModel | None) -> dict:
-        """How closely an engine of short batches follows the fp32 model on the sample texts."""
-        ref_encoder = reference if reference is not None else self.encoder
-        diff, cos = 0.0, 1.0
-        for b in self.batches(rows, batch_size=8):
-            t = b.tensors
-            ref = ref_encoder(t["input_ids"], t["token_type_ids"], None, t["position_ids"], packed=b.packed).float()
-            got = candidate.hidden(self.encoder, t, b.packed).float()
-            diff = max(diff, float((ref - got).abs().max()))
-            cos = min(cos, float(F.cosine_similarity(ref, got, dim=-1).min()))
-        fp32 = candidate.engine.precision == "float32" and self.precision == "float32"   # bf16 anywhere: bf16's bar
-        ok = (diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= BF16_MIN_COSINE
-        return {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos, "ok": ok}
+        self.small, self.small_reason = choose_engine(self, engines, small, sample_rows(self.tokenizer, self.max_length),
+                                                      reference)
 
     def _check_against(self, reference: nn.Module) -> dict[str, float]:
         """How closely this model follows `reference` (fp32) on the sample texts: cosine of the

@@ -249,3 +249,106 @@ def time_call(fn, calls: int = 7) -> float:
         fn()
         times.append((time.perf_counter() - t) * 1e3)
     return float(np.median(times))
+
+
+# ---- which engine, if any, the Predictor keeps: measured at load --------------------------------
+SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
+BF16_MIN_COSINE = 0.999                  # as infer.BF16_MIN_COSINE: bf16's bar everywhere in bertkit
+
+
+def load_engines(fp32_encoder: BertModel, threads: int) -> tuple[dict[str, Any], str]:
+    """Every installed engine on the encoder's graph, by name, and a reason when there is none (no
+    engine installed, no graph for this encoder, or none could load it)."""
+    why = supported(fp32_encoder)
+    installed = installed_engines()
+    if why or not installed:
+        return {}, (f"no ONNX graph for {why}" if why else
+                    "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
+    try:
+        graph = encoder_graph(fp32_encoder)
+    except ValueError as e:                      # over protobuf's 2 GB
+        return {}, str(e)
+    engines, failed = {}, []
+    for name in installed:
+        try:
+            engines[name] = load_engine(name, graph, threads)
+        except Exception as e:            # a build that cannot take the graph: say so, keep the others
+            failed.append(f"{name} could not load the graph ({type(e).__name__}: {str(e)[:100]})")
+    return engines, "; ".join(failed)
+
+
+def choose_engine(predictor, engines: dict[str, Any], small: bool | int, rows: list,
+                  reference: BertModel | None = None) -> tuple[SmallBatches | None, str]:
+    """The engine a Predictor keeps for short batches, and why (or why none). Each must follow the
+    fp32 model on the sample `rows` (`reference`, default the Predictor's own encoder: an fp32
+    engine of an fp32 Predictor within max abs diff 1e-3 and token cosine 0.9999; with bf16 in
+    either, token cosine 0.999); of those the fastest on one sequence of 16 tokens, if 5% ahead of
+    PyTorch, takes batches up to the longest length (16, 32, ... 256 tokens) at which it stays
+    ahead, each timed here. `small` a number: the first engine that agrees, up to that many
+    tokens, untimed."""
+    notes, agreeing = [], {}
+    with torch.inference_mode():
+        for name, engine in engines.items():
+            candidate = SmallBatches(engine, name)
+            candidate.agreement = _agreement(predictor, candidate, rows, reference)
+            if candidate.agreement["ok"]:
+                agreeing[name] = candidate
+            else:
+                notes.append(f"{name} ({engine.precision}) disagrees with PyTorch on the sample (token cosine "
+                             f"{candidate.agreement['token_cosine_min']:.5f}, max abs diff "
+                             f"{candidate.agreement['max_abs_diff']:.3g})")
+        if agreeing and small is not True:
+            chosen = next(iter(agreeing.values()))
+            chosen.max_tokens = int(small)
+            return chosen, f"{chosen.name} for batches of up to {small} tokens, as asked (not timed)"
+        if agreeing:
+            chosen, note = _fastest(predictor, agreeing, rows)
+            if chosen is not None:
+                return chosen, note
+            notes.append(note)
+    return None, "; ".join(notes)
+
+
+def _fastest(predictor, agreeing: dict[str, SmallBatches], rows: list) -> tuple[SmallBatches | None, str]:
+    """Time PyTorch and each engine on one sequence of each SMALL_LENGTHS; the fastest engine if it
+    wins at the first length, with its reason, else None and why not."""
+    p, tok = predictor, predictor.tokenizer
+    stream = [i for r in rows for i in r[0][1:-1]]
+    lengths = [n for n in SMALL_LENGTHS if n <= min(p.max_length, len(stream) + 2)]
+    if not lengths:
+        return None, f"the model takes fewer than {SMALL_LENGTHS[0]} tokens: nothing to time"
+    batch = {n: p.batches([([tok.cls_id, *stream[:n - 2], tok.sep_id], [0] * n)])[0] for n in lengths}
+    run = lambda c, b: (lambda: c.hidden(p.encoder, b.tensors, b.packed))    # noqa: E731
+    b = batch[lengths[0]]
+    ms_torch = time_call(lambda: p.hidden(b))
+    timed = {name: time_call(run(c, b)) for name, c in agreeing.items()}
+    times = ", ".join(f"{k} {v:.2f} ms" for k, v in timed.items())
+    best = min(timed, key=timed.get)
+    if timed[best] > 0.95 * ms_torch:
+        return None, f"not faster than PyTorch on {lengths[0]} tokens here ({times} vs {ms_torch:.2f} ms)"
+    chosen = agreeing[best]
+    chosen.latency_ms[lengths[0]] = {"torch": round(ms_torch, 3), **{k: round(v, 3) for k, v in timed.items()}}
+    chosen.max_tokens = lengths[0]
+    for n in lengths[1:]:
+        t_torch, t = time_call(lambda: p.hidden(batch[n])), time_call(run(chosen, batch[n]))
+        chosen.latency_ms[n] = {"torch": round(t_torch, 3), best: round(t, 3)}
+        if t > 0.95 * t_torch:
+            break
+        chosen.max_tokens = n
+    return chosen, (f"{best} ({chosen.engine.precision}) faster up to {chosen.max_tokens} tokens here "
+                    f"({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]})")
+
+
+def _agreement(predictor, candidate: SmallBatches, rows: list, reference: BertModel | None) -> dict:
+    """How closely an engine follows the fp32 model on the sample rows."""
+    ref_encoder = reference if reference is not None else predictor.encoder
+    diff, cos = 0.0, 1.0
+    for b in predictor.batches(rows, batch_size=8):
+        t = b.tensors
+        ref = ref_encoder(t["input_ids"], t["token_type_ids"], None, t["position_ids"], packed=b.packed).float()
+        got = candidate.hidden(predictor.encoder, t, b.packed).float()
+        diff = max(diff, float((ref - got).abs().max()))
+        cos = min(cos, float(torch.nn.functional.cosine_similarity(ref, got, dim=-1).min()))
+    fp32 = candidate.engine.precision == "float32" and predictor.precision == "float32"   # bf16 anywhere: bf16's bar
+    ok = (diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= BF16_MIN_COSINE
+    return {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos, "ok": ok}
