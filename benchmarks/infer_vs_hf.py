@@ -28,7 +28,8 @@ The last line printed is JSON: speedup_ragged, speedup_fixed (bertkit default vs
 fp32), latency_ms_1x16 (bertkit default), best_other_runtime (per workload, the fastest
 non-bertkit contender and its figure), vs_best_other (bertkit default's throughput over the best
 other's, and its latency over the best other's), best_other_at_cosine (the same among the
-contenders whose min cosine reaches 0.999 / 0.99), cosine_min per contender, the CPU.
+contenders whose min cosine reaches 0.999 / 0.99), cosine_min per contender, the CPU, and
+short_batches (the default's engine of short batches: which, up to how many tokens, and why).
 On a shared, busy machine, `--threads 1 --clock cpu` gives the steadiest figures: with 2
 threads every parallel op there can wait for the other thread's time slice.
 """
@@ -177,6 +178,8 @@ def build_contenders(path: Path, args, tmp: Path, notes: list[str]) -> dict[str,
         c["transformers + bf16 autocast"] = torch_padded_runner(hf, autocast=True)
     c[f"bertkit default ({default.precision})"] = bertkit_runner(default)
     notes.append(f"bertkit default, short batches: {default.small_reason}")
+    args.short = {k: v for k, v in default.describe()["small_batches"].items() if k in ("engine", "precision",
+                                                                                      "max_tokens", "reason")}
     variants = {"bertkit fp32": dict(dtype="float32"), "bertkit PyTorch only": dict(small_batches=False),
                 "bertkit int8": dict(int8=True),
                 "bertkit bf16": dict(dtype="bfloat16"), "bertkit compile": dict(compile=True),
@@ -382,7 +385,7 @@ def main() -> int:
         med, emb = measure(contenders, workloads, args.reps, args.latency_calls, clock)
     result = report(med, emb, list(contenders), workloads)
     result.update({"cpu": caps.cpu, "cpu_flags": list(caps.flags), "bf16_speedup_gemm": caps.bf16_speedup,
-                   "threads": args.threads, "reps": args.reps, "clock": args.clock})
+                   "threads": args.threads, "reps": args.reps, "clock": args.clock, "short_batches": args.short})
     print(json.dumps(result))
     return 0
 
