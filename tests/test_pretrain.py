@@ -319,6 +319,11 @@ def test_init_from_trains_the_checkpoints_architecture_and_says_so(data, tmp_pat
     drop = tiny_config(data[64], tmp_path / "drop", **steps, **{"model.init_from": final, "model.hidden_dropout": 0.2})
     assert pretrain(drop, command="test")["dropout"] == "hidden 0.2, attention 0.0"
     assert json.loads((tmp_path / "drop" / "final" / "config.json").read_text())["hidden_dropout_prob"] == 0.2
+    m = load_config(PretrainConfig, tmp_path / "drop" / "config.yaml", []).model
+    assert (m.hidden_dropout, m.attention_dropout) == (0.2, 0.0)        # given, and the checkpoint's
+    pretrain(tiny_config(data[64], tmp_path / "new", **steps), command="test")
+    m = load_config(PretrainConfig, tmp_path / "new" / "config.yaml", []).model
+    assert (m.hidden_dropout, m.attention_dropout) == (0.1, 0.1)        # a new model: BERT's, recorded
     for key, value, says in (("model.num_layers", 4, "model.num_layers=4 (it has 2)"),
                              ("model.hidden_act", "relu", "model.hidden_act='relu' (it has 'gelu')"),
                              ("model.preset", "small", "model.num_layers=4 (it has 2)"),

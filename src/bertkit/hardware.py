@@ -88,7 +88,7 @@ def _cpuinfo() -> dict[str, str]:
     return out
 
 
-def _best_times(fns, rounds: int) -> list[float]:
+def best_times(fns, rounds: int) -> list[float]:
     """Fastest of `rounds` interleaved runs of each function (after one warm-up run each):
     interleaving and the minimum keep a noisy, shared machine from favouring either."""
     for f in fns:
@@ -119,7 +119,7 @@ def measure_bf16_speedup(hidden: int = 384, intermediate: int = 1536, tokens: in
             for m, n, r in ((32, hidden, 2), (tokens, intermediate, rounds)):
                 x, w = torch.randn(m, hidden, generator=g), torch.randn(n, hidden, generator=g)
                 xb, wb = x.bfloat16(), w.bfloat16()
-                t32, t16 = _best_times([lambda: F.linear(x, w), lambda: F.linear(xb, wb)], r)
+                t32, t16 = best_times([lambda: F.linear(x, w), lambda: F.linear(xb, wb)], r)
                 speedup = t32 / t16
                 if speedup < 0.5:
                     break
@@ -191,7 +191,7 @@ def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtyp
         return lambda: attention(q, k, v, mask, kernel=kernel).backward(grad)
     try:
         torch.set_num_threads(1)
-        sdpa, math = _best_times([step("sdpa"), step("math")], rounds)
+        sdpa, math = best_times([step("sdpa"), step("math")], rounds)
     except RuntimeError:                                   # a dtype this build cannot run
         return 0.0
     finally:

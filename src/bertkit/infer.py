@@ -224,14 +224,16 @@ class Predictor:
             raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
         p = cls(model.to(device), tokenizer, device=device, max_length=max_len)
         small = _small_batches_setting(small_batches)
-        p.small_reason = ("off: compile=True" if compile and small else "off: small_batches=False" if not small_batches
-                          else "off: BERTKIT_SMALL_BATCHES=0" if not small else p.small_reason)
-        p._choose_precision(dt, bool(int8), prepack=prepack and not compile, small=small if not compile else False)
-        if small and p.small is None and p.small_reason == "not asked for":
-            p.small_reason = ("off: int8 runs on PyTorch" if int8 else f"off: on {p.device.type}" if p.device.type != "cpu"
-                              else f"off: dtype={p.precision} asked for (the engines start from fp32 weights)")
+        off = ("small_batches=False" if not small_batches else "BERTKIT_SMALL_BATCHES=0" if not small
+               else "compile=True" if compile else "int8 runs on PyTorch" if int8
+               else f"on {p.device.type}" if p.device.type != "cpu"
+               else f"dtype={_dtype_name(dt)} asked for (the engines start from fp32 weights)"
+               if dt not in (None, torch.float32) else None)
+        if off:
+            p.small_reason, small = f"off: {off}", False
+        p._choose_precision(dt, bool(int8), prepack=prepack and not compile, small=small)
         log.info("precision %s: %s", p.precision, p.precision_reason)
-        if p.small is not None or small:
+        if small:
             log.info("short batches: %s", p.small_reason)
         if compile:
             p.compile()
@@ -303,9 +305,7 @@ class Predictor:
                 self.model = fp32
                 self.precision_reason = (f"{caps.reason}, but bf16 cosine {cos:.5f} < {BF16_MIN_COSINE} to fp32 "
                                          "on the sample")
-        engines = None
-        if small and self.device.type == "cpu" and self.precision == "float32":
-            engines = self._small_engines(self.encoder)          # from the plain weights, before prepacking
+        engines = self._small_engines(self.encoder) if small else None   # from the plain weights, before prepacking
         if prepack and self.device.type == "cpu":
             self.prepacked = prepack_linears(self.model)
         if engines:
@@ -326,7 +326,7 @@ class Predictor:
         from .onnx_graph import choose_engine
 
         self.small, self.small_reason = choose_engine(self, engines, small, sample_rows(self.tokenizer, self.max_length),
-                                                      reference)
+                                                      BF16_MIN_COSINE, reference)
 
     def _check_against(self, reference: nn.Module) -> dict[str, float]:
         """How closely this model follows `reference` (fp32) on the sample texts: cosine of the

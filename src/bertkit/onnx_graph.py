@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +63,7 @@ class _Builder:
         self.count = 0
 
     def const(self, value: Tensor | np.ndarray | float | list, dtype=np.float32) -> str:
-        arr = value.detach().float().numpy() if isinstance(value, Tensor) else np.asarray(value, dtype=dtype)
+        arr = value.detach().float().numpy() if isinstance(value, Tensor) else value
         name = f"c{len(self.inits)}"
         self.inits.append(self.numpy_helper.from_array(np.array(arr, dtype=dtype, order="C"), name))   # 0-d stays 0-d
         return name
@@ -75,9 +74,9 @@ class _Builder:
         self.nodes.append(self.helper.make_node(kind, list(inputs), names, **attrs))
         return names[0] if outputs == 1 else names
 
-    def linear(self, x: str, lin: torch.nn.Linear) -> str:
+    def linear(self, x: str, weight: Tensor, bias: Tensor) -> str:
         """x W^T + b, the weight stored as (in, out) for MatMul."""
-        return self.op("Add", self.op("MatMul", x, self.const(lin.weight.t())), self.const(lin.bias))
+        return self.op("Add", self.op("MatMul", x, self.const(weight.t())), self.const(bias))
 
     def norm(self, x: str, ln: torch.nn.LayerNorm) -> str:
         return self.op("LayerNormalization", x, self.const(ln.weight), self.const(ln.bias),
@@ -113,17 +112,15 @@ def encoder_graph(bert: BertModel) -> bytes:
     for block in bert.blocks:
         a = block.attn
         h = g.norm(x, block.norm1) if block.pre_norm else x
-        qkv = torch.nn.Linear(C, 3 * C)
-        with torch.no_grad():
-            qkv.weight.copy_(torch.cat([a.query.weight, a.key.weight, a.value.weight]))
-            qkv.bias.copy_(torch.cat([a.query.bias, a.key.bias, a.value.bias]))
-        y = g.op("Reshape", g.linear(h, qkv), g.const([0, 0, 3, H, D], np.int64))     # (B, T, 3, H, D)
+        qkv = g.linear(h, *(torch.cat([getattr(lin, p) for lin in (a.query, a.key, a.value)])
+                            for p in ("weight", "bias")))                           # one MatMul: (B, T, 3C)
+        y = g.op("Reshape", qkv, g.const([0, 0, 3, H, D], np.int64))                # (B, T, 3, H, D)
         y = g.op("Transpose", y, perm=[2, 0, 3, 1, 4])                                  # (3, B, H, T, D)
         q, k, v = (g.op("Gather", y, g.const(n, np.int64), axis=0) for n in range(3))  # (B, H, T, D)
         s = g.op("MatMul", g.op("Mul", q, scale), g.op("Transpose", k, perm=[0, 1, 3, 2]))   # (B, H, T, T)
         p = g.op("Softmax", g.op("Add", s, bias), axis=-1)
         ctx = g.op("Transpose", g.op("MatMul", p, v), perm=[0, 2, 1, 3])               # (B, T, H, D)
-        att = g.linear(g.op("Reshape", ctx, g.const([0, 0, C], np.int64)), a.out)      # (B, T, C)
+        att = g.linear(g.op("Reshape", ctx, g.const([0, 0, C], np.int64)), a.out.weight, a.out.bias)   # (B, T, C)
         if block.pre_norm:
             x = g.op("Add", x, att)
             x = g.op("Add", x, _ffn(g, g.norm(x, block.norm2), block.mlp, cfg.hidden_act))
@@ -142,9 +139,9 @@ def encoder_graph(bert: BertModel) -> bytes:
 
 
 def _ffn(g: _Builder, x: str, mlp, act: str) -> str:
-    up = g.linear(x, mlp.up)
+    up = g.linear(x, mlp.up.weight, mlp.up.bias)
     up = g.op("Relu", up) if act == "relu" else g.op("Gelu", up, approximate=_GELU[act])
-    return g.linear(up, mlp.down)
+    return g.linear(up, mlp.down.weight, mlp.down.bias)
 
 
 @dataclass
@@ -240,20 +237,9 @@ def load_engine(name: str, graph: bytes, threads: int):
     return {"onnxruntime": OnnxRuntimeEngine, "openvino": OpenVINOEngine}[name](graph, threads)
 
 
-def time_call(fn, calls: int = 7) -> float:
-    """Median wall time of `fn()` in ms, after two untimed calls."""
-    fn(), fn()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
-
-
 # ---- which engine, if any, the Predictor keeps: measured at load --------------------------------
 SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
-BF16_MIN_COSINE = 0.999                  # as infer.BF16_MIN_COSINE: bf16's bar everywhere in bertkit
+TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts
 
 
 def load_engines(fp32_encoder: BertModel, threads: int) -> tuple[dict[str, Any], str]:
@@ -277,12 +263,12 @@ def load_engines(fp32_encoder: BertModel, threads: int) -> tuple[dict[str, Any],
     return engines, "; ".join(failed)
 
 
-def choose_engine(predictor, engines: dict[str, Any], small: bool | int, rows: list,
+def choose_engine(predictor, engines: dict[str, Any], small: bool | int, rows: list, bf16_min_cosine: float,
                   reference: BertModel | None = None) -> tuple[SmallBatches | None, str]:
     """The engine a Predictor keeps for short batches, and why (or why none). Each must follow the
     fp32 model on the sample `rows` (`reference`, default the Predictor's own encoder: an fp32
     engine of an fp32 Predictor within max abs diff 1e-3 and token cosine 0.9999; with bf16 in
-    either, token cosine 0.999); of those the fastest on one sequence of 16 tokens, if 5% ahead of
+    either, token cosine `bf16_min_cosine`); of those the fastest on one sequence of 16 tokens, if 5% ahead of
     PyTorch, takes batches up to the longest length (16, 32, ... 256 tokens) at which it stays
     ahead, each timed here. `small` a number: the first engine that agrees, up to that many
     tokens, untimed."""
@@ -290,7 +276,7 @@ def choose_engine(predictor, engines: dict[str, Any], small: bool | int, rows: l
     with torch.inference_mode():
         for name, engine in engines.items():
             candidate = SmallBatches(engine, name)
-            candidate.agreement = _agreement(predictor, candidate, rows, reference)
+            candidate.agreement = _agreement(predictor, candidate, rows, reference, bf16_min_cosine)
             if candidate.agreement["ok"]:
                 agreeing[name] = candidate
             else:
@@ -310,8 +296,11 @@ def choose_engine(predictor, engines: dict[str, Any], small: bool | int, rows: l
 
 
 def _fastest(predictor, agreeing: dict[str, SmallBatches], rows: list) -> tuple[SmallBatches | None, str]:
-    """Time PyTorch and each engine on one sequence of each SMALL_LENGTHS; the fastest engine if it
-    wins at the first length, with its reason, else None and why not."""
+    """Time PyTorch and each engine, interleaved (`hardware.best_times`), on one sequence of each
+    SMALL_LENGTHS; the fastest engine if it wins at the first length, with its reason, else None and
+    why not."""
+    from .hardware import best_times
+
     p, tok = predictor, predictor.tokenizer
     stream = [i for r in rows for i in r[0][1:-1]]
     lengths = [n for n in SMALL_LENGTHS if n <= min(p.max_length, len(stream) + 2)]
@@ -319,9 +308,13 @@ def _fastest(predictor, agreeing: dict[str, SmallBatches], rows: list) -> tuple[
         return None, f"the model takes fewer than {SMALL_LENGTHS[0]} tokens: nothing to time"
     batch = {n: p.batches([([tok.cls_id, *stream[:n - 2], tok.sep_id], [0] * n)])[0] for n in lengths}
     run = lambda c, b: (lambda: c.hidden(p.encoder, b.tensors, b.packed))    # noqa: E731
+
+    def ms(fns: list) -> list[float]:
+        return [1e3 * t for t in best_times(fns, TIMING_ROUNDS)]
+
     b = batch[lengths[0]]
-    ms_torch = time_call(lambda: p.hidden(b))
-    timed = {name: time_call(run(c, b)) for name, c in agreeing.items()}
+    ms_torch, *ms_engines = ms([lambda: p.hidden(b), *(run(c, b) for c in agreeing.values())])
+    timed = dict(zip(agreeing, ms_engines))
     times = ", ".join(f"{k} {v:.2f} ms" for k, v in timed.items())
     best = min(timed, key=timed.get)
     if timed[best] > 0.95 * ms_torch:
@@ -330,7 +323,7 @@ def _fastest(predictor, agreeing: dict[str, SmallBatches], rows: list) -> tuple[
     chosen.latency_ms[lengths[0]] = {"torch": round(ms_torch, 3), **{k: round(v, 3) for k, v in timed.items()}}
     chosen.max_tokens = lengths[0]
     for n in lengths[1:]:
-        t_torch, t = time_call(lambda: p.hidden(batch[n])), time_call(run(chosen, batch[n]))
+        t_torch, t = ms([lambda: p.hidden(batch[n]), run(chosen, batch[n])])
         chosen.latency_ms[n] = {"torch": round(t_torch, 3), best: round(t, 3)}
         if t > 0.95 * t_torch:
             break
@@ -339,7 +332,8 @@ def _fastest(predictor, agreeing: dict[str, SmallBatches], rows: list) -> tuple[
                     f"({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]})")
 
 
-def _agreement(predictor, candidate: SmallBatches, rows: list, reference: BertModel | None) -> dict:
+def _agreement(predictor, candidate: SmallBatches, rows: list, reference: BertModel | None,
+               bf16_min_cosine: float) -> dict:
     """How closely an engine follows the fp32 model on the sample rows."""
     ref_encoder = reference if reference is not None else predictor.encoder
     diff, cos = 0.0, 1.0
@@ -350,5 +344,5 @@ def _agreement(predictor, candidate: SmallBatches, rows: list, reference: BertMo
         diff = max(diff, float((ref - got).abs().max()))
         cos = min(cos, float(torch.nn.functional.cosine_similarity(ref, got, dim=-1).min()))
     fp32 = candidate.engine.precision == "float32" and predictor.precision == "float32"   # bf16 anywhere: bf16's bar
-    ok = (diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= BF16_MIN_COSINE
+    ok = (diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= bf16_min_cosine
     return {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos, "ok": ok}

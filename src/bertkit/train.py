@@ -1,6 +1,6 @@
 """Pre-training with MLM (+ NSP): an explicit loop you can read top to bottom.
 
-Why one file of ~760 lines: setup, the update and evaluation share the run state (`Run`, a
+Why one file of ~790 lines: setup, the update and evaluation share the run state (`Run`, a
 dataclass; `runstate.State` is the part a checkpoint saves) and read best together; the run card is
 assembled in runlog.py, checkpoints in runstate.py.
 
@@ -245,6 +245,9 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     if cfg.resume and ckpt is None:
         log.warning("--resume: no valid checkpoint in %s; starting from scratch", out / "checkpoints")
     model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)   # (init_from: cfg.model says what it is)
+    for k in ("hidden_dropout", "attention_dropout"):      # None: the model's (0.1 new, a checkpoint's own)
+        if getattr(cfg.model, k) is None:
+            setattr(cfg.model, k, getattr(model.config, k))     # so config.yaml says what trains
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")

@@ -219,11 +219,11 @@ def run_info(args) -> int:
 
 def _short_inputs(info: dict) -> str:
     """What a Predictor (bertkit serve, the Python API) will run short batches on, before loading it."""
-    from importlib.util import find_spec
+    from ..onnx_graph import installed_engines
 
     if info["config"].get("bertkit_causal"):
         return "PyTorch (no ONNX graph for a causal encoder)"
-    engines = [name for name in ("onnxruntime", "openvino") if find_spec(name) is not None]
+    engines = installed_engines()
     if not engines:
         return "PyTorch (pip install 'bertkit[onnx]': onnxruntime's GEMMs are faster on short inputs on some CPUs)"
     return (f"{' or '.join(engines)} where one follows fp32 and times faster than PyTorch at load "

@@ -21,6 +21,10 @@ Resume: a shard whose shard.json carries the same configuration, tokenizer and i
 hashes is kept; anything else is rewritten. Data made with another tokenizer is refused. The
 meta file is the completion mark: a rerun deletes it first and writes it last, so an
 interrupted run is visibly incomplete (readers refuse it) until the same command finishes it.
+
+Why ~600 lines: the config, the held-out split, the worker pool and the resumable, atomic shard
+and meta writing are one protocol (each step relies on what the others write); the text and
+instance building live in text.py and instances.py.
 """
 from __future__ import annotations
 
