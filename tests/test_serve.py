@@ -61,6 +61,7 @@ def encoder_dir(root) -> Path:
 
 def client_for(path: Path, small_batches: bool | int = True, **cfg) -> tuple[TestClient, Predictor]:
     p = Predictor.from_dir(path, device="cpu", small_batches=small_batches)
+    cfg.setdefault("warmup", False)     # every GEMM shape up to max_batch_tokens: 11 s at 100k tokens, tested apart
     settings = ServeConfig(max_length=p.max_length, **cfg)
     return TestClient(create_app(p, settings)), p
 

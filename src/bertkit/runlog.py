@@ -115,13 +115,25 @@ def step_flops(cfg, tokens: int, sequences: int, seq_len: float, masked: int, ns
     return 3.0 * fwd
 
 
+_PEAKS: dict[tuple, float] = {}     # gemm_peak's figures in this process: (device, dtype, threads, n) -> FLOP/s
+
+
 def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024,
               repeats: int = 5, budget_s: float = 1.0) -> float:
-    """Best FLOP/s of an n x n @ n x n matmul, measured now (the MFU denominator). The size grows
-    from 128 to n only while one product takes under 20 ms (bf16 emulated on an AVX2-only CPU runs
-    1024^3 in ~1.5 s), and the repeats stop after `budget_s`: the figure of a slow path costs a
-    fraction of a second, not half a minute at the end of every run."""
+    """Best FLOP/s of an n x n @ n x n matmul (the MFU denominator), measured at its first call in
+    this process for a device, dtype and thread count, and reused after (~1 s each: many runs in
+    one process - ablation arms, tests - measure once). The size grows from 128 to n only while one
+    product takes under 20 ms (bf16 emulated on an AVX2-only CPU runs 1024^3 in ~1.5 s), and the
+    repeats stop after `budget_s`: the figure of a slow path costs a fraction of a second, not half
+    a minute at the end of every run."""
     device = torch.device(device)
+    key = (str(device), dtype, torch.get_num_threads(), n)
+    if key not in _PEAKS:
+        _PEAKS[key] = _measure_gemm_peak(device, dtype, n, repeats, budget_s)
+    return _PEAKS[key]
+
+
+def _measure_gemm_peak(device: torch.device, dtype: torch.dtype, n: int, repeats: int, budget_s: float) -> float:
 
     def product_time(m: int, inner: int) -> float:
         a = torch.randn(m, m, device=device, dtype=dtype)
