@@ -29,9 +29,24 @@ def test_quickstart_runs_end_to_end(tmp_path, capsys):
     assert evals[-1]["eval_mlm_loss"] < evals[0]["eval_mlm_loss"]            # it learned something
     assert 0.0 <= evals[-1]["eval_mask_accuracy"] <= 1.0                     # the [MASK]-only accuracy too
     assert "at the [MASK] tokens alone" in text
+    assert "pace: " in text and "x the documented run" in text
     for f in ("tokenizer/vocab.txt", "data/train/meta.json", "data/heldout/meta.json", "run/curves.png",
               "run/run_card.md", "run/final/model.safetensors", "run/final/vocab.txt"):
         assert (out / f).exists(), f
+
+
+def test_pace_note_says_how_many_minutes_a_slower_cpu_needs():
+    """On a CPU at a third of the documented run's rate, the quickstart says so and how many
+    --minutes see as many tokens; at the documented rate it only states the pace."""
+    from bertkit.quickstart import REFERENCE_RUN, pace_note
+
+    ref = REFERENCE_RUN["tokens_per_s"]
+    fast = pace_note({"tokens_per_s": ref, "precision": "bfloat16"}, other_s=20)
+    assert fast.startswith("pace: ") and "1.00x the documented run" in fast and "--minutes" not in fast
+    slow = pace_note({"tokens_per_s": ref / 3, "precision": "float32"}, other_s=30)
+    minutes = int(slow.rsplit("--minutes ", 1)[1])
+    assert "0.33x" in slow and "float32" in slow
+    assert minutes * 60 >= REFERENCE_RUN["tokens"] / (ref / 3) + 30 > (minutes - 1) * 60
 
 
 def test_quickstart_runs_the_documented_cpu_recipe():
