@@ -47,6 +47,7 @@ def test_pace_note_says_how_many_minutes_a_slower_cpu_needs():
     minutes = int(slow.rsplit("--minutes ", 1)[1])
     assert "0.33x" in slow and "float32" in slow
     assert minutes * 60 >= REFERENCE_RUN["tokens"] / (ref / 3) + 30 > (minutes - 1) * 60
+    assert "--minutes" not in pace_note({"tokens_per_s": 0.0, "precision": "float32"}, other_s=5)
 
 
 def test_quickstart_runs_the_documented_cpu_recipe():

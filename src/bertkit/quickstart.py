@@ -80,7 +80,7 @@ def pace_note(card: dict, other_s: float) -> str:
     line = (f"pace: {rate / 1e3:.1f}k tokens/s in {card['precision']}, {ratio:.2f}x the documented run "
             f"({ref['tokens_per_s'] / 1e3:.1f}k tokens/s, {ref['where']}: {ref['tokens'] / 1e6:.1f} M tokens, "
             f"held-out {ref['accuracy']:.3f}, {ref['hits']} of {len(CLOZE)} cloze prompts)")
-    if ratio >= 0.8:
+    if ratio >= 0.8 or rate <= 0:                # (no tokens trained: nothing to scale)
         return line
     minutes = math.ceil((ref["tokens"] / rate + other_s) / 60)
     return (line + f"; this CPU sees as many tokens in about {minutes} minutes: bertkit quickstart "
