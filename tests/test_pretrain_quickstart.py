@@ -50,6 +50,19 @@ def test_pace_note_says_how_many_minutes_a_slower_cpu_needs():
     assert "--minutes" not in pace_note({"tokens_per_s": 0.0, "precision": "float32"}, other_s=5)
 
 
+def test_pace_reference_is_the_documented_run():
+    """The run the pace line compares against is the one docs/pretrain.md and its run card record."""
+    from bertkit.quickstart import REFERENCE_RUN
+
+    card = (REPO / "benchmarks" / "results" / "quickstart-kernel-2026-12-01" / "run_card.md").read_text()
+    row = lambda key: next(ln for ln in card.splitlines() if ln.startswith(f"| {key} |")).split("|")[2].strip()  # noqa: E731
+    assert int(row("tokens").replace(",", "")) == REFERENCE_RUN["tokens"]
+    assert abs(float(row("tokens_per_s")) / REFERENCE_RUN["tokens_per_s"] - 1) < 0.01
+    assert abs(float(row("eval_mlm_accuracy")) - REFERENCE_RUN["accuracy"]) < 0.0006
+    doc = (REPO / "docs" / "pretrain.md").read_text()
+    assert f"held-out **{REFERENCE_RUN['accuracy']:.3f}**" in doc and f"**{REFERENCE_RUN['hits']} of 8** cloze" in doc
+
+
 def test_quickstart_runs_the_documented_cpu_recipe():
     """configs/pretrain/cpu-5m.yaml is the quickstart's recipe, value for value."""
     cfg = yaml.safe_load((REPO / "configs" / "pretrain" / "cpu-5m.yaml").read_text())
