@@ -172,7 +172,8 @@ class FakeEngine:
 
 
 def _with_fakes(monkeypatch, fakes: dict, ms: dict):
-    """Predictor._small_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch'])."""
+    """Predictor._small_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch']).
+    Returns the list of the engine sets made, one per Predictor loaded."""
     def engines(self, encoder):
         graph = onnx_graph.encoder_graph(encoder)
         return {name: make(graph) for name, make in fakes.items()}
@@ -189,6 +190,7 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict):
     engines_made = []
     monkeypatch.setattr(Predictor, "_small_engines", lambda self, enc: engines_made.append(engines(self, enc)) or engines_made[-1])
     monkeypatch.setattr(hardware, "best_times", fake_times)
+    return engines_made
 
 
 def test_the_fastest_agreeing_engine_is_chosen(checkpoints, monkeypatch):
@@ -203,6 +205,17 @@ def test_the_fastest_agreeing_engine_is_chosen(checkpoints, monkeypatch):
     _with_fakes(monkeypatch, {"slow": FakeEngine}, {"torch": 5.0, "slow": 4.9})   # not 5% ahead
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
     assert p.small is None and p.small_reason == "not faster than PyTorch on 16 tokens here (slow 4.90 ms vs 5.00 ms)"
+
+
+def test_a_number_of_tokens_takes_the_first_agreeing_engine_untimed(checkpoints, monkeypatch):
+    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
+    made = _with_fakes(monkeypatch, {"wrong": lambda g: FakeEngine(g, noise=0.5), "first": FakeEngine,
+                                     "second": FakeEngine}, {"torch": 5.0, "wrong": 1.0, "first": 4.0, "second": 2.0})
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=40)
+    assert p.small is not None and p.small.name == "first" and p.small.max_tokens == 40, p.small_reason
+    assert p.small_reason == "first for batches of up to 40 tokens, as asked (not timed)" and not p.small.latency_ms
+    assert p.small.agreement["ok"] and made[-1]["wrong"].calls > 0         # each checked in turn until one agrees
+    assert made[-1]["second"].calls == 0                                   # the rest neither checked nor timed
 
 
 def test_a_bf16_engine_is_judged_by_cosine(checkpoints, monkeypatch):

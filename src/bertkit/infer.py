@@ -399,7 +399,7 @@ class Predictor:
 
     @property
     def encoder(self) -> BertModel:
-        return self.model if isinstance(self.model, BertModel) else self.model.bert
+        return _encoder_of(self.model)
 
     # ---- the shared batch loop -----------------------------------------------------------------
     def encode(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None,

@@ -250,6 +250,13 @@ class _Named:
         self.name = name
 
 
+def openvino_precision(compiled) -> str:
+    """The precision an OpenVINO compiled model runs in, as torch names it ('bfloat16', ...)."""
+    hint = str(compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
+    name = hint.split("'")[1] if "'" in hint else hint
+    return {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
+
+
 class OpenVINOSession:
     """A model compiled by OpenVINO that answers like an onnxruntime session (`run_session`)."""
 
@@ -258,9 +265,7 @@ class OpenVINOSession:
     def __init__(self, compiled, output_names: list[str]):
         self.compiled, self.output_names = compiled, output_names
         self.request = compiled.create_infer_request()
-        hint = str(compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
-        name = hint.split("'")[1] if "'" in hint else hint
-        self.precision = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
+        self.precision = openvino_precision(compiled)
 
     def get_inputs(self) -> list[_Named]:
         return [_Named(n) for n in INPUTS]

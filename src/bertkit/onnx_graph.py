@@ -217,14 +217,14 @@ class OpenVINOEngine:
 
         import openvino as ov
 
+        from .onnx_export import openvino_precision
+
         core = ov.Core()
         config: dict = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": max(1, threads)}
         self.compiled = core.compile_model(core.read_model(io.BytesIO(graph)), "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.lock = threading.Lock()                     # one request object: one call at a time
-        hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
-        name = hint.split("'")[1] if "'" in hint else hint
-        self.precision = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
+        self.precision = openvino_precision(self.compiled)
 
     def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with self.lock:
@@ -279,6 +279,8 @@ def choose_engine(predictor, engines: dict[str, Any], small: bool | int, rows: l
             candidate.agreement = _agreement(predictor, candidate, rows, reference, bf16_min_cosine)
             if candidate.agreement["ok"]:
                 agreeing[name] = candidate
+                if small is not True:            # a number of tokens: the first that agrees, untimed
+                    break
             else:
                 notes.append(f"{name} ({engine.precision}) disagrees with PyTorch on the sample (token cosine "
                              f"{candidate.agreement['token_cosine_min']:.5f}, max abs diff "

@@ -134,7 +134,6 @@ def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.flo
 
 
 def _measure_gemm_peak(device: torch.device, dtype: torch.dtype, n: int, repeats: int, budget_s: float) -> float:
-
     def product_time(m: int, inner: int) -> float:
         a = torch.randn(m, m, device=device, dtype=dtype)
         b = torch.randn(m, m, device=device, dtype=dtype)
