@@ -74,6 +74,22 @@ def test_shipped_configs_load():
         load_config(PretrainConfig, p)
 
 
+def test_the_avx2_hour_is_the_hour_on_a_narrower_model():
+    """cpu-60m-avx2.yaml is cpu-60m.yaml's recipe with only the shape and its learning rate changed
+    (docs/pretrain.md, "One hour on a CPU with AVX2 only"): a lever added to one reaches the other."""
+    from bertkit.train import _build_model
+
+    root = Path(__file__).resolve().parents[1] / "configs" / "pretrain"
+    hour, avx2 = (to_dict(load_config(PretrainConfig, root / f"{n}.yaml")) for n in ("cpu-60m", "cpu-60m-avx2"))
+    flat = [{(s, k): v for s, sec in d.items() if isinstance(sec, dict) for k, v in sec.items()} for d in (hour, avx2)]
+    assert {key for key in flat[0] if flat[0][key] != flat[1][key]} == {
+        ("model", "preset"), ("model", "num_layers"), ("optim", "lr")}
+    model = _build_model(load_config(PretrainConfig, root / "cpu-60m-avx2.yaml"), 8000, None)
+    c = model.config
+    assert (c.num_layers, c.hidden_size, c.num_heads, c.intermediate_size) == (4, 128, 2, 512)
+    assert c.position_embedding_type == "alibi" and c.norm_position == "pre"
+
+
 # ---- the padding-free path is the padded path -----------------------------------------------------
 def test_packed_step_equals_padded(data):
     from bertkit import preset
