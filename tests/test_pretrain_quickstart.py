@@ -30,6 +30,10 @@ def test_quickstart_runs_end_to_end(tmp_path, capsys):
     assert 0.0 <= evals[-1]["eval_mask_accuracy"] <= 1.0                     # the [MASK]-only accuracy too
     assert "at the [MASK] tokens alone" in text
     assert "pace: " in text and "x the documented run" in text
+    hour = next(line for line in text.splitlines() if "bertkit pretrain configs/pretrain/cpu-60m" in line)
+    recipe = hour.split("bertkit pretrain ")[1].split()[0]
+    assert (REPO / recipe).exists() and str(out / "data" / "train") in hour
+    assert recipe.endswith("cpu-60m-avx2.yaml") == (card["precision"] == "float32")   # the recipe for this CPU
     for f in ("tokenizer/vocab.txt", "data/train/meta.json", "data/heldout/meta.json", "run/curves.png",
               "run/run_card.md", "run/final/model.safetensors", "run/final/vocab.txt"):
         assert (out / f).exists(), f
@@ -83,3 +87,14 @@ def test_quickstart_corpus_holds_out_whole_documents_of_both_sources():
     train_lines = {ln for d in train for ln in d.splitlines() if len(ln) > 60}
     held_lines = [ln for d in held for ln in d.splitlines() if len(ln) > 60]
     assert sum(ln in train_lines for ln in held_lines) < 0.01 * len(held_lines)
+
+def test_the_hour_suggested_after_the_quickstart_fits_the_precision_that_ran():
+    """fp32 training (an AVX2-only CPU) is pointed at the narrower hour, bf16 or fp16 at BERT-mini's;
+    both configs exist and load."""
+    from bertkit.quickstart import hour_recipe
+    from bertkit.runconfig import PretrainConfig, load_config
+
+    assert hour_recipe("float32").endswith("cpu-60m-avx2.yaml")
+    assert hour_recipe("bfloat16").endswith("cpu-60m.yaml") and hour_recipe("float16").endswith("cpu-60m.yaml")
+    for p in {hour_recipe("float32"), hour_recipe("bfloat16")}:
+        load_config(PretrainConfig, REPO / p)

@@ -87,6 +87,13 @@ def pace_note(card: dict, other_s: float) -> str:
             f"--minutes {minutes}")
 
 
+def hour_recipe(precision: str) -> str:
+    """The one-hour recipe for this machine: BERT-mini where training ran in bf16 or fp16, the narrower
+    model where it ran in fp32 (an AVX2-only CPU: cpu-60m-avx2.yaml sees 2.8x the tokens there;
+    docs/pretrain.md, 'One hour on a CPU with AVX2 only')."""
+    return "configs/pretrain/cpu-60m-avx2.yaml" if precision == "float32" else "configs/pretrain/cpu-60m.yaml"
+
+
 def what_to_expect(passes: float, tokens: int, mask_accuracy: float | None) -> str:
     """The closing paragraph: which stage of BERT training the model reached, from its [MASK] accuracy."""
     stage = (f"{passes:.0f} passes over this {tokens / 1e6:.1f} M-token corpus. Reference points at a [MASK] "
@@ -176,6 +183,9 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0,
         f"next:      bertkit fill-mask --model {final} \"the united [MASK] of america .\"",
         f"           bertkit finetune configs/finetune/sst2.yaml --data nyu-mll/glue:sst2 --model {final} "
         f"--out runs/sst2   (GLUE through pip install 'bertkit[datasets]'; or --data YOUR_SST2_FOLDER)",
+        f"           bertkit pretrain {hour_recipe(card['precision'])} --data.path={root / 'data' / 'train'} "
+        f"--data.eval_path={root / 'data' / 'heldout'} --out runs/hour   (an hour of the recipe for this "
+        f"CPU; it wants 10-20 MB of text: bertkit prepare --no-nsp)",
         f"total {time.time() - t0:.0f} s",
     ]
     card["summary"] = lines
