@@ -88,6 +88,7 @@ def test_quickstart_corpus_holds_out_whole_documents_of_both_sources():
     held_lines = [ln for d in held for ln in d.splitlines() if len(ln) > 60]
     assert sum(ln in train_lines for ln in held_lines) < 0.01 * len(held_lines)
 
+
 def test_the_hour_suggested_after_the_quickstart_fits_the_precision_that_ran():
     """fp32 training (an AVX2-only CPU) is pointed at the narrower hour, bf16 or fp16 at BERT-mini's;
     both configs exist and load."""
