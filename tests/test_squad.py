@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import random
+import sys
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +17,9 @@ import torch
 from bertkit.tasks import BadRows, DataError, collate, get_task
 from bertkit.tasks import squad as S
 from bertkit.tokenizer import Tokenizer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_metrics import v20_evaluate  # noqa: E402  (evaluate-v2.0.py's logic)
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +241,84 @@ def test_v2_oracle_null_odds_and_threshold(tmp_path, dev_json, tokenizer):
     files = S.write_predictions(preds, tmp_path / "out")
     assert [p.name for p in files] == ["predictions.json", "nbest_predictions.json", "null_odds.json"]
     assert json.loads(files[2].read_text()) == pytest.approx(preds.null_odds)
+
+
+def v2_case(seed: int, answer_share: float, ties: bool) -> tuple[list, S.QAPredictions]:
+    """60 questions (1 in 3 impossible) and what postprocess_qa gives them at threshold 0: the
+    best span is the gold answer with probability `answer_share` (else wrong words); the null
+    odds are logit differences of both signs (`ties`: rounded to whole numbers, many equal)."""
+    rng = random.Random(seed)
+    exs, preds = [], S.QAPredictions()
+    for i in range(60):
+        qid, impossible = f"q{i}", i % 3 == 0
+        exs.append(S.QAExample(qid, "?", "c", [] if impossible else [("gold words", 0)], impossible))
+        span = "gold words" if not impossible and rng.random() < answer_share else "other text"
+        odds = rng.uniform(-4, 4)
+        odds = float(round(odds)) if ties else odds
+        preds.nbest[qid], preds.null_odds[qid] = [(span, 2.0), ("", 2.0 + odds)], odds
+        preds[qid] = "" if odds > 0 else span
+    return exs, preds
+
+
+def official(exs, preds, odds, thresh=1.0) -> dict:
+    data = [{"paragraphs": [{"qas": [{"id": e.id, "answers": [{"text": t} for t, _ in e.answers]} for e in exs]}]}]
+    return v20_evaluate(data, dict(preds), odds, na_prob_thresh=thresh)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("answer_share", [0.0, 0.5, 0.9])
+@pytest.mark.parametrize("ties", [False, True])
+def test_v2_saved_threshold_scores_the_dev_selected_f1(seed, answer_share, ties):
+    """The threshold fine-tuning saves (best_f1_thresh), applied again as evaluate applies it,
+    gives best_f1 exactly; and the official evaluate-v2.0.py, given it, agrees."""
+    exs, preds = v2_case(seed, answer_share, ties)
+    dev = S.metrics_v2(preds, exs)
+    every = S.apply_null_threshold(preds, float("inf"))
+    ref = official(exs, every, preds.null_odds)
+    for metric, key in (("f1", "best_f1"), ("exact", "best_exact")):
+        thresh = dev[f"{key}_thresh"]
+        again = S.metrics_v2(S.apply_null_threshold(preds, thresh), exs)
+        assert again[metric] == pytest.approx(dev[key], abs=1e-9), (metric, thresh)
+        assert official(exs, every, preds.null_odds, thresh)[metric] == pytest.approx(dev[key], abs=1e-9)
+        if not ties:                  # the official sweep's best score, and its threshold unless all-null
+            assert dev[key] == pytest.approx(ref[key], abs=1e-9)
+            assert thresh == ref[f"{key}_thresh"] or dev[key] == ref["NoAns_total"] * 100 / len(exs)
+        else:                         # the official sweep may split equal odds: it can only claim more
+            assert dev[key] <= ref[key] + 1e-9
+    if answer_share == 0.0:           # "no answer" everywhere is best: below every odds, not 0.0
+        assert dev["best_f1"] == pytest.approx(100 / 3) and dev["best_f1_thresh"] < min(preds.null_odds.values())
+        assert ref["best_f1_thresh"] == 0.0
+        assert official(exs, every, preds.null_odds, 0.0)["f1"] < dev["best_f1"] - 5     # the old saved threshold
+
+
+def test_v2_evaluate_with_the_saved_threshold_scores_best_f1(tmp_path, dev_json, tokenizer):
+    """Windows of real questions and noisy logits (noise: "no answer" everywhere is the best exact
+    match, as for an undertrained model; then nearly right ones): postprocess with the selected
+    threshold, as `bertkit evaluate` does, scores what selection reported."""
+    doc = copy.deepcopy(dev_json)
+    doc["data"] = doc["data"][:1]
+    doc["data"][0]["paragraphs"] = doc["data"][0]["paragraphs"][:8]
+    for k, qa in enumerate(q for p in doc["data"][0]["paragraphs"] for q in p["qas"]):
+        if k % 3 == 0:
+            qa["is_impossible"], qa["plausible_answers"], qa["answers"] = True, qa["answers"], []
+    task = get_task("squad2")
+    exs = task.read(write(tmp_path, doc))
+    feats = task.featurize(exs, tokenizer, None, max_length=96, stride=24, train=True)
+    rng = np.random.default_rng(0)
+    all_null = []
+    for boost in (0.0, 6.0):
+        outs = [(s + rng.normal(0, 2, len(s)), e + rng.normal(0, 2, len(e))) for s, e in oracle_outputs(feats, boost)]
+        dev = task.metrics(task.postprocess(outs, feats, exs), exs)
+        for metric, key in (("f1", "best_f1"), ("exact", "best_exact")):
+            again = task.metrics(task.postprocess(outs, feats, exs, null_threshold=dev[f"{key}_thresh"]), exs)
+            assert again[metric] == pytest.approx(dev[key], abs=1e-9), (boost, metric)
+        all_null.append(again["NoAns_exact"] == 100.0 and again["HasAns_exact"] == 0.0 and
+                        dev["best_exact_thresh"] < min(dev_odds(outs, feats, exs)))
+    assert all_null == [True, False]                   # noise: "no answer" everywhere is best; then a mixed case
+
+
+def dev_odds(outs, feats, exs) -> list[float]:
+    return list(get_task("squad2").postprocess(outs, feats, exs).null_odds.values())
 
 
 def test_qa_head_runs_on_collated_windows(examples, tokenizer):

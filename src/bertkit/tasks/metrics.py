@@ -267,13 +267,14 @@ def _v1_f1(gold: str, pred: str) -> float:
 
 
 def squad_v2(references: Any, predictions: Mapping[str, str], na_probs: Mapping[str, float] | None = None,
-             na_prob_thresh: float = 1.0) -> dict[str, float]:
+             na_prob_thresh: float = 1.0, reproducible: bool = False) -> dict[str, float]:
     """evaluate-v2.0.py: exact, f1, total, HasAns_*/NoAns_* and, given the per-question null odds
     (``na_probs``), best_exact/best_f1 with the thresholds that reach them.
 
     As in the official script, a question whose null odds exceed ``na_prob_thresh`` counts as
     answered "no answer"; the references' empty-after-normalisation answers count as no answer.
-    Every question needs a prediction (the official script fails otherwise)."""
+    Every question needs a prediction (the official script fails otherwise). `reproducible`:
+    best thresholds that score best_exact / best_f1 when applied (`best_threshold`)."""
     golds = squad_golds(references)
     if not golds:
         raise MetricError("nothing to score: no questions in the references")
@@ -310,26 +311,34 @@ def squad_v2(references: Any, predictions: Mapping[str, str], na_probs: Mapping[
         if qids:
             out.update({f"{prefix}_{k}": v for k, v in summary(qids).items()})
     if explicit_odds:
-        out["best_exact"], out["best_exact_thresh"] = best_threshold(predictions, exact_raw, na_probs, has_ans)
-        out["best_f1"], out["best_f1_thresh"] = best_threshold(predictions, f1_raw, na_probs, has_ans)
+        out["best_exact"], out["best_exact_thresh"] = best_threshold(predictions, exact_raw, na_probs, has_ans,
+                                                                     reproducible)
+        out["best_f1"], out["best_f1_thresh"] = best_threshold(predictions, f1_raw, na_probs, has_ans, reproducible)
     return out
 
 
 def best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float], na_probs: Mapping[str, float],
-                   has_ans: Mapping[str, bool]) -> tuple[float, float]:
+                   has_ans: Mapping[str, bool], reproducible: bool = False) -> tuple[float, float]:
     """The official find_best_thresh: sweep questions by increasing null odds, answering "no
-    answer" above the threshold; return (best score in 0-100, its threshold)."""
+    answer" above the threshold; return (best score in 0-100, its threshold).
+
+    `reproducible`: the threshold, applied again (answer "" where the odds exceed it), scores
+    exactly the best score returned. The official sweep is kept but for two cases: questions
+    with equal odds are scored together (one threshold cannot split them), and when "no answer"
+    everywhere is best the threshold lies below the smallest odds (the official 0.0 suits
+    probabilities, not logit differences, where it answers every question with negative odds)."""
     cur = best = sum(1 for q in has_ans if not has_ans[q])
-    thresh = 0.0
-    for qid in sorted(na_probs, key=lambda k: na_probs[k]):
-        if qid not in scores:
-            continue
+    order = [q for q in sorted(na_probs, key=lambda k: na_probs[k]) if q in scores]
+    low = na_probs[order[0]] if order else 0.0
+    thresh = low - max(1.0, abs(low)) if reproducible and order else 0.0
+    for i, qid in enumerate(order):
         if has_ans[qid]:
             diff = scores[qid]
         else:
             diff = -1 if predictions[qid] else 0
         cur += diff
-        if cur > best:
+        tied = reproducible and i + 1 < len(order) and na_probs[order[i + 1]] == na_probs[qid]
+        if cur > best and not tied:
             best, thresh = cur, na_probs[qid]
     return 100.0 * best / len(scores), thresh
 

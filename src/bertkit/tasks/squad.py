@@ -18,8 +18,8 @@
                offsets make that alignment exact here. v2.0: null score = the minimum over
                windows of start[CLS] + end[CLS]; null odds = null score - best non-null score;
                the answer is "" when the odds exceed `null_threshold` (0 by default). Fine-tuning
-               saves the threshold that maximises F1 on dev with the model
-               (config.json `bertkit_null_threshold`), and evaluate / predict / serve apply it
+               saves the threshold that maximises F1 on dev (and scores it when applied) with the
+               model (config.json `bertkit_null_threshold`), and evaluate / predict / serve apply it
   metrics      the official evaluate-v1.1.py / evaluate-v2.0.py (`bertkit.tasks.metrics`)
 
 `stride` here is run_squad.py's doc_stride, the step between window starts (Hugging Face's
@@ -366,12 +366,17 @@ def metrics_v1(predictions: dict, examples: Sequence[QAExample]) -> dict:
 def metrics_v2(predictions: dict, examples: Sequence[QAExample]) -> dict:
     """evaluate-v2.0.py on the answers as given; best_exact / best_f1 and their thresholds over
     every question answered by its best non-null span (the official sweep on answers already cut
-    at threshold 0 cannot find a threshold above 0)."""
+    at threshold 0 cannot find a threshold above 0), chosen so that `apply_null_threshold` (and
+    evaluate, predict, serve) with a threshold scores exactly its best_* (`metrics.best_threshold`:
+    when "no answer" everywhere is best, a threshold below every null odds, not 0). The answers
+    are scored as given: not cut again at the official script's default of 1.0 (a probability,
+    not a logit difference), which would hide every threshold above 1.0."""
     from .metrics import squad_v2
     odds = getattr(predictions, "null_odds", None) or None
-    out = squad_v2(references(examples), predictions, odds)
+    out = squad_v2(references(examples), predictions, odds, na_prob_thresh=float("inf"))
     if odds and getattr(predictions, "nbest", None):
-        every = squad_v2(references(examples), apply_null_threshold(predictions, float("inf")), odds)
+        every = squad_v2(references(examples), apply_null_threshold(predictions, float("inf")), odds,
+                         reproducible=True)
         out.update({k: every[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")})
     return out
 
