@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ os.environ.setdefault("BERTKIT_BF16", "0")
 # off unless a test asks (tests/test_onnx_graph.py, the third engine of tests/test_infer.py, and the
 # servers of tests/test_serve.py and tests/test_serve_openai.py turn it on).
 os.environ.setdefault("BERTKIT_SMALL_BATCHES", "0")
+# Machine measurements (bf16 speed, attention kernel) are made once per machine and kept in a file
+# (hardware.measured_once): the suite keeps its own, fresh for each run, shared by its subprocesses.
+os.environ.setdefault("BERTKIT_CACHE_DIR", tempfile.mkdtemp(prefix="bertkit-test-cache-"))
 # Tests never reach a hub: a dataset or model name that is not local fails at once instead of waiting
 # on the network (bertkit reads names through the `datasets` library when a path does not exist).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

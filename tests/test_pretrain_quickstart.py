@@ -21,7 +21,8 @@ def test_quickstart_runs_end_to_end(tmp_path, capsys):
     next_line = next(line for line in text.splitlines() if line.startswith("next:"))
     assert "..." not in next_line and "[MASK]" in next_line                # a command that can be pasted
     card = json.loads((out / "run" / "run_card.json").read_text())
-    assert card["stop_reason"] == "budget" and card["updates"] >= 1
+    assert card["stop_reason"].startswith("budget: ") and card["updates"] == card["planned_updates"] >= 1
+    assert f"repeat:    bertkit quickstart --out {out} --seed 0 --updates {card['updates']}" in text
     assert card["config"]["data"]["eval_path"].endswith("heldout")
     assert card["config"]["model"]["norm_position"] == QUICKSTART_RECIPE["model.norm_position"]
     evals = [json.loads(x) for x in (out / "run" / "eval.jsonl").read_text().splitlines()]
@@ -99,3 +100,16 @@ def test_the_hour_suggested_after_the_quickstart_fits_the_precision_that_ran():
     assert hour_recipe("bfloat16").endswith("cpu-60m.yaml") and hour_recipe("float16").endswith("cpu-60m.yaml")
     for p in {hour_recipe("float32"), hour_recipe("bfloat16")}:
         load_config(PretrainConfig, REPO / p)
+
+
+def test_quickstart_repeats_bit_for_bit_with_the_recorded_updates(tmp_path, capsys):
+    # a timed quickstart's card names its number of updates; --updates N reruns it exactly
+    first, again = tmp_path / "first", tmp_path / "again"
+    assert main(["quickstart", "--out", str(first), "--updates", "6"]) == 0
+    assert main(["quickstart", "--out", str(again), "--updates", "6"]) == 0
+    capsys.readouterr()
+    for run in (first, again):
+        card = json.loads((run / "run" / "run_card.json").read_text())
+        assert card["updates"] == 6 and card["stop_reason"] == "max_steps" and card["planned_updates"] is None
+    assert (first / "run" / "final" / "model.safetensors").read_bytes() == \
+        (again / "run" / "final" / "model.safetensors").read_bytes()

@@ -111,12 +111,13 @@ def what_to_expect(passes: float, tokens: int, mask_accuracy: float | None) -> s
             "next steps (docs/pretrain.md, 'the CPU recipe').")
 
 
-def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0,
-               say: Callable[[str], None] = log.info) -> dict:
+def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, updates: int | None = None,
+               precision: str = "auto", say: Callable[[str], None] = log.info) -> dict:
     """The whole pipeline on the bundled corpus: train a WordPiece vocabulary, prepare
-    full-sentence sequences, pre-train with the CPU recipe for what is left of `minutes`, then
-    score held-out MLM accuracy and the cloze prompts. `say` gets a line per stage. Returns the run
-    card plus `cloze` (the answers) and `summary` (the closing text, one string per line)."""
+    full-sentence sequences, pre-train with the CPU recipe for what is left of `minutes` (turned into
+    a number of updates at the start of training: `train.plan_budget`) or for exactly `updates`,
+    then score held-out MLM accuracy and the cloze prompts. `say` gets a line per stage. Returns the
+    run card plus `cloze` (the answers) and `summary` (the closing text, one string per line)."""
     from .data.prepare import PrepareConfig, prepare
     from .infer import Predictor
     from .runconfig import PretrainConfig, load_config
@@ -141,14 +142,20 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0,
     prepare([str(root / "text" / "heldout.txt")], tok, root / "data" / "heldout", pcfg, progress=False, overwrite=True)
     say(f"3/4 prepared {meta['counts']['instances']:,} sequences of up to {QUICKSTART_SEQ} tokens")
     budget = max(minutes * 60 - (time.time() - t0) - 15, 10)     # 15 s kept for the final evaluation and report
+    length = {"train.budget": f"{budget:.0f}s", "train.max_steps": 10_000_000, "train.eval_every": 0,
+              "train.eval_minutes": round(budget / 60 / 12, 4)} if updates is None else \
+        {"train.budget": None, "train.max_steps": updates, "train.eval_every": max(1, updates // 12)}
     overrides = {**QUICKSTART_RECIPE, "out": str(root / "run"), "data.path": str(root / "data" / "train"),
-                 "data.eval_path": str(root / "data" / "heldout"), "data.eval_instances": 256,
-                 "train.budget": f"{budget:.0f}s", "train.max_steps": 10_000_000, "train.eval_every": 0,
-                 "train.eval_minutes": round(budget / 60 / 12, 4), "train.log_every": 20,
-                 "train.checkpoint_every": 0, "train.seed": seed, "train.threads": threads}
-    cfg = load_config(PretrainConfig, None, [f"--{k}={v}" for k, v in overrides.items()])
-    say(f"4/4 pre-training BERT-{cfg.model.preset} (MLM only, pre-LN, ALiBi) for {budget / 60:.1f} minutes ...")
-    card = pretrain(cfg, command=f"bertkit quickstart --out {out} --minutes {minutes:g}")
+                 "data.eval_path": str(root / "data" / "heldout"), "data.eval_instances": 256, **length,
+                 "train.log_every": 20, "train.checkpoint_every": 0, "train.seed": seed, "train.threads": threads,
+                 "train.precision": precision}
+    cfg = load_config(PretrainConfig, None, [f"--{k}={'null' if v is None else v}" for k, v in overrides.items()])
+    say(f"4/4 pre-training BERT-{cfg.model.preset} (MLM only, pre-LN, ALiBi) for "
+        + (f"{budget / 60:.1f} minutes ..." if updates is None else f"{updates:,} updates ..."))
+    options = f" --seed {seed}" + (f" --threads {threads}" if threads else "") + \
+        (f" --precision {precision}" if precision != "auto" else "")
+    card = pretrain(cfg, command=f"bertkit quickstart --out {out} "
+                                 + (f"--minutes {minutes:g}" if updates is None else f"--updates {updates}") + options)
     evals = read_jsonl(root / "run" / "eval.jsonl")
     before, after = evals[0], evals[-1]
     predictor = Predictor.from_dir(root / "run" / "final", small_batches=False)
@@ -178,6 +185,7 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0,
                        after.get("eval_mask_accuracy")),
         pace_note(card, time.time() - t0 - card["wall_time_s"]),
         "",
+        *([f"repeat:    {card['reproduce']}   (the same updates: the same weights)"] if card.get("reproduce") else []),
         f"run card:  {root / 'run' / 'run_card.md'}",
         f"curves:    {root / 'run' / 'curves.png'}",
         f"next:      bertkit fill-mask --model {final} \"the united [MASK] of america .\"",

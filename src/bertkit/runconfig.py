@@ -147,8 +147,10 @@ class TrainSection:
     max_steps: int = 1000
     """Optimizer updates (with a time budget: an upper bound)."""
     budget: str | None = None
-    """Wall-time budget such as '30m', '2h', '90s'; the learning-rate schedule then follows
-    elapsed time instead of steps (Cramming, Geiping & Goldstein 2022)."""
+    """Wall-time budget such as '30m', '2h', '90s' (Cramming, Geiping & Goldstein 2022): at the start a
+    few updates are timed (and undone) and the budget becomes that many updates, the schedule's length;
+    the checkpoint and run card record the number, so --resume continues it and --train.max_steps=N
+    without a budget reproduces the run exactly. A smaller max_steps ends the run as without a budget."""
     batch_size: int = 32
     """Sequences per device per micro-batch. Global batch = batch_size x grad_accum x world size."""
     grad_accum: int = 1
@@ -166,6 +168,10 @@ class TrainSection:
     precision: str = "auto"
     """'auto' (bf16 autocast on a GPU with bf16, and on a CPU where a bf16 GEMM is measured faster than
     fp32: AMX, AVX512-BF16; else fp32), 'fp32', 'bf16' or 'fp16' (GPU, with a scaler). Weights stay fp32."""
+    attention: str = "auto"
+    """What computes attention while training: 'sdpa' (torch's scaled_dot_product_attention), 'math'
+    (the formula written out, `packing.attention`) or 'auto' (SDPA, except on a CPU where the formula is
+    measured faster: once per machine; a resumed run keeps the kernel it ran with)."""
     packed: str = "auto"
     """Padding-free encoder path (real tokens only, `packing.pack`): 'auto' (the CPU: padding-free only
     for data under 75% real tokens and a model wider than 128, else padded, as measured; a GPU: packed
@@ -231,6 +237,7 @@ class PretrainConfig:
 
     def __post_init__(self) -> None:
         choices = {"train.precision": (self.train.precision, ("auto", "fp32", "bf16", "fp16")),
+                   "train.attention": (self.train.attention, ("auto", "sdpa", "math")),
                    "train.packed": (str(self.train.packed).lower(), ("auto", "true", "false")),
                    "train.distributed": (self.train.distributed, ("ddp", "fsdp")),
                    "model.norm_position": (self.model.norm_position, ("post", "pre")),

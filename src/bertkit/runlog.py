@@ -9,10 +9,11 @@ same process (`gemm_peak`).
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -189,22 +190,16 @@ class Window:
                 "phase": st.phase, "skipped": st.skipped}
 
 
-def progress_bar(cfg, st, world):
-    """A progress bar on a terminal; in a log or a pipe, a one-line status every 30 seconds instead
-    (`StatusLine`: a bar redrawn into a file is one endless line). None when progress is off."""
+def progress_bar(cfg, st, world, total: int):
+    """A progress bar over the run's `total` updates on a terminal; in a log or a pipe, a one-line
+    status every 30 seconds instead (`StatusLine`: a bar redrawn into a file is one endless line).
+    None when progress is off."""
     if not (cfg.train.progress and world.main):
         return None
-    if cfg.train.budget:
-        from .runconfig import parse_duration
-
-        total, initial, unit = int(parse_duration(cfg.train.budget)), int(st.elapsed), "s"
-        initial = min(initial, total)
-        fmt = "{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} s of the time budget{postfix}"
-    else:
-        total, initial, unit = cfg.train.max_steps, st.step, "update"
-        fmt = "{desc} {percentage:3.0f}%|{bar}| update {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}"
+    initial = min(st.step, total)
+    fmt = "{desc} {percentage:3.0f}%|{bar}| update {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}"
     if not _on_terminal():
-        return StatusLine(total, initial, unit)
+        return StatusLine(total, initial)
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc="pretrain", bar_format=fmt, dynamic_ncols=True)
@@ -219,8 +214,8 @@ class StatusLine:
     """What a log gets instead of a progress bar: `pretrain: update 120/2000 (6%), 95 s, loss 6.912, ...`
     every `every` seconds. Has the few methods of tqdm that the loop uses (update, set_postfix, write, close)."""
 
-    def __init__(self, total: int, initial: int = 0, unit: str = "update", every: float = 30.0):
-        self.total, self.n, self.unit, self.every = total, initial, unit, every
+    def __init__(self, total: int, initial: int = 0, every: float = 30.0):
+        self.total, self.n, self.every = total, initial, every
         self.postfix: dict = {}
         self.t0 = self.last = time.perf_counter()
 
@@ -232,7 +227,7 @@ class StatusLine:
             log.info("%s", self.line())
 
     def line(self) -> str:
-        done = f"{self.n}/{self.total} s of the time budget" if self.unit == "s" else f"update {self.n}/{self.total}"
+        done = f"update {self.n}/{self.total}"
         pct = 100.0 * self.n / self.total if self.total else 0.0
         post = "".join(f", {k} {v}" for k, v in self.postfix.items())
         return f"pretrain: {done} ({pct:.0f}%), {time.perf_counter() - self.t0:.0f} s{post}"
@@ -249,7 +244,7 @@ class StatusLine:
 
 def bar_update(bar, run: "Run", s: "Step") -> None:
     st = run.state
-    bar.update(int(st.elapsed) - bar.n if run.budget else 1)
+    bar.update(1)
     if st.step % max(1, min(run.cfg.train.log_every, 10)) == 0:
         head = "next" if getattr(run.cfg.train, "objective", "mlm") == "clm" else "mlm"
         post = {"loss": f"{s.loss:.3f}", head: f"{s.mlm_correct / max(s.mlm_count, 1):.3f}"}
@@ -325,6 +320,9 @@ def pretrain_card(run: "Run", world, stop_reason: str, final_eval: dict | None, 
         "sequence_lengths": [p.max_len for p in ph],
         "global_batch": ph[0].batch_size * ph[0].grad_accum * world.world_size,
         "updates": st.step, "tokens_seen": st.tokens, "skipped_updates": st.skipped,
+        "planned_updates": st.planned_steps or None,
+        "reproduce": reproduce_line(command, cfg, st),
+        "choices_changed": [f"update {u}: {k} {a} -> {b}" for u, k, a, b in st.changes] or None,
         "optimizer": cfg.optim.name, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
         "precision": str(run.precision).replace("torch.", ""), "precision_reason": run.precision_reason,
         "packed": run.packed, "packed_reason": run.packed_reason,
@@ -342,6 +340,17 @@ def pretrain_card(run: "Run", world, stop_reason: str, final_eval: dict | None, 
     return card
 
 
+def reproduce_line(command: str, cfg, st) -> str | None:
+    """For a run whose length a time budget decided: the command that repeats it exactly (the
+    number of updates it came to, no budget). None for a run bounded by max_steps."""
+    if not (cfg.train.budget and st.planned_steps):
+        return None
+    steps = min(cfg.train.max_steps, st.planned_steps)
+    if command.startswith("bertkit quickstart"):
+        return re.sub(r" --minutes \S+", "", command) + f" --updates {steps}"
+    return f"{command or 'bertkit pretrain CONFIG'} --train.max_steps={steps} --train.budget=null"
+
+
 def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
     """run_card.json (everything) and run_card.md (the reproduction checklist, human-readable)."""
     out = Path(out)
@@ -351,7 +360,8 @@ def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
              f"Command: `{card.get('command', '')}`", "",
              "| item | value |", "|---|---|"]
     for key in ("model", "parameters", "vocab_size", "objective", "attention", "normalisation", "positions",
-                "sentence_pooling", "dropout", "sequence_lengths", "global_batch", "updates", "tokens_seen",
+                "sentence_pooling", "dropout", "sequence_lengths", "global_batch", "updates", "planned_updates",
+                "reproduce", "choices_changed", "tokens_seen",
                 "optimizer", "peak_lr", "schedule",
                 "precision", "precision_reason", "packed", "packed_reason", "attention_kernel",
                 "attention_kernel_reason", "world_size",

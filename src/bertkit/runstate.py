@@ -63,6 +63,9 @@ class State:
     flops: float = 0.0
     bad_steps: int = 0                               # non-finite losses in a row
     skipped: int = 0                                 # non-finite losses in total
+    choices: dict = field(default_factory=dict)      # what this machine chose: precision, attention kernel, packed
+    changes: list = field(default_factory=list)      # [update, setting, before, after] where a resume asked otherwise
+    planned_steps: int = 0                           # updates a time budget came to (0: no budget)
 
 
 # ---- state as tensors + JSON ---------------------------------------------------------------------
@@ -324,6 +327,16 @@ def load_checkpoint(run: "Run", path: Path, world: D.World) -> None:
             raise CheckpointError(f"{path}: unusable RNG state ({type(e).__name__}: "
                                   f"{str(e).splitlines()[0][:150] if str(e) else ''})") from None
     assert isinstance(st, State)
+
+
+def saved_state(path: Path) -> dict:
+    """The loop state a checkpoint holds (trainer.json's 'state'; {} for an old or unreadable one),
+    read before the run is built: its recorded choices decide how the resumed run computes."""
+    try:
+        state = json.loads((Path(path) / "trainer.json").read_text(encoding="utf-8")).get("state")
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def _read_trainer(path: Path) -> dict:

@@ -21,6 +21,7 @@ permutation, so 1 process x 2 accumulation steps and 2 processes x 1 see the sam
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import signal
@@ -44,7 +45,7 @@ from .optim import build_optimizer, lr_at
 from .runconfig import ModelSection, PretrainConfig, RunConfigError, parse_duration, save_config
 from .runlog import (MetricsLog, Window, bar_update, plot_curves, pretrain_card, progress_bar, read_jsonl,
                      step_flops, tensorboard_writer, write_run_card)
-from .runstate import State, export_model, find_checkpoint, load_checkpoint, save_checkpoint
+from .runstate import State, export_model, find_checkpoint, load_checkpoint, save_checkpoint, saved_state
 
 log = logging.getLogger("bertkit")
 
@@ -171,16 +172,16 @@ def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> di
     board = tensorboard_writer(out) if tc.tensorboard and world.main else None
     if not run.resumed:
         _eval_and_log(run, evals, board, None)          # the untrained model, for "before / after"
-    bar = progress_bar(cfg, st, world)
+    if run.budget and not st.planned_steps:
+        st.planned_steps = plan_budget(run)
+    total = total_steps(run)
+    bar = progress_bar(cfg, st, world, total)
     window = Window()
     start, last_ckpt = time.perf_counter() - st.elapsed, time.perf_counter()
-    stop_reason = "max_steps"
+    stop_reason = "max_steps" if total == tc.max_steps else f"budget: {total} updates planned"
     with stop.installed():
         while True:
-            if st.step >= tc.max_steps:
-                break
-            if run.budget and st.elapsed >= run.budget:
-                stop_reason = "budget"
+            if st.step >= total:
                 break
             _maybe_switch_phase(run)
             s = train_step(run)
@@ -238,8 +239,6 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
         torch.set_num_threads(tc.threads)
     out = Path(cfg.out)
     budget = parse_duration(tc.budget, "train.budget") if tc.budget else 0.0
-    if budget and cfg.optim.warmup >= 1:
-        raise RunConfigError("with train.budget, optim.warmup must be a fraction of the time (< 1)")
     phases, tokenizer = _phases(cfg, world)
     ckpt = find_checkpoint(out / "checkpoints") if cfg.resume else None
     if cfg.resume and ckpt is None:
@@ -252,11 +251,12 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
         tokenizer.save(out / "tokenizer")
-    precision, precision_reason = choose_precision(tc.precision, world.device, model.config, "train.precision")
-    packed, packed_reason = resolve_packed(tc.packed, world.device, precision, model.config,
-                                           lambda: data_fill(phases[0]))
-    kernel, kernel_reason = attention_kernel(world.device, precision, model.config, phases[0].max_len or 128)
+    choices, reasons, changes = machine_choices(cfg, world, model, phases, ckpt)
+    precision, precision_reason = reasons["precision"]
+    packed, packed_reason = reasons["packed"]
+    kernel, kernel_reason = reasons["attention_kernel"]
     set_attention_kernel(model, kernel)
+    model.config.extra["bertkit_run"] = dict(choices)     # config.json of every checkpoint and final/ says it
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
     # torch's fused AdamW: the same update in one pass (BERT-mini on 2 cores: 3 ms instead of 15 per
     # update); not under FSDP, whose sharded parameters take the per-tensor loop
@@ -274,6 +274,8 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     if ckpt is not None:
         load_checkpoint(run, ckpt, world)
         log.info("resumed from %s (update %d)", ckpt, state.step)
+    state.choices = dict(choices)
+    state.changes += [[state.step, *c] for c in changes]
     if world.main:
         log.info("model %s: %s parameters, vocab %d; global batch %d (%d per device x %d accumulation x %d "
                  "processes); %s, %s path, %s", cfg.model.preset, f"{num_parameters(model):,}", tokenizer.vocab_size,
@@ -281,6 +283,92 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
                  phases[0].grad_accum, world.world_size, str(precision).replace("torch.", ""),
                  "packed" if packed else "padded", world.device)
     return run
+
+
+PRECISION_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def machine_choices(cfg: PretrainConfig, world: D.World, model, phases: list[Phase],
+                    ckpt: Path | None) -> tuple[dict, dict, list]:
+    """Precision, attention kernel and padded/padding-free: each made once, at the start of a run.
+    'auto' takes what the run being resumed (or the model.init_from model, on the same kind of device)
+    ran with, as its checkpoint records it; else it is decided for this machine, by a measurement
+    that is itself made once per machine (`hardware.measured_once`). So a rerun, a resume and a
+    continued run compute as the first run did. Returns (choices, {key: (value, reason)}, changes),
+    `changes` being (key, before, after) where an explicit setting overrides a resumed run's."""
+    tc = cfg.train
+    before, where = {}, ""
+    if ckpt is not None:
+        before, where = saved_state(ckpt).get("choices") or model.config.extra.get("bertkit_run") or {}, \
+            f"the checkpoint {ckpt.name}"
+    elif cfg.model.init_from:
+        before, where = model.config.extra.get("bertkit_run") or {}, f"model.init_from {cfg.model.init_from}"
+    if not isinstance(before, dict) or before.get("device") != world.device.type:
+        before = {}                                         # none recorded, or chosen for another device
+    asked = {"precision": tc.precision, "attention_kernel": tc.attention, "packed": str(tc.packed).lower()}
+    reused = {k: str(before[k]).lower() for k in asked if asked[k] == "auto" and k in before}
+    changes = [(k, before[k], asked[k]) for k in asked
+               if ckpt is not None and asked[k] != "auto" and k in before and str(before[k]).lower() != asked[k]]
+    for k, old, new in changes:
+        log.warning("train.%s=%s, where the run being resumed ran with %s: from here it computes otherwise "
+                    "(the run card records the change)", k if k != "attention_kernel" else "attention", new, old)
+    said = {k: f"as {where} ran (train.{k if k != 'attention_kernel' else 'attention'}=auto)" for k in reused}
+    precision, why = choose_precision(reused.get("precision", tc.precision), world.device, model.config,
+                                      "train.precision")
+    packed, packed_why = resolve_packed(reused.get("packed", tc.packed), world.device, precision, model.config,
+                                        lambda: data_fill(phases[0]))
+    kernel, kernel_why = attention_kernel(world.device, precision, model.config, phases[0].max_len or 128,
+                                          reused.get("attention_kernel", tc.attention))
+    reasons = {"precision": (precision, said.get("precision", why)), "packed": (packed, said.get("packed", packed_why)),
+               "attention_kernel": (kernel, said.get("attention_kernel", kernel_why))}
+    choices = {"device": world.device.type, "precision": PRECISION_NAMES[precision], "attention_kernel": kernel,
+               "packed": packed}
+    return choices, reasons, changes
+
+
+CALIBRATION_SECONDS = 3.0    # a time budget is turned into updates by timing this long (and >= 3 updates)
+
+
+def plan_budget(run: Run) -> int:
+    """train.budget turned into a number of updates, once, at the start of the run: a few updates
+    are timed and then undone (weights, optimizer, loop state and RNG restored), and the run does
+    budget / (seconds per update) updates, its schedule a function of the update as in a run bounded
+    by max_steps. So the plan is the only thing the clock decides: the checkpoint and the run card
+    record it, --resume continues it, and --train.max_steps=N without a budget reproduces the run bit
+    for bit. A max_steps below the plan ends the run as it would without a budget."""
+    st, world = run.state, run.world
+    saved = (copy.deepcopy(st), {k: v.detach().clone() for k, v in run.model.state_dict().items()},
+             copy.deepcopy(run.optimizer.state_dict()), torch.get_rng_state(),
+             copy.deepcopy(run.scaler.state_dict()) if run.scaler is not None else None)
+    times: list[float] = []
+    until = time.perf_counter() + min(CALIBRATION_SECONDS, 0.05 * run.budget)
+    while D.all_ranks_agree(len(times) < 3 or (time.perf_counter() < until and len(times) < 20), world):
+        t0 = time.perf_counter()
+        train_step(run)
+        times.append(time.perf_counter() - t0)
+    state, weights, optim, rng, scaler = saved
+    run.model.load_state_dict(weights)
+    run.optimizer.load_state_dict(optim)
+    run.optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        run.scaler.load_state_dict(scaler)
+    torch.set_rng_state(rng)
+    for f in fields(State):
+        setattr(st, f.name, getattr(state, f.name))
+    pace = float(np.median(times[1:]))                      # the first update pays one-time set-up
+    pace = D.all_reduce_sum(torch.tensor([pace], dtype=torch.float64, device=world.device), world).item() \
+        / world.world_size
+    planned = max(1, int(run.budget / pace))
+    log.info("train.budget %s at %.3f s per update (%d timed and undone): %d updates%s", run.cfg.train.budget,
+             pace, len(times), planned, f", capped by train.max_steps={run.cfg.train.max_steps}"
+             if run.cfg.train.max_steps < planned else "")
+    return planned
+
+
+def total_steps(run: Run) -> int:
+    """The updates this run does and its schedule spans: max_steps, or the plan of a time budget."""
+    planned = run.state.planned_steps
+    return min(run.cfg.train.max_steps, planned) if planned else run.cfg.train.max_steps
 
 
 # Padding-free batches on the CPU (2 threads, AMD EPYC Zen 4, bf16, 45 s of pre-training each,
@@ -627,9 +715,7 @@ def _seed(*parts: int) -> int:
 def _lr(run: Run) -> float:
     cfg, st = run.cfg, run.state
     oc = cfg.optim
-    if run.budget:     # Cramming: the schedule follows elapsed time
-        return lr_at(st.elapsed, run.budget, oc.warmup * run.budget, oc.lr, oc.schedule, oc.end_lr, oc.decay_fraction)
-    total = cfg.train.max_steps
+    total = total_steps(run)
     warm = oc.warmup * total if oc.warmup < 1 else oc.warmup
     return lr_at(st.step, total, warm, oc.lr, oc.schedule, oc.end_lr, oc.decay_fraction)
 
@@ -639,7 +725,7 @@ def _maybe_switch_phase(run: Run) -> None:
     if len(run.phases) < 2 or st.phase == 1:
         return
     tc = cfg.train
-    progress = st.elapsed / run.budget if run.budget else st.step / tc.max_steps
+    progress = st.step / total_steps(run)
     if progress >= 1 - tc.long_fraction:
         st.phase = 1
         log.info("update %d: phase 2 (long sequences, %s)", st.step, run.phases[1].path)

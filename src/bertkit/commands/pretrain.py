@@ -51,8 +51,13 @@ def setup_quickstart(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/quickstart", help="run folder (default: runs/quickstart)")
     parser.add_argument("--minutes", type=float, default=5.0,
                         help="total time budget in minutes, tokenizer and data included (default 5)")
+    parser.add_argument("--updates", type=int, default=None,
+                        help="train exactly this many updates instead of what --minutes leaves time for: the "
+                             "number a timed run's card records, to repeat that run bit for bit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
+    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+                        help="training precision: auto (bf16 where measured faster on this machine, once), fp32, bf16")
     parser.set_defaults(run=run_quickstart)
 
 
@@ -60,6 +65,6 @@ def run_quickstart(args) -> int:
     from ..quickstart import quickstart
 
     card = quickstart(args.out, minutes=args.minutes, seed=args.seed, threads=args.threads,
-                      say=lambda line: print(line, flush=True))
+                      updates=args.updates, precision=args.precision, say=lambda line: print(line, flush=True))
     print("\n".join(card["summary"]), flush=True)
     return 0
