@@ -321,7 +321,8 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     return model.eval()    # inference is deterministic (no dropout); training calls model.train() itself
 
 
-def check_weights_fit_config(cfg: BertConfig, renamed: dict[str, torch.Tensor], path: Path) -> None:
+def check_weights_fit_config(cfg: BertConfig, renamed: dict[str, torch.Tensor], path: Path,
+                             config_file: str = "config.json") -> None:
     """The sizes config.json gives match the encoder weights (checked before a model is built, so a
     config.json asking for a huge model is an error, not an allocation)."""
     checks = [("embeddings.word.weight", 0, "vocab_size", cfg.vocab_size, "rows"),
@@ -333,11 +334,11 @@ def check_weights_fit_config(cfg: BertConfig, renamed: dict[str, torch.Tensor], 
         t = renamed.get("bert." + name)
         if t is not None and (t.dim() != 2 or t.shape[dim] != value):
             hf = _hf_name("bert." + name, True)
-            raise CheckpointError(f"{path}: config.json says {key} {value} but {hf} has "
+            raise CheckpointError(f"{path}: {config_file} says {key} {value} but {hf} has "
                                   f"{t.shape[dim] if t.dim() == 2 else '?'} {what} (shape {tuple(t.shape)})")
     layers = {int(m.group(1)) for n in renamed if (m := re.match(r"bert\.blocks\.(\d+)\.", n))}
     if layers and layers != set(range(cfg.num_layers)):
-        raise CheckpointError(f"{path}: config.json's num_hidden_layers is {cfg.num_layers} but the weights hold "
+        raise CheckpointError(f"{path}: {config_file}'s num_hidden_layers is {cfg.num_layers} but the weights hold "
                               f"{len(layers)} layers (numbered {min(layers)}..{max(layers)})")
 
 
@@ -457,3 +458,60 @@ def load_probe(path: str | Path, raw: dict, head: str | None = None) -> ProbeMod
         raise CheckpointError(f"{path}: probe head weights do not match bertkit_probe "
                               f"{spec['features']!r}: {str(e).splitlines()[0][:200]}") from None
     return model.eval()          # config.json's id2label etc.: model.config.extra (the encoder's, same file)
+
+
+# ---- Google's original TensorFlow names (google-research/bert's modeling.py) ----------------------
+# They become HF names by the rules of transformers' former load_tf_weights_in_bert ('/' -> '.',
+# layer_N -> layer.N, kernel/gamma/output_weights -> weight, beta/output_bias -> bias, a kernel is
+# [in, out] and is transposed), then bertkit names through the one table above.
+GOOGLE_OPTIMIZER_STATE = re.compile(r"(^|/)(adam_[mv]|Adam(_\d+)?|AdamWeightDecayOptimizer(_\d+)?|global_step"
+                                    r"|beta[12]_power|bad_steps|good_steps|loss_scale)$")
+_GOOGLE_LAST = {"kernel": "weight", "gamma": "weight", "output_weights": "weight", "beta": "bias",
+                "output_bias": "bias", "bias": "bias"}
+
+
+def google_to_hf(tf_name: str) -> tuple[str, bool] | None:
+    """(HF name, transpose?) of one of Google's variable names; None if it is not a BERT weight."""
+    *scope, last = re.sub(r"(^|/)layer_(\d+)(?=/)", r"\1layer/\2", tf_name).split("/")
+    if last.endswith("_embeddings"):
+        scope, last = [*scope, last], "weight"
+    elif last in _GOOGLE_LAST:
+        last = _GOOGLE_LAST[last]
+    else:
+        return None
+    hf = ".".join([*scope, last])
+    renamed = _rename(hf)
+    if renamed is None or not re.search(r"(^|\.)(weight|bias)$", renamed) or renamed.startswith(("classifier", "qa")):
+        return None
+    return hf, tf_name.endswith("/kernel")
+
+
+def from_google(tensors: dict[str, torch.Tensor], cfg: BertConfig, source: Path) -> nn.Module:
+    """A bertkit model of Google's TF weights (keyed by their TF names, optimizer state left out):
+    BertForPreTraining when the NSP head is there, BertForMaskedLM for the MLM head alone, else
+    BertModel. A name that is not a BERT weight, a missing weight or a wrong shape is one
+    CheckpointError naming `source`."""
+    renamed: dict[str, torch.Tensor] = {}
+    unknown = []
+    for name, t in tensors.items():
+        mapped = google_to_hf(name)
+        if mapped is None:
+            unknown.append(name)
+            continue
+        hf, transpose = mapped
+        renamed[_rename(hf)] = t.t().contiguous() if transpose else t
+    if unknown:
+        raise CheckpointError(f"{source}: tensors that are not weights of Google's BERT: {', '.join(sorted(unknown)[:10])}"
+                              + (f" (+{len(unknown) - 10} more)" if len(unknown) > 10 else ""))
+    check_weights_fit_config(cfg, renamed, source, "bert_config.json")
+    found = heads_in(set(renamed))
+    if "nsp" in found:
+        head, args = "pretraining", {"nsp": True}
+    elif "masked_lm" in found:
+        head, args = "masked_lm", {}
+    else:
+        head, args = "encoder", {"add_pooler": "bert.pooler.weight" in renamed}
+        renamed = {k[len("bert."):]: v for k, v in renamed.items()}
+    model = build(head, cfg, **args)
+    _check_and_load(model, model.state_dict(), renamed, source, head, new_head_ok=False)
+    return model.eval()
