@@ -2,7 +2,7 @@
 `embed`, `fill-mask`, `score`, `pretrain` (config values) and the `bertkit` entry point itself.
 
 Each case runs in-process through `bertkit.cli.main` under a time limit and must end with a
-non-zero exit (or the exit code the case documents), exactly one `bertkit CMD: error:` line that
+exit status 1 (or the exit code the case documents), exactly one `bertkit CMD: error:` line that
 matches the case's `match`, no traceback, no hang, and nothing new left in its folder. A case is
 one JSON line:
 
@@ -157,7 +157,7 @@ def run_case(case: dict, fixtures: dict[str, str], tmp: Path, capture) -> dict:
     rc, escaped = None, None
     try:
         rc = main(args)
-    except SystemExit as e:                               # argparse: usage + one error line, exit 2
+    except SystemExit as e:                               # argparse: one error line, exit 1 (bertkit.cli.Parser)
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except _Hang:
         escaped = "hang"
@@ -180,7 +180,7 @@ def run_case(case: dict, fixtures: dict[str, str], tmp: Path, capture) -> dict:
     if expected == "error":
         if rc == 0:
             return {**result, "outcome": "silent success"}
-        if len(error_lines) != 1 or rc not in (1, 2):
+        if len(error_lines) != 1 or rc != 1:
             return {**result, "outcome": "wrong result", "detail": f"rc {rc}, {len(error_lines)} error lines"}
         if case.get("match") and not re.search(case["match"], error_lines[0]):
             return {**result, "outcome": "wrong result", "detail": f"error does not match {case['match']!r}: "
@@ -213,6 +213,18 @@ def test_bad_input_is_one_clear_error(case, fixtures, tmp_path, capsys):
     r = run_case(case, fixtures, tmp_path / "case", capture)
     assert r["outcome"] == "clean", (f"{case['where']} {case['id']}: {r['outcome']} "
                                      f"{r.get('detail', '')}\nargs: {r['args']}\nstderr: {r['err'][-1500:]}")
+
+
+def test_a_usage_mistake_is_one_line_and_exit_status_1_as_the_readme_says():
+    import subprocess
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "an unknown or mistyped option" in readme and "exit status 1" in readme
+    r = subprocess.run([sys.executable, "-m", "bertkit", "finetune", "--batchsize", "3"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines() == ["bertkit finetune: error: unrecognized arguments: --batchsize "
+                                     "(did you mean --batch_size?)"]
 
 
 def test_the_corpus_is_broad():

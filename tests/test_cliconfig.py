@@ -34,7 +34,7 @@ def test_literal_choices_are_enforced_with_a_suggestion(capsys):
     assert finetune_parser().parse_args(["--optimizer", "lamb"]).optimizer == "lamb"
     with pytest.raises(SystemExit) as e:
         finetune_parser().parse_args(["--optimizer", "lamm"])
-    assert e.value.code == 2
+    assert e.value.code == 1
     err = capsys.readouterr().err
     assert "is not one of adamw, adamw_google, lamb" in err and "did you mean 'lamb'?" in err
 
@@ -42,7 +42,7 @@ def test_literal_choices_are_enforced_with_a_suggestion(capsys):
 def test_unknown_option_gets_did_you_mean(capsys):
     with pytest.raises(SystemExit) as e:
         main(["finetune", "--model", "m", "--clipnorm", "0.5"])
-    assert e.value.code == 2
+    assert e.value.code == 1
     lines = [l for l in capsys.readouterr().err.splitlines() if "error:" in l]
     assert lines == ["bertkit finetune: error: unrecognized arguments: --clipnorm (did you mean --clip_norm?)"]
 

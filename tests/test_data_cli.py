@@ -101,7 +101,7 @@ def test_prepare_options_are_prepare_config_fields_with_googles_spellings_kept()
 def test_prepare_usage_errors_name_the_option(minilm, small_corpus, tmp_path, capsys, extra, says):
     with pytest.raises(SystemExit) as e:
         main(["prepare", "--model", str(minilm), "--input", str(small_corpus), "--out", str(tmp_path / "o"), *extra])
-    assert e.value.code == 2 and says in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert e.value.code == 1 and says in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
 def test_cli_errors_are_one_line(minilm, tmp_path, capsys):

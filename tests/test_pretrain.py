@@ -237,7 +237,7 @@ def test_cli_pretrain_and_errors(data, tmp_path, capsys):
 
     with pytest.raises(SystemExit) as e:             # options come from PretrainConfig: argparse's one line
         main(["pretrain", "--train.max_stepz=3"])
-    assert e.value.code == 2 and "did you mean --train.max_steps?" in capsys.readouterr().err
+    assert e.value.code == 1 and "did you mean --train.max_steps?" in capsys.readouterr().err
     assert main(["pretrain", "--out", str(tmp_path / "x")]) == 1
     assert "data.path is not set" in capsys.readouterr().err
     code = main(["pretrain", "--out", str(tmp_path / "run"), f"--data.path={data[64]}", "--model.preset=tiny",

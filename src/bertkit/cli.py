@@ -35,9 +35,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake (an unknown option, a bad value, a missing argument) is what any
+    other bad input is: one line `bertkit COMMAND: error: ...` and exit status 1 (no usage block)."""
+
+    def error(self, message: str):
+        self.exit(1, f"{' '.join(self.prog.split()[:2])}: error: {message}\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: tokenize, prepare, "
-                                     "pre-train, fine-tune, evaluate, serve.")
+    parser = Parser(prog="bertkit", description="BERT end to end: tokenize, prepare, "
+                    "pre-train, fine-tune, evaluate, serve.")
     parser.add_argument("--version", action="version", version=f"bertkit {_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and full tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
