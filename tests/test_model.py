@@ -151,6 +151,47 @@ def test_transformers_loads_what_bertkit_saves(tmp_path, name, head, args):
     assert type(again) is type(model)
 
 
+@pytest.mark.parametrize("variant", [{}, {"norm_position": "pre"}, {"position_embedding_type": "alibi"},
+                                     {"causal": True}, {"classifier_pooling": "mean"}])
+def test_transformers_refuses_what_it_would_compute_differently(tmp_path, variant):
+    """Plain BERT is saved as model_type 'bert' and loads in transformers to the same outputs; a
+    bertkit-only architecture is saved as 'bertkit' (BertkitFor... classes), which transformers'
+    AutoConfig / AutoModel refuse instead of loading it as plain BERT. bertkit loads both, and an
+    older checkpoint that says 'bert' with bertkit's keys, to the same weights and config."""
+    torch.manual_seed(3)
+    cfg = preset("tiny", vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0, **variant)
+    model = bertkit.checkpoint.build("pretraining", cfg).eval()
+    save_model(model, tmp_path / "new")
+    raw = json.loads((tmp_path / "new" / "config.json").read_text())
+    batch = random_batch(vocab=100)
+    if not variant:
+        assert raw["model_type"] == "bert" and raw["architectures"] == ["BertForPreTraining"]
+        assert "bertkit_only" not in raw
+        hf = transformers.AutoModel.from_pretrained(tmp_path / "new").eval()
+        with torch.no_grad():
+            diff = (hf(**batch).last_hidden_state - model.bert(**batch)).abs()[batch["attention_mask"].bool()]
+        assert diff.max() < 1e-5
+    else:
+        assert raw["model_type"] == "bertkit" and raw["architectures"] == ["BertkitForPreTraining"]
+        assert "load it with bertkit" in raw["bertkit_only"], raw["bertkit_only"]
+        for auto in (transformers.AutoConfig, transformers.AutoModel, transformers.AutoModelForMaskedLM):
+            with pytest.raises(ValueError, match="model type `bertkit`"):
+                auto.from_pretrained(tmp_path / "new")
+    old = tmp_path / "old"                      # as bertkit wrote it before: 'bert' and BertForPreTraining
+    old.mkdir()
+    (old / "model.safetensors").write_bytes((tmp_path / "new" / "model.safetensors").read_bytes())
+    (old / "config.json").write_text(json.dumps({**{k: v for k, v in raw.items() if k != "bertkit_only"},
+                                                 "model_type": "bert", "architectures": ["BertForPreTraining"]}))
+    for folder in (tmp_path / "new", old):
+        again = load_model(folder)
+        assert type(again) is type(model) and again.config.bertkit_only == cfg.bertkit_only
+        assert {k: getattr(again.config, k) for k in vars(cfg) if k != "extra"} == \
+            {k: getattr(cfg, k) for k in vars(cfg) if k != "extra"}
+        assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))
+        save_model(again, tmp_path / "resaved")             # saved again: the new spelling
+        assert json.loads((tmp_path / "resaved" / "config.json").read_text())["model_type"] == raw["model_type"]
+
+
 def test_minilm_round_trip_through_bertkit(tmp_path, minilm):
     model = load_model(minilm)
     save_model(model, tmp_path)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import BertConfig, ConfigError
+from .config import BertConfig, ConfigError, architecture_name
 from .model import HEADS, BertModel, init_weights
 from .probe import PROBE_HEADS, ProbeModel
 
@@ -166,6 +166,8 @@ def read_config(path: Path) -> tuple[BertConfig, dict[str, Any]]:
         if isinstance(raw, dict) and raw.get("bertkit_incomplete"):   # see bertkit.outdir
             raise CheckpointError(f"{path}: the checkpoint of an unfinished run ({raw['bertkit_incomplete']}; "
                                   f"killed, failed or still running): not loaded")
+        if raw.get("architectures"):          # BertkitForMaskedLM (model_type 'bertkit') names the same head
+            raw = {**raw, "architectures": [architecture_name(a, False) for a in raw["architectures"]]}
         return BertConfig.from_hf_dict(raw, source=str(cj)), raw
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{cj}: not valid JSON ({e})") from None

@@ -23,6 +23,19 @@ class ConfigError(BertkitError, ValueError):
     """A configuration value or key is wrong; the message names it."""
 
 
+BERTKIT_MODEL_TYPE = "bertkit"
+"""config.json's model_type for an architecture transformers' BERT does not compute (`bertkit_only`)."""
+
+
+def architecture_name(name: Any, bertkit_only: bool) -> Any:
+    """transformers' class name ('BertForMaskedLM') <-> bertkit's for a model only bertkit computes
+    ('BertkitForMaskedLM'); other names as they are."""
+    if not isinstance(name, str):
+        return name
+    plain = "Bert" + name[len("Bertkit"):] if name.startswith("Bertkit") else name
+    return "Bertkit" + plain[len("Bert"):] if bertkit_only and plain.startswith("Bert") else plain
+
+
 @dataclass
 class BertConfig:
     vocab_size: int = 30522
@@ -93,11 +106,26 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def bertkit_only(self) -> list[str]:
+        """What of this architecture transformers' BERT classes would not compute (and would load
+        without a word): [] for plain BERT. Such a checkpoint is saved as model_type 'bertkit'."""
+        return [what for what, differs in (
+            ("pre-LN (norm_position 'pre')", self.norm_position != "post"),
+            ("ALiBi positions", self.position_embedding_type != "absolute"),
+            ("causal attention", self.causal),
+            ("mean pooling (classifier_pooling 'mean')", self.classifier_pooling != "cls")) if differs]
+
     # ---- Hugging Face config.json ------------------------------------------------------------
     def to_hf_dict(self, architectures: list[str] | None = None, **more: Any) -> dict[str, Any]:
+        """config.json's keys. A plain BERT says model_type 'bert' and names transformers' class;
+        one with `bertkit_only` features says 'bertkit' and names bertkit's (BertkitForMaskedLM, ...),
+        so that transformers' AutoConfig / AutoModel / pipeline refuse it instead of computing
+        something else, and says why in `bertkit_only`."""
         d: dict[str, Any] = dict(self.extra)
+        only = self.bertkit_only
         d.update({
-            "model_type": "bert",
+            "model_type": BERTKIT_MODEL_TYPE if only else "bert",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_layers,
@@ -126,15 +154,22 @@ class BertConfig:
             d["classifier_pooling"] = self.classifier_pooling
         else:
             d.pop("classifier_pooling", None)
-        if architectures:
-            d["architectures"] = architectures
+        if only:
+            d["bertkit_only"] = (f"{', '.join(only)}: transformers' BERT would compute something else; "
+                                 "load it with bertkit")
+        else:
+            d.pop("bertkit_only", None)
+        archs = architectures or d.get("architectures")
+        if isinstance(archs, list):
+            d["architectures"] = [architecture_name(a, bool(only)) for a in archs]
         d.update(more)
         return d
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "BertConfig":
-        if d.get("model_type", "bert") not in ("bert",):
-            raise ConfigError(f"{source}: model_type is {d.get('model_type')!r}, bertkit loads 'bert' models")
+        if d.get("model_type", "bert") not in ("bert", BERTKIT_MODEL_TYPE):
+            raise ConfigError(f"{source}: model_type is {d.get('model_type')!r}, bertkit loads 'bert' models "
+                              f"(and its own '{BERTKIT_MODEL_TYPE}')")
         pet = d.get("position_embedding_type", "absolute")
         if pet not in (None, "absolute", "alibi"):
             raise ConfigError(f"{source}: position_embedding_type {pet!r} is not supported (only 'absolute', "
@@ -163,7 +198,7 @@ class BertConfig:
                 kwargs["norm_position"] = v
             elif k == "position_embedding_type":
                 kwargs["position_embedding_type"] = v or "absolute"
-            elif k != "model_type":
+            elif k not in ("model_type", "bertkit_only"):      # both follow from the architecture
                 extra[k] = v
         if isinstance(kwargs.get("hidden_act"), str):
             kwargs["hidden_act"] = kwargs["hidden_act"].lower()
