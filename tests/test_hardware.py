@@ -1,6 +1,7 @@
 """hardware: CPU model and flags, bf16 speed measured (never assumed), the BERTKIT_BF16 override."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -90,3 +91,24 @@ def test_choose_precision_names_the_setting_and_follows_the_measurement(monkeypa
         hardware.choose_precision("fp16", cpu, cfg, "train.precision")
     with pytest.raises(BertkitError, match="precision='half'"):
         hardware.choose_precision("half", cpu, cfg)
+
+
+def test_a_measurement_is_made_once_per_machine_and_reused_by_later_processes(monkeypatch, tmp_path):
+    monkeypatch.setenv(hardware.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(hardware, "_session", {})
+    calls = []
+    assert hardware.measured_once("gemm 8x8", lambda: calls.append(1) or 2.5) == 2.5
+    monkeypatch.setattr(hardware, "_session", {})                 # a second process on the same machine
+    assert hardware.measured_once("gemm 8x8", lambda: calls.append(1) or 0.4) == 2.5 and calls == [1]
+    saved = json.loads((tmp_path / "measurements.json").read_text())
+    key = next(iter(saved))
+    assert key.startswith(hardware.machine_key()) and key.endswith(":: gemm 8x8") and saved[key]["value"] == 2.5
+    # another shape, or another machine (CPU, flags, threads, torch), is measured anew
+    assert hardware.measured_once("gemm 16x16", lambda: 3.0) == 3.0
+    monkeypatch.setattr(hardware, "_session", {})
+    monkeypatch.setattr(hardware, "machine_key", lambda: "Other CPU [avx2] 2 threads torch 2.13")
+    assert hardware.measured_once("gemm 8x8", lambda: 0.2) == 0.2
+    # an unreadable file is measured again, an unwritable folder still gives one answer per process
+    (tmp_path / "measurements.json").write_text("{not json")
+    monkeypatch.setattr(hardware, "_session", {})
+    assert hardware.measured_once("gemm 8x8", lambda: 0.3) == 0.3

@@ -108,7 +108,11 @@ def test_embed_good_and_bad(encoder_dir):
         assert code == 404 and "sequence_classification" in body["detail"]
         assert "/v1/embed" in c.get("/openapi.json").json()["paths"]
         assert "/v1/classify" not in c.get("/openapi.json").json()["paths"]
-        assert c.get("/v1/model").json()["endpoints"] == ["/embed", "/v1/embed", "/v1/embeddings"]
+        info = c.get("/v1/model")
+        assert info.json()["endpoints"] == ["/embed", "/v1/embed", "/v1/embeddings"]
+        # which precision computed the vectors: in /v1/model and on every response
+        assert info.headers["x-bertkit-precision"] == info.json()["runtime"]["precision"] == p.precision
+        assert c.post("/v1/embed", json={"texts": ["a"]}).headers["x-bertkit-precision"] == p.precision
         m = c.get("/metrics").text
         for name in ("bertkit_requests_total", "bertkit_request_duration_seconds_bucket", "bertkit_batch_items_bucket",
                      "bertkit_queue_depth", "bertkit_request_errors_total"):

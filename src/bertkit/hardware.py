@@ -299,6 +299,9 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
                    f"(measured once on this machine)"
 
 
+PRECISION_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}   # one name everywhere
+
+
 def choose_precision(name: str, device: torch.device, model_cfg, key: str = "precision") -> tuple[torch.dtype, str]:
     """The autocast dtype a run trains in, and why (`key`: the setting's name, for messages).
     'auto': bf16 on a GPU that has it; on a CPU, bf16 where a bf16 GEMM of the model's FFN shape is
@@ -316,7 +319,7 @@ def choose_precision(name: str, device: torch.device, model_cfg, key: str = "pre
     if name == "bf16" and device.type == "cpu" and not bf16_fast(hidden, inner):
         log.warning("%s=bf16 on a CPU where bf16 matrix multiplies are slower than fp32 (%s)", key,
                     capabilities(hidden, inner).reason)
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    dtypes = {v: k for k, v in PRECISION_NAMES.items()}
     if name not in dtypes:
         raise BertkitError(f"{key}={name!r}: expected auto, fp32, bf16 or fp16")
     return dtypes[name], f"asked: {key}={name}"

@@ -201,7 +201,8 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
                               "dimensions": c.hidden_size},
                 "endpoints": sorted(available), "limits": cfg.public()}
 
-    guarded = Guard(app, GuardConfig(cfg.max_body_bytes, cfg.body_timeout_s, cfg.api_key), metrics.request)
+    guarded = Guard(app, GuardConfig(cfg.max_body_bytes, cfg.body_timeout_s, cfg.api_key), metrics.request,
+                    headers={"X-Bertkit-Precision": str(predictor.precision)})   # which precision made a vector
     guarded.fastapi = app
     return guarded
 

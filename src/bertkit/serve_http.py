@@ -210,10 +210,13 @@ def error_payload(path: str, status: int, message: str) -> dict:
 class Guard:
     """ASGI middleware: the API key, then the whole request body read under a size limit and a
     deadline before the app sees it; the app's uncaught errors become 500 (the server keeps
-    serving). `observe(path, status, seconds)` is called once per request."""
+    serving). `observe(path, status, seconds)` is called once per request. `headers` go on every
+    response (the precision that computed it: X-Bertkit-Precision)."""
 
-    def __init__(self, app, cfg: GuardConfig, observe: Callable[[str, int, float], None]):
+    def __init__(self, app, cfg: GuardConfig, observe: Callable[[str, int, float], None],
+                 headers: dict[str, str] | None = None):
         self.app, self.cfg, self.observe = app, cfg, observe
+        self.extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
         self.key = cfg.api_key.encode() if cfg.api_key else None
         self.in_flight = 0
 
@@ -225,6 +228,8 @@ class Guard:
         async def send_status(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                if self.extra:
+                    message = {**message, "headers": [*message.get("headers", []), *self.extra]}
             await send(message)
 
         self.in_flight += 1

@@ -38,7 +38,7 @@ import torch
 from . import distributed as D
 from .checkpoint import build, load_model
 from .config import preset
-from .hardware import attention_kernel, choose_precision
+from .hardware import PRECISION_NAMES, attention_kernel, choose_precision
 from .model import init_weights, neighbour_attention_, num_parameters, set_attention_kernel, sinusoidal_positions_
 from .packing import pack, varlen_runs
 from .optim import build_optimizer, lr_at
@@ -283,9 +283,6 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
                  phases[0].grad_accum, world.world_size, str(precision).replace("torch.", ""),
                  "packed" if packed else "padded", world.device)
     return run
-
-
-PRECISION_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def machine_choices(cfg: PretrainConfig, world: D.World, model, phases: list[Phase],
