@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info":       ("basic",    "show a checkpoint's config, parameters, heads and tokenizer casing"),
     "tokenize":   ("basic",    "encode texts or pairs to JSONL (ids, segment ids, tokens, offsets)"),
     "embed":      ("basic",    "sentence or token embeddings (cls / mean / none pooling)"),
+    "embed-eval": ("embeddings", "sentence embeddings on similarity (STS) and retrieval data, per pooling"),
     "fill-mask":  ("basic",    "top-k predictions for each [MASK] in a text"),
     "tokenizer":  ("data",     "train a WordPiece vocabulary, or measure one on your text (train / stats)"),
     "prepare":    ("data",     "raw text -> sharded pre-training instances (NSP pairs, masking)"),

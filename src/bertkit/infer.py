@@ -51,7 +51,7 @@ from .tokenizer import Encoding, Tokenizer
 
 log = logging.getLogger("bertkit")
 
-POOLINGS = ("mean", "cls", "none")
+POOLINGS = ("mean", "cls", "pooler", "none")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TASK_OUTPUTS = {"sequence_classification": "logits", "multiple_choice": "logits",
                 "token_classification": "token_logits", "question_answering": "span_logits"}
@@ -487,18 +487,25 @@ class Predictor:
     # ---- tasks ---------------------------------------------------------------------------------
     def embed(self, texts: Sequence[str], pairs: Sequence[str | None] | None = None, pooling: str = "mean",
               normalize: bool = False, max_length: int | None = None, batch_size: int = 32):
-        """Sentence embeddings (n, C) float32 for pooling 'mean' or 'cls'; for 'none' a list of
-        (T_i, C) token-embedding arrays. normalize: unit L2 norm per vector."""
+        """Sentence embeddings (n, C) float32 for pooling 'mean', 'cls' or 'pooler' (the pre-trained
+        pooler, tanh(W h + b) over what config.classifier_pooling reads: [CLS] for BERT; needs its
+        weights); for 'none' a list of (T_i, C) token-embedding arrays. normalize: unit L2 norm per vector."""
         if pooling not in POOLINGS:
             raise PredictorError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        if pooling == "pooler" and (self.session is not None or self.encoder.pooler is None):
+            raise PredictorError("pooling 'pooler' needs a checkpoint with pooler weights, run on PyTorch")
         encs = self.encode(texts, pairs, max_length)
 
         def fn(b: Batch) -> list:
-            h = self.hidden(b).float()
+            h = self.hidden(b)
             if pooling == "none":
+                h = h.float()
                 vecs = split_packed(F.normalize(h, dim=-1) if normalize else h, b.packed)
                 return [v.cpu().numpy() for v in vecs]
-            v = pool_tokens(h, pooling, b.packed)
+            if pooling == "pooler":
+                v = self.encoder.pool(h.to(self.encoder.pooler.weight.dtype), b.packed).float()
+            else:
+                v = pool_tokens(h.float(), pooling, b.packed)
             if normalize:
                 v = F.normalize(v, dim=-1)
             return list(v.cpu().numpy())

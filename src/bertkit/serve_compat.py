@@ -8,9 +8,6 @@ own is refused (the model was not trained to be cut). Token-id arrays as input a
 """
 from __future__ import annotations
 
-import json
-import logging
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -18,34 +15,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
 from .serve_api import Api, LimitError, Plan, body_schema, parse_body, validate, vectors
-
-log = logging.getLogger("bertkit")
-
-
-def sentence_transformers_pooling(path: str | Path) -> tuple[str, bool]:
-    """(pooling, normalize) of a sentence-transformers checkpoint folder (modules.json,
-    1_Pooling/config.json, a Normalize module), else ("mean", False). A pooling the Predictor
-    lacks (max, mean of sqrt length, ...) is logged and replaced by mean."""
-    path = Path(path)
-    try:
-        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
-        types = {m.get("type", "").rsplit(".", 1)[-1]: m.get("path", "") for m in modules}
-    except (OSError, ValueError, AttributeError, TypeError):
-        return "mean", False
-    pooling = "mean"
-    if "Pooling" in types:
-        try:
-            cfg = json.loads((path / types["Pooling"] / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            cfg = {}
-        cfg = cfg if isinstance(cfg, dict) else {}
-        modes = [k[len("pooling_mode_"):] for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
-        if modes == ["cls_token"]:
-            pooling = "cls"
-        elif modes not in ([], ["mean_tokens"]):
-            log.warning("%s: sentence-transformers pooling %s is not supported; embeddings use mean pooling",
-                        path, "+".join(modes))
-    return pooling, "Normalize" in types
+from .st_files import sentence_transformers_pooling  # noqa: F401  (served checkpoints' pooling; imported from here)
 
 
 class EmbeddingsRequest(BaseModel):
