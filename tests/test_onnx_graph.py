@@ -2,6 +2,8 @@
 Predictor sends short batches there only when it is installed, agrees and (by default) measures faster."""
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 import torch
@@ -188,6 +190,8 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict):
         return out
 
     engines_made = []
+    monkeypatch.setenv(hardware.CACHE_ENV, tempfile.mkdtemp(prefix="bertkit-engines-"))   # nothing timed before
+    monkeypatch.setattr(hardware, "_session", {})
     monkeypatch.setattr(Predictor, "_small_engines", lambda self, enc: engines_made.append(engines(self, enc)) or engines_made[-1])
     monkeypatch.setattr(hardware, "best_times", fake_times)
     return engines_made
@@ -205,6 +209,19 @@ def test_the_fastest_agreeing_engine_is_chosen(checkpoints, monkeypatch):
     _with_fakes(monkeypatch, {"slow": FakeEngine}, {"torch": 5.0, "slow": 4.9})   # not 5% ahead
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
     assert p.small is None and p.small_reason == "not faster than PyTorch on 16 tokens here (slow 4.90 ms vs 5.00 ms)"
+
+
+def test_the_engine_is_timed_once_per_machine_and_kept_by_every_later_start(checkpoints, monkeypatch):
+    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
+    _with_fakes(monkeypatch, {"slow": FakeEngine, "fast": FakeEngine}, {"torch": 5.0, "slow": 4.0, "fast": 2.0})
+    first = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    timings = []
+    monkeypatch.setattr(hardware, "best_times", lambda fns, rounds: timings.append(1) or [1.0] * len(fns))
+    monkeypatch.setattr(hardware, "_session", {})                  # a second process on this machine
+    again = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    assert not timings and again.small.name == first.small.name == "fast"
+    assert again.small.max_tokens == first.small.max_tokens == 256
+    assert again.small_reason == first.small_reason + " (timed once on this machine)"
 
 
 def test_a_number_of_tokens_takes_the_first_agreeing_engine_untimed(checkpoints, monkeypatch):

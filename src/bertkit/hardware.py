@@ -164,28 +164,33 @@ def _read_measurements(path: Path) -> dict:
         return {}
 
 
-_session: dict[str, float] = {}     # where the file cannot be written: one answer per process at least
+_session: dict[str, object] = {}    # where the file cannot be written: one answer per process at least
 
 
 def measured_once(name: str, measure: Callable[[], float]) -> float:
     """`measure()` for this machine and `name` (a shape), read from the machine's measurements file
     when an earlier process made it; else measured now and written there (atomically; of two
     processes measuring at once, the first to write wins and the other takes its answer)."""
+    return float(decided_once(name, lambda: float(measure()), lambda v: isinstance(v, (int, float))))
+
+
+def decided_once(name: str, decide: Callable[[], object], valid: Callable[[object], bool]) -> object:
+    """`measured_once` for any JSON value `decide()` returns (`valid` tells a usable recorded one)."""
     key = f"{machine_key()} :: {name}"
     if key in _session:
         return _session[key]
     path = measurements_path()
     entry = _read_measurements(path).get(key)
-    if isinstance(entry, dict) and isinstance(entry.get("value"), (int, float)):
-        _session[key] = float(entry["value"])
+    if isinstance(entry, dict) and valid(entry.get("value")):
+        _session[key] = entry["value"]
         return _session[key]
-    value = float(measure())
+    value = decide()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _read_measurements(path)
         won = data.get(key)
-        if isinstance(won, dict) and isinstance(won.get("value"), (int, float)):
-            value = float(won["value"])                  # another process measured first: take its answer
+        if isinstance(won, dict) and valid(won.get("value")):
+            value = won["value"]                         # another process measured first: take its answer
         else:
             data[key] = {"value": value, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
             fd, tmp = tempfile.mkstemp(prefix=".measurements-", dir=path.parent)

@@ -290,11 +290,39 @@ def choose_engine(predictor, engines: dict[str, Any], small: bool | int, rows: l
             chosen.max_tokens = int(small)
             return chosen, f"{chosen.name} for batches of up to {small} tokens, as asked (not timed)"
         if agreeing:
-            chosen, note = _fastest(predictor, agreeing, rows)
+            chosen, note = _fastest_once(predictor, agreeing, rows)
             if chosen is not None:
                 return chosen, note
             notes.append(note)
     return None, "; ".join(notes)
+
+
+def _fastest_once(predictor, agreeing: dict[str, SmallBatches], rows: list) -> tuple[SmallBatches | None, str]:
+    """`_fastest`, timed once per machine for a model of this shape and precision and these engines
+    (`hardware.decided_once`): every later start on the machine keeps the same engine, so two
+    servers of one model answer short requests alike."""
+    from .hardware import decided_once
+
+    c = predictor.config
+    name = (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
+            f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {predictor.precision} "
+            f"[{' '.join(f'{k}:{v.engine.precision}' for k, v in agreeing.items())}]")
+    timed: dict = {}
+
+    def decide() -> dict:
+        chosen, note = _fastest(predictor, agreeing, rows)
+        timed["chosen"] = chosen
+        return {"engine": chosen.name if chosen else None, "max_tokens": chosen.max_tokens if chosen else 0,
+                "note": note}
+    d = decided_once(name, decide, lambda v: isinstance(v, dict) and (v.get("engine") in agreeing or
+                                                                      v.get("engine") is None))
+    if "chosen" in timed:                                # timed in this process
+        return timed["chosen"], d["note"]
+    if d["engine"] is None:
+        return None, d["note"] + " (timed once on this machine)"
+    chosen = agreeing[d["engine"]]
+    chosen.max_tokens = int(d["max_tokens"])
+    return chosen, d["note"] + " (timed once on this machine)"
 
 
 def _fastest(predictor, agreeing: dict[str, SmallBatches], rows: list) -> tuple[SmallBatches | None, str]:
