@@ -51,7 +51,8 @@ log = logging.getLogger("bertkit")
 class FinetuneConfig:
     task: str = "sst2"
     """Task name (sst2, mrpc, stsb, cola, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003, squad,
-    squad2, swag) or your own data: classify, regress, tokens (see the *_column fields)."""
+    squad2, swag) or your own data: classify, regress, tokens (see the *_column fields); or
+    embedding: sentence embeddings trained by contrast, a bi-encoder (see the embedding_* fields)."""
     model: str = ""
     """Pre-trained checkpoint folder (Hugging Face format; its tokenizer is used)."""
     out: str = "runs/finetune"
@@ -137,7 +138,19 @@ class FinetuneConfig:
     """Sentence(-pair) and multiple-choice heads: what the pooler reads, the [CLS] state ('cls',
     BERT's and the Hugging Face layout) or the mean over the tokens ('mean'; bertkit only: it
     serves a model pre-trained without a sentence objective, whose [CLS] state learned nothing of
-    its own). None = the checkpoint's (config.json's classifier_pooling; 'cls' when absent)."""
+    its own). None = the checkpoint's (config.json's classifier_pooling; 'cls' when absent).
+    Task embedding: the sentence vector, the mean over the tokens (None: the default) or [CLS]."""
+    embedding_columns: str | None = None
+    """Task embedding: the columns to read, comma-separated: anchor,positive[,negative], or
+    sentence1,sentence2,score (a numeric third column is a score). None = by name (anchor /
+    positive / negative, sentence1 / sentence2 / score, query, question / context, ...), else the
+    first text columns in order. A SQuAD file gives (question, paragraph) pairs."""
+    embedding_loss: Literal["mnrl", "cosent", "cosine"] | None = None
+    """Task embedding: 'mnrl' (in-batch negatives: sentence-transformers' MultipleNegativesRankingLoss),
+    'cosent' or 'cosine' (scored pairs: CoSENTLoss, CosineSimilarityLoss). None = mnrl for pairs and
+    triplets, cosent for scored pairs."""
+    embedding_scale: float = 20.0
+    """Task embedding: what mnrl and cosent multiply cosines by, 1 / temperature (20: temperature 0.05)."""
     packed: bool = True
     """Padding-free training batches (`bertkit.packing.pack`) on heads that accept them (evaluation
     runs through `infer.Predictor`, always padding-free)."""
@@ -395,6 +408,9 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     Everything is written into `OUT.incomplete` and replaces `OUT` only when the run is complete
     (`bertkit.outdir`): a killed or failed run never leaves a finished-looking folder."""
     from .outdir import staged_dir
+
+    if cfg.task == "embedding":                   # `bertkit finetune --task embedding` runs biencoder.py's loop
+        raise BertkitError("task embedding trains a bi-encoder: bertkit.biencoder.finetune_embedding (no --grid)")
 
     with staged_dir(cfg.out, is_finetune_output, "fine-tuning run") as out:
         result = _finetune(cfg, command, out)

@@ -269,8 +269,9 @@ def _report_truncation(tok) -> None:
 def setup_embed(p) -> None:
     p.add_argument("input", metavar="INPUT", help="text file (one per line), '-' for stdin, or JSONL")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder")
-    p.add_argument("--pooling", choices=["cls", "mean", "none"], default="mean",
-                   help="mean over tokens (default, as sentence-transformers), the [CLS] state, or per token")
+    p.add_argument("--pooling", choices=["cls", "mean", "pooler", "none"], default=None,
+                   help="mean over tokens, the [CLS] state, the pre-trained pooler over it, or per token "
+                        "(default: the checkpoint's sentence-transformers pooling, else mean)")
     p.add_argument("--normalize", action="store_true", help="unit-length vectors")
     p.add_argument("--max-length", type=int, default=None, help="truncate to N tokens (default: the model's)")
     p.add_argument("--batch-size", type=int, default=32)
@@ -285,6 +286,7 @@ def run_embed(args) -> int:
     from tqdm.auto import tqdm
 
     from ..infer import Predictor
+    from ..st_files import sentence_transformers_pooling
 
     if args.output and not args.output.endswith((".jsonl", ".npy")):
         raise BertkitError(f"--output {args.output}: use a .jsonl or .npy file name")
@@ -307,12 +309,13 @@ def run_embed(args) -> int:
     texts, pairs = read_inputs(args.input, args.jsonl)
     to_npy = bool(args.output and args.output.endswith(".npy"))
     sink = _EmbeddingSink(args.output, len(texts), pred.config.hidden_size, to_npy)
+    pooling = args.pooling or sentence_transformers_pooling(args.model)[0]
     # Blocks of EMBED_BLOCK texts: memory stays flat on big inputs (written as they come), and the
     # bar moves; each block is still sorted by length into batches.
     with sink, tqdm(total=len(texts), desc="embed", unit="text", disable=None, leave=False) as bar:
         for at in range(0, len(texts), EMBED_BLOCK):
             block = slice(at, at + EMBED_BLOCK)
-            vecs = pred.embed(texts[block], pairs[block] if pairs is not None else None, pooling=args.pooling,
+            vecs = pred.embed(texts[block], pairs[block] if pairs is not None else None, pooling=pooling,
                               normalize=args.normalize, max_length=args.max_length, batch_size=args.batch_size)
             sink.write(at, vecs)
             bar.update(len(vecs))

@@ -76,6 +76,7 @@ def finetune_config(args: argparse.Namespace):
 
 
 def run_finetune(args: argparse.Namespace) -> int:
+    from ..biencoder import finetune_embedding
     from ..finetune import finetune, grid
 
     cfg = finetune_config(args)
@@ -84,7 +85,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         summary = grid(cfg, command)
         print(json.dumps(summary["best"]))
     else:
-        result = finetune(cfg, command)
+        result = (finetune_embedding if cfg.task == "embedding" else finetune)(cfg, command)   # a bi-encoder: biencoder.py
         print(json.dumps({"task": result["task"], "out": cfg.out, "best_step": result["best_step"],
                           "dev": {k: v for k, v in (result["dev"] or {}).items() if not isinstance(v, dict)}}))
     return 0

@@ -79,6 +79,13 @@ def _rows(path: Path, fmt: str, bad: BadRows):
             yield lineno, dict(zip(header, row))
 
 
+def data_rows(path: str | Path, fmt: str | None = None, bad: BadRows | None = None):
+    """(line number or "row N", {column: value}) for each row of a CSV / TSV / JSONL file (plain or
+    .gz), a Parquet / Arrow table or a dataset name (`fmt`: None = from the name)."""
+    path = Path(path)
+    return _rows(path, guess_format(path, fmt), bad or BadRows())
+
+
 def _table_rows(path: Path):
     """Rows of a dataset name or Parquet/Arrow table; class ids of ClassLabel columns become their names."""
     from ..sources import open_table
@@ -206,4 +213,4 @@ def custom_task(kind: str, text_column: str = "text", pair_column: str | None = 
                 description=f"{kind} your own CSV/TSV/JSONL data")
 
 
-__all__ = ["custom_task", "read_texts", "read_tagged", "class_probabilities"]
+__all__ = ["custom_task", "read_texts", "read_tagged", "class_probabilities", "data_rows"]
