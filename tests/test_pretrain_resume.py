@@ -217,3 +217,76 @@ def test_checkpoints_hold_no_pickle_and_old_format_checkpoints_still_resume_exac
         pretrain(old)
     assert "resumed from" in caplog.text and "step-00000004 (update 4)" in caplog.text
     assert _losses(tmp_path / "old") == _losses(tmp_path / "straight")
+
+
+# The same run, SIGKILLed when final/ gets its tokenizer (its weights and config.json already written).
+_KILLED_IN_FINAL = """
+import os, signal, sys
+from bertkit.runconfig import PretrainConfig, load_config
+from bertkit.tokenizer import Tokenizer
+from bertkit.train import pretrain
+
+save = Tokenizer.save
+Tokenizer.save = lambda self, path: (os.kill(os.getpid(), signal.SIGKILL) if "final" in os.path.basename(path)
+                                     else save(self, path))
+pretrain(load_config(PretrainConfig, None, sys.argv[1:]))
+"""
+
+
+def test_a_kill_while_final_is_written_leaves_no_final(data64, tmp_path, capsys):
+    """final/ is written aside (final.incomplete/, its config.json marked) and swapped in whole: a
+    kill -9 between its weights and its tokenizer leaves no final/, the leftover is refused by name,
+    and `--resume` writes a complete final/. `bertkit info` refuses a folder with no tokenizer."""
+    from bertkit.cli import main
+
+    cfg = tiny_config(data64, tmp_path / "run", **{"train.max_steps": 4, "train.checkpoint_every": 4})
+    p = subprocess.run([sys.executable, "-c", _KILLED_IN_FINAL, *_args(cfg)], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == -9, p.stderr[-2000:]
+    out = tmp_path / "run"
+    assert not (out / "final").exists()
+    left = out / "final.incomplete"
+    assert sorted(f.name for f in left.iterdir()) == ["config.json", "model.safetensors"]
+    capsys.readouterr()
+    assert main(["info", str(left)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unfinished run" in err[0], err
+    bare = tmp_path / "no-tokenizer"                      # what the kill left before: weights, no tokenizer
+    shutil.copytree(left, bare)
+    cj = json.loads((bare / "config.json").read_text())
+    cj.pop("bertkit_incomplete")
+    (bare / "config.json").write_text(json.dumps(cj))
+    assert main(["info", str(bare)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no vocab.txt or tokenizer.json" in err[0], err
+    assert _run([*_args(cfg), "--resume"]).returncode == 0
+    assert not left.exists() and {"vocab.txt", "tokenizer.json", "config.json"} <= {f.name for f in (out / "final").iterdir()}
+    assert "bertkit_incomplete" not in json.loads((out / "final" / "config.json").read_text())
+    assert main(["info", str(out / "final")]) == 0
+
+
+def test_a_failed_final_keeps_the_previous_complete_one(data64, tmp_path, monkeypatch):
+    """A run that fails while writing final/ (its tokenizer save raises) leaves the previous final/
+    as it was, and no staging folder."""
+    from bertkit.tokenizer import Tokenizer
+    from bertkit.train import pretrain
+
+    cfg = tiny_config(data64, tmp_path / "run", **{"train.max_steps": 4, "train.checkpoint_every": 4})
+    pretrain(cfg)
+    final = tmp_path / "run" / "final"
+    before = {f.name: f.read_bytes() for f in final.iterdir()}
+    save = Tokenizer.save
+
+    def failing(self, path):
+        if "final" in Path(path).name:
+            (Path(path) / "vocab.txt").write_text("half\n")
+            raise OSError("disk full")
+        save(self, path)
+
+    monkeypatch.setattr(Tokenizer, "save", failing)
+    cfg.resume, cfg.train.max_steps = True, 8
+    with pytest.raises(OSError, match="disk full"):
+        pretrain(cfg)
+    assert {f.name: f.read_bytes() for f in final.iterdir()} == before
+    assert not (tmp_path / "run" / "final.incomplete").exists()
+    assert (tmp_path / "run" / "checkpoints" / "step-00000008").is_dir()      # the run itself got to its end

@@ -14,6 +14,8 @@ killed run's best-so-far checkpoint cannot be mistaken for a finished one; the w
 the key last, just before the swap. The next run into the same `OUT` removes a stale
 `OUT.incomplete` (unless the process that wrote it is still alive). On an error the staging
 folder is removed, or kept (still marked) when it holds a checkpoint worth looking at.
+`write_folder` does the same for a folder a run writes inside its own output (pre-training's
+`final/`, the model of each checkpoint).
 """
 from __future__ import annotations
 
@@ -160,16 +162,39 @@ def staged_dir(out: str | Path, owned: Callable[[Path], bool], what: str = "run"
                     p.rmdir()
         raise
     (tmp / _WRITER).unlink(missing_ok=True)
+    swap_in(tmp, out)
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """Make the complete folder `tmp` be `out` in one step, the previous `out` (if any) deleted
+    after: its files are fsynced and its incomplete mark (if any) removed first."""
     _fsync_tree(tmp)
     clear_incomplete(tmp)                           # from here to the swap (microseconds) tmp is complete
     if not out.exists():
         os.rename(tmp, out)
     elif _exchange(tmp, out):
-        _remove(tmp)                                # now the previous run
-    else:                                           # two renames: a kill in between leaves both runs
+        _remove(tmp)                                # now the previous one
+    else:                                           # two renames: a kill in between leaves both
         old = out.with_name(out.name + ".replaced")
         if old.exists():
             _remove(old)
         os.rename(out, old)
         os.rename(tmp, out)
         _remove(old)
+
+
+def write_folder(out: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` into `OUT.incomplete` (a stale one removed first), then `swap_in`: whatever
+    kills the writer, `out` is the previous complete folder or the new complete one. A checkpoint
+    written into `tmp` should carry the incomplete mark (`mark_incomplete`), so that the staging
+    folder a kill leaves is refused by every reader. On an error the staging folder is removed."""
+    tmp = staging_path(out)
+    if tmp.exists():
+        _remove(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+    except BaseException:
+        _remove(tmp)
+        raise
+    swap_in(tmp, out)

@@ -39,6 +39,7 @@ import torch
 
 from . import distributed as D
 from .checkpoint import CheckpointError, build, save_model
+from .outdir import mark_incomplete, write_folder
 from .runconfig import save_config
 
 if TYPE_CHECKING:
@@ -172,7 +173,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def export_model(run: "Run", world: D.World, path: Path, model_sd: dict | None = None) -> None:
-    """Write the model as a Hugging Face folder (+ tokenizer) at `path` (rank 0 writes).
+    """Write the model as a Hugging Face folder (+ tokenizer) at `path` (rank 0 writes), whole or
+    not at all: written to `path.incomplete`, then swapped in (`outdir.write_folder`).
 
     With FSDP every rank must call this (the full weights are gathered)."""
     model = run.model
@@ -184,8 +186,12 @@ def export_model(run: "Run", world: D.World, path: Path, model_sd: dict | None =
         cpu = build("pretraining", model.config, nsp=model.nsp is not None)
         cpu.load_state_dict(model_sd)
         model = cpu
-    save_model(model, path)
-    run.tokenizer.save(path)
+
+    def write(tmp: Path) -> None:
+        save_model(model, tmp, extra_config=mark_incomplete({}, f"{path.name}/ being written"))
+        run.tokenizer.save(tmp)
+
+    write_folder(path, write)     # staged, then swapped in: a kill leaves the old folder or none, never half of one
 
 
 def save_checkpoint(run: "Run", world: D.World) -> Path | None:

@@ -173,6 +173,8 @@ def describe(path: str | Path) -> dict:
             info["tokenizer"]["error"] = (f"tokenizer has {tok.vocab_size} ids but the model only "
                                           f"{cfg.vocab_size} embedding rows")
     except TokenizerError as e:
+        if not any((path / f).is_file() for f in ("vocab.txt", "tokenizer.json")):
+            raise       # no tokenizer at all: not a model folder anything can run (e.g. an interrupted save)
         info["tokenizer"] = {"error": str(e)}
     return info
 
