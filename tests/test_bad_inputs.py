@@ -52,7 +52,8 @@ def load_cases() -> list[dict]:
 # ---- the models and files the cases start from ---------------------------------------------------
 def build_fixtures(root: Path) -> dict[str, str]:
     """A tiny masked-LM checkpoint ({model}, 64 positions), an encoder-only one ({encoder}), a
-    tokenizer folder ({tok}) and a text file ({texts})."""
+    tokenizer folder ({tok}), a text file ({texts}), an SST-2 folder of 16 + 8 sentences ({sst}) and
+    the masked-LM checkpoint fine-tuned on it for 2 updates ({cls})."""
     import gzip
     from importlib import resources
 
@@ -74,8 +75,15 @@ def build_fixtures(root: Path) -> dict[str, str]:
         tok.save(root / name)
     tok.save(root / "tok")
     (root / "texts.txt").write_text("the people of the united states\nwe hold these truths\n", encoding="utf-8")
+    (root / "sst").mkdir()
+    for split, n in (("train", 16), ("dev", 8)):
+        rows = [f"{'a good' if i % 2 else 'a bad'} speech of the people\t{i % 2}" for i in range(n)]
+        (root / "sst" / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    from bertkit.finetune import FinetuneConfig, finetune
+    finetune(FinetuneConfig(task="sst2", data=str(root / "sst"), model=str(root / "model"), out=str(root / "cls"),
+                            epochs=1, batch_size=8, progress=False, threads=1))
     return {"model": str(root / "model"), "encoder": str(root / "encoder"), "tok": str(root / "tok"),
-            "texts": str(root / "texts.txt")}
+            "texts": str(root / "texts.txt"), "sst": str(root / "sst"), "cls": str(root / "cls")}
 
 
 def _content(value) -> bytes:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bertkit.errors import BertkitError
+from bertkit import sources
 from bertkit.sources import DatasetName, dataset_name, open_table
 from bertkit.tasks import BadRows, DataError, get_task
 
@@ -93,6 +94,7 @@ def test_dataset_name_goes_through_load_dataset(monkeypatch):
         return datasets.Dataset.from_dict({"premise": ["a man sleeps", "a dog runs"], "hypothesis": ["he rests", "a cat"],
                                            "label": [0, 2], "idx": [7, 8]}, features=features)
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr(sources, "_unreachable_hub", lambda *a: None)        # as if online
     task = get_task("mnli")
     path = task.split_path("nyu-mll/glue:mnli", "dev")
     assert str(path) == "nyu-mll/glue:mnli:validation_matched"
@@ -107,8 +109,37 @@ def test_load_dataset_errors_are_one_line(monkeypatch):
     def fail(*a, **kw):
         raise ValueError("Config name is missing.\nPlease pick one among the available configs: ['cola', 'sst2']")
     monkeypatch.setattr(datasets, "load_dataset", fail)
+    monkeypatch.setattr(sources, "_unreachable_hub", lambda *a: None)        # as if online
     with pytest.raises(BertkitError, match=r"nyu-mll/glue::train: .*Config name is missing\.$"):
         get_task("sst2").read("nyu-mll/glue::train", BadRows())
+
+
+def test_a_name_the_hub_cannot_be_reached_for_fails_at_once(tmp_path, monkeypatch):
+    """A mistyped local folder that reads as a dataset name, on a machine without the Hub: one line at
+    once, not load_dataset's ~25 s of retries (and their 20 lines of warnings)."""
+    import socket
+
+    datasets = pytest.importorskip("datasets", reason="needs the datasets library (pip install 'bertkit[datasets]')")
+
+    def unreachable(*a, **kw):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def never(*a, **kw):
+        raise AssertionError("load_dataset called")
+    monkeypatch.setattr(socket, "getaddrinfo", unreachable)
+    monkeypatch.setattr(datasets, "load_dataset", never)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BertkitError, match=r"^glue/SST-2x::train: not a local file or folder, and as a dataset "
+                                           r"name it needs the Hub \(huggingface.co\), which this machine cannot "
+                                           r"reach") as e:
+        get_task("sst2").read(get_task("sst2").split_path("glue/SST-2x", "train"), BadRows())
+    assert "\n" not in str(e.value)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")                # offline mode: datasets reads its cache itself
+    with pytest.raises(BertkitError, match="could not load it: load_dataset called"):
+        get_task("sst2").read("glue/SST-2x::train", BadRows())
 
 
 # ---- GLUE from tables -------------------------------------------------------------------------------

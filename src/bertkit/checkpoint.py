@@ -344,6 +344,18 @@ def check_weights_fit_config(cfg: BertConfig, renamed: dict[str, torch.Tensor], 
                               f"{len(layers)} layers (numbered {min(layers)}..{max(layers)})")
 
 
+def check_inputs_fit(cfg: BertConfig, vocab_size: int | None = None, max_length: int | None = None,
+                     option: str = "--max-length", where: str | Path = "") -> None:
+    """A tokenizer of `vocab_size` ids indexes the model's embedding rows, and `max_length` (the
+    `option` that asked for it) fits its positions: an error naming both, before anything runs."""
+    if vocab_size is not None and vocab_size > cfg.vocab_size:
+        raise CheckpointError(f"{f'{where}: ' if where else ''}the tokenizer has {vocab_size} ids but the model "
+                              f"only {cfg.vocab_size} embedding rows (vocab_size): not a matching tokenizer")
+    if max_length is not None and max_length > cfg.max_position_embeddings:
+        raise CheckpointError(f"{option} {max_length}: the model has {cfg.max_position_embeddings} positions "
+                              f"(max_position_embeddings); use at most {cfg.max_position_embeddings}")
+
+
 def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, head: str, new_head_ok: bool) -> None:
     owned = _KINDS[head].weight_prefixes
     tied = {"mlm.decoder.weight", "bert.embeddings.word.weight", "embeddings.word.weight"}

@@ -55,7 +55,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if name == only:  # only the command being run is imported (and --help lists them all)
             mod = importlib.import_module(f"bertkit.commands.{module}")
             getattr(mod, "setup_" + name.replace("-", "_"))(p)
+            _did_you_mean(p)
     return parser
+
+
+def _did_you_mean(parser: argparse.ArgumentParser) -> None:
+    """Every command (and sub-command: `tokenizer train`) names its unknown option and the closest
+    known one (`cliconfig.suggest_unknown`), not only those whose options come from a config class."""
+    from .cliconfig import suggest_unknown
+
+    if "parse_known_args" not in vars(parser):          # not done by the command itself
+        suggest_unknown(parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _did_you_mean(child)
 
 
 def _version() -> str:

@@ -83,6 +83,25 @@ def _converter(kind: Any, flag: str):
     return convert
 
 
+def checked(kind: type, rule: str):
+    """An argparse `type` for an option that is no config field: the text as `kind` (int or float),
+    within `rule` (`runconfig.range_problem`: '>=1', '>=0', '>0', 'threads', 'seed', ...); a bad
+    value is argparse's one-line error naming the option."""
+    from .runconfig import range_problem
+
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        problem = range_problem(value, rule)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+    convert.__name__ = kind.__name__
+    return convert
+
+
 def _yaml(text: str) -> Any:
     """A command-line value as YAML reads it (as config files are read); unreadable text as is."""
     import yaml

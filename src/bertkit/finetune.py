@@ -112,9 +112,9 @@ class FinetuneConfig:
     seed: int = 0
     """Seeds the head's initialisation, the data order and dropout."""
     train_limit: int | None = None
-    """Use only the first N training examples (for CPU budgets; say so when reporting)."""
+    """Use only the first N >= 1 training examples (for CPU budgets; say so when reporting); None = all."""
     dev_limit: int | None = None
-    """Use only the first N dev examples."""
+    """Use only the first N >= 1 dev examples; None = all."""
     eval_every: int = 0
     """Also evaluate every N updates (0 = at epoch ends only)."""
     freeze: bool = False
@@ -172,17 +172,14 @@ class FinetuneConfig:
     """Examples per batch when evaluating on dev."""
 
     def __post_init__(self) -> None:
+        from .runconfig import check_ranges
+
         if self.init not in ("pretrained", "random"):
             raise BertkitError(f"init: {self.init!r} is not 'pretrained' or 'random'")
-        for key in ("batch_size", "max_length", "probe_layers", "log_every", "eval_batch_size"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise BertkitError(f"{key} must be >= 1, got {getattr(self, key)}")
+        check_ranges(self, RANGES)
         if not 0.0 < self.layer_lr_decay <= 1.0:
             raise BertkitError(f"layer_lr_decay must be in (0, 1], got {self.layer_lr_decay}")
-        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
-            raise BertkitError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.lr <= 0 or self.epochs <= 0:
-            raise BertkitError("lr and epochs must be positive")
+        check_device_name(self.device)
         if self.freeze and self.pooling is not None:
             raise BertkitError("pooling chooses what a fine-tuned head's pooler reads; a frozen probe "
                                "takes probe_pooling")
@@ -206,6 +203,24 @@ class FinetuneConfig:
         if self.probe_layers is not None:
             return "last" if self.probe_layers == 1 else f"concat_last_{self.probe_layers}"
         return DEFAULT_FEATURES
+
+
+# The range of every number (`runconfig.check_ranges`; a NaN fails every rule). A limit of None uses
+# all the examples: 0 or a negative number is an error, not "no limit".
+RANGES = {"batch_size": ">=1", "eval_batch_size": ">=1", "log_every": ">=1", "max_length": "opt>=1",
+          "stride": "opt>=1", "probe_layers": "opt>=1", "train_limit": "opt>=1", "dev_limit": "opt>=1",
+          "eval_every": ">=0", "lr": ">0", "epochs": ">0", "warmup": ">=0", "weight_decay": ">=0",
+          "clip_norm": ">=0", "dropout": "optprob", "seed": "seed", "threads": "threads"}
+
+
+def check_device_name(device: str) -> None:
+    """'auto', 'cpu', 'cuda', 'cuda:N' or 'mps' (whether this machine has it is checked when the run starts)."""
+    try:
+        ok = device == "auto" or torch.device(device).type in ("cpu", "cuda", "mps")
+    except (RuntimeError, ValueError, TypeError):
+        ok = False
+    if not ok:
+        raise BertkitError(f"device {device!r} is not auto, cpu, cuda, cuda:N or mps")
 
 
 # ---- setup --------------------------------------------------------------------------------------
@@ -256,7 +271,7 @@ def read_split(task: Task, cfg: FinetuneConfig, split: str) -> tuple[list, Path]
     bad = BadRows(skip=cfg.skip_bad_rows)
     examples = task.read(path, bad)
     limit = cfg.train_limit if split == "train" else cfg.dev_limit
-    if limit:
+    if limit is not None:
         examples = examples[:limit]
     log.info("%s: %d %s examples%s", path, len(examples), split, f" ({bad.count} bad rows skipped)" if bad.count else "")
     return examples, path
@@ -266,9 +281,8 @@ def input_stride(task: Task, windows: bool | None, stride: int | None, max_lengt
     """The `stride` handed to `task.featurize`: None = longest-first truncation (classification
     only), otherwise the windows' overlap (SQuAD: the doc stride). Classification windows asked
     for without a stride overlap by a quarter of max_length."""
-    least = 1 if task.head == "question_answering" else 0      # a doc stride of 0 never moves
-    if stride is not None and stride < least:
-        raise BertkitError(f"stride must be >= {least}, got {stride}")
+    if stride is not None and stride < 1:               # (a doc stride of 0 never moves)
+        raise BertkitError(f"stride must be at least 1 (tokens), got {stride}")
     if task.head != "sequence_classification":
         if windows is False:
             raise BertkitError(f"--no-windows applies to sentence classification and regression; {task.name} "
@@ -412,6 +426,7 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     if cfg.task == "embedding":                   # `bertkit finetune --task embedding` runs biencoder.py's loop
         raise BertkitError("task embedding trains a bi-encoder: bertkit.biencoder.finetune_embedding (no --grid)")
 
+    check_checkpoint(cfg)
     with staged_dir(cfg.out, is_finetune_output, "fine-tuning run") as out:
         result = _finetune(cfg, command, out)
     log.info("%s: best %s on dev %s at update %s; checkpoint in %s", result["task"], result["main_metric"],
@@ -419,10 +434,21 @@ def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     return result
 
 
+def check_checkpoint(cfg: FinetuneConfig) -> None:
+    """Before anything is read or written: the checkpoint's tokenizer fits its embeddings and
+    max_length fits its positions."""
+    from .checkpoint import check_inputs_fit, read_config
+    from .tokenizer import Tokenizer
+
+    config, _ = read_config(Path(cfg.model))
+    check_inputs_fit(config, Tokenizer.from_dir(cfg.model).vocab_size, cfg.max_length, "max_length", cfg.model)
+
+
 def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     """The run, written into `out` (the staging folder).
 
     One long function on purpose: the phases (setup, step, evaluate, checkpoint) read top to bottom."""
+    from .checkpoint import read_config
     from .outdir import INCOMPLETE_KEY
     from .finetune_card import batch_flops, build_card, eval_flops, write_card
     from .hardware import attention_kernel, choose_precision
@@ -445,8 +471,8 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     if cfg.pooling is not None and task.head not in ("sequence_classification", "multiple_choice"):
         raise BertkitError(f"pooling {cfg.pooling!r}: only sentence(-pair) and multiple-choice heads pool; "
                            f"task {task.name} reads every token")     # before any data is read
-    if cfg.max_length is None:                       # the task's own window (SQuAD: 384)
-        cfg.max_length = task.max_length
+    if cfg.max_length is None:           # the task's own window (SQuAD: 384), within the model's positions
+        cfg.max_length = min(task.max_length, read_config(Path(cfg.model))[0].max_position_embeddings)
     train_examples, train_path = read_split(task, cfg, "train")
     dev_examples, dev_path = read_split(task, cfg, "dev")
     labels = task.labels(train_examples)

@@ -194,7 +194,7 @@ class Predictor:
         first engine that agrees, untimed; False none (`BERTKIT_SMALL_BATCHES=0|N|auto` decides
         for the default True).
         """
-        from .checkpoint import load_model
+        from .checkpoint import check_inputs_fit, load_model
 
         path = Path(path)
         if backend not in ("torch", "onnx", "openvino"):
@@ -210,6 +210,7 @@ class Predictor:
         model = load_model(path, head=head)
         model.eval()
         tokenizer = Tokenizer.from_dir(path)
+        check_inputs_fit(model.config, tokenizer.vocab_size, max_length, where=path)
         max_len = max_length or _read_max_length(path, model.config.max_position_embeddings)
         if backend == "onnx":
             from .onnx_export import load_session

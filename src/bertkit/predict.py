@@ -84,7 +84,7 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
     A masked-LM checkpoint answers each [MASK] with its top-k words; a task checkpoint runs the
     task's own input parsing and post-processing (classification adds class scores, NER the words,
     SQuAD v2.0 the null odds)."""
-    from .checkpoint import read_config
+    from .checkpoint import check_inputs_fit, read_config
 
     _, raw = read_config(Path(model_dir))
     archs = raw.get("architectures") or ["BertModel"]
@@ -93,6 +93,7 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
     predictor, task, labels, raw = load_for_inference(model_dir, task_name, columns, backend=backend,
                                                       onnx_file=onnx_file, threads=threads)
     head, tokenizer = predictor.head, predictor.tokenizer
+    check_inputs_fit(predictor.config, max_length=max_length)
     if task is None or task.parse is None:
         raise BertkitError(f"{model_dir}: `predict` needs a task head (got {head}); "
                            "use `bertkit embed` for a bare encoder")

@@ -290,18 +290,31 @@ _RULES = {">=1": ("at least 1", lambda v: v >= 1), ">=0": ("a finite number >= 0
           "seed": ("an integer in [0, 2**32 - 1]", lambda v: 0 <= v < 2 ** 32)}
 
 
+def range_problem(value: Any, rule: str) -> str | None:
+    """What is wrong with `value` under `rule` (a key of the rules above; 'opt' in front: None is
+    fine too), e.g. 'must be at least 1, got 0'; None when nothing is."""
+    if value is None and rule.startswith("opt"):
+        return None
+    what, ok = _RULES[rule.removeprefix("opt")]
+    return None if ok(value) else f"must be {what}, got {value!r}"
+
+
+def check_ranges(obj: Any, ranges: dict[str, str], prefix: str = "") -> None:
+    """Every attribute named in `ranges` ({name: rule}) obeys its rule, else one error naming it
+    (`prefix` + name): the checks of a config dataclass's __post_init__."""
+    for name, rule in ranges.items():
+        problem = range_problem(getattr(obj, name), rule)
+        if problem:
+            raise RunConfigError(f"{prefix}{name} {problem}")
+
+
 def _check_values(cfg: "PretrainConfig") -> None:
     """Ranges of the model, train and optim numbers (data: DataSection.check), named in the error."""
     from .config import ACTIVATIONS, PRESETS
 
-    for key, rule in _RANGES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name, None)
-        if value is None and (rule.startswith("opt") or not hasattr(getattr(cfg, section), name)):
-            continue
-        what, ok = _RULES[rule.removeprefix("opt")]
-        if not ok(value):
-            raise RunConfigError(f"{key} must be {what}, got {value!r}")
+    for section in ("model", "train", "optim"):
+        check_ranges(getattr(cfg, section), {k.split(".")[1]: rule for k, rule in _RANGES.items()
+                                             if k.startswith(section + ".")}, section + ".")
     m, o = cfg.model, cfg.optim
     if m.preset not in PRESETS:
         close = difflib.get_close_matches(m.preset, PRESETS, n=1)

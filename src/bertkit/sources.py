@@ -29,6 +29,7 @@ import glob
 import gzip
 import io
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,13 +101,50 @@ def load_split(name: DatasetName, default_split: str | None = None):
     split = name.split or default_split
     if split is None:
         raise SourceError(f"{name}: name a split, e.g. {name.path}:{name.config or ''}:train")
+    host = _unreachable_hub(datasets, name)
+    if host:
+        raise SourceError(f"{name.with_split(split)}: not a local file or folder, and as a dataset name it needs "
+                          f"the Hub ({host}), which this machine cannot reach (no copy cached here)")
+    quiet = [logging.getLogger(n) for n in ("huggingface_hub", "datasets")]
+    levels = [q.level for q in quiet]
+    for q in quiet:                            # the hub's retry warnings: the one line below says what failed
+        q.setLevel(logging.ERROR)
     try:
         ds = datasets.load_dataset(name.path, name.config, split=split)
     except Exception as e:                     # noqa: BLE001 - the library raises many kinds; one line each
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise SourceError(f"{name.with_split(split)}: not a local file or folder, and datasets.load_dataset "
                           f"could not load it: {first}") from None
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
     return ds
+
+
+def _unreachable_hub(datasets, name: DatasetName) -> str | None:
+    """The Hub's host when it does not resolve and nothing of `name` is cached here: then
+    load_dataset would spend ~25 s on retries to fail (a mistyped local folder usually); None when
+    it may work (offline mode, a cached copy, a host that resolves)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:
+        HF_HUB_CACHE = str(Path.home() / ".cache" / "huggingface" / "hub")
+    if any(os.environ.get(k, "0") not in ("", "0") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return None
+    caches = [Path(datasets.config.HF_DATASETS_CACHE) / name.path.replace("/", "___"),
+              Path(HF_HUB_CACHE) / f"datasets--{name.path.replace('/', '--')}"]
+    if any(p.exists() for p in caches):
+        return None
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return host
+    return None
 
 
 # ---- tables --------------------------------------------------------------------------------------
@@ -335,6 +373,8 @@ def _text_rows(f: Path, kind: str) -> Iterator[dict]:
                     rows = json.loads(first + fh.read())
                 except json.JSONDecodeError as e:
                     raise SourceError(f"{f}:{e.lineno}: not valid JSON ({e.msg})") from None
+                except RecursionError:
+                    raise SourceError(f"{f}: not valid JSON (nested too deeply)") from None
                 for k, obj in enumerate(rows):
                     if not isinstance(obj, dict):
                         raise SourceError(f"{f}: item {k} of the array is not an object")
@@ -346,8 +386,8 @@ def _text_rows(f: Path, kind: str) -> Iterator[dict]:
                     continue
                 try:
                     obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SourceError(f"{f}:{lineno}: not valid JSON ({e.msg})") from None
+                except (json.JSONDecodeError, RecursionError) as e:
+                    raise SourceError(f"{f}:{lineno}: not valid JSON ({getattr(e, 'msg', 'nested too deeply')})") from None
                 if not isinstance(obj, dict):
                     raise SourceError(f"{f}:{lineno}: expected a JSON object")
                 yield obj

@@ -96,13 +96,9 @@ def check_threads(threads: int | None) -> None:
 
 def check_fits(pred, max_length: int | None) -> None:
     """The tokenizer's ids index the model's embeddings; --max-length fits its position table."""
-    cfg = pred.config
-    if pred.tokenizer.vocab_size > cfg.vocab_size:
-        raise BertkitError(f"the tokenizer has {pred.tokenizer.vocab_size} ids but the model only "
-                           f"{cfg.vocab_size} embedding rows (vocab_size): not a matching tokenizer")
-    if max_length is not None and max_length > cfg.max_position_embeddings:
-        raise BertkitError(f"--max-length {max_length}: the model has {cfg.max_position_embeddings} positions "
-                           f"(max_position_embeddings); use at most {cfg.max_position_embeddings}")
+    from ..checkpoint import check_inputs_fit
+
+    check_inputs_fit(pred.config, pred.tokenizer.vocab_size, max_length)
 
 
 def _lines(source: str, name: str) -> Iterator[tuple[int, str]]:

@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..cliconfig import checked
 from ..errors import BertkitError
 
 log = logging.getLogger("bertkit")
@@ -99,15 +100,15 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a data file with references (also Parquet / Arrow / JSONL), a "
                                                 "task folder (see --split), or a dataset name NAME:CONFIG[:SPLIT]")
     p.add_argument("--split", default="dev", help="split to read when --data is a folder (default dev)")
-    p.add_argument("--max-length", dest="max_length", type=int, help="default: the fine-tuning length")
-    p.add_argument("--stride", type=int, help="default: the stride the model was fine-tuned with")
+    p.add_argument("--max-length", dest="max_length", type=checked(int, ">=1"), help="default: the fine-tuning length")
+    p.add_argument("--stride", type=checked(int, ">=1"), help="default: the stride the model was fine-tuned with")
     _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
+    p.add_argument("--batch-size", dest="batch_size", type=checked(int, ">=1"), default=64)
     p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_true")
     p.add_argument("--predictions", help="also write {id, prediction} JSONL here (input to `bertkit score`)")
     _null_threshold_option(p)
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=checked(int, "threads"))
     _column_options(p)
     p.set_defaults(run=run_evaluate)
 
@@ -123,11 +124,13 @@ def load_for_inference(args: argparse.Namespace, backend: str = "torch"):
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
+    from ..checkpoint import check_inputs_fit
     from ..finetune import check_references, evaluate, featurize, write_predictions
     from ..predict import inference_stride, qa_options
     from ..tasks import BadRows
 
     predictor, task, labels, raw = load_for_inference(args)
+    check_inputs_fit(predictor.config, max_length=args.max_length)
     tokenizer = predictor.tokenizer
     if task is None:
         raise BertkitError(f"{args.model}: a {predictor.head} checkpoint has no task to evaluate; give --task")
@@ -164,13 +167,13 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="checkpoint folder (any head)")
     p.add_argument("--task", help="task whose input format and post-processing to use (default: the checkpoint's)")
     p.add_argument("--out", help="output JSONL (default stdout)")
-    p.add_argument("--max-length", dest="max_length", type=int)
-    p.add_argument("--stride", type=int, help="default: the stride the model was fine-tuned with")
+    p.add_argument("--max-length", dest="max_length", type=checked(int, ">=1"))
+    p.add_argument("--stride", type=checked(int, ">=1"), help="default: the stride the model was fine-tuned with")
     _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
-    p.add_argument("--batch-size", dest="batch_size", type=int, default=64)
-    p.add_argument("--top-k", dest="top_k", type=int, default=5, help="masked LM: candidates per [MASK]")
+    p.add_argument("--batch-size", dest="batch_size", type=checked(int, ">=1"), default=64)
+    p.add_argument("--top-k", dest="top_k", type=checked(int, ">=1"), default=5, help="masked LM: candidates per [MASK]")
     _null_threshold_option(p)
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=checked(int, "threads"))
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="run the model on PyTorch or on onnxruntime (a file from `bertkit export onnx`)")
     p.add_argument("--onnx", default=None, metavar="FILE", help="ONNX file for --backend onnx (default DIR/model.onnx)")
@@ -189,8 +192,8 @@ def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({getattr(e, 'msg', 'nested too deeply')})") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object")
             rows.append((f"{path}:{lineno}", obj))

@@ -57,8 +57,8 @@ def _rows(path: Path, fmt: str, bad: BadRows):
                     continue
                 try:
                     obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    bad(path, lineno, f"not valid JSON ({e.msg})")
+                except (json.JSONDecodeError, RecursionError) as e:
+                    bad(path, lineno, f"not valid JSON ({getattr(e, 'msg', 'nested too deeply')})")
                     continue
                 if not isinstance(obj, dict):
                     bad(path, lineno, "expected a JSON object")

@@ -364,7 +364,7 @@ def read_predictions(path: str | Path) -> tuple[dict[str, Any], dict[str, float]
         raise MetricError(f"{path}: empty file, no predictions")
     try:
         whole = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):       # (too deep as a whole: each line says so)
         whole = None
     if isinstance(whole, dict) and "id" not in whole:
         bad = next((k for k, v in whole.items() if not isinstance(v, str)), None)
@@ -381,8 +381,8 @@ def read_predictions(path: str | Path) -> tuple[dict[str, Any], dict[str, float]
                 continue
             try:
                 records.append((f"{path}:{lineno}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise MetricError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one "
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise MetricError(f"{path}:{lineno}: not valid JSON ({getattr(e, 'msg', 'nested too deeply')}); expected one "
                                   f"{{\"id\": .., \"prediction\": ..}} object per line") from None
     preds: dict[str, Any] = {}
     odds: dict[str, float] = {}
@@ -414,6 +414,8 @@ def read_null_odds(path: str | Path) -> dict[str, float]:
         odds = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
         raise MetricError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise MetricError(f"{path}: not valid JSON (nested too deeply)") from None
     except UnicodeDecodeError as e:
         raise MetricError(f"{path}: not valid UTF-8 (byte {e.start})") from None
     if not isinstance(odds, dict):

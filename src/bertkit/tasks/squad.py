@@ -85,6 +85,8 @@ def read_squad(path: str | Path, bad: BadRows | None = None, version: int = 1) -
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise DataError(f"{path}: not valid JSON (nested too deeply)") from None
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list):
         raise DataError(f"{path}: not a SQuAD file (no \"data\" list of articles)")

@@ -75,7 +75,7 @@ def _json_lines(path: Path) -> bool:
         with opener(path, "rt", encoding="utf-8-sig") as f:
             first = f.readline(1 << 20)
         obj = json.loads(first)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(obj, dict) and "data" not in obj and "version" not in obj
 

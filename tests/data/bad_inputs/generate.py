@@ -430,6 +430,11 @@ def cases_score() -> list[dict]:
                                                                        "pred.jsonl": SST2_PRED}, "match": "ref.tsv"},
         {"id": "score-predictions-not-json", "args": base, "files": {"ref.tsv": SST2_REF, "pred.jsonl": "{\n"},
          "match": "pred.jsonl"},
+        {"id": "score-predictions-nested-100000-deep", "args": base, "match": "pred.jsonl:1.*nested too deeply",
+         "files": {"ref.tsv": SST2_REF, "pred.jsonl": '{"id": "0", "prediction": ' + "[" * 100000 + "]" * 100000 + "}\n"}},
+        {"id": "score-null-odds-nested-100000-deep", "args": [*base, "--null-odds", "{tmp}/odds.json"],
+         "match": "odds.json.*nested too deeply|null-odds",
+         "files": {"ref.tsv": SST2_REF, "pred.jsonl": SST2_PRED, "odds.json": "[" * 100000 + "]" * 100000}},
         {"id": "score-predictions-binary", "args": base,
          "files": {"ref.tsv": SST2_REF, "pred.jsonl": B64(b"\xff\xfe\x00\x01")}, "match": "pred.jsonl"},
         {"id": "score-references-binary", "args": base,
@@ -627,9 +632,81 @@ def cases_pretrain() -> list[dict]:
     return out
 
 
+# finetune: every number out of range, before anything is read or written
+FINETUNE_BAD = {
+    "train-limit": {"zero": "0", "negative": "-1"}, "dev-limit": {"zero": "0", "negative": "-1"},
+    "lr": {"nan": "nan", "inf": "inf", "zero": "0", "negative": "-1e-3"}, "epochs": {"zero": "0", "inf": "inf"},
+    "threads": {"negative": "-1", "huge": "99999"}, "seed": {"negative": "-1", "huge": str(2 ** 32)},
+    "weight-decay": {"negative": "-1", "nan": "nan"}, "warmup": {"negative": "-1", "nan": "nan"},
+    "eval-every": {"negative": "-1"}, "stride": {"zero": "0", "negative": "-2"},
+    "max-length": {"zero": "0", "huge": "100000", "over-positions": "65"}, "batch-size": {"zero": "0"},
+    "eval-batch-size": {"negative": "-4"}, "clip-norm": {"negative": "-1", "nan": "nan"},
+    "dropout": {"one": "1", "negative": "-0.1"}, "layer-lr-decay": {"zero": "0"}, "log-every": {"zero": "0"},
+    "device": {"bogus": "bogus", "cuda-text-index": "cuda:x"},
+}
+FINETUNE_YAML_BAD = {
+    "train_limit-mapping": ("train_limit: {a: 1}\n", "train_limit"), "train_limit-list": ("train_limit: [1]\n", "train_limit"),
+    "train_limit-zero": ("train_limit: 0\n", "train_limit"), "lr-text": ("lr: fast\n", "lr"),
+    "section-list": ("train: [1, 2]\n", "train"), "seed-negative": ("seed: -1\n", "seed"),
+}
+BIG_VOCAB = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n" + "".join(f"w{i}\n" for i in range(600))
+
+
+def cases_finetune() -> list[dict]:
+    base = ["finetune", "--task", "sst2", "--data", "{sst}", "--model", "{model}", "--out", "{tmp}/run",
+            "--no-progress", "--threads", "1"]
+    out = []
+    for option, values in FINETUNE_BAD.items():
+        for name, value in values.items():
+            out.append({"id": f"finetune-{option}-{name}", "args": [*base, f"--{option}", value],
+                        "match": option.replace("-", "[_-]")})
+    for name, (text, match) in FINETUNE_YAML_BAD.items():
+        out.append({"id": f"finetune-yaml-{name}", "args": ["finetune", "{tmp}/ft.yaml", *base[1:]],
+                    "files": {"ft.yaml": text}, "match": match})
+    out += [
+        {"id": "finetune-tokenizer-larger-than-vocab", "args": [*base[:5], "--model", "{m}", *base[7:]],
+         "model": {"delete": ["tokenizer.json"], "files": {"vocab.txt": BIG_VOCAB}}, "match": "605 ids.*400 embedding"},
+        {"id": "finetune-data-missing-local-folder", "args": [*base[:4], "{tmp}/sts", *base[5:]], "match": "sts"},
+        {"id": "finetune-data-missing-relative-folder", "args": [*base[:4], "glue/SST-2x", *base[5:]],
+         "match": "SST-2x"},
+        {"id": "finetune-model-missing", "args": [*base[:5], "--model", "{tmp}/nomodel", *base[7:]], "match": "nomodel"},
+    ]
+    return out
+
+
+def cases_predict() -> list[dict]:
+    """evaluate and predict on a fine-tuned checkpoint ({cls}) and a masked LM ({model})."""
+    out = []
+    bad = {"batch-size": {"zero": "0", "negative": "-1"}, "max-length": {"zero": "0", "negative": "-5",
+           "huge": "100000", "over-positions": "65"}, "stride": {"zero": "0"}, "threads": {"negative": "-1"}}
+    inputs = {"in.jsonl": '{"text": "a good speech"}\n', "mask.jsonl": '{"text": "the [MASK] of the people"}\n'}
+    runs = {"evaluate": ["evaluate", "--model", "{cls}", "--data", "{sst}"],
+            "predict": ["predict", "{tmp}/in.jsonl", "--model", "{cls}"],
+            "predict-mlm": ["predict", "{tmp}/mask.jsonl", "--model", "{model}"]}
+    for cmd, args in runs.items():
+        for option, values in bad.items():
+            for name, value in values.items():
+                out.append({"id": f"{cmd}-{option}-{name}", "args": [*args, f"--{option}", value], "files": inputs,
+                            "match": option})
+    deep = '{"text": ' + "[" * 100000 + "]" * 100000 + "}\n"
+    out += [
+        {"id": "predict-top-k-zero", "args": [*runs["predict-mlm"], "--top-k", "0"], "files": inputs, "match": "top-k"},
+        {"id": "predict-jsonl-nested-100000-deep", "args": ["predict", "{tmp}/deep.jsonl", "--model", "{cls}"],
+         "files": {"deep.jsonl": deep}, "match": "deep.jsonl:1.*nested too deeply"},
+        {"id": "predict-mlm-tokenizer-larger-than-vocab", "args": ["predict", "{tmp}/mask.jsonl", "--model", "{m}"],
+         "files": inputs, "model": {"delete": ["tokenizer.json"], "files": {"vocab.txt": BIG_VOCAB}},
+         "match": "605 ids.*400 embedding"},
+        {"id": "evaluate-jsonl-nested-100000-deep", "args": ["evaluate", "--model", "{cls}", "--task", "classify",
+                                                              "--data", "{tmp}/deep.jsonl"],
+         "files": {"deep.jsonl": deep}, "match": "deep.jsonl:1.*nested too deeply"},
+    ]
+    return out
+
+
 def main() -> None:
     groups = {"cli": cases_cli(), "info": cases_info(), "tokenize": cases_tokenize(), "embed": cases_embed(),
-              "fill_mask": cases_fill_mask(), "score": cases_score(), "pretrain_config": cases_pretrain()}
+              "fill_mask": cases_fill_mask(), "score": cases_score(), "pretrain_config": cases_pretrain(),
+              "finetune": cases_finetune(), "predict": cases_predict()}
     total = 0
     for name, cases in groups.items():
         lines = [json.dumps(c) for c in cases]
