@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from test_finetune import sentiment_rows, tiny_model  # noqa: F401 (a fixture)
 from test_pretrain import make_data, tiny_config
 from test_pretrain_resume import _KILLED_AT, _args
 
@@ -128,3 +129,49 @@ def test_a_budget_does_not_change_a_run_that_max_steps_ends_first(data64, tmp_pa
     card = pretrain(tiny_config(data64, tmp_path / "both", **{"train.max_steps": 6, "train.budget": "5m"}))
     assert card["updates"] == 6 and card["stop_reason"] == "max_steps"
     assert _weights(tmp_path / "both") == _weights(tmp_path / "steps")
+
+
+def test_the_same_finetune_command_twice_gives_identical_weights(tiny_model, machine, tmp_path):
+    import csv
+
+    for split, seed in (("train", 0), ("dev", 1)):
+        with open(tmp_path / f"{split}.csv", "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows([("text", "label"), *sentiment_rows(48, seed)])
+    for name in ("a", "b"):
+        r = subprocess.run([sys.executable, "-m", "bertkit", "finetune", "--task", "classify",
+                            "--train-file", str(tmp_path / "train.csv"), "--dev-file", str(tmp_path / "dev.csv"),
+                            "--model", str(tiny_model), "--out", str(tmp_path / name), "--epochs", "2",
+                            "--batch-size", "8", "--no-progress"],
+                           cwd=REPO, env=machine, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    recorded = json.loads((tmp_path / "a" / "config.json").read_text())["bertkit_run"]
+    assert recorded["evaluation"] == "fp32" and recorded["precision"] in ("fp32", "bf16")
+
+
+def test_precision_is_one_option_on_every_command_that_runs_a_model(minilm, tmp_path, caplog):
+    import logging
+
+    import numpy as np
+
+    from bertkit.cli import main
+
+    sample = REPO / "src" / "bertkit" / "sample" / "sample.txt"
+    vecs = {}
+    for precision in ("fp32", "bf16"):
+        with caplog.at_level(logging.INFO, logger="bertkit"):
+            assert main(["embed", "--model", str(minilm), "--precision", precision, "--normalize",
+                         "--output", str(tmp_path / f"{precision}.npy"), str(sample)]) == 0
+        said = {"fp32": "precision float32: dtype=float32 asked for",
+                "bf16": "precision bfloat16: dtype=bfloat16 asked for"}[precision]
+        assert said in caplog.text                     # what ran is said
+        vecs[precision] = np.load(tmp_path / f"{precision}.npy")
+    assert (vecs["bf16"] * vecs["fp32"]).sum(-1).min() > 0.99
+    import argparse                                      # the same option and values everywhere
+
+    from bertkit.cli import build_parser
+    for command in ("pretrain", "finetune", "evaluate", "predict", "embed", "fill-mask", "serve", "quickstart"):
+        parser = build_parser(only=command)
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+        option = next(a for a in sub._actions if "--precision" in a.option_strings)
+        assert set(option.choices) <= {"auto", "fp32", "bf16", "fp16"} and "auto" in option.choices, command

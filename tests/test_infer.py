@@ -589,7 +589,7 @@ def test_explicit_dtype_is_not_measured(monkeypatch):
     p = Predictor.from_dir(minilm_dir(), device="cpu", dtype="bfloat16")
     assert p.precision == "bfloat16" and p.precision_reason == "dtype=bfloat16 asked for"
     assert Predictor.from_dir(minilm_dir(), device="cpu", dtype=torch.float32).precision == "float32"
-    with pytest.raises(PredictorError, match="dtype must be auto, float32, bfloat16 or float16, not 'int4'"):
+    with pytest.raises(PredictorError, match="precision must be auto, fp32, bf16 or fp16, not 'int4'"):
         Predictor.from_dir(minilm_dir(), device="cpu", dtype="int4")
     with pytest.raises(PredictorError, match="exclusive"):
         Predictor.from_dir(minilm_dir(), device="cpu", dtype="bfloat16", int8=True)

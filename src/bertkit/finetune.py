@@ -177,6 +177,8 @@ class FinetuneConfig:
         if self.init not in ("pretrained", "random"):
             raise BertkitError(f"init: {self.init!r} is not 'pretrained' or 'random'")
         check_ranges(self, RANGES)
+        if self.task not in (*CUSTOM, "embedding"):
+            get_task(self.task)                     # an unknown name: one line with the known ones
         if not 0.0 < self.layer_lr_decay <= 1.0:
             raise BertkitError(f"layer_lr_decay must be in (0, 1], got {self.layer_lr_decay}")
         check_device_name(self.device)
@@ -451,7 +453,7 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     from .checkpoint import read_config
     from .outdir import INCOMPLETE_KEY
     from .finetune_card import batch_flops, build_card, eval_flops, write_card
-    from .hardware import attention_kernel, choose_precision
+    from .hardware import PRECISION_NAMES, attention_kernel, choose_precision
     from .model import set_attention_kernel
     from .optim import build_optimizer, lr_at
     from .runlog import MetricsLog, hardware
@@ -511,6 +513,11 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     # step / evaluate / checkpoint
     run = FinetuneRun(cfg, task, model, tokenizer, labels, out, metrics_log, steps_per_epoch, dev_examples,
                       dev_feats, facts={"bertkit_stride": stride,      # saved in config.json: how inputs were read
+                                        # ... and what this machine chose (dev evaluation, and `bertkit
+                                        # evaluate` after it, run fp32)
+                                        "bertkit_run": {"device": device.type, "precision": PRECISION_NAMES[precision],
+                                                        "attention_kernel": kernel, "packed": cfg.packed,
+                                                        "evaluation": "fp32"},
                                         INCOMPLETE_KEY: "fine-tuning in progress"})   # removed when the run completes
     rng = random.Random(cfg.seed)
     dev_pass = eval_flops(model.config, dev_feats) if dev_feats is not None else 0.0

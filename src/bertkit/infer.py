@@ -52,7 +52,8 @@ from .tokenizer import Encoding, Tokenizer
 log = logging.getLogger("bertkit")
 
 POOLINGS = ("mean", "cls", "pooler", "none")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}   # (the commands' --precision names)
 TASK_OUTPUTS = {"sequence_classification": "logits", "multiple_choice": "logits",
                 "token_classification": "token_logits", "question_answering": "span_logits"}
 BF16_MIN_COSINE = 0.999     # the bf16 default keeps every sample sentence, token state and head output this close to fp32
@@ -738,7 +739,7 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
         return None
     dt = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype).replace("torch.", ""))
     if dt not in DTYPES.values():
-        raise PredictorError(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
+        raise PredictorError(f"precision must be auto, fp32, bf16 or fp16, not {dtype!r}")
     return dt
 
 

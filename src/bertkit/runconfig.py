@@ -165,10 +165,11 @@ class TrainSection:
     "LTR & No NSP" baseline; the MLM head, tied to the word embeddings, is the LM head, so no new
     parameters; no NSP). None = clm when model.causal is true, else mlm."""
     seed: int = 0
-    precision: str = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """'auto' (bf16 autocast on a GPU with bf16, and on a CPU where a bf16 GEMM is measured faster than
-    fp32: AMX, AVX512-BF16; else fp32), 'fp32', 'bf16' or 'fp16' (GPU, with a scaler). Weights stay fp32."""
-    attention: str = "auto"
+    fp32: AMX, AVX512-BF16, measured once per machine; else fp32; a resumed run keeps the precision it ran
+    in), 'fp32', 'bf16' or 'fp16' (GPU, with a scaler). Weights stay fp32. Also --precision."""
+    attention: Literal["auto", "sdpa", "math"] = "auto"
     """What computes attention while training: 'sdpa' (torch's scaled_dot_product_attention), 'math'
     (the formula written out, `packing.attention`) or 'auto' (SDPA, except on a CPU where the formula is
     measured faster: once per machine; a resumed run keeps the kernel it ran with)."""
@@ -296,7 +297,8 @@ def range_problem(value: Any, rule: str) -> str | None:
     if value is None and rule.startswith("opt"):
         return None
     what, ok = _RULES[rule.removeprefix("opt")]
-    return None if ok(value) else f"must be {what}, got {value!r}"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return None if number and ok(value) else f"must be {what}, got {value!r}"
 
 
 def check_ranges(obj: Any, ranges: dict[str, str], prefix: str = "") -> None:

@@ -89,6 +89,19 @@ def check_device(device: str | None) -> None:
         raise BertkitError(f"--device {device}: bertkit runs on cpu, cuda[:N] or mps")
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+AUTO_INFERENCE = ("bf16 on a CPU measured faster in bf16 (once per machine) where the model keeps cosine >= 0.999 "
+                  "to fp32 on a fixed sample, else fp32: two machines of different kinds can give vectors ~1e-3 apart")
+
+
+def add_precision(p: argparse.ArgumentParser, auto: str) -> None:
+    """--precision, one name and one set of values on every command that runs a model; `auto` says
+    what 'auto' means for this command. What ran is logged at start-up ("precision ...: why")."""
+    p.add_argument("--precision", default="auto", choices=PRECISIONS,
+                   help=f"auto ({auto}), fp32, bf16 or fp16 (GPU); fp32 gives the same numbers on every machine "
+                        "up to fp32 rounding")
+
+
 def check_threads(threads: int | None) -> None:
     if threads is not None and not 0 <= threads <= 4096:
         raise BertkitError(f"--threads must be 0 (torch's default) or a number of CPU threads, got {threads}")
@@ -211,8 +224,23 @@ def run_info(args) -> int:
             lines.append(f"warning      {tok['error']}")
     lines.append(f"runs here    {caps.summary()}" + (" if it matches fp32 at load" if caps.bf16_fast else ""))
     lines.append(f"short inputs {info['hardware']['short_inputs']}")
+    if c.get("bertkit_run"):
+        r = c["bertkit_run"]
+        lines.append(f"trained in   {r.get('precision')} on {r.get('device')}, attention {r.get('attention_kernel')}, "
+                     f"{'padding-free' if r.get('packed') else 'padded'} (reused by --resume and continued runs)")
+    lines.append(f"measured     {_measurements()}")
     print("\n".join(lines))
     return 0
+
+
+def _measurements() -> str:
+    """Where this machine's measurements live (`hardware.measured_once`) and how many there are."""
+    from ..hardware import _read_measurements, measurements_path
+
+    path = measurements_path()
+    n = len(_read_measurements(path))
+    return f"{path} ({n} measurement{'s' if n != 1 else ''} of this machine's speed, each made once: " \
+           f"delete the file to measure again)" if n else f"{path} (nothing measured yet)"
 
 
 def _short_inputs(info: dict) -> str:
@@ -277,6 +305,7 @@ def setup_embed(p) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the model")
     p.add_argument("--jsonl", action="store_true", default=None, help="read INPUT as JSONL whatever its name")
+    add_precision(p, AUTO_INFERENCE)
     p.set_defaults(run=run_embed)
 
 
@@ -302,7 +331,7 @@ def run_embed(args) -> int:
         if not out.parent.is_dir():
             raise BertkitError(f"--output {args.output}: the folder {out.parent} does not exist")
     pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads,
-                              small_batches=False)          # one pass over a file: no start-up timing
+                              small_batches=False, dtype=args.precision)   # one pass over a file: no start-up timing
     check_fits(pred, args.max_length)
     texts, pairs = read_inputs(args.input, args.jsonl)
     to_npy = bool(args.output and args.output.endswith(".npy"))
@@ -374,6 +403,7 @@ def setup_fill_mask(p) -> None:
     p.add_argument("--json", action="store_true",
                    help="print JSON: a list per text of lists per [MASK] of {token, id, score}")
     p.add_argument("--device", default=None)
+    add_precision(p, AUTO_INFERENCE)
     p.set_defaults(run=run_fill_mask)
 
 
@@ -387,7 +417,8 @@ def run_fill_mask(args) -> int:
         if not _is_unicode(text):
             raise BertkitError(f"text {i + 1}: not valid UTF-8 (undecodable bytes)")
     # the masked-LM head of a BertForMaskedLM or BertForPreTraining checkpoint (NSP weights unused)
-    pred = Predictor.from_dir(args.model, head="masked_lm", device=args.device, small_batches=False)
+    pred = Predictor.from_dir(args.model, head="masked_lm", device=args.device, small_batches=False,
+                              dtype=args.precision)
     check_fits(pred, None)
     results = pred.fill_mask(args.texts, top_k=args.top_k)
     if args.json:

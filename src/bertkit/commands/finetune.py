@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..cliconfig import checked
 from ..errors import BertkitError
+from .basic import add_precision
 
 log = logging.getLogger("bertkit")
 
@@ -109,6 +110,7 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     _null_threshold_option(p)
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument("--threads", type=checked(int, "threads"))
+    add_precision(p, "fp32, the precision fine-tuning evaluated in")
     _column_options(p)
     p.set_defaults(run=run_evaluate)
 
@@ -120,7 +122,7 @@ def load_for_inference(args: argparse.Namespace, backend: str = "torch"):
 
     columns = {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None}
     return load(args.model, args.task, columns, backend=backend, onnx_file=getattr(args, "onnx", None),
-                threads=args.threads)
+                threads=args.threads, precision=args.precision)
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
@@ -174,6 +176,7 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", dest="top_k", type=checked(int, ">=1"), default=5, help="masked LM: candidates per [MASK]")
     _null_threshold_option(p)
     p.add_argument("--threads", type=checked(int, "threads"))
+    add_precision(p, "fp32 for a fine-tuned task model, as fine-tuning evaluated; a masked LM as fill-mask")
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="run the model on PyTorch or on onnxruntime (a file from `bertkit export onnx`)")
     p.add_argument("--onnx", default=None, metavar="FILE", help="ONNX file for --backend onnx (default DIR/model.onnx)")
@@ -211,7 +214,8 @@ def run_predict(args: argparse.Namespace) -> int:
                       {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None},
                       max_length=args.max_length, stride=args.stride, windows=getattr(args, "windows", None),
                       batch_size=args.batch_size, top_k=args.top_k, null_threshold=args.null_threshold,
-                      threads=args.threads, backend=args.backend, onnx_file=args.onnx, where=args.input)
+                      threads=args.threads, backend=args.backend, onnx_file=args.onnx, where=args.input,
+                      precision=args.precision)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         for record in records:

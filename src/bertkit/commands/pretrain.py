@@ -21,7 +21,8 @@ def setup_pretrain(parser: argparse.ArgumentParser) -> None:
         "--train.batch_size=32 --optim.lr=5e-4. Several processes: "
         "torchrun --nproc_per_node N -m bertkit pretrain CONFIG.yaml ...")
     parser.add_argument("config", nargs="?", help="YAML config (configs/pretrain/mini.yaml, ...)")
-    add_options(parser, PretrainConfig, old={f"--{k}": v for k, v in RENAMED.items()})
+    add_options(parser, PretrainConfig, old={f"--{k}": v for k, v in RENAMED.items()},
+                aliases={"--precision": "train.precision"})      # the name every command uses
     suggest_unknown(parser)
     parser.set_defaults(run=run_pretrain)
 

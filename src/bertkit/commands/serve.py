@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..errors import BertkitError
+from .basic import AUTO_INFERENCE, add_precision
 
 log = logging.getLogger("bertkit")
 
@@ -26,8 +27,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-small-batches", dest="small_batches", action="store_false",
                    help="keep short batches on PyTorch too (default on the CPU in fp32: onnxruntime runs them "
                         "where it measures faster at start-up)")
-    p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
-                   help="weight precision (float16/bfloat16 on a GPU run varlen flash attention)")
+    add_precision(p, AUTO_INFERENCE + "; bf16/fp16 on a GPU run varlen flash attention")
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="run the model on PyTorch or on onnxruntime (an exported file, see `bertkit export onnx`)")
     p.add_argument("--onnx", default=None, metavar="FILE", help="ONNX file for --backend onnx (default DIR/model.onnx)")
@@ -41,7 +41,7 @@ def load_predictor(args, max_length: int | None = None):
                            "`bertkit export onnx --int8`")
     return Predictor.from_dir(args.model, head=args.head, device=args.device, threads=args.threads,
                               int8=args.int8, compile=args.compile, backend=args.backend,
-                              max_length=max_length, onnx_file=args.onnx, dtype=getattr(args, "dtype", None),
+                              max_length=max_length, onnx_file=args.onnx, dtype=getattr(args, "precision", None),
                               prepack=getattr(args, "prepack", True), small_batches=getattr(args, "small_batches", True))
 
 
