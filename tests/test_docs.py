@@ -11,7 +11,10 @@ A block that cannot run here is marked on the line above its fence, with the rea
     <!-- docs-test: skip (needs network: downloads GLUE) -->
     <!-- docs-test: slow (about 4 minutes) -->       run when BERTKIT_DOCS_SLOW=1
 Each one is listed as a skipped test with its reason (pytest -rs), and their number is capped.
-Other fences (```text, ```yaml, ```json, none) are output or files, not run.
+Other fences (```text, ```yaml, ```json, none) are output or files, not run; a ```text block marked
+    <!-- docs-test: output -->
+right after a block that runs is that block's output, checked: its stdout must equal it (line
+ends and the blank lines around it aside).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNABLE = {"bash": "bash", "sh": "bash", "python": "python"}
-MARK = re.compile(r"<!--\s*docs-test:\s*(skip|slow)\s*(?:\((.*)\))?\s*-->")
+MARK = re.compile(r"<!--\s*docs-test:\s*(skip|slow|output)\s*(?:\((.*)\))?\s*-->")
 MAX_NOT_RUN = 16
 """Blocks marked skip or slow, in all the docs together: keep this small (each needs a reason)."""
 BLOCK_SECONDS = 120
@@ -43,8 +46,9 @@ class Block:
     line: int             # 1-based line of the opening fence
     lang: str
     code: str
-    mark: str | None      # "skip", "slow" or None
+    mark: str | None      # "skip", "slow", "output" (a text block: the output of the block before) or None
     reason: str
+    expect: str | None = None   # the output this block must print (the "output" text block after it)
 
     @property
     def where(self) -> str:
@@ -72,6 +76,9 @@ def blocks(page: Path) -> list[Block]:
         out.append(Block(page, start + 1, lang, code, mark.group(1) if mark else None,
                          (mark.group(2) or "").strip() if mark else ""))
         i = j + 1
+    for a, b in zip(out, out[1:]):
+        if a.lang in RUNNABLE and b.lang == "text" and b.mark == "output":
+            a.expect = b.code
     return out
 
 
@@ -144,6 +151,10 @@ def test_page_examples_run(page, tmp_path):
         if b.page != page or b in NOT_RUN:
             continue
         timings.append((run_block(b, cwd, env), b.where))
+        if b.expect is not None:
+            got = (cwd / ".block.out").read_text(encoding="utf-8")
+            assert got.strip("\n") == b.expect.strip("\n"), \
+                f"{b.where}: the output differs from the text block after it:\n{got}"
     slow = [f"{w} ({s:.0f} s)" for s, w in timings if s > BLOCK_SECONDS]
     assert not slow, f"blocks slower than {BLOCK_SECONDS} s should be marked <!-- docs-test: slow (...) -->: {slow}"
 
@@ -159,7 +170,9 @@ def test_few_blocks_are_not_run_and_each_says_why():
     assert all(b.reason for b in marked), [b.where for b in marked if not b.reason]
     assert len(marked) <= MAX_NOT_RUN, f"{len(marked)} blocks are marked skip/slow (at most {MAX_NOT_RUN}): " + \
         ", ".join(b.where for b in marked)
-    stray = [b.where for b in ALL if b.mark and b.lang not in RUNNABLE]
+    stray = [b.where for b in ALL if b.mark in ("skip", "slow") and b.lang not in RUNNABLE]
+    stray += [b.where for a, b in zip([None, *ALL], ALL)        # an output mark belongs on a text block after one that runs
+              if b.mark == "output" and (b.lang != "text" or a is None or a.page != b.page or a.expect is None)]
     assert not stray, f"docs-test marks on blocks that are not run anyway: {stray}"
 
 
