@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -307,6 +308,56 @@ def test_config_mistakes(tmp_path):
     rows = ablate.dry_run(ablate_config.load_ablate_config(p), ablate_config.load_ablate_config(p).arms)
     assert [r["status"] for r in rows] == ["ok", "would fail", "would fail"]
     assert "did you mean 'pretrain'" in rows[1]["error"] and "lr" in rows[2]["error"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    ("jobs: -1", "jobs must be at least 1, got -1"), ("jobs: two", "jobs: expected int"),
+    ("threads: -1", "threads must be 0"), ("seeds: [0, x]", r"seeds\[1\] must be an integer"),
+    ("seeds: [0, -1]", r"seeds\[1\] must be an integer"), ("corpus: 5", "corpus must be a list"),
+    ("eval_documents: 0", "eval_documents must be at least 1"), ("budget: {steps: 0}", "budget.steps must be"),
+    ("budget: {match: time, time: 0s}", "budget.time must be a positive"), ("keep_models: maybe", "keep_models"),
+    ("split_seed: -1", "split_seed must be"), ("arms: {name: base}", "arms must be a list"),
+    ("tasks: {nosuch: {data: sst}}", "unknown task 'nosuch'"), ("tasks: {sst2: {data: nodir}}", "data nodir: no such"),
+    ("corpus: [missing.txt]", "missing.txt: no such file"),
+    ("tasks: {sst2: {data: sst, train_limit: {a: 1}}}", "train_limit: expected int"),
+    ("tasks: {sst2: {data: sst, train_limit: 0}}", "train_limit must be at least 1"),
+    ("pretrain: {train: [1, 2]}", "pretrain.train is a section"), ("tasks: {sst2: [1]}", "tasks.sst2 must be a mapping"), ("--jobs 0", "jobs must be at least 1, got 0"),
+    ("--nproc 0", "nproc must be at least 1, got 0"), ("--threads -1", "threads must be 0")])
+def test_grid_mistakes_are_one_line_before_anything_is_written(grid, tmp_path, capsys, extra, says):
+    """A mistake in the grid, its inputs or the options: exit 1 and one line naming it, in --dry-run
+    as in a run, and no output folder."""
+    from bertkit.cli import main
+
+    text = grid[0].read_text().replace(f"out: {grid[0].parent / 'out'}", f"out: {tmp_path / 'out'}")
+    options = extra.split() if extra.startswith("--") else []
+    if not options:                          # the later of two equal keys wins
+        text = text.replace("\narms:", f"\n{extra}\narms:", 1) if not extra.startswith("arms:") else \
+            text.split("\narms:")[0] + f"\n{extra}\n"
+    path = tmp_path / "grid.yaml"
+    path.write_text(text)
+    for run in (["--dry-run"], ["--arms", "base", "--no-report"]):
+        capsys.readouterr()
+        assert main(["ablate", str(path), *run, *options]) == 1, (extra, run)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and re.search(says, err[0]), (extra, run, err)
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_grid_whose_arms_all_failed_exits_1(grid, tmp_path, capsys):
+    from bertkit.cli import main
+
+    text = grid[0].read_text().replace(f"out: {grid[0].parent / 'out'}", f"out: {tmp_path / 'out'}")
+    path = tmp_path / "grid.yaml"
+    path.write_text(text.split("\narms:")[0] + "\narms:\n  - {name: base, pretrian: {}}\n"
+                    "  - {name: other, pretrain: {train: {no_such_key: 1}}}\n"
+                    "  - {name: shape, pretrain: {train: [1, 2]}}\n")
+    assert main(["ablate", str(path), "--dry-run"]) == 1
+    out, err = capsys.readouterr()
+    assert "3 of 3 arms would fail" in err and "pretrain.train is a section" in out
+    assert main(["ablate", str(path), "--no-report"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[-1])["failed"] == ["base", "other", "shape"]
+    assert err.strip().splitlines()[-1].startswith("bertkit ablate: error: 3 of 3 arms failed")
 
 
 @pytest.mark.parametrize("name", ["small", "gpu"])

@@ -19,7 +19,9 @@ Honest by construction:
     Settings that changed under a finished pre-training run are refused (delete the folder to redo
     it), never silently mixed.
   * a failing arm is a row saying so (the error on one line; the traceback in arms/NAME/error.txt)
-    and the grid goes on.
+    and the grid goes on; `bertkit ablate` then exits 1 naming the failed arms. A mistake that would
+    fail every arm (a grid key, the base settings, a missing corpus or task folder) stops the grid
+    before anything is written.
   * split across machines: `--arms a,b` or `--shard I/N` (arms reusing another arm's model go with
     it), all writing into one shared OUT; shared files are written to a temporary name and renamed,
     so two machines at worst do the same work twice. Any machine can write the report
@@ -254,6 +256,11 @@ class RunOptions:
     None = the config's `jobs`."""
     threads: int | None = None
     """Override the config's torch threads per run."""
+
+    def __post_init__(self) -> None:
+        from .runconfig import check_ranges
+
+        check_ranges(self, {"nproc": ">=1", "jobs": "opt>=1", "threads": "optthreads"})
 
 
 class _GridLines(logging.Filter):
@@ -672,6 +679,19 @@ def check_base(cfg: AblateConfig) -> dict:
         raise BertkitError(f"{cfg.source}: the base settings do not resolve: {one_line(e)}") from None
 
 
+def check_inputs(cfg: AblateConfig) -> None:
+    """The corpus files and every task's data are there (each arm reads them: one missing would fail
+    every arm after minutes of work), before anything is written."""
+    shared = Shared(cfg)
+    for name in cfg.corpus:
+        shared._path(name)
+    for task, spec in cfg.tasks.items():
+        data = (spec or {}).get("data") if isinstance(spec, dict) else None
+        if data is not None and not (Path(data) if Path(data).is_absolute() else Path(cfg.data_dir) / data).exists():
+            raise BertkitError(f"{cfg.source}: task {task}: data {data}: no such file or folder in data_dir "
+                               f"{cfg.data_dir} (set data_dir in the config or --data-dir)")
+
+
 def dry_run(cfg: AblateConfig, arms: Sequence[Arm]) -> list[dict]:
     """Per arm: what it changes against the base (resolved keys that differ) or why it would fail."""
     base = check_base(cfg)
@@ -706,6 +726,7 @@ def run_grid(cfg: AblateConfig, arms: Sequence[Arm] | None = None, opts: RunOpti
         raise BertkitError(f"jobs must be >= 1, got {jobs}")
     opts = dataclasses.replace(opts, jobs=jobs)
     check_base(cfg)
+    check_inputs(cfg)
     shared = Shared(cfg)
     quiet = [] if opts.verbose else [h for h in logging.getLogger().handlers if not isinstance(h, logging.FileHandler)]
     for h in quiet:

@@ -32,6 +32,13 @@ class Budget:
     time: str | None = None
     """Pre-training wall time per arm when matching time ('3m', '90s')."""
 
+    def __post_init__(self) -> None:
+        from .runconfig import check_ranges, parse_duration
+
+        check_ranges(self, {"steps": ">=1"}, "budget.")
+        if self.time is not None and not 0 < parse_duration(self.time, "budget.time") < float("inf"):
+            raise BertkitError(f"budget.time must be a positive duration, got {self.time!r}")
+
 
 @dataclass
 class Arm:
@@ -91,6 +98,19 @@ class AblateConfig:
     arms: list = field(default_factory=list)
     source: str = ""
 
+    def __post_init__(self) -> None:
+        from .runconfig import check_ranges, range_problem
+
+        check_ranges(self, {"eval_documents": ">=1", "split_seed": "seed", "mlm_eval_instances": ">=1",
+                            "threads": "threads", "jobs": ">=1"})
+        if not isinstance(self.corpus, list) or not all(isinstance(f, str) and f for f in self.corpus):
+            raise BertkitError(f"corpus must be a list of file names, got {self.corpus!r}")
+        if not isinstance(self.seeds, list):
+            raise BertkitError(f"seeds must be a list of integers, got {self.seeds!r}")
+        for i, seed in enumerate(self.seeds):
+            if type(seed) is not int or range_problem(seed, "seed"):
+                raise BertkitError(f"seeds[{i}] must be an integer in [0, 2**32 - 1], got {seed!r}")
+
 
 TOP_KEYS = [f.name for f in dataclasses.fields(AblateConfig) if f.name != "source"]
 ARM_KEYS = [f.name for f in dataclasses.fields(Arm) if f.name != "error"]
@@ -119,11 +139,22 @@ def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str |
     for key in ("tokenizer", "prepare", "pretrain", "finetune", "tasks"):
         if not isinstance(kw.get(key, {}), dict):
             raise BertkitError(f"{path}: {key} must be a mapping")
+    bad = _not_sections(kw.get("pretrain", {}), "pretrain") or next(
+        (f"tasks.{t} must be a mapping of FinetuneConfig keys (data: ...), not {v!r}"
+         for t, v in kw.get("tasks", {}).items() if v is not None and not isinstance(v, dict)), None)
+    if bad:
+        raise BertkitError(f"{path}: {bad}")
     budget = kw.pop("budget", {}) or {}
     if not isinstance(budget, dict) or set(budget) - {"match", "steps", "time"}:
         raise BertkitError(f"{path}: budget takes match, steps and time")
     arms = kw.pop("arms", []) or []
-    cfg = AblateConfig(**kw, budget=Budget(**budget), source=str(path))
+    if not isinstance(arms, list):
+        raise BertkitError(f"{path}: arms must be a list of mappings (- name: ...)")
+    try:
+        kw = _typed(AblateConfig, kw, "")
+        cfg = AblateConfig(**kw, budget=Budget(**_typed(Budget, budget, "budget.")), source=str(path))
+    except BertkitError as e:
+        raise BertkitError(f"{path}{' + options' if values else ''}: {e}") from None
     if out:
         cfg.out = out
     if data_dir:
@@ -131,6 +162,27 @@ def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str |
     cfg.arms = [_read_arm(a, i, str(path)) for i, a in enumerate(arms)]
     _check_grid(cfg)
     return cfg
+
+
+def _typed(cls: type, values: dict, prefix: str) -> dict:
+    """`values` with each number, string and switch checked against its field's type (as YAML
+    values of a run config are: `runconfig._coerce`); lists and mappings are checked where used."""
+    import typing
+
+    from .runconfig import _coerce
+
+    hints = typing.get_type_hints(cls)
+    return {k: _coerce(v, hints[k], f"{prefix}{k}") if hints[k] in (int, float, str, bool, str | None) else v
+            for k, v in values.items()}
+
+
+def _not_sections(pretrain: dict, where: str) -> str | None:
+    """What is wrong when a PretrainConfig section (model, data, train, optim) is given a value, not keys:
+    merged with the grid's own train keys it would be dropped without a word."""
+    for k, v in pretrain.items():
+        if k in ("model", "data", "train", "optim") and not isinstance(v, dict):
+            return f"{where}.{k} is a section; give it keys, not {v!r}"
+    return None
 
 
 def _read_arm(raw: Any, i: int, where: str) -> Arm:
@@ -143,6 +195,9 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
             continue
         if key in ("prepare", "pretrain", "finetune", "budget") and not isinstance(value, dict):
             arm.error = f"{where} arm {arm.name}: {key} must be a mapping of keys, not {value!r}"
+            continue
+        if key == "pretrain" and _not_sections(value, "pretrain"):
+            arm.error = f"{where} arm {arm.name}: {_not_sections(value, 'pretrain')}"
             continue
         setattr(arm, key, value)
     if not 0 < float(arm.corpus_fraction) <= 1:

@@ -24,7 +24,8 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "  bertkit ablate configs/ablate/small.yaml --arms base,mlm_only            # some arms\n"
         "  bertkit ablate configs/ablate/small.yaml --jobs 2 --threads 1            # 2 arms at a time\n"
         "  bertkit ablate --contract-test [MODEL]     # right-hand context and the causal mask, checked\n"
-        "A finished arm is skipped on a rerun; a failing arm becomes a row saying so. See bertkit/ablate.py.")
+        "A finished arm is skipped on a rerun; a failing arm becomes a row saying so, and the command exits 1\n"
+        "naming the failed arms (--dry-run: the arms that would fail). See bertkit/ablate.py.")
     from ..ablate import RunOptions
     from ..ablate_config import AblateConfig
     from ..cliconfig import add_options, suggest_unknown
@@ -64,21 +65,21 @@ def run_ablate(args: argparse.Namespace) -> int:
     from ..cliconfig import given
 
     values = {k: v for k, v in given(args, ablate_config.AblateConfig).items() if k in GRID_OPTIONS}   # --arms selects
-    cfg = ablate_config.load_ablate_config(args.config, values=values)
+    cfg = ablate_config.load_ablate_config(args.config, values=values)       # every grid key checked here
     command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command,
+                             verbose=bool(getattr(args, "verbose", False)))      # --nproc checked here
     if args.report_only:
         print(ablate_report.write_report(cfg, command))
         return 0
     names = [n.strip() for n in args.arms.split(",") if n.strip()] if args.arms else None
     arms = ablate_config.select_arms(cfg, names, args.shard)
+    ablate.check_inputs(cfg)                   # the corpus and the task data: before anything is written
     if args.dry_run:
-        for row in ablate.dry_run(cfg, arms):
+        rows = ablate.dry_run(cfg, arms)
+        for row in rows:
             print(json.dumps(row))
-        return 0
-    if args.nproc < 1 or cfg.jobs < 1 or cfg.threads < 0:
-        raise BertkitError("--nproc and --jobs must be >= 1, --threads >= 0")
-    opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command,
-                             verbose=bool(getattr(args, "verbose", False)))
+        return _failed([r["arm"] for r in rows if r["status"] != "ok"], len(rows), "would fail (their rows say why)")
     summary = ablate.run_grid(cfg, arms, opts)
     if not args.no_report:
         summary["report"] = str(ablate_report.write_report(cfg, command))
@@ -87,7 +88,15 @@ def run_ablate(args: argparse.Namespace) -> int:
         print(f"bertkit ablate: error: a job exited with {summary['exit_codes']} (see the arms' log.txt)",
               file=sys.stderr)
         return 1
-    return 0
+    return _failed(summary.get("failed") or [], len(arms), f"failed (each one's error: {cfg.out}/arms/NAME/arm.json)")
+
+
+def _failed(names: list[str], total: int, what: str) -> int:
+    """Exit status 1 and one line when an arm failed (or would): a grid is not done while one is not."""
+    if not names:
+        return 0
+    print(f"bertkit ablate: error: {len(names)} of {total} arms {what}: {', '.join(names)}", file=sys.stderr)
+    return 1
 
 
 def _contract(model: str | None) -> int:
