@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_quickstart_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "qs"
-    assert main(["quickstart", "--out", str(out), "--minutes", "0.1"]) == 0
+    assert main(["quickstart", "--out", str(out), "--minutes", "0.5"]) == 0
     text = capsys.readouterr().out
     assert "held-out MLM accuracy" in text and f"cloze prompts: " in text and f"of {len(CLOZE)} answered" in text
     assert text.count("held-out MLM accuracy") == 1                        # one summary

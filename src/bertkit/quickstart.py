@@ -111,6 +111,42 @@ def what_to_expect(passes: float, tokens: int, mask_accuracy: float | None) -> s
             "next steps (docs/pretrain.md, 'the CPU recipe').")
 
 
+MIN_MINUTES = 0.5     # the vocabulary, the data and the final evaluation alone take about half a minute
+
+
+def check_options(root: Path, minutes: float, seed: int, threads: int, updates: int | None) -> None:
+    """The quickstart's options, each checked before anything is written (one line naming it)."""
+    from .errors import BertkitError
+    from .runconfig import range_problem
+
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not math.isfinite(minutes) \
+            or minutes < MIN_MINUTES:
+        raise BertkitError(f"--minutes must be a number >= {MIN_MINUTES} (the vocabulary, the data and the final "
+                           f"evaluation alone take about half a minute), got {minutes!r}")
+    for option, value, rule in (("--seed", seed, "seed"), ("--threads", threads, "threads"),
+                                ("--updates", updates, "opt>=1")):
+        problem = range_problem(value, rule)
+        if problem:
+            raise BertkitError(f"{option} {problem}")
+    if root.exists() and not root.is_dir():
+        raise BertkitError(f"--out {root}: a file, not a folder")
+
+
+def training_config(root: Path, budget_s: float, updates: int | None, seed: int, threads: int, precision: str):
+    """The PretrainConfig of the quickstart's training: the CPU recipe on its data, for `budget_s`
+    seconds (planned into updates when training starts) or exactly `updates`."""
+    from .runconfig import PretrainConfig, load_config
+
+    length = {"train.budget": f"{budget_s:.0f}s", "train.max_steps": 10_000_000, "train.eval_every": 0,
+              "train.eval_minutes": round(budget_s / 60 / 12, 4)} if updates is None else \
+        {"train.budget": None, "train.max_steps": updates, "train.eval_every": max(1, updates // 12)}
+    overrides = {**QUICKSTART_RECIPE, "out": str(root / "run"), "data.path": str(root / "data" / "train"),
+                 "data.eval_path": str(root / "data" / "heldout"), "data.eval_instances": 256, **length,
+                 "train.log_every": 20, "train.checkpoint_every": 0, "train.seed": seed, "train.threads": threads,
+                 "train.precision": precision}
+    return load_config(PretrainConfig, None, [f"--{k}={'null' if v is None else v}" for k, v in overrides.items()])
+
+
 def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, updates: int | None = None,
                precision: str = "auto", say: Callable[[str], None] = log.info) -> dict:
     """The whole pipeline on the bundled corpus: train a WordPiece vocabulary, prepare
@@ -118,15 +154,16 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
     a number of updates at the start of training: `train.plan_budget`) or for exactly `updates`,
     then score held-out MLM accuracy and the cloze prompts. `say` gets a line per stage. Returns the
     run card plus `cloze` (the answers) and `summary` (the closing text, one string per line)."""
+    t0 = time.time()
+    root = Path(out)
+    check_options(root, minutes, seed, threads, updates)           # before anything is loaded or written
+    training_config(root, max(minutes * 60 - 15, 10), updates, seed, threads, precision)   # its keys checked now
     from .data.prepare import PrepareConfig, prepare
     from .infer import Predictor
-    from .runconfig import PretrainConfig, load_config
     from .runlog import read_jsonl
     from .tokenizer import Tokenizer
     from .train import pretrain
 
-    t0 = time.time()
-    root = Path(out)
     (root / "text").mkdir(parents=True, exist_ok=True)
     train_docs, held_docs, about = quickstart_corpus()
     (root / "text" / "train.txt").write_text("\n\n".join(train_docs) + "\n", encoding="utf-8")
@@ -142,14 +179,7 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
     prepare([str(root / "text" / "heldout.txt")], tok, root / "data" / "heldout", pcfg, progress=False, overwrite=True)
     say(f"3/4 prepared {meta['counts']['instances']:,} sequences of up to {QUICKSTART_SEQ} tokens")
     budget = max(minutes * 60 - (time.time() - t0) - 15, 10)     # 15 s kept for the final evaluation and report
-    length = {"train.budget": f"{budget:.0f}s", "train.max_steps": 10_000_000, "train.eval_every": 0,
-              "train.eval_minutes": round(budget / 60 / 12, 4)} if updates is None else \
-        {"train.budget": None, "train.max_steps": updates, "train.eval_every": max(1, updates // 12)}
-    overrides = {**QUICKSTART_RECIPE, "out": str(root / "run"), "data.path": str(root / "data" / "train"),
-                 "data.eval_path": str(root / "data" / "heldout"), "data.eval_instances": 256, **length,
-                 "train.log_every": 20, "train.checkpoint_every": 0, "train.seed": seed, "train.threads": threads,
-                 "train.precision": precision}
-    cfg = load_config(PretrainConfig, None, [f"--{k}={'null' if v is None else v}" for k, v in overrides.items()])
+    cfg = training_config(root, budget, updates, seed, threads, precision)
     say(f"4/4 pre-training BERT-{cfg.model.preset} (MLM only, pre-LN, ALiBi) for "
         + (f"{budget / 60:.1f} minutes ..." if updates is None else f"{updates:,} updates ..."))
     options = f" --seed {seed}" + (f" --threads {threads}" if threads else "") + \

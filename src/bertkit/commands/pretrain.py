@@ -44,6 +44,8 @@ def run_pretrain(args) -> int:
 
 
 def setup_quickstart(parser: argparse.ArgumentParser) -> None:
+    from ..quickstart import MIN_MINUTES
+
     parser.description = ("The whole pipeline in about five minutes on the bundled corpus (US inaugural addresses "
                           "and 11 Project Gutenberg books, "
                           "public domain): train a WordPiece vocabulary, prepare data, pre-train a small BERT with "
@@ -51,7 +53,8 @@ def setup_quickstart(parser: argparse.ArgumentParser) -> None:
                           "on cloze prompts.")
     parser.add_argument("--out", default="runs/quickstart", help="run folder (default: runs/quickstart)")
     parser.add_argument("--minutes", type=float, default=5.0,
-                        help="total time budget in minutes, tokenizer and data included (default 5)")
+                        help=f"total time budget in minutes, tokenizer and data included (default 5; at least "
+                             f"{MIN_MINUTES})")
     parser.add_argument("--updates", type=int, default=None,
                         help="train exactly this many updates instead of what --minutes leaves time for: the "
                              "number a timed run's card records, to repeat that run bit for bit")

@@ -670,6 +670,7 @@ def cases_finetune() -> list[dict]:
         {"id": "finetune-data-missing-relative-folder", "args": [*base[:4], "glue/SST-2x", *base[5:]],
          "match": "SST-2x"},
         {"id": "finetune-model-missing", "args": [*base[:5], "--model", "{tmp}/nomodel", *base[7:]], "match": "nomodel"},
+        {"id": "finetune-task-unknown", "args": ["finetune", "--task", "sst3", *base[3:]], "match": "did you mean 'sst2'"},
     ]
     return out
 
@@ -703,10 +704,25 @@ def cases_predict() -> list[dict]:
     return out
 
 
+def cases_quickstart() -> list[dict]:
+    """Every option checked before the vocabulary is trained: no folder is left behind."""
+    base = ["quickstart", "--out", "{tmp}/qs"]
+    bad = {"minutes": {"zero": "0", "negative": "-1", "tiny": "0.001", "nan": "nan", "inf": "inf", "text": "abc"},
+           "seed": {"negative": "-1", "huge": str(2 ** 32)}, "threads": {"negative": "-1"},
+           "updates": {"zero": "0", "negative": "-5"}, "precision": {"unknown": "fp64"}}
+    out = [{"id": f"quickstart-{option}-{name}", "args": [*base, f"--{option}", value], "match": f"--{option}"}
+           for option, values in bad.items() for name, value in values.items()]
+    out += [{"id": "quickstart-unknown-option-did-you-mean", "args": [*base, "--minuts", "3"],
+             "match": "did you mean --minutes"},
+            {"id": "quickstart-out-is-a-file", "args": ["quickstart", "--out", "{tmp}/f"], "files": {"f": "x"},
+             "match": "--out .*f: a file"}]
+    return out
+
+
 def main() -> None:
     groups = {"cli": cases_cli(), "info": cases_info(), "tokenize": cases_tokenize(), "embed": cases_embed(),
               "fill_mask": cases_fill_mask(), "score": cases_score(), "pretrain_config": cases_pretrain(),
-              "finetune": cases_finetune(), "predict": cases_predict()}
+              "finetune": cases_finetune(), "predict": cases_predict(), "quickstart": cases_quickstart()}
     total = 0
     for name, cases in groups.items():
         lines = [json.dumps(c) for c in cases]
