@@ -52,8 +52,8 @@ def load_cases() -> list[dict]:
 # ---- the models and files the cases start from ---------------------------------------------------
 def build_fixtures(root: Path) -> dict[str, str]:
     """A tiny masked-LM checkpoint ({model}, 64 positions), an encoder-only one ({encoder}), a
-    tokenizer folder ({tok}), a text file ({texts}), an SST-2 folder of 16 + 8 sentences ({sst}) and
-    the masked-LM checkpoint fine-tuned on it for 2 updates ({cls})."""
+    tokenizer folder ({tok}), a text file ({texts}), an SST-2 folder of 16 + 8 sentences ({sst}), the
+    masked-LM checkpoint fine-tuned on it for 2 updates ({cls}) and pre-training data of 64 tokens ({prep})."""
     import gzip
     from importlib import resources
 
@@ -82,8 +82,11 @@ def build_fixtures(root: Path) -> dict[str, str]:
     from bertkit.finetune import FinetuneConfig, finetune
     finetune(FinetuneConfig(task="sst2", data=str(root / "sst"), model=str(root / "model"), out=str(root / "cls"),
                             epochs=1, batch_size=8, progress=False, threads=1))
+    from bertkit.data.prepare import PrepareConfig, prepare
+    prepare([str(corpus)], tok, root / "prep", PrepareConfig(max_length=64), progress=False)
     return {"model": str(root / "model"), "encoder": str(root / "encoder"), "tok": str(root / "tok"),
-            "texts": str(root / "texts.txt"), "sst": str(root / "sst"), "cls": str(root / "cls")}
+            "texts": str(root / "texts.txt"), "sst": str(root / "sst"), "cls": str(root / "cls"),
+            "prep": str(root / "prep")}
 
 
 def _content(value) -> bytes:
@@ -233,6 +236,18 @@ def test_a_usage_mistake_is_one_line_and_exit_status_1_as_the_readme_says():
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.splitlines() == ["bertkit finetune: error: unrecognized arguments: --batchsize "
                                      "(did you mean --batch_size?)"]
+
+
+def test_the_memory_check_counts_the_parameters_without_allocating_them():
+    from bertkit.checkpoint import build
+    from bertkit.config import preset
+    from bertkit.model import num_parameters
+    from bertkit.train import parameter_count
+
+    for kw in ({}, {"num_layers": 3, "norm_position": "pre", "position_embedding_type": "alibi"}, {"num_layers": 1}):
+        cfg = preset("tiny", vocab_size=500, **kw)
+        for nsp in (True, False):
+            assert parameter_count(cfg, {"nsp": nsp}) == num_parameters(build("pretraining", cfg, nsp=nsp)), (kw, nsp)
 
 
 def test_the_corpus_is_broad():

@@ -86,6 +86,30 @@ def test_cli_int8_optimized_export_and_tolerance(classifier, exported, tmp_path,
     assert main(["export", "onnx", "--model", str(tmp_path / "nope"), "--out", str(out)]) == 1
 
 
+def test_an_opset_the_file_would_not_have_and_a_model_of_64_positions(classifier, tmp_path, capsys):
+    """--opset outside 17..22 is refused before anything is written (below 17 torch wrote opset 18 without
+    a word; 23 left a file onnxruntime then failed on, with a traceback); a model of fewer than 128
+    positions exports (its parity sentences are cut to its length: a traceback before)."""
+    for opset, bad in ((1, True), (16, True), (23, True), (17, False)):
+        out = tmp_path / f"o{opset}.onnx"
+        code = main(["export", "onnx", "--model", str(classifier), "--out", str(out), "--opset", str(opset)])
+        err = capsys.readouterr().err
+        assert (code, out.exists()) == ((1, False) if bad else (0, True)), (opset, err)
+        if bad:
+            assert err.splitlines() == [f"bertkit export: error: --opset {opset}: bertkit exports opsets 17 to 22 "
+                                        f"(below 17 torch writes 18 anyway; 23 and later run attention as an op "
+                                        f"onnxruntime does not run here)"]
+    import onnx
+    assert [o.version for o in onnx.load(str(tmp_path / "o17.onnx")).opset_import if o.domain == ""] == [17]
+    short = tmp_path / "short"
+    torch.manual_seed(0)
+    tok = Tokenizer.from_dir(classifier)
+    save_model(build("encoder", preset("tiny", vocab_size=tok.vocab_size, max_position_embeddings=64)), short)
+    tok.save(short)
+    assert main(["export", "onnx", "--model", str(short), "--out", str(short / "model.onnx")]) == 0
+    assert "parity vs PyTorch on 6 batches" in capsys.readouterr().out
+
+
 def test_predict_cli_onnx_backend_equals_torch(classifier, exported, tmp_path, capsys):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(f'{{"id": "{i}", "text": "{t}"}}' for i, t in enumerate(TEXTS)) + "\n")

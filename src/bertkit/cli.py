@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `bertkit ... | head`
         return 0
-    except (BertkitError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+    except (BertkitError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError,
             UnicodeDecodeError, gzip.BadGzipFile) as e:
         if verbose:
             raise

@@ -43,6 +43,11 @@ class ExportError(BertkitError):
     """The export failed or its output disagrees with PyTorch."""
 
 
+# The opsets written as asked: below 17 torch's exporter writes 18 whatever was asked; from 23 on it
+# writes attention as ONNX's Attention op, which onnxruntime (1.32) fails to run on these inputs.
+OPSETS = range(17, 23)
+
+
 class Exportable(nn.Module):
     """A loaded bertkit model as a graph of padded inputs -> named outputs."""
 
@@ -89,6 +94,10 @@ def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimiz
     out = Path(out)
     if out.suffix != ".onnx":
         raise ExportError(f"{out}: the output file must end in .onnx")
+    if opset not in OPSETS:
+        raise ExportError(f"--opset {opset}: bertkit exports opsets {OPSETS[0]} to {OPSETS[-1]} (below {OPSETS[0]} "
+                          f"torch writes 18 anyway; {OPSETS[-1] + 1} and later run attention as an op onnxruntime "
+                          f"does not run here)")
     out.parent.mkdir(parents=True, exist_ok=True)
     model = load_model(model_dir, head=head).eval()
     wrapper = Exportable(model).eval()
@@ -118,17 +127,16 @@ def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimiz
             current = _optimize(current, temps[1])
         if int8:
             current = _quantize(current, temps[2])
+        report = check_parity(wrapper, current, Path(model_dir))      # checked before it is `out`
+        tol_abs = max_abs_diff if max_abs_diff is not None else (None if int8 else 1e-3)
+        tol_cos = min_cosine if min_cosine is not None else (0.98 if int8 else 0.9999)
+        if (tol_abs is not None and report.max_abs_diff > tol_abs) or report.cosine_min < tol_cos:
+            raise ExportError(f"{report.line()}; over tolerance (max abs diff {tol_abs}, cosine {tol_cos}): "
+                              f"{out} not written")
         os.replace(current, out)
     finally:
         for f in temps:
             f.unlink(missing_ok=True)
-    report = check_parity(wrapper, out, Path(model_dir))
-    tol_abs = max_abs_diff if max_abs_diff is not None else (None if int8 else 1e-3)
-    tol_cos = min_cosine if min_cosine is not None else (0.98 if int8 else 0.9999)
-    if (tol_abs is not None and report.max_abs_diff > tol_abs) or report.cosine_min < tol_cos:
-        out.unlink(missing_ok=True)
-        raise ExportError(f"{report.line()}; over tolerance (max abs diff {tol_abs}, cosine {tol_cos}): "
-                          f"{out} removed")
     return report
 
 
@@ -148,8 +156,8 @@ def _example_batch(vocab: int, lengths: Sequence[int], seed: int, pairs: bool = 
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def _text_batches(model_dir: Path | None) -> list[dict[str, Tensor]]:
-    """Real sentences (the bundled sample corpus) in two batches, one of them pairs."""
+def _text_batches(model_dir: Path | None, max_length: int = 128) -> list[dict[str, Tensor]]:
+    """Real sentences (the bundled sample corpus) in two batches, one of them pairs, cut to max_length."""
     from .tokenizer import Tokenizer
 
     try:
@@ -157,7 +165,7 @@ def _text_batches(model_dir: Path | None) -> list[dict[str, Tensor]]:
     except Exception:
         return []
     lines = [l for l in (Path(__file__).parent / "sample" / "sample.txt").read_text().splitlines() if l.strip()]
-    return [tok(lines[:9], max_length=128), tok(lines[9:12], pairs=lines[:3], max_length=128)]
+    return [tok(lines[:9], max_length=max_length), tok(lines[9:12], pairs=lines[:3], max_length=max_length)]
 
 
 def check_parity(wrapper: Exportable, path: Path, model_dir: Path | None = None,
@@ -169,12 +177,15 @@ def check_parity(wrapper: Exportable, path: Path, model_dir: Path | None = None,
     top = min(wrapper.model.config.max_position_embeddings, 128)
     random = [_example_batch(vocab, lengths, seed=100 + k, pairs=pairs) for k, (lengths, pairs) in enumerate(
         [([5], False), ([top, 3, 17, min(64, top)], True), ([33, 33, 33], False), ([3, min(71, top)] * 3, True)])]
-    text = _text_batches(model_dir)
+    text = _text_batches(model_dir, top)
     diffs, cosines = [], []
     for k, feed in enumerate(random + text):
         with torch.no_grad():
             ref = [t.float().numpy() for t in wrapper(*(feed[n] for n in INPUTS))]
-        got = session.run(None, {n: feed[n].numpy() for n in INPUTS})
+        try:
+            got = session.run(None, {n: feed[n].numpy() for n in INPUTS})
+        except Exception as e:             # noqa: BLE001 - onnxruntime's own error, as one line
+            raise ExportError(f"onnxruntime fails on the exported graph: {str(e).splitlines()[0][:300]}") from None
         mask = feed["attention_mask"].numpy().astype(bool)
         for r, g in zip(ref, got):
             if r.ndim >= 2 and r.shape[:2] == mask.shape:                    # per token: real tokens only

@@ -238,12 +238,19 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     if tc.threads:
         torch.set_num_threads(tc.threads)
     out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise RunConfigError(f"out {cfg.out}: a file, not a folder")
     budget = parse_duration(tc.budget, "train.budget") if tc.budget else 0.0
     phases, tokenizer = _phases(cfg, world)
     ckpt = find_checkpoint(out / "checkpoints") if cfg.resume else None
     if cfg.resume and ckpt is None:
         log.warning("--resume: no valid checkpoint in %s; starting from scratch", out / "checkpoints")
-    model = _build_model(cfg, tokenizer.vocab_size, ckpt).to(world.device)   # (init_from: cfg.model says what it is)
+    model = _build_model(cfg, tokenizer.vocab_size, ckpt, world).to(world.device)   # (init_from: cfg.model says what it is)
+    longest = max(ph.max_len for ph in phases)
+    if longest > model.config.max_position_embeddings:
+        raise RunConfigError(f"model.max_position_embeddings is {model.config.max_position_embeddings}, shorter than the "
+                             f"prepared sequences ({longest} tokens, {phases[-1].path}): give at least {longest}, or "
+                             f"prepare the data with --max_length {model.config.max_position_embeddings}")
     for k in ("hidden_dropout", "attention_dropout"):      # None: the model's (0.1 new, a checkpoint's own)
         if getattr(cfg.model, k) is None:
             setattr(cfg.model, k, getattr(model.config, k))     # so config.yaml says what trains
@@ -543,7 +550,7 @@ def _continued_model(cfg: PretrainConfig, vocab_size: int, head_args: dict):
     return model
 
 
-def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
+def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None, world: D.World | None = None):
     mc = cfg.model
     head_args = {"nsp": cfg.train.nsp}
     if ckpt is not None:                     # weights come from the checkpoint's HF folder
@@ -557,6 +564,8 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
                       attention_dropout=_or(mc.attention_dropout, 0.1), norm_position=mc.norm_position, causal=mc.causal,
                       position_embedding_type=mc.position_embedding_type,
                       classifier_pooling=mc.classifier_pooling or "cls", **overrides)
+    if world is not None:
+        check_memory(bert_cfg, head_args, world, cfg.train.distributed == "fsdp")
     torch.manual_seed(cfg.train.seed)
     model = init_weights(build("pretraining", bert_cfg, **head_args), bert_cfg)
     if mc.position_init == "sinusoidal":
@@ -564,6 +573,37 @@ def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None):
     if mc.attention_init == "neighbours":
         neighbour_attention_(model.bert)
     return model
+
+
+def check_memory(bert_cfg, head_args: dict, world: D.World, sharded: bool = False) -> None:
+    """A new model whose weights, gradients and AdamW's two moments (16 bytes a parameter; FSDP: shared
+    over the processes) do not fit in the device's free memory is refused before it is allocated: a
+    config asking for 800 GB is one line, not minutes of swapping until the kernel kills the run."""
+    n = parameter_count(bert_cfg, head_args)
+    need, free = 16 * n / (world.world_size if sharded else 1), _free_memory(world.device)
+    if free is not None and need > free:
+        raise RunConfigError(f"the model has {n / 1e9:,.2f} B parameters: ~{need / 2 ** 30:,.1f} GiB for its weights, "
+                             f"gradients and AdamW moments, more than the {free / 2 ** 30:,.1f} GiB free on "
+                             f"{world.device.type}; choose a smaller model.preset or model.* shape")
+
+
+def parameter_count(bert_cfg, head_args: dict) -> int:
+    """The parameters of the pre-training model `bert_cfg` describes, counted without allocating them."""
+    with torch.device("meta"):          # shapes only; every block is the same size: count one, two
+        one, two = (num_parameters(build("pretraining", bert_cfg.replace(num_layers=k), **head_args)) for k in (1, 2))
+    return one + (bert_cfg.num_layers - 1) * (two - one)
+
+
+def _free_memory(device: torch.device) -> int | None:
+    """Bytes free for a new model on `device` (a GPU: what CUDA reports; the CPU: MemAvailable), None
+    where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
 
 
 def _attention(model, causal: bool):

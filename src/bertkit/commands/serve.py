@@ -111,9 +111,11 @@ def run_serve(args) -> int:
         from ..serve import ServeConfig, serve
         from ..serve_compat import sentence_transformers_pooling
         from ..serve_http import check_bind, is_loopback
+        from .basic import check_device
     except ImportError as e:
         raise BertkitError(f"bertkit serve needs FastAPI and uvicorn: pip install 'bertkit[serve]' ({e})") from None
     check_serve_options(args)
+    check_device(args.device)
     check_bind(args.host, args.api_key, args.insecure_no_api_key)      # before the model loads: fail fast
     predictor = load_predictor(args, args.max_length)
     if args.null_threshold is not None:
@@ -159,6 +161,8 @@ def check_serve_options(args) -> None:
 
 # ---- export --------------------------------------------------------------------------------------
 def setup_export(p: argparse.ArgumentParser) -> None:
+    from ..cliconfig import checked
+
     sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
     o = sub.add_parser("onnx", help="ONNX with dynamic batch and sequence axes, checked against PyTorch",
                        description="Export a checkpoint to ONNX (dynamo exporter), then check it on "
@@ -167,14 +171,14 @@ def setup_export(p: argparse.ArgumentParser) -> None:
     o.add_argument("--out", required=True, metavar="FILE.onnx", help="output file (DIR/model.onnx is what "
                    "--backend onnx looks for by default)")
     o.add_argument("--head", default=None, help="head to export (default: the one config.json names)")
-    o.add_argument("--opset", type=int, default=18, help="ONNX opset (default %(default)s)")
+    o.add_argument("--opset", type=int, default=18, help="ONNX opset, 17 to 22 (default %(default)s)")
     o.add_argument("--optimize", action="store_true", help="save onnxruntime's fused graph (LayerNorm, GELU, ...)")
     o.add_argument("--int8", action="store_true", help="dynamic int8 MatMul weights, per output channel")
-    o.add_argument("--max-abs-diff", type=float, default=None,
+    o.add_argument("--max-abs-diff", type=checked(float, ">=0"), default=None,
                    help="tolerance on the largest output difference (default 1e-3; none for --int8)")
-    o.add_argument("--min-cosine", type=float, default=None,
+    o.add_argument("--min-cosine", type=checked(float, "unit"), default=None,
                    help="tolerance on the sentence-embedding cosine (default 0.9999; 0.98 for --int8)")
-    o.add_argument("--threads", type=int, default=None, help="CPU threads")
+    o.add_argument("--threads", type=checked(int, "threads"), default=None, help="CPU threads")
     p.set_defaults(run=run_export)
 
 

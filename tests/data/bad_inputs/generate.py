@@ -627,6 +627,16 @@ def cases_pretrain() -> list[dict]:
         case("config-file-section-a-list", ["{tmp}/c.yaml"], r"train", files={"c.yaml": "train: [1, 2]\n"}),
         case("config-file-deep", ["{tmp}/c.yaml"], r"c\.yaml", files={"c.yaml": "a: " + "[" * 10000 + "]" * 10000 + "\n"}),
         case("out-is-a-file", ["--out={tmp}/f"], r"f|out", files={"f": "x"}),
+        {"id": "pretrain-out-is-a-file-real-data", "args": ["pretrain", "--out={tmp}/f", "--data.path={prep}",
+                                                            "--train.progress=false"], "files": {"f": "x"},
+         "match": "out .*f: a file"},
+        {"id": "pretrain-positions-shorter-than-the-data", "match": r"max_position_embeddings is 32.*64 tokens",
+         "args": ["pretrain", "--out={tmp}/run", "--data.path={prep}", "--model.preset=tiny",
+                  "--model.max_position_embeddings=32", "--train.progress=false"]},
+        {"id": "pretrain-model-larger-than-memory", "match": r"B parameters: ~[\d,.]+ GiB .* free",
+         "args": ["pretrain", "{tmp}/big.yaml", "--out={tmp}/run", "--data.path={prep}", "--train.progress=false"],
+         "files": {"big.yaml": "model: {preset: large, num_layers: 2000, hidden_size: 4096, num_heads: 16, "
+                               "intermediate_size: 16384}\n"}},
         case("data-path-missing", [], r"no-data"),
     ]
     return out
@@ -719,10 +729,30 @@ def cases_quickstart() -> list[dict]:
     return out
 
 
+def cases_serve_export() -> list[dict]:
+    """Options refused before a model loads or a file is written."""
+    serve = ["serve", "--model", "{model}", "--port", "1"]
+    export = ["export", "onnx", "--model", "{model}", "--out", "{tmp}/m.onnx"]
+    return [
+        {"id": "serve-device-bogus", "args": [*serve, "--device", "bogus"], "match": "--device 'bogus'"},
+        {"id": "serve-device-bad-index", "args": [*serve, "--device", "cuda:x"], "match": "--device 'cuda:x'"},
+        {"id": "serve-device-unknown-type", "args": [*serve, "--device", "tpu"], "match": "--device 'tpu'"},
+        {"id": "export-opset-1", "args": [*export, "--opset", "1"], "match": "--opset 1: bertkit exports opsets 17"},
+        {"id": "export-opset-16", "args": [*export, "--opset", "16"], "match": "--opset 16"},
+        {"id": "export-opset-23", "args": [*export, "--opset", "23"], "match": "--opset 23"},
+        {"id": "export-opset-text", "args": [*export, "--opset", "x"], "match": "--opset"},
+        {"id": "export-threads-negative", "args": [*export, "--threads", "-1"], "match": "--threads"},
+        {"id": "export-min-cosine-nan", "args": [*export, "--min-cosine", "nan"], "match": "--min-cosine"},
+        {"id": "export-min-cosine-above-one", "args": [*export, "--min-cosine", "2"], "match": "--min-cosine"},
+        {"id": "export-max-abs-diff-negative", "args": [*export, "--max-abs-diff", "-1"], "match": "--max-abs-diff"},
+    ]
+
+
 def main() -> None:
     groups = {"cli": cases_cli(), "info": cases_info(), "tokenize": cases_tokenize(), "embed": cases_embed(),
               "fill_mask": cases_fill_mask(), "score": cases_score(), "pretrain_config": cases_pretrain(),
-              "finetune": cases_finetune(), "predict": cases_predict(), "quickstart": cases_quickstart()}
+              "finetune": cases_finetune(), "predict": cases_predict(), "quickstart": cases_quickstart(),
+              "serve_export": cases_serve_export()}
     total = 0
     for name, cases in groups.items():
         lines = [json.dumps(c) for c in cases]
