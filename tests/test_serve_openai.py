@@ -153,6 +153,8 @@ def test_tei_routes(tmp_path, minilm, minilm_app):
         got = np.array(r.json())
         np.testing.assert_allclose(got, p.embed(TEXTS[:2], normalize=True), atol=1e-5)
         assert np.array(c.post("/embed", json={"inputs": "hi", "normalize": False}).json()).shape == (1, 384)
+        empty = c.post("/embed", json={"inputs": []})                    # 400 as /v1/embeddings (was 200 [])
+        assert empty.status_code == 400 and empty.json()["detail"] == "inputs: the list is empty; send at least one text"
         assert c.post("/predict", json={"inputs": "x"}).status_code == 404
     cls = Predictor.from_dir(tiny_checkpoint(tmp_path, "sequence_classification", minilm, names=["neg", "pos"],
                                              num_labels=2), device="cpu")
@@ -167,6 +169,7 @@ def test_tei_routes(tmp_path, minilm, minilm_app):
         want = cls.classify(["good film"])[0]["scores"]
         assert {d["label"]: d["score"] for d in single} == pytest.approx(want, abs=1e-6)
         assert c.post("/rerank", json={"query": "q", "texts": ["a"]}).status_code == 404    # two labels: no reranker
+        assert c.post("/predict", json={"inputs": []}).status_code == 400
     rank = Predictor.from_dir(tiny_checkpoint(tmp_path / "r", "sequence_classification", minilm, num_labels=1),
                               device="cpu")
     with TestClient(create_app(rank, ServeConfig(max_length=rank.max_length, warmup=False))) as c:
@@ -178,6 +181,8 @@ def test_tei_routes(tmp_path, minilm, minilm_app):
         assert [d["index"] for d in out] == list(np.argsort(logits)[::-1])
         assert [d["score"] for d in raw] == pytest.approx(sorted(logits, reverse=True), abs=1e-5)
         assert all(0 < d["score"] < 1 and d["text"] == texts[d["index"]] for d in out)
+        empty = c.post("/rerank", json={"query": "q", "texts": []})
+        assert empty.status_code == 400 and empty.json()["detail"] == "texts: the list is empty; send at least one text"
 
 
 def test_base64_is_little_endian_float32(minilm_app):

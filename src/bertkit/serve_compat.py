@@ -56,9 +56,7 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
         if isinstance(value, dict) and _token_ids(value.get("input")):
             raise LimitError(400, "input: token-id arrays are not accepted; send text (a string or a list of strings)")
         req = validate(EmbeddingsRequest, value, status=400)
-        texts = [req.input] if isinstance(req.input, str) else req.input
-        if not texts:
-            raise LimitError(400, "input: the list is empty; send at least one text")
+        texts = _some([req.input] if isinstance(req.input, str) else req.input, "input")
         if req.dimensions is not None and req.dimensions != hidden:
             raise LimitError(400, f"dimensions: this model's embeddings have {hidden} dimensions and it was not "
                                   f"trained to shorten them; omit dimensions or send {hidden}")
@@ -84,7 +82,7 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
     # ---- text-embeddings-inference ----
     def tei_embed_plan(body: bytes) -> Plan:
         req = validate(TeiEmbedRequest, body)
-        texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
+        texts = _some([req.inputs] if isinstance(req.inputs, str) else req.inputs, "inputs")
         tokens = count(texts, None, "inputs", req.truncate)
         return Plan("embed", {"pooling": cfg.embed_pooling, "normalize": req.normalize}, {"texts": texts}, tokens,
                     lambda r: vectors(r, "float"))
@@ -97,7 +95,7 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
         req = validate(TeiPredictRequest, body)
         x = req.inputs
         single = isinstance(x, str) or (bool(x) and all(isinstance(s, str) for s in x))
-        items = [[x]] if isinstance(x, str) else [x] if single else x       # TEI: ["a", "b"] is one pair
+        items = _some([[x]] if isinstance(x, str) else [x] if single else x, "inputs")   # TEI: ["a", "b"] is one pair
         if any(len(s) not in (1, 2) for s in items):
             raise LimitError(422, "inputs: each item is [text] or [text, pair]")
         texts, pairs = [s[0] for s in items], [s[1] if len(s) == 2 else None for s in items]
@@ -118,8 +116,7 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
 
     def tei_rerank_plan(body: bytes) -> Plan:
         req = validate(TeiRerankRequest, body)
-        if not req.texts:
-            raise LimitError(422, "texts: the list is empty")
+        _some(req.texts, "texts")
         queries = [req.query] * len(req.texts)
         tokens = count(queries, req.texts, "texts", req.truncate)
 
@@ -137,6 +134,14 @@ def add_compat_routes(app: FastAPI, api: Api) -> None:
     async def tei_rerank(request: Request):
         need("/rerank")
         return await handle(request, tei_rerank_plan)
+
+
+def _some(items: list, field: str) -> list:
+    """`items`, or 400 when there are none (as text-embeddings-inference answers an empty batch, and
+    /v1/embeddings an empty input)."""
+    if not items:
+        raise LimitError(400, f"{field}: the list is empty; send at least one text")
+    return items
 
 
 def _token_ids(x: Any) -> bool:
