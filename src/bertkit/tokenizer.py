@@ -149,6 +149,9 @@ class Tokenizer:
 
         t0 = time.perf_counter()
         counts = count_words(files, lowercase)
+        if not counts:                    # a vocabulary of the 5 special tokens would load and tokenize all as [UNK]
+            raise TokenizerError(f"{', '.join(map(str, files))}: no words to learn a vocabulary from (empty, or only "
+                                 "blank lines)")
         t1 = time.perf_counter()
         tokens = learn_wordpiece(counts, vocab_size, min_frequency, limit_alphabet)
         log.log(logging.INFO if show_progress else logging.DEBUG,

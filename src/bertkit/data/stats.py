@@ -22,6 +22,9 @@ def tokenizer_stats(tokenizer, inputs: list[str], max_length: int = 512, max_sen
         if n >= max_sentences:
             break
     sents = [s for d in docs for s in d]
+    if not sents:
+        from ..errors import DataError
+        raise DataError(f"{', '.join(map(str, inputs))}: no text to measure (empty, or only blank lines)")
     words = pieces = unk = split3 = 0
     lengths = []
     backend = tokenizer.backend

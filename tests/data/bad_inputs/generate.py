@@ -748,11 +748,30 @@ def cases_serve_export() -> list[dict]:
     ]
 
 
+def cases_tokenizer() -> list[dict]:
+    """tokenizer train / stats on text with no words (a 5-piece vocabulary, or zeros, before), and their numbers."""
+    empty = {"empty": "", "blank-lines": "\n\n   \n"}
+    out = []
+    for name, text in empty.items():
+        out.append({"id": f"tokenizer-train-{name}", "args": ["tokenizer", "train", "{tmp}/in.txt", "--out",
+                                                               "{tmp}/tok", "--vocab-size", "100"],
+                    "files": {"in.txt": text}, "match": "in.txt: no words to learn a vocabulary from"})
+        out.append({"id": f"tokenizer-stats-{name}", "args": ["tokenizer", "stats", "--model", "{tok}", "{tmp}/in.txt"],
+                    "files": {"in.txt": text}, "match": "in.txt: no text to measure"})
+    for option, value in (("--vocab-size", "0"), ("--vocab-size", "5"), ("--min-frequency", "-1")):
+        out.append({"id": f"tokenizer-train{option}{value}", "match": option,
+                    "args": ["tokenizer", "train", "{texts}", "--out", "{tmp}/tok", option, value]})
+    for option, value in (("--max-length", "0"), ("--max-sentences", "0"), ("--max-sentences", "-1")):
+        out.append({"id": f"tokenizer-stats{option}{value}", "match": option,
+                    "args": ["tokenizer", "stats", "--model", "{tok}", "{texts}", option, value]})
+    return out
+
+
 def main() -> None:
     groups = {"cli": cases_cli(), "info": cases_info(), "tokenize": cases_tokenize(), "embed": cases_embed(),
               "fill_mask": cases_fill_mask(), "score": cases_score(), "pretrain_config": cases_pretrain(),
               "finetune": cases_finetune(), "predict": cases_predict(), "quickstart": cases_quickstart(),
-              "serve_export": cases_serve_export()}
+              "serve_export": cases_serve_export(), "tokenizer": cases_tokenizer()}
     total = 0
     for name, cases in groups.items():
         lines = [json.dumps(c) for c in cases]
