@@ -262,5 +262,7 @@ def run_data_show(args) -> int:
     from ..data.stats import show_instances
     _non_negative(args, "n", "start", "seed", "epoch")
     ds = open_dataset(args.dir)
+    if args.start >= len(ds):
+        raise BertkitError(f"--start {args.start}: {args.dir} holds {len(ds)} instances (0..{len(ds) - 1})")
     print(show_instances(ds, args.n, args.start, _dynamic_cfg(args, ds), args.seed, args.epoch))
     return 0

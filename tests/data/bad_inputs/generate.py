@@ -764,6 +764,8 @@ def cases_tokenizer() -> list[dict]:
     for option, value in (("--max-length", "0"), ("--max-sentences", "0"), ("--max-sentences", "-1")):
         out.append({"id": f"tokenizer-stats{option}{value}", "match": option,
                     "args": ["tokenizer", "stats", "--model", "{tok}", "{texts}", option, value]})
+    out.append({"id": "data-show-start-beyond-the-data", "args": ["data", "show", "{prep}", "--start", "99999999"],
+                "match": r"--start 99999999: .*prep holds \d+ instances"})          # printed nothing, exit 0
     return out
 
 
