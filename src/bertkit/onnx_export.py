@@ -89,7 +89,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimiz
                 head: str | None = None) -> Parity:
     """Export a checkpoint folder to `out`; returns the parity report (raises ExportError over
     tolerance: default max abs diff 1e-3 and cosine 0.9999 for fp32, cosine 0.98 for int8)."""
-    from .checkpoint import load_model
+    from .checkpoint import check_inputs_fit, load_model
 
     out = Path(out)
     if out.suffix != ".onnx":
@@ -98,9 +98,12 @@ def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimiz
         raise ExportError(f"--opset {opset}: bertkit exports opsets {OPSETS[0]} to {OPSETS[-1]} (below {OPSETS[0]} "
                           f"torch writes 18 anyway; {OPSETS[-1] + 1} and later run attention as an op onnxruntime "
                           f"does not run here)")
-    out.parent.mkdir(parents=True, exist_ok=True)
     model = load_model(model_dir, head=head).eval()
+    tokenizer = _tokenizer_of(Path(model_dir))
+    if tokenizer is not None:              # its ids must index the embeddings (the parity sentences, and users)
+        check_inputs_fit(model.config, tokenizer.vocab_size, where=model_dir)
     wrapper = Exportable(model).eval()
+    out.parent.mkdir(parents=True, exist_ok=True)
     vocab = model.config.vocab_size
     sample = _example_batch(vocab, [16, 9], seed=0)                         # trace inputs
     batch, seq = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("sequence", min=1,
@@ -156,13 +159,20 @@ def _example_batch(vocab: int, lengths: Sequence[int], seed: int, pairs: bool = 
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def _text_batches(model_dir: Path | None, max_length: int = 128) -> list[dict[str, Tensor]]:
-    """Real sentences (the bundled sample corpus) in two batches, one of them pairs, cut to max_length."""
+def _tokenizer_of(model_dir: Path | None):
+    """The folder's tokenizer, or None (a folder of weights only: parity is checked on random ids)."""
     from .tokenizer import Tokenizer
 
     try:
-        tok = Tokenizer.from_dir(model_dir)
-    except Exception:
+        return Tokenizer.from_dir(model_dir)
+    except Exception:                      # noqa: BLE001 - no usable tokenizer: the random batches only
+        return None
+
+
+def _text_batches(model_dir: Path | None, max_length: int = 128) -> list[dict[str, Tensor]]:
+    """Real sentences (the bundled sample corpus) in two batches, one of them pairs, cut to max_length."""
+    tok = _tokenizer_of(model_dir)
+    if tok is None:
         return []
     lines = [l for l in (Path(__file__).parent / "sample" / "sample.txt").read_text().splitlines() if l.strip()]
     return [tok(lines[:9], max_length=max_length), tok(lines[9:12], pairs=lines[:3], max_length=max_length)]

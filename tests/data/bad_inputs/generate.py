@@ -745,6 +745,8 @@ def cases_serve_export() -> list[dict]:
         {"id": "export-min-cosine-nan", "args": [*export, "--min-cosine", "nan"], "match": "--min-cosine"},
         {"id": "export-min-cosine-above-one", "args": [*export, "--min-cosine", "2"], "match": "--min-cosine"},
         {"id": "export-max-abs-diff-negative", "args": [*export, "--max-abs-diff", "-1"], "match": "--max-abs-diff"},
+        {"id": "export-tokenizer-larger-than-vocab", "args": ["export", "onnx", "--model", "{m}", "--out", "{tmp}/o/m.onnx"],
+         "model": {"delete": ["tokenizer.json"], "files": {"vocab.txt": BIG_VOCAB}}, "match": "605 ids.*400 embedding"},
     ]
 
 
