@@ -139,6 +139,13 @@ def test_causal_equals_transformers(clm_dir, one_thread):
         assert abs(got - sum(float(logp[i - 1, ids[i]]) for i in range(1, len(ids) - 1))) < 1e-4
 
 
+def test_a_pretraining_checkpoint_folder_is_read_from_its_model_folder(tmp_path, mlm_dir):
+    import shutil
+
+    shutil.copytree(mlm_dir, tmp_path / "step-00000008" / "model")
+    assert blimp.load(tmp_path / "step-00000008").config.vocab_size == len(VOCAB)
+
+
 def test_a_method_the_model_cannot_run_is_refused(mlm_dir, clm_dir):
     mlm, clm = blimp.load(mlm_dir), blimp.load(clm_dir)
     assert blimp.method_for(mlm) == "pll" and blimp.method_for(mlm, "pll-word-l2r") == "pll-word-l2r"

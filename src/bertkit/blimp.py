@@ -164,7 +164,11 @@ def load(path: str | Path, dtype: str | None = "float32", device: str | None = N
     """A checkpoint's encoder and MLM head as scoring runs it: fp32 by default (dtype None: bf16 where the
     CPU measures it faster and it follows fp32, see infer.py), plain Linear layers (prepacking pads each
     GEMM's rows and measured slower on these large uniform batches; and the last block can then run at
-    the scored positions only), no engine of short batches."""
+    the scored positions only), no engine of short batches. A pre-training checkpoint folder
+    (checkpoints/step-N) is read from its model/ folder."""
+    path = Path(path)
+    if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
+        path = path / "model"
     return Predictor.from_dir(path, head="masked_lm", device=device, threads=threads, dtype=dtype,
                               prepack=False, small_batches=False)
 
