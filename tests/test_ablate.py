@@ -127,12 +127,13 @@ def test_micro_grid_end_to_end(grid):
     assert "\n" not in bad[0]["error"]
     assert (out / "arms" / "bad" / "error.txt").is_file()
     report = (out / "REPORT.md").read_text()
-    assert ("| arm | setting | pretrain tokens | wall: pretrain / arm | held-out MLM acc | sst2 accuracy "
-            "| Δ sst2 |") in report
+    assert ("| arm | setting | pretrain tokens | pretrain FLOPs (updates) | wall: pretrain / arm | MLM acc at [MASK] "
+            "| MLM acc, all targets | sst2 accuracy | Δ sst2 [95% CI] |") in report
     main_table = report.split("How to read it")[0]
     lines = {ln.split(" | ")[0].strip("| "): ln for ln in main_table.splitlines() if ln.startswith("| ")}
     assert "base" in lines["base"] and " ± " in lines["base"] and "| done |" in lines["base"]
-    assert "(p " in lines["no_pretraining"] and "failed: " in lines["bad"] and "not run" in lines["later"]
+    assert re.search(r"\| [+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]", lines["no_pretraining"])
+    assert "failed: " in lines["bad"] and "not run" in lines["later"]
     assert "commit " in report and "CPU " in report and "Welch" in report
     # what ran, from the run cards, and the paper note's checklist answered from them
     trained = report.split("## As trained")[1].split("## Reproduction checklist")[0]

@@ -26,9 +26,11 @@ class Budget:
     """What every arm gets, unless the arm's own `budget` changes it (the data/steps axis)."""
     match: str = "tokens"
     """'tokens': the same updates x global batch x sequence length for every arm (wall time is
-    recorded); 'time': the same pre-training wall time (tokens are recorded)."""
+    recorded); 'time': the same pre-training wall time (tokens are recorded); 'flops': the same
+    training FLOPs as the base arm's `steps` updates (an analytic count per update, never timed:
+    `ablate.update_flops`), so a costlier update gets fewer of them. An arm may set its own match."""
     steps: int = 1000
-    """Updates per arm when matching tokens."""
+    """Updates per arm when matching tokens; the base arm's updates when matching FLOPs."""
     time: str | None = None
     """Pre-training wall time per arm when matching time ('3m', '90s')."""
 
@@ -61,7 +63,10 @@ class Arm:
     finetune: dict = field(default_factory=dict)
     """FinetuneConfig keys over the base's, for every task."""
     budget: dict = field(default_factory=dict)
-    """Budget keys over the grid's (steps / time)."""
+    """Budget keys over the grid's (match / steps / time): e.g. {match: flops} for the base arm's
+    compute where the grid matches tokens."""
+    lr_search: dict = field(default_factory=dict)
+    """lr_search keys over the grid's (e.g. other candidate rates for a probe; {lrs: []}: no search)."""
     error: str | None = None
     """A problem found when reading the arm (it becomes a failed row, the grid goes on)."""
 
@@ -84,9 +89,18 @@ class AblateConfig:
     tasks: dict = field(default_factory=dict)
     """name -> {data: folder inside data_dir, FinetuneConfig keys for this task (train_limit, ...)}."""
     seeds: list = field(default_factory=lambda: [0, 1, 2])
+    lr_search: dict = field(default_factory=dict)
+    """Fine-tuning's learning rate chosen on the dev set, per arm x task (the paper picks its rate on
+    dev): {lrs: [2.0e-4, 5.0e-4, 1.0e-3], seeds: first}. Every candidate runs at the first seed
+    ('first') or at every seed ('all'); the rate with the best dev mean is kept and every seed is
+    reported at it (each candidate's score is a row of results.jsonl). Empty: finetune.lr for every
+    run. An arm whose own finetune sets lr keeps that rate."""
     budget: Budget = field(default_factory=Budget)
     mlm_eval_instances: int = 512
     """Held-out instances for the fixed MLM protocol (token masking, 15%, 80/10/10, same positions)."""
+    blimp: dict = field(default_factory=dict)
+    """BLiMP zero-shot scoring of every arm's model (`bertkit blimp`): {data: file or folder inside data_dir,
+    limit: first N pairs of each paradigm (null: all), method: auto | pll | pll-word-l2r}; empty: not scored."""
     base_arm: str = "base"
     threads: int = 0
     """torch CPU threads for every run (0 = torch's default; with jobs > 1: cores / jobs)."""
@@ -105,6 +119,11 @@ class AblateConfig:
                             "threads": "threads", "jobs": ">=1"})
         if not isinstance(self.corpus, list) or not all(isinstance(f, str) and f for f in self.corpus):
             raise BertkitError(f"corpus must be a list of file names, got {self.corpus!r}")
+        if not isinstance(self.blimp, dict) or set(self.blimp) - {"data", "limit", "method"} or (
+                self.blimp and not isinstance(self.blimp.get("data"), str)):
+            raise BertkitError(f"blimp takes data (a file or folder of BLiMP pairs), limit and method, got {self.blimp!r}")
+        if self.blimp.get("limit") is not None and (type(self.blimp["limit"]) is not int or self.blimp["limit"] < 1):
+            raise BertkitError(f"blimp.limit must be an integer >= 1 or null, got {self.blimp['limit']!r}")
         if not isinstance(self.seeds, list):
             raise BertkitError(f"seeds must be a list of integers, got {self.seeds!r}")
         for i, seed in enumerate(self.seeds):
@@ -136,12 +155,13 @@ def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str |
             raise BertkitError(_unknown(key, TOP_KEYS, str(path)))
         kw[key] = value
     kw.update(values or {})
-    for key in ("tokenizer", "prepare", "pretrain", "finetune", "tasks"):
+    for key in ("tokenizer", "prepare", "pretrain", "finetune", "tasks", "lr_search"):
         if not isinstance(kw.get(key, {}), dict):
             raise BertkitError(f"{path}: {key} must be a mapping")
     bad = _not_sections(kw.get("pretrain", {}), "pretrain") or next(
         (f"tasks.{t} must be a mapping of FinetuneConfig keys (data: ...), not {v!r}"
          for t, v in kw.get("tasks", {}).items() if v is not None and not isinstance(v, dict)), None)
+    bad = bad or lr_search_problem(kw.get("lr_search") or {}, "lr_search")
     if bad:
         raise BertkitError(f"{path}: {bad}")
     budget = kw.pop("budget", {}) or {}
@@ -193,7 +213,7 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
         if key not in ARM_KEYS:
             arm.error = _unknown(key, ARM_KEYS, f"{where} arm {arm.name}")
             continue
-        if key in ("prepare", "pretrain", "finetune", "budget") and not isinstance(value, dict):
+        if key in ("prepare", "pretrain", "finetune", "budget", "lr_search") and not isinstance(value, dict):
             arm.error = f"{where} arm {arm.name}: {key} must be a mapping of keys, not {value!r}"
             continue
         if key == "pretrain" and _not_sections(value, "pretrain"):
@@ -202,8 +222,13 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
         setattr(arm, key, value)
     if not 0 < float(arm.corpus_fraction) <= 1:
         arm.error = f"{where} arm {arm.name}: corpus_fraction must be in (0, 1]"
-    if set(arm.budget) - {"steps", "time"}:
-        arm.error = f"{where} arm {arm.name}: budget takes steps and time"
+    if set(arm.budget) - {"match", "steps", "time"}:
+        arm.error = f"{where} arm {arm.name}: budget takes match, steps and time"
+    elif arm.budget.get("match", "tokens") not in MATCHES:
+        arm.error = f"{where} arm {arm.name}: budget.match must be one of {', '.join(MATCHES)}"
+    problem = lr_search_problem(arm.lr_search, "lr_search")
+    if problem:
+        arm.error = f"{where} arm {arm.name}: {problem}"
     if arm.checkpoint is not None and (not arm.model_from or not isinstance(arm.checkpoint, int)
                                        or isinstance(arm.checkpoint, bool) or arm.checkpoint < 1):
         arm.error = f"{where} arm {arm.name}: checkpoint must be an update number >= 1, with model_from"
@@ -220,8 +245,8 @@ def _check_grid(cfg: AblateConfig) -> None:
         raise BertkitError(f"{src}: arm names must be unique ({', '.join(dup)} repeated)")
     if cfg.base_arm not in names:
         raise BertkitError(f"{src}: base_arm {cfg.base_arm!r} is not one of the arms")
-    if cfg.budget.match not in ("tokens", "time"):
-        raise BertkitError(f"{src}: budget.match must be 'tokens' or 'time', not {cfg.budget.match!r}")
+    if cfg.budget.match not in MATCHES:
+        raise BertkitError(f"{src}: budget.match must be 'tokens', 'time' or 'flops', not {cfg.budget.match!r}")
     if cfg.budget.match == "time" and not cfg.budget.time:
         raise BertkitError(f"{src}: budget.match 'time' needs budget.time (e.g. 3m)")
     if not cfg.tasks:
@@ -231,6 +256,35 @@ def _check_grid(cfg: AblateConfig) -> None:
     for i, arm in enumerate(cfg.arms):
         if arm.model_from is not None and arm.model_from not in names[:i]:
             raise BertkitError(f"{src}: arm {arm.name}: model_from {arm.model_from!r} must name an earlier arm")
+
+
+MATCHES = ("tokens", "time", "flops")
+
+
+def lr_search_problem(search: Any, where: str) -> str | None:
+    """What is wrong with an lr_search mapping ({lrs: [...], seeds: first|all}), or None."""
+    if not isinstance(search, dict):
+        return f"{where} must be a mapping ({{lrs: [2.0e-4, 5.0e-4], seeds: first}}), not {search!r}"
+    if set(search) - {"lrs", "seeds"}:
+        return _unknown(sorted(set(search) - {"lrs", "seeds"})[0], ["lrs", "seeds"], where)
+    lrs = search.get("lrs", [])
+    if not isinstance(lrs, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                            and 0 < x < float("inf") for x in lrs):
+        return f"{where}.lrs must be a list of positive learning rates, got {lrs!r}"
+    if len(set(lrs)) != len(lrs):
+        return f"{where}.lrs repeats a rate: {lrs!r}"
+    if search.get("seeds", "first") not in ("first", "all"):
+        return f"{where}.seeds must be 'first' or 'all', not {search.get('seeds')!r}"
+    return None
+
+
+def lr_search_of(cfg: AblateConfig, arm: Arm) -> dict | None:
+    """The arm's learning-rate search ({lrs, seeds}), or None: no search configured, `lrs: []`, or
+    the arm fixes its own finetune lr."""
+    search = {**cfg.lr_search, **arm.lr_search}
+    if not search.get("lrs") or "lr" in arm.finetune:
+        return None
+    return {"lrs": [float(x) for x in search["lrs"]], "seeds": search.get("seeds", "first")}
 
 
 def select_arms(cfg: AblateConfig, names: Sequence[str] | None = None, shard: str | None = None) -> list[Arm]:
@@ -301,7 +355,7 @@ def describe(arm: Arm) -> str:
         parts.append(f"model of arm {arm.model_from}" + (f" after {arm.checkpoint} updates" if arm.checkpoint else ""))
     if arm.corpus_fraction != 1:
         parts.append(f"{arm.corpus_fraction:g} of the text")
-    for section in ("prepare", "pretrain", "finetune", "budget"):
+    for section in ("prepare", "pretrain", "finetune", "budget", "lr_search"):
         parts += [f"{section} {k}={v}" for k, v in flatten(getattr(arm, section)).items()]
     return "; ".join(parts) or "the base recipe"
 

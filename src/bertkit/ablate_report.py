@@ -4,9 +4,11 @@ Reads only what the arms wrote (OUT/arms/NAME/arm.json and results.jsonl), so an
 OUT can write it at any time (`bertkit ablate CONFIG --report-only`): finished arms are rows with
 numbers, failed ones a row with their one-line error, the others 'not run' (or 'running').
 
-Per arm and task: the mean and sample standard deviation of the dev metric over the fine-tuning
-seeds, and against the base arm the difference of means with the p-value of Welch's unequal-variance
-t-test (scipy's when installed, else `welch_t_test` here, exact to ~1e-12; the report says which).
+Per arm and task: the mean, sample standard deviation and min-max of the dev metric over the
+fine-tuning seeds (with the seeds that collapsed to one class, and the learning rate chosen on dev),
+and against the base arm the difference of means with Welch's 95% confidence interval (`difference_ci`:
+the t quantile from `t_quantile`, exact to ~1e-12), marked when it excludes 0, and the p-value of
+Welch's unequal-variance t-test (scipy's when installed, else `welch_t_test` here).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .ablate import _write_rows, finished
+from .ablate import _write_rows, finetune_dir, finished
 from .ablate_config import AblateConfig, _read_json, describe
 
 log = logging.getLogger("bertkit")
@@ -32,15 +34,51 @@ def mean_std(xs: Sequence[float]) -> tuple[float, float]:
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else float("nan"))
 
 
-def welch_t_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
-    """Welch's unequal-variance t-test: (t, degrees of freedom, two-sided p)."""
+def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """(mean(a) - mean(b), its standard error, Welch-Satterthwaite degrees of freedom; nan when neither varies)."""
     (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
     va, vb = sa * sa / len(a), sb * sb / len(b)
     if va + vb == 0:
-        return (0.0, float("nan"), 1.0) if ma == mb else (math.copysign(math.inf, ma - mb), float("nan"), 0.0)
-    t = (ma - mb) / math.sqrt(va + vb)
+        return ma - mb, 0.0, float("nan")
     df = (va + vb) ** 2 / ((va * va / (len(a) - 1) if va else 0) + (vb * vb / (len(b) - 1) if vb else 0))
+    return ma - mb, math.sqrt(va + vb), df
+
+
+def welch_t_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Welch's unequal-variance t-test: (t, degrees of freedom, two-sided p)."""
+    delta, se, df = _welch(a, b)
+    if se == 0:
+        return (0.0, df, 1.0) if delta == 0 else (math.copysign(math.inf, delta), df, 0.0)
+    t = delta / se
     return t, df, betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def t_quantile(q: float, df: float) -> float:
+    """The q quantile (0.5 <= q < 1) of Student's t with df degrees of freedom: the t whose two-sided
+    tail I_{df/(df+t^2)}(df/2, 1/2) is 2 (1 - q), by bisection (to ~1e-12)."""
+    tail = 2 * (1 - q)
+
+    def beyond(t: float) -> float:
+        return betainc(df / 2, 0.5, df / (df + t * t))
+
+    lo, hi = 0.0, 1.0
+    while beyond(hi) > tail:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1e-12 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if beyond(mid) > tail else (lo, mid)
+    return (lo + hi) / 2
+
+
+def difference_ci(a: Sequence[float], base: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Welch's confidence interval of mean(a) - mean(base): the difference -/+ the t quantile at the
+    Welch-Satterthwaite degrees of freedom x its standard error. None with fewer than 2 values on a
+    side; a single point when neither side varies."""
+    if len(a) < 2 or len(base) < 2:
+        return None
+    delta, se, df = _welch(a, base)
+    half = t_quantile(0.5 + level / 2, df) * se if se else 0.0
+    return delta - half, delta + half
 
 
 def betainc(a: float, b: float, x: float) -> float:
@@ -102,7 +140,7 @@ def collect(cfg: AblateConfig) -> tuple[list[dict], list[dict]]:
 
 def write_report(cfg: AblateConfig, command: str = "") -> Path:
     """OUT/results.jsonl, OUT/REPORT.md and OUT/plots/*.png over the finished arms."""
-    from .runlog import hardware
+    from .hardware import machine_facts
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -110,7 +148,7 @@ def write_report(cfg: AblateConfig, command: str = "") -> Path:
     failed_rows = [{"arm": s["name"], "setting": s["setting"], "status": s["status"], "error": s.get("error"),
                     "stage": s.get("stage")} for s in states if s["status"] in ("failed", "interrupted")]
     _write_rows(out / "results.jsonl", rows + failed_rows)
-    hw = hardware()
+    hw = machine_facts()
     header = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": git_commit(), "cpu": hw.get("cpu"),
               "gpu": hw.get("gpu"), "torch": hw.get("torch"), "threads": cfg.threads or hw.get("torch_threads")}
     plots = write_plots(cfg, states, rows, out / "plots", header)
@@ -139,21 +177,44 @@ def git_commit() -> str:
 
 
 def summarize(cfg: AblateConfig, rows: list[dict]) -> tuple[dict, list[str]]:
-    """({(arm, task): {values, mean, std, n, metric, delta, p}}, the tests used): deltas against the base arm."""
+    """({(arm, task): {values, mean, std, min, max, n, metric, collapsed, collapse_known, lr, delta, p,
+    ci, beyond}}, the tests used): deltas against the base arm with Welch's 95% interval; `beyond`:
+    the interval excludes 0. `collapsed`: seeds whose dev predictions were all one class (of
+    `collapse_known` that recorded it); `lr`: the rate chosen on dev (None without a search)."""
     cells: dict = {}
     for r in rows:
         if r.get("status") == "ok" and r.get("value") is not None:
-            c = cells.setdefault((r["arm"], r["task"]), {"values": [], "metric": r["metric"]})
+            c = cells.setdefault((r["arm"], r["task"]), {"values": [], "metric": r["metric"], "collapsed": 0,
+                                                         "collapse_known": 0, "lr": None})
             c["values"].append(float(r["value"]))
+            c["collapsed"] += r.get("collapsed") is True
+            c["collapse_known"] += r.get("collapsed") is not None
+            if r.get("lr_candidates"):
+                c["lr"] = r.get("lr")
     tests = set()
     for (arm, task), c in cells.items():
         c["n"] = len(c["values"])
         c["mean"], c["std"] = mean_std(c["values"])
+        c["min"], c["max"] = min(c["values"]), max(c["values"])
         base = cells.get((cfg.base_arm, task))
         if base and arm != cfg.base_arm:
             c["delta"], c["p"], test = compare(c["values"], base["values"])
+            c["ci"] = difference_ci(c["values"], base["values"])
+            c["beyond"] = c["ci"] is not None and (c["ci"][0] > 0 or c["ci"][1] < 0)
             tests.add(test)
     return cells, sorted(tests)
+
+
+def lr_candidates(rows: list[dict]) -> dict:
+    """{(arm, task): {lr: [dev values of the candidate runs]}} of the lr searches, and which was chosen."""
+    out: dict = {}
+    for r in rows:
+        if r.get("status") == "lr_candidate":
+            c = out.setdefault((r["arm"], r["task"]), {"scores": {}, "chosen": None})
+            c["scores"].setdefault(r.get("lr"), []).append(r.get("value"))
+            if r.get("chosen"):
+                c["chosen"] = r.get("lr")
+    return out
 
 
 def _fmt(v: Any, spec: str = ".3f") -> str:
@@ -172,7 +233,7 @@ def _tokens(v: Any) -> str:
 
 def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], header: dict, command: str,
                     plots: list[Path]) -> str:
-    cells, tests = summarize(cfg, rows)
+    cells, _ = summarize(cfg, rows)
     tasks = list(cfg.tasks)
     metric = {t: next((r["metric"] for r in rows if r["task"] == t), "metric") for t in tasks}
     done = sum(s["status"] == "done" for s in states)
@@ -183,7 +244,9 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
              if base.get("global_batch") and base.get("sequence_lengths") else "the global batch x the sequence length")
     match = (f"**training tokens**: {b.steps} updates x {shape} for every arm (unless the arm changes "
              "it); wall time is recorded, not matched" if b.match == "tokens" else
-             f"**wall time**: {b.time} of pre-training per arm; the tokens each arm saw are recorded")
+             f"**training FLOPs**: every arm gets the FLOPs of the base arm's {b.steps} updates (x {shape}), "
+             "counted per update from its settings, so a costlier update gets fewer of them" if b.match == "flops"
+             else f"**wall time**: {b.time} of pre-training per arm; the tokens each arm saw are recorded")
     lines = [f"# Ablation grid: {Path(cfg.source).name}", "",
              f"{header['date']} · commit {header['commit']} · CPU {header['cpu']}"
              + (f" · GPU {header['gpu']}" if header.get("gpu") else "")
@@ -191,17 +254,19 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
              f"Command: `{command or 'bertkit ablate ' + cfg.source}`", "",
              f"{done} of {len(states)} arms finished. Budget matched by {match}. Same tokenizer "
              f"({cfg.tokenizer}) and the same held-out documents ({cfg.eval_documents}) for every arm.", "",
-             "| arm | setting | pretrain tokens | wall: pretrain / arm | held-out MLM acc | "
-             + " | ".join(f"{t} {metric[t]} | Δ {t}" for t in tasks) + " | status |",
-             "|---|---|---:|---:|---:|" + "---:|---:|" * len(tasks) + "---|"]
+             unigram_line(states), "",
+             "| arm | setting | pretrain tokens | pretrain FLOPs (updates) | wall: pretrain / arm | "
+             "MLM acc at [MASK] | MLM acc, all targets | "
+             + " | ".join(f"{t} {metric[t]} | Δ {t} [95% CI]" for t in tasks) + " | status |",
+             "|---|---|---:|---:|---:|---:|---:|" + "---:|---:|" * len(tasks) + "---|"]
     machines = {s.get("cpu") for s in states if s.get("cpu")}
     for s in states:
         pre = s.get("pretrain") or {}
         mlm = s.get("mlm")
-        acc = _fmt((mlm or {}).get("accuracy"))
+        acc, acc_mask = _fmt((mlm or {}).get("accuracy")), _fmt((mlm or {}).get("accuracy_mask"))
         if s["status"] == "done" and mlm is None:
             own = (pre.get("own_eval") or {}).get("eval_next_token_accuracy")
-            acc = "n/a (causal" + (f"; next-token acc {own:.3f})" if own is not None else ")")
+            acc_mask, acc = "n/a (causal)", "n/a" + (f" (next-token acc {own:.3f})" if own is not None else "")
         if pre.get("checkpoint"):
             tokens = f"{_tokens(pre.get('tokens'))} ({pre['model_from']} at update {pre['checkpoint']})"
             wall = f"{_minutes(pre.get('wall_s'))} (in {pre['model_from']}) / {_minutes(s.get('wall_s'))}"
@@ -210,20 +275,11 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
         else:
             tokens = _tokens(pre.get("tokens")) if pre else "—"
             wall = f"{_minutes(pre.get('wall_s'))} / {_minutes(s.get('wall_s'))}" if pre else "—"
-        row = [s["name"], s["setting"].replace("|", "/"), tokens, wall, acc]
+        budget = s.get("budget") or {}
+        flops = f"{budget['flops']:.2e} ({budget['updates']})" if budget.get("flops") else "—"
+        row = [s["name"], s["setting"].replace("|", "/"), tokens, flops, wall, acc_mask, acc]
         for t in tasks:
-            c = cells.get((s["name"], t))
-            if not c:
-                row += ["—", "—"]
-                continue
-            row.append(f"{c['mean']:.3f} ± {_fmt(c['std'])} ({c['n']})")
-            if s["name"] == cfg.base_arm:
-                row.append("base")
-            elif "delta" in c:
-                mark = " *" if c["p"] is not None and c["p"] < 0.05 else ""
-                row.append(f"{c['delta']:+.3f} (p {_fmt(c['p'], '.2f')}){mark}")
-            else:
-                row.append("—")
+            row += _task_cells(cells.get((s["name"], t)), s["name"] == cfg.base_arm)
         err = s.get("error") or ""
         err = err if len(err) <= 160 else err[:157] + "..."
         status = s["status"] if s["status"] in ("done", "not run") else f"{s['status']}: {err}"
@@ -235,25 +291,81 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "How to read it:", "",
               f"- Each task cell: dev {', '.join(f'{t} {metric[t]}' for t in tasks)} after the last fine-tuning "
-              "epoch (no checkpoint chosen on dev), mean ± sample standard deviation over the seeds (n).",
-              f"- Δ: difference of means against the base arm `{cfg.base_arm}`; p from "
-              f"{', '.join(tests) or 'Welch’s t-test'}; * = p < 0.05, the difference is larger than "
-              f"seed noise. With {len(cfg.seeds)} seeds only large effects are detectable: no * means "
-              "'within seed noise', not 'no effect'.",
-              "- Held-out MLM acc: one protocol for every arm (token masking, 15% of tokens, 80/10/10, the same "
-              "positions), on documents no arm trained on; n/a for a left-to-right model (no MLM objective).",
-              "- Pretrain tokens: real (non-padding) tokens the arm's pre-training saw; wall: its pre-training "
-              "time / the whole arm's (pre-training, held-out MLM and every fine-tuning run).",
+              "epoch (no checkpoint chosen on dev), mean ± sample standard deviation, min–max over the seeds "
+              "(n; with an lr search the rate chosen on dev; 'k of n collapsed': seeds whose dev predictions "
+              "were all one class - for tagging, no entity - counted in the mean).",
+              f"- Δ: difference of means against the base arm `{cfg.base_arm}` with Welch's 95% confidence "
+              "interval (t distribution, Welch-Satterthwaite degrees of freedom); * = the interval excludes 0 "
+              f"(Welch's t-test p < 0.05): the difference is beyond seed noise. With {len(cfg.seeds)} seeds only "
+              "large effects are detectable: no * means 'within seed noise', not 'no effect'.",
+              "- MLM acc: one protocol for every arm (token masking, 15% of tokens, 80/10/10, the same positions), "
+              "on documents no arm trained on. At [MASK]: the positions shown as [MASK] only (the headline: the "
+              "10% of targets left visible are free for an arm that learnt to copy them); all targets: BERT's "
+              "figure. n/a for a left-to-right model (no MLM objective).",
+              "- Pretrain tokens: real (non-padding) tokens the arm's pre-training saw; FLOPs: its training FLOPs "
+              "counted from its settings (6 x matmul weights x token slots + attention + the output projection "
+              "at the positions its objective predicts), with its updates; wall: its pre-training time / the "
+              "whole arm's (pre-training, held-out MLM and every fine-tuning run).",
               ""]
     lines += _variance_section(cfg, cells, tasks, metric)
+    lines += lr_section(cfg, rows, tasks)
     lines += [""] + as_trained_section(cfg, states) + [""] + checklist_section(cfg, states)
     if len(machines) > 1:
         lines += ["", f"Arms ran on {len(machines)} machines: {', '.join(sorted(machines))} (wall times differ "
                   "by machine)."]
     lines += ["", "Each arm's run cards: `arms/NAME/pretrain/run_card.md` and "
-              "`arms/NAME/finetune/TASK/seedS/run_card.md`; all rows: `results.jsonl`."]
+              "`arms/NAME/finetune/TASK/seedS/run_card.md` (`TASK/lrR/seedS` with an lr search); all rows: "
+              "`results.jsonl` (the lr search's candidate runs: status `lr_candidate`)."]
     lines += [""] + [f"![{p.stem}](plots/{p.name})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def _task_cells(c: dict | None, is_base: bool) -> list[str]:
+    """An arm's two cells of a task: mean ± std, min-max (seeds, the lr chosen on dev, seeds collapsed to
+    one class), and the difference from the base with its 95% interval (* when it excludes 0)."""
+    if not c:
+        return ["—", "—"]
+    extra = [str(c["n"])] + ([f"lr {c['lr']:g}"] if c.get("lr") is not None else [])
+    if c["collapsed"]:
+        extra.append(f"{c['collapsed']} of {c['collapse_known']} collapsed")
+    cell = f"{c['mean']:.3f} ± {_fmt(c['std'])}, {c['min']:.3f}–{c['max']:.3f} ({', '.join(extra)})"
+    if is_base:
+        return [cell, "base"]
+    if "delta" not in c:
+        return [cell, "—"]
+    ci = f" [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]" if c.get("ci") else " (too few seeds)"
+    return [cell, f"{c['delta']:+.3f}{ci}{' *' if c.get('beyond') else ''}"]
+
+
+def unigram_line(states: list[dict]) -> str:
+    """The held-out MLM accuracy of always guessing the most common target token (the unigram stage)."""
+    uni = next(((s.get("mlm") or {}).get("unigram") for s in states if (s.get("mlm") or {}).get("unigram")), None)
+    if not uni:
+        return "Unigram baseline: — (no arm has scored held-out MLM at [MASK] positions yet)."
+    return (f"Unigram baseline: always guessing the most common target token `{uni['token']}` scores "
+            f"{uni['share_mask']:.3f} at [MASK] positions ({uni['share']:.3f} of all targets); an arm at that "
+            "accuracy has learnt word frequencies, not context.")
+
+
+def lr_section(cfg: AblateConfig, rows: list[dict], tasks: list[str]) -> list[str]:
+    """Each lr search: the dev mean of every candidate rate, the chosen one in bold."""
+    found = lr_candidates(rows)
+    if not found:
+        return []
+    rates = sorted({lr for c in found.values() for lr in c["scores"]})
+    out = ["", "## Learning rate chosen on dev", "",
+           f"Per arm x task, each candidate's dev mean over the seeds it ran at ({(cfg.lr_search or {}).get('seeds', 'first')}"
+           " seed(s)); the best was kept and every seed reported at it (the selection runs are among the reported "
+           "seeds, so the chosen cell is slightly optimistic, the same way for every arm).", "",
+           "| arm | task | " + " | ".join(f"lr {lr:g}" for lr in rates) + " |", "|---|---|" + "---:|" * len(rates)]
+    for (arm, task), c in found.items():
+        cells = []
+        for lr in rates:
+            vals = [v for v in c["scores"].get(lr, []) if v is not None]
+            text = "—" if not vals else f"{sum(vals) / len(vals):.3f}"
+            cells.append(f"**{text}**" if lr == c["chosen"] else text)
+        out.append(f"| {arm} | {task} | " + " | ".join(cells) + " |")
+    return out
 
 
 def _variance_section(cfg: AblateConfig, cells: dict, tasks: list[str], metric: dict) -> list[str]:
@@ -313,12 +425,17 @@ def write_plots(cfg: AblateConfig, states: list[dict], rows: list[dict], d: Path
     paths = [d / "downstream.png"]
     fig.savefig(paths[0], dpi=100)
     plt.close(fig)
-    accs = [(s.get("mlm") or {}).get("accuracy") for s in states]
+    accs = [(s.get("mlm") or {}).get("accuracy_mask") for s in states]
     fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(names) + 2), 3.6))
     ax.bar(range(len(names)), [a if a is not None else float("nan") for a in accs], color=colors)
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("held-out MLM accuracy")
-    ax.set_title(f"held-out MLM accuracy (token 15%, 80/10/10, same positions)\n{stamp}", fontsize=9)
+    ax.set_ylabel("held-out MLM accuracy at [MASK]")
+    uni = next(((s.get("mlm") or {}).get("unigram") for s in states if (s.get("mlm") or {}).get("unigram")), None)
+    if uni:
+        ax.axhline(uni["share_mask"], color="gray", ls=":", lw=1, label=f"unigram ({uni['token']})")
+        ax.legend(fontsize=8)
+    ax.set_title(f"held-out MLM accuracy at [MASK] positions (token 15%, 80/10/10, same positions)\n{stamp}",
+                 fontsize=9)
     fig.tight_layout()
     paths.append(d / "mlm_accuracy.png")
     fig.savefig(paths[1], dpi=100)
@@ -332,7 +449,7 @@ def _cards(cfg: AblateConfig, st: dict) -> tuple[dict, dict, dict]:
     pre = st.get("pretrain") or {}
     card = _read_json(Path(pre["run_card"]).with_suffix(".json")) if pre.get("run_card") else None
     task = next(iter(cfg.tasks), None)
-    ft = Path(cfg.out) / "arms" / st["name"] / "finetune" / str(task) / f"seed{cfg.seeds[0]}"
+    ft = finetune_dir(Path(cfg.out) / "arms" / st["name"], str(task), cfg.seeds[0], (st.get("lr_chosen") or {}).get(task))
     return card or {}, _read_json(ft / "run_card.json") or {}, _read_json(ft / "metrics.json") or {}
 
 
@@ -406,8 +523,8 @@ def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
     random_init = [s["name"] for s in states if s.get("init") == "random"]
     truncation = []
     for task in cfg.tasks:
-        m = _read_json(Path(cfg.out) / "arms" / cfg.base_arm / "finetune" / task / f"seed{cfg.seeds[0]}"
-                       / "metrics.json") or {}
+        m = _read_json(finetune_dir(Path(cfg.out) / "arms" / cfg.base_arm, task, cfg.seeds[0],
+                                    (base.get("lr_chosen") or {}).get(task)) / "metrics.json") or {}
         tr = ((m.get("inputs") or {}).get("train") or {})
         if tr:
             truncation.append(f"{task}: {tr.get('truncated_examples', 0)} of {tr.get('examples')} training inputs "

@@ -453,10 +453,10 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     from .checkpoint import read_config
     from .outdir import INCOMPLETE_KEY
     from .finetune_card import batch_flops, build_card, eval_flops, write_card
-    from .hardware import PRECISION_NAMES, attention_kernel, choose_precision
+    from .hardware import PRECISION_NAMES, attention_kernel, choose_precision, machine_facts
     from .model import set_attention_kernel
     from .optim import build_optimizer, lr_at
-    from .runlog import MetricsLog, hardware
+    from .runlog import MetricsLog
     from .runconfig import save_config
     from .tokenizer import Tokenizer
     from tqdm.auto import tqdm
@@ -575,7 +575,7 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
               "train_file": str(train_path), "dev_file": str(dev_path) if dev_path else None}
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     counts = {"tokens": tokens, "train_flops": run.train_flops, "eval_flops": run.eval_flops}  # the card's compute
-    write_card(out, build_card(cfg, task, model, labels, inputs, result, command, counts, run.facts, hardware()))
+    write_card(out, build_card(cfg, task, model, labels, inputs, result, command, counts, run.facts, machine_facts()))
     return result
 
 
@@ -612,6 +612,9 @@ def _evaluate_and_keep(run: FinetuneRun) -> None:
     main = scores[task.main_metric]
     record = {"step": step, "epoch": round(step / run.steps_per_epoch, 3),
               **{f"dev_{k}": v for k, v in _plain(scores).items() if not isinstance(v, dict)}}
+    counts = predicted_counts(task, predictions) if run.labels is not None else None
+    if counts is not None:                       # all one class: a run that fell to the majority class
+        record["dev_predicted"] = counts
     run.metrics_log.write(record)
     run.history.append(record)
     log.info("update %d: dev %s", step, ", ".join(f"{k} {_fmt_metric(v)}" for k, v in scores.items()
@@ -624,6 +627,20 @@ def _evaluate_and_keep(run: FinetuneRun) -> None:
             predictions = apply_null_threshold(predictions, run.facts["bertkit_null_threshold"])
         save_finetuned(run.model, run.tokenizer, out=run.out, task=task, cfg=cfg, labels=run.labels, facts=run.facts)
         write_predictions(predictions, run.out / "dev_predictions.jsonl")
+
+
+def predicted_counts(task: Task, predictions: dict) -> dict[str, int] | None:
+    """How often each label (sentence classification) or tag (tagging: every word) was predicted on dev,
+    most frequent first; None for other heads."""
+    from collections import Counter
+
+    if task.head == "sequence_classification":
+        counts = Counter(str(p) for p in predictions.values())
+    elif task.head == "token_classification":
+        counts = Counter(str(t) for tags in predictions.values() for t in tags)
+    else:
+        return None
+    return dict(counts.most_common())
 
 
 def save_finetuned(model: nn.Module, tokenizer, out: Path, task: Task, cfg: FinetuneConfig, labels,

@@ -1,0 +1,156 @@
+"""What `bertkit ablate` measures and how arms are matched, apart from running them (`bertkit.ablate`):
+
+  * the pre-training budget of an arm: the same tokens, wall time, or training FLOPs as the base arm
+    (`budget_of`); FLOPs are counted from the settings (`update_flops`, never timed), so the same
+    grid gives the same updates on every machine;
+  * held-out MLM accuracy under one protocol for every arm (`heldout_mlm`): at the positions shown
+    as [MASK] (the headline: a model that learnt to copy the 10% of targets left visible gains
+    nothing there) and over all targets (BERT's figure), with the unigram baseline (the share of the
+    most common target token) beside them;
+  * fine-tuning's learning rate chosen on dev per arm x task (`choose_lr`) and the seeds that
+    collapsed to one class (`collapse_of`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .ablate_config import AblateConfig, Arm, _read_json, merge
+from .errors import BertkitError
+
+if TYPE_CHECKING:
+    from .ablate import Shared
+
+
+# ---- the budget -----------------------------------------------------------------------------------
+def budget_of(cfg: AblateConfig, arm: Arm) -> dict:
+    """The arm's budget: {match, steps, time}, the arm's keys over the grid's. Matching FLOPs, `steps`
+    is computed: the base arm's updates x its FLOPs per update / this arm's (rounded, at least 1),
+    with the counts behind it; an arm's own `steps` fixes its updates whatever it matches."""
+    b = {"match": cfg.budget.match, "steps": cfg.budget.steps, "time": cfg.budget.time, **arm.budget}
+    if b["match"] == "time" and not b.get("time"):
+        raise BertkitError(f"arm {arm.name}: budget.match 'time' needs budget.time (e.g. 3m)")
+    if b["match"] != "flops" or "steps" in arm.budget:
+        return b
+    base = next((a for a in cfg.arms if a.name == cfg.base_arm), Arm(name=cfg.base_arm))
+    base_steps = int({"steps": cfg.budget.steps, **base.budget}["steps"])
+    mine, ref = update_flops(cfg, arm), update_flops(cfg, base)
+    b.update(steps=max(1, round(base_steps * ref / mine)), flops_per_update=mine, reference=base.name,
+             reference_updates=base_steps, reference_flops=base_steps * ref)
+    return b
+
+
+def update_flops(cfg: AblateConfig, arm: Arm) -> float:
+    """Training FLOPs of one pre-training update of the arm, counted from its settings: `runlog.step_flops`
+    (3 x the forward: 2 x the encoder's matmul weights per token, attention 4 T^2 C L per sequence, the
+    MLM head 2 (C^2 + C V) on each position it projects, the NSP head) on global batch x prepare's
+    max_length token slots. The head projects what the objective predicts: masked LM only the selected
+    positions (`num_to_predict` of a full sequence's maskable tokens: ~15%, capped), next-token every
+    position but the last. V is the configured vocabulary size (the same for every arm)."""
+    from .config import preset
+    from .data.masking import num_to_predict
+    from .data.prepare import PrepareConfig
+    from .runconfig import PretrainConfig, from_dict
+    from .runlog import step_flops
+
+    prep = from_dict(PrepareConfig, merge(cfg.prepare, arm.prepare), f"arm {arm.name} prepare")
+    pc = from_dict(PretrainConfig, merge(merge(cfg.pretrain, arm.pretrain), {"data": {"path": "<train>"}}),
+                   f"arm {arm.name} pretrain")
+    mc, t, T = pc.model, pc.train, prep.max_length
+    shape = {k: getattr(mc, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+             if getattr(mc, k) is not None}
+    bert = preset(mc.preset, vocab_size=int(cfg.tokenizer.get("vocab_size", 8000)), **shape)
+    clm = (t.objective or ("clm" if mc.causal else "mlm")) == "clm"
+    masking = dataclasses.replace(prep.masking_config, **pc.data.masking_overrides())
+    per_sequence = T - 1 if clm else num_to_predict(T - (3 if prep.nsp else 2), masking)
+    B = t.batch_size * t.grad_accum
+    return float(step_flops(bert, B * T, B, T, B * per_sequence, t.nsp and not clm))
+
+
+def budget_info(cfg: AblateConfig, arm: Arm) -> dict | None:
+    """What arm.json, the report and --dry-run show of the arm's pre-training budget (None: the arm
+    does not pre-train): match, updates, the analytic FLOPs per update and in all, what it matched."""
+    if arm.model_from is not None or not arm.pretrained:
+        return None
+    b = budget_of(cfg, arm)
+    per = b.get("flops_per_update") or update_flops(cfg, arm)
+    timed = b["match"] == "time"
+    info = {"match": b["match"], "updates": None if timed else int(b["steps"]), "flops_per_update": per,
+            "flops": None if timed else per * int(b["steps"])}
+    if timed:
+        info["time"] = b["time"]
+    if b.get("reference"):
+        info["matched_to"] = {"arm": b["reference"], "updates": b["reference_updates"],
+                              "flops": b["reference_flops"]}
+    return info
+
+
+# ---- held-out MLM -----------------------------------------------------------------------------------
+def heldout_mlm(cfg: AblateConfig, shared: "Shared", model_dir: Path) -> dict | None:
+    """Held-out MLM accuracy under one protocol for every arm: the base prepare's held-out documents,
+    token masking of 15% with 80/10/10, the same positions (seeded) whatever the arm trained with.
+    `accuracy_mask` counts the positions shown as [MASK] only; `accuracy` all targets (10% of them
+    are shown unchanged, which an arm trained to copy them gets right for free). `unigram`: the most
+    common target token and its share (all targets, and at [MASK]): the accuracy of always guessing it.
+    None for a causal (left-to-right) model: it has no masked-LM objective."""
+    import numpy as np
+    import torch
+
+    from .checkpoint import load_model
+    from .data.masking import Collator, MaskingConfig
+    from .data.pretraining import open_dataset
+
+    raw = _read_json(model_dir / "config.json") or {}
+    if raw.get("bertkit_causal") or raw.get("is_decoder"):
+        return None
+    _, heldout, _ = shared.prepared(cfg.prepare)
+    data = open_dataset(heldout)
+    n = min(len(data), cfg.mlm_eval_instances)
+    idx = np.linspace(0, len(data) - 1, n).round().astype(int) if n else []
+    cap = 10 * math.ceil(0.15 * int(data.meta.get("max_length", 128)) / 10)    # 20 at 128, 80 at 512
+    collator = Collator(data, MaskingConfig(mode="token", mask_prob=0.15, max_predictions=cap,
+                                            mask_token_fraction=0.8, random_token_fraction=0.1), seed=20190101)
+    mask_id = collator.info.mask_id
+    model = load_model(model_dir, head="masked_lm").eval()
+    loss, right, targets, shown = 0.0, [], [], []
+    with torch.no_grad():
+        for s in range(0, n, 64):
+            batch = collator([data[int(i)] for i in idx[s:s + 64]], epoch=0)
+            out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                        mlm_labels=batch["mlm_labels"])
+            loss += float(out["mlm_loss"]) * out["mlm_targets"].numel()
+            right.append(out["mlm_logits"].argmax(-1) == out["mlm_targets"])
+            targets.append(out["mlm_targets"])      # in the labels' row-major order (model.select_masked)
+            shown.append(batch["input_ids"][batch["mlm_labels"] != -100] == mask_id)
+    right, targets, shown = (torch.cat(x) if x else torch.zeros(0, dtype=torch.long) for x in (right, targets, shown))
+    count, masked = len(targets), int(shown.sum())
+    top = int(torch.bincount(targets).argmax()) if count else None
+    token = data.tokenizer().convert_ids_to_tokens([top])[0] if top is not None else None
+    return {"accuracy": int(right.sum()) / max(count, 1), "loss": loss / max(count, 1), "predictions": count,
+            "accuracy_mask": int(right[shown].sum()) / max(masked, 1), "mask_predictions": masked,
+            "unigram": {"token": token, "share": int((targets == top).sum()) / max(count, 1),
+                        "share_mask": int((targets[shown] == top).sum()) / max(masked, 1)},
+            "instances": n, "protocol": "token 15%, 80/10/10, fixed positions, base held-out documents"}
+
+
+# ---- fine-tuning: the rate chosen on dev, collapsed seeds -------------------------------------------
+def choose_lr(scores: dict[float, list[float | None]]) -> tuple[float, dict[float, float | None]]:
+    """(the rate with the best dev mean, each candidate's mean): a run without a dev score counts as
+    the worst; a tie goes to the rate listed first."""
+    means = {lr: (sum(v) / len(v) if v and None not in v else None) for lr, v in scores.items()}
+    best = max(means, key=lambda lr: -math.inf if means[lr] is None else means[lr])
+    return best, means
+
+
+def collapse_of(result: dict) -> dict:
+    """{predicted, collapsed} of a fine-tuning run's last dev evaluation: how often each class (each
+    tag) was predicted, and whether all predictions were one class (for tagging: no entity, all 'O')
+    - a seed that fell to the majority class. None where the run did not record it."""
+    metric = result.get("main_metric")
+    history = [h for h in result.get("history") or [] if f"dev_{metric}" in h]     # the reported one: the last
+    counts = history[-1].get("dev_predicted") if history else None
+    if not isinstance(counts, dict):
+        return {"predicted": None, "collapsed": None}
+    return {"predicted": counts, "collapsed": len([c for c in counts.values() if c]) <= 1}
