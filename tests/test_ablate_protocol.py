@@ -79,6 +79,29 @@ def test_lr_search_runs_candidates_at_the_first_seed_then_every_seed_at_the_best
     assert f"lr {best['lr']:g}" in next(ln for ln in main.splitlines() if ln.startswith("| base |"))
 
 
+@pytest.mark.parametrize("on, chosen, runs", [("all", 1e-4, 4), ("first", 1e-3, 3)])
+def test_the_rate_with_the_best_dev_mean_over_the_selection_seeds_wins(monkeypatch, tmp_path, on, chosen, runs):
+    """Every seed: 1e-4 (mean 0.75) beats 1e-3 (0.70); on the first seed alone 1e-3 (0.8) beats 1e-4 (0.6).
+    A run without a dev score counts as the worst; a tie goes to the rate listed first."""
+    scores = {(1e-4, 0): 0.6, (1e-4, 1): 0.9, (1e-3, 0): 0.8, (1e-3, 1): 0.6}
+    calls = []
+
+    def fake(cfg, arm, task, seed, model, init, d, pre, lr=None):
+        calls.append((lr, seed))
+        return {"arm": arm.name, "task": task, "seed": seed, "lr": lr, "value": scores[(lr, seed)], "status": "ok"}
+
+    monkeypatch.setattr(ablate, "_finetune_one", fake)
+    cfg = ablate_config.AblateConfig(out=str(tmp_path), tasks={"sst2": {}}, seeds=[0, 1], source="g.yaml",
+                                     lr_search={"lrs": [1e-3, 1e-4], "seeds": on}, arms=[ablate.Arm("base")])
+    state: dict = {}
+    rows = ablate._finetune_task(cfg, cfg.arms[0], "sst2", tmp_path / "m", "pretrained", tmp_path, {}, state)
+    assert state["lr_chosen"] == {"sst2": chosen} and len(calls) == len(set(calls)) == runs
+    assert [(r["lr"], r["seed"]) for r in rows if r["status"] == "ok"] == [(chosen, 0), (chosen, 1)]
+    assert sum(r["status"] == "lr_candidate" for r in rows) == (4 if on == "all" else 2)
+    assert ablate_measure.choose_lr({1e-3: [None], 1e-4: [0.1]})[0] == 1e-4
+    assert ablate_measure.choose_lr({1e-3: [0.5], 1e-4: [0.5]})[0] == 1e-3
+
+
 def test_plan_key_of_a_grid_without_the_new_keys_is_unchanged(tmp_path):
     """Arms finished before lr_search and budget.match flops existed stay finished."""
     arm = ablate.Arm(name="base")
