@@ -1,4 +1,4 @@
-"""`bertkit tokenizer train|stats`, `bertkit prepare`, `bertkit data stats|show`."""
+"""`bertkit tokenizer train|stats`, `bertkit prepare`, `bertkit data stats|show|nsp-shortcut`."""
 from __future__ import annotations
 
 import argparse
@@ -198,6 +198,21 @@ def setup_data(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--epoch", type=int, default=0, help="dynamic data: the epoch whose masks to show")
     p.add_argument("--seed", type=int, default=0, help="dynamic data: the collator seed")
     p.set_defaults(run=run_data_show)
+    p = _sub(parser, "nsp-shortcut", "NSP's topic shortcut: a checkpoint's NSP head on next, other-document and "
+             "same-document pairs of held-out text, beside a bag-of-words baseline")
+    p.add_argument("files", nargs="+", help="held-out .txt / .txt.gz: one sentence per line, blank line between documents")
+    p.add_argument("--model", required=True, help="checkpoint with an NSP head (or, with --topic-only, a tokenizer)")
+    p.add_argument("--anchors", type=int, default=1000, help="A segments drawn; one pair of each kind per A")
+    p.add_argument("--max-length", type=int, default=128, help="tokens per pair, [CLS] and [SEP]s included")
+    p.add_argument("--min-distance", type=int, default=2, help="same-document B starts at least this many "
+                   "sentences after A's last (1 would be the next sentence)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--topic-only", action="store_true", help="the bag-of-words baseline alone (no model run)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run_nsp_shortcut)
     parser.set_defaults(run=lambda a: (parser.print_help(), 2)[1])
 
 
@@ -239,6 +254,8 @@ def run_data_stats(args) -> int:
           f"{m['mask_fraction']:.1%} [MASK], {m['keep_fraction']:.1%} kept, {m['random_fraction']:.1%} random")
     print("length histogram: " + ", ".join(f"{k}: {v}" for k, v in s["length_histogram"].items() if v))
     print(_held_out_line(s["held_out"]))
+    if s.get("topic"):
+        print(_topic_line(s["topic"]))
     if s["malformed"]:
         print(f"WARNING: {s['malformed']} malformed instances")
     return 0
@@ -255,6 +272,32 @@ def _held_out_line(h: dict) -> str:
                 f"{sp['instances']:,} instances in {h['path']}; {seen}")
     return (f"held-out: NONE - prepared without a split, so pretrain would evaluate on the last "
             f"{h['instances']} instances; {seen}: mask leakage (prepare again to hold documents out)")
+
+
+def _topic_line(t: dict) -> str:
+    """The topic shortcut in one line (data.stats.topic_baseline)."""
+    if t["auc"] is None or t["accuracy"] is None:
+        return f"topic shortcut: not measured ({t['pairs']} pairs, one class only)"
+    what = "in-order from swapped (SOP: expect chance)" if t["pair_mode"] == "sop" else "is-next from random-next"
+    return (f"topic shortcut: the words of A and B alone (TF-IDF cosine, no model, no order) tell {what} in "
+            f"{t['accuracy']:.1%} of {t['scored_pairs']:,} pairs (threshold fit on {t['fit_pairs']:,} others; chance "
+            f"{t['chance']:.1%}; ROC AUC {t['auc']:.3f}): NSP accuracy up to that needs no coherence")
+
+
+def run_nsp_shortcut(args) -> int:
+    from ..nsp_probe import nsp_shortcut, report_text
+    _non_negative(args, "seed")
+    for name, low in (("anchors", 1), ("batch_size", 1), ("threads", 1)):
+        if getattr(args, name) is not None and getattr(args, name) < low:
+            raise BertkitError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected >= {low}")
+    r = nsp_shortcut(args.model, args.files, anchors=args.anchors, seed=args.seed, max_length=args.max_length,
+                     min_distance=args.min_distance, batch_size=args.batch_size, threads=args.threads,
+                     topic_only=args.topic_only, progress=not args.no_progress and sys.stderr.isatty())
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(report_text(r))
+    return 0
 
 
 def run_data_show(args) -> int:

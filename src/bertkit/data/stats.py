@@ -1,8 +1,6 @@
 """Measurements: a tokenizer on your text, and prepared data as the trainer will see it."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from .masking import Collator, MaskingConfig, TokenInfo
@@ -62,6 +60,132 @@ def tokenizer_stats(tokenizer, inputs: list[str], max_length: int = 512, max_sen
     }
 
 
+# ---- the topic shortcut of NSP (the paper note's failure mode 3) ------------------------------------
+def tfidf_cosine(terms: np.ndarray, segment: np.ndarray, n_pairs: int) -> np.ndarray:
+    """Cosine of the bag-of-words TF-IDF vectors of segments 2p (A) and 2p + 1 (B), for each pair p.
+
+    `terms[k]` (a token id) occurs in segment `segment[k]`. Term frequency is the count in the segment,
+    idf = ln((1 + S) / (1 + df)) + 1 over the S = 2 n_pairs segments themselves (scikit-learn's smooth
+    idf), so a word every segment holds weighs little and a rare shared word a lot. 0 for an empty side."""
+    S = 2 * n_pairs
+    V = int(terms.max()) + 1 if len(terms) else 1
+    key, tf = np.unique(segment.astype(np.int64) * V + terms.astype(np.int64), return_counts=True)
+    seg, term = key // V, key % V
+    df = np.bincount(term, minlength=V)
+    w = tf * (np.log((1.0 + S) / (1.0 + df)) + 1.0)[term]
+    norm = np.sqrt(np.bincount(seg, w * w, minlength=S))
+    pk = (seg // 2) * V + term              # (pair, term): a term both sides hold appears twice, A first
+    order = np.argsort(pk, kind="stable")
+    pk, w = pk[order], w[order]
+    both = pk[1:] == pk[:-1]
+    dot = np.bincount(pk[1:][both] // V, w[1:][both] * w[:-1][both], minlength=n_pairs)
+    denom = norm[0::2] * norm[1::2]
+    return np.where(denom > 0, dot / np.where(denom > 0, denom, 1.0), 0.0)
+
+
+def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
+    """Area under the ROC curve: the chance that a random positive scores above a random negative
+    (ties count half; Mann-Whitney). None when one class is absent."""
+    scores, positive = np.asarray(scores, dtype=np.float64), np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return None
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    first = np.r_[True, s[1:] != s[:-1]]
+    starts = np.flatnonzero(first)
+    ends = np.r_[starts[1:], len(s)]
+    ranks = np.empty(len(s))
+    ranks[order] = ((starts + 1 + ends) / 2.0)[np.cumsum(first) - 1]      # 1-based, ties averaged
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def best_threshold(scores: np.ndarray, positive: np.ndarray) -> float:
+    """The cut t that makes `score > t` agree best with `positive` (the lowest such cut, midway between
+    two scores; -inf = all positive, +inf = none)."""
+    order = np.argsort(scores, kind="mergesort")
+    s, y = np.asarray(scores, dtype=np.float64)[order], np.asarray(positive, dtype=bool)[order]
+    n = len(s)
+    if not n:
+        return float("-inf")
+    right = np.r_[0, np.cumsum(~y)] + np.r_[np.cumsum(y[::-1])[::-1], 0]    # cut k: negatives below + positives above
+    valid = np.r_[True, s[1:] != s[:-1], True]                               # only between distinct scores
+    k = int(np.argmax(np.where(valid, right, -1)))
+    if k == 0:
+        return float("-inf")
+    return float("inf") if k == n else float((s[k - 1] + s[k]) / 2.0)
+
+
+def threshold_baseline(scores: np.ndarray, positive: np.ndarray, seed: int = 0) -> dict:
+    """How well one threshold on `scores` separates the classes: chosen on a random half of the pairs
+    (seeded, so deterministic), accuracy measured on the other half, beside the majority class's share
+    of that half (chance); and the ROC AUC over all pairs (no threshold). Threshold None: no cut beats
+    calling every pair one class."""
+    scores, positive = np.asarray(scores, dtype=np.float64), np.asarray(positive, dtype=bool)
+    n = len(scores)
+    perm = np.random.default_rng(seed).permutation(n)
+    fit, test = perm[: n // 2], perm[n // 2:]
+    t = best_threshold(scores[fit], positive[fit])
+    hits = (scores[test] > t) == positive[test]
+    share = float(positive[test].mean()) if len(test) else 0.0
+    return {"pairs": n, "fit_pairs": len(fit), "scored_pairs": len(test), "threshold": t if np.isfinite(t) else None,
+            "accuracy": float(hits.mean()) if len(test) else None, "chance": max(share, 1.0 - share),
+            "auc": roc_auc(scores, positive),
+            "mean_score_positive": float(scores[positive].mean()) if positive.any() else None,
+            "mean_score_negative": float(scores[~positive].mean()) if (~positive).any() else None}
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions starts[i] .. starts[i] + lengths[i] - 1 of every i, concatenated."""
+    lengths = np.maximum(lengths, 0)
+    shift = starts - np.r_[0, np.cumsum(lengths)[:-1]]
+    return np.repeat(shift, lengths) + np.arange(int(lengths.sum()))
+
+
+def topic_baseline(ds: PretrainingData, sample: int = 20000, seed: int = 0) -> dict | None:
+    """The paper note's sentence-pair shortcut, measured on prepared pairs: a model that sees only the
+    words of A and B (TF-IDF cosine, IDF from these pairs, no order, no model) and one threshold on it,
+    telling is-next (label 0) from the rest (NSP: random next from another document; SOP: swapped).
+    Over an even sample of `sample` pairs, with the original ids where static masks replaced them.
+    None when the data has no pairs."""
+    from .heldout import _shard_ids
+
+    never = np.asarray(ds.token_info().never_mask)
+    n_all = len(ds)
+    pick = np.unique(np.linspace(0, n_all - 1, min(sample, n_all)).astype(np.int64)) if n_all else np.zeros(0, np.int64)
+    terms, segs, labels, base = [], [], [], 0
+    for s in range(len(ds.shard_paths)):
+        lo = int(ds._starts[s])
+        mine = pick[(pick >= lo) & (pick < int(ds._starts[s + 1]))] - lo
+        if not len(mine):
+            continue
+        a = ds._shard(s)
+        off = np.asarray(a["offsets"])
+        b = np.asarray(a["b_start"]).astype(np.int64)[mine]
+        lab = np.asarray(a["nsp_labels"]).astype(np.int64)[mine]
+        L = np.diff(off)[mine]
+        keep = (lab >= 0) & (b < L)
+        mine, b, lab, L = mine[keep], b[keep], lab[keep], L[keep]
+        if not len(mine):
+            continue
+        flat = _shard_ids(ds, s, int(mine[-1]) + 1)
+        start = off[mine]
+        pair = base + np.arange(len(mine))
+        for lo_, n_, side in ((start + 1, b - 2, 0), (start + b, L - b - 1, 1)):     # A, then B
+            pos = _ranges(lo_, n_)
+            terms.append(flat[pos])
+            segs.append(np.repeat(2 * pair + side, np.maximum(n_, 0)))
+        labels.append(lab)
+        base += len(mine)
+    if not base:
+        return None
+    terms, segs = np.concatenate(terms), np.concatenate(segs)
+    ok = ~np.isin(terms, never)
+    cos = tfidf_cosine(terms[ok], segs[ok], base)
+    out = threshold_baseline(cos, np.concatenate(labels) == 0, seed)
+    return {"measure": "tfidf_cosine", "pair_mode": ds.meta.get("config", {}).get("pair_mode", "nsp"), **out}
+
+
 def _mask_breakdown(ids: np.ndarray, labels: np.ndarray, info: TokenInfo) -> tuple[int, int, int]:
     sel = labels != -100
     shown, target = ids[sel], labels[sel]
@@ -84,7 +208,8 @@ def held_out_stats(ds: PretrainingData, eval_instances: int = 256) -> dict:
 def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample: int = 20000, seed: int = 0,
                bins: int = 16, eval_instances: int = 256) -> dict:
     """Counts over all instances; masking measured over an even sample of `sample` instances with
-    the collator training uses (`masking`: default as prepared; `seed`: pretrain's train.seed)."""
+    the collator training uses (`masking`: default as prepared; `seed`: pretrain's train.seed); the
+    topic shortcut of the pairs over the same sample (`topic_baseline`, its halves drawn with `seed`)."""
     meta, info = ds.meta, ds.token_info()
     max_len = int(meta["max_length"])
     lengths, nsp, short, b_start = [], [], [], []
@@ -145,6 +270,7 @@ def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample
         "at_cap_fraction": at_cap / max(len(idx), 1), "predictions_per_instance": sel / max(len(idx), 1),
     }
     out["held_out"] = held_out_stats(ds, eval_instances)
+    out["topic"] = topic_baseline(ds, sample, seed) if meta["nsp"] else None
     return out
 
 
@@ -173,7 +299,3 @@ def show_instances(ds: PretrainingData, n: int = 5, start: int = 0, masking: Mas
         if b < len(ids):
             lines.append("  B: " + " ".join(words[b:]))
     return "\n".join(lines)
-
-
-def data_folder_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
