@@ -15,13 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .ablate_config import AblateConfig, Arm, _read_json, merge
 from .errors import BertkitError
-
-if TYPE_CHECKING:
-    from .ablate import Shared
 
 
 # ---- the budget -----------------------------------------------------------------------------------
@@ -88,9 +84,10 @@ def budget_info(cfg: AblateConfig, arm: Arm) -> dict | None:
 
 
 # ---- held-out MLM -----------------------------------------------------------------------------------
-def heldout_mlm(cfg: AblateConfig, shared: "Shared", model_dir: Path) -> dict | None:
-    """Held-out MLM accuracy under one protocol for every arm: the base prepare's held-out documents,
-    token masking of 15% with 80/10/10, the same positions (seeded) whatever the arm trained with.
+def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path) -> dict | None:
+    """Held-out MLM accuracy under one protocol for every arm (`shared`: the grid's `ablate.Shared`):
+    the base prepare's held-out documents, token masking of 15% with 80/10/10, the same positions
+    (seeded) whatever the arm trained with.
     `accuracy_mask` counts the positions shown as [MASK] only; `accuracy` all targets (10% of them
     are shown unchanged, which an arm trained to copy them gets right for free). `unigram`: the most
     common target token and its share (all targets, and at [MASK]): the accuracy of always guessing it.

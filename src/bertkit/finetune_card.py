@@ -147,3 +147,24 @@ def write_card(out: Path, card: dict) -> None:
         lines += [f"| {k} | {_fmt(v)} |" for k, v in card["hardware"].items()]
     lines += ["", "Files: " + FILES + ". The resolved config is also in run_card.json (`config`)."]
     (out / "run_card.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def seeds_card_lines(summary: dict) -> list[str]:
+    """The run card's section of a `--seeds` run (`bertkit.finetune_seeds`): per dev metric the
+    seeds' mean, standard deviation and min-max, the collapsed seeds, the chosen seed and why."""
+    from .runlog import _fmt
+
+    n, gone = len(summary["seeds"]), summary["collapse"]["seeds"]
+    lines = ["## Seeds", "", f"{n} seeds ({', '.join(map(str, summary['seeds']))}), each in `seed-N/`; this "
+             f"folder's model is seed {summary['chosen_seed']}, {summary['chosen_by']}.", "",
+             "| dev metric | mean | std (n - 1) | min | max |", "|---|---|---|---|---|"]
+    lines += [f"| {k} | {_fmt(s['mean'])} | {_fmt(s['std']) if s['std'] is not None else '-'} | {_fmt(s['min'])} | "
+              f"{_fmt(s['max'])} |" for k, s in summary["metrics"].items()]
+    collapse = summary["collapse"]
+    lines += ["", f"Collapsed ({collapse['rule']}): " + (", ".join(map(str, gone)) or "none") if gone is not None
+              else f"Collapsed: {collapse['why']}"]
+    lines += ["", "| seed | " + summary["main_metric"] + " | collapsed | wall time (s) |", "|---|---|---|---|"]
+    lines += [f"| {r['seed']} | {_fmt(r['dev'].get(summary['main_metric']))} | "
+              f"{'-' if r['collapsed'] is None else 'yes' if r['collapsed'] else 'no'} | {r['wall_time_s']} |"
+              for r in summary["runs"]]
+    return lines

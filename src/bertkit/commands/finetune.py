@@ -51,9 +51,23 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     add_options(p, FinetuneConfig, exclude=COLUMN_KEYS)
     p.add_argument("--grid", action="store_true",
                    help="the paper's grid: batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}; best on dev")
+    p.add_argument("--seeds", type=_seeds, metavar="N,N,...",
+                   help="fine-tune once per seed into OUT/seed-N (a finished seed is skipped on a rerun), print "
+                        "each dev metric's mean, std, min-max and the collapsed seeds, keep the best seed on dev "
+                        "as OUT's model (bertkit.finetune_seeds)")
     _column_options(p, show_defaults=True)
     suggest_unknown(p)
     p.set_defaults(run=run_finetune)
+
+
+def _seeds(text: str) -> list[int]:
+    """--seeds 0,1,2: argparse's one-line error for a bad list."""
+    from ..finetune_seeds import parse_seeds
+
+    try:
+        return parse_seeds(text)
+    except BertkitError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--seeds: ")) from None
 
 
 def finetune_config(args: argparse.Namespace):
@@ -81,9 +95,15 @@ def run_finetune(args: argparse.Namespace) -> int:
     from ..biencoder import finetune_embedding
     from ..finetune import finetune, grid
 
+    if args.seeds is not None and (hasattr(args, "seed") or args.grid):
+        raise BertkitError(f"give --seeds or {'--seed' if hasattr(args, 'seed') else '--grid'}, not both")
     cfg = finetune_config(args)
     command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    if args.grid:
+    if args.seeds is not None:
+        from ..finetune_seeds import finetune_seeds, summary_lines
+        summary = finetune_seeds(cfg, args.seeds, command)
+        print("\n".join(summary_lines(summary, cfg.out)))
+    elif args.grid:
         summary = grid(cfg, command)
         print(json.dumps(summary["best"]))
     else:
@@ -128,6 +148,7 @@ def load_for_inference(args: argparse.Namespace, backend: str = "torch"):
 def run_evaluate(args: argparse.Namespace) -> int:
     from ..checkpoint import check_inputs_fit
     from ..finetune import check_references, evaluate, featurize, write_predictions
+    from ..finetune_seeds import read_summary, spread_footer, spread_text
     from ..predict import inference_stride, qa_options
     from ..tasks import BadRows
 
@@ -151,13 +172,19 @@ def run_evaluate(args: argparse.Namespace) -> int:
     result = {"task": task.name, "data": str(path), "examples": len(examples), **flat}
     if bad.count:
         result["skipped_rows"] = bad.count
+    seeds = read_summary(args.model)            # a `finetune --seeds` folder: the spread beside the score
+    if seeds is not None:
+        result["seeds"] = {k: v for k, v in seeds.items() if k != "runs"}
     if args.json:
         print(json.dumps(result))
     else:
         print(f"{task.name} on {path} ({len(examples)} examples" +
               (f", {bad.count} bad rows skipped" if bad.count else "") + ")")
         for k, v in flat.items():
-            print(f"  {k:16s} {v:.4f}" if isinstance(v, float) else f"  {k:16s} {v}")
+            print((f"  {k:16s} {v:.4f}" if isinstance(v, float) else f"  {k:16s} {v}") +
+                  (spread_text(seeds, k) if seeds else ""))
+        if seeds:
+            print(spread_footer(seeds))
     return 0
 
 

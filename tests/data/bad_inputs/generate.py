@@ -682,6 +682,26 @@ def cases_finetune() -> list[dict]:
         {"id": "finetune-model-missing", "args": [*base[:5], "--model", "{tmp}/nomodel", *base[7:]], "match": "nomodel"},
         {"id": "finetune-task-unknown", "args": ["finetune", "--task", "sst3", *base[3:]], "match": "did you mean 'sst2'"},
     ]
+    seeds = {"text": ("a,b", "--seeds: 'a' is not an integer"), "float": ("0,1.5", "'1.5' is not an integer"),
+             "duplicate": ("0,1,0", "seed 0 is given twice"), "empty": ("", "no seeds"), "commas": (",,", "no seeds"),
+             "negative": ("0,-1", "--seeds: each seed must be an integer"), "huge": (str(2 ** 32), "integer in")}
+    out += [{"id": f"finetune-seeds-{name}", "args": [*base, "--seeds", value], "match": match}
+            for name, (value, match) in seeds.items()]
+    out += [
+        {"id": "finetune-seeds-and-seed", "args": [*base, "--seeds", "0,1", "--seed", "3"],
+         "match": "give --seeds or --seed, not both"},
+        {"id": "finetune-seeds-and-grid", "args": [*base, "--grid", "--seeds", "0,1"],
+         "match": "give --seeds or --grid, not both"},
+        {"id": "finetune-seeds-no-dev-file", "args": [*base[:3], "--train-file", "{sst}/train.tsv", *base[5:],
+                                                      "--seeds", "0,1"], "match": "best seed on dev.*--dev-file"},
+        {"id": "finetune-seeds-data-without-dev", "args": [*base[:4], "{tmp}/d", *base[5:], "--seeds", "0,1"],
+         "files": {"d/train.tsv": "sentence\tlabel\na good speech\t1\na bad speech\t0\n"},
+         "match": "best seed on dev.*dev.tsv"},
+        {"id": "finetune-seeds-task-embedding", "args": [*base[:2], "embedding", *base[3:], "--seeds", "0,1"],
+         "match": "--seeds: task embedding"},
+        {"id": "finetune-seeds-out-holds-other-files", "args": [*base[:8], "{tmp}/other", *base[9:], "--seeds", "0"],
+         "files": {"other/notes.txt": "mine"}, "match": "other: the folder holds other files"},
+    ]
     return out
 
 
