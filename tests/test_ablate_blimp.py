@@ -1,0 +1,103 @@
+"""BLiMP inside `bertkit ablate`: every arm's model scored zero-shot, cached, per-pair outcomes kept."""
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from bertkit import ablate, ablate_config, blimp
+from bertkit.errors import BertkitError
+from test_ablate import write_tasks
+
+GRID = """\
+out: {out}
+data_dir: {data}
+corpus: [{corpus}]
+eval_documents: 6
+tokenizer: {{vocab_size: 500}}
+prepare: {{max_length: 48}}
+pretrain:
+  model: {{preset: tiny, num_layers: 1, hidden_size: 32, num_heads: 2, intermediate_size: 64}}
+  train: {{batch_size: 8, log_every: 1, eval_every: 0, checkpoint_every: 0}}
+  data: {{eval_instances: 16}}
+finetune: {{max_length: 32, batch_size: 8, epochs: 1, lr: 1.0e-3}}
+tasks:
+  sst2: {{data: sst}}
+seeds: [0, 1]
+budget: {{match: tokens, steps: 2}}
+mlm_eval_instances: 16
+blimp: {{data: {pairs}, limit: 1}}
+threads: 1
+arms:
+  - {{name: base}}
+  - {{name: ltr, pretrain: {{model: {{causal: true}}, train: {{objective: clm, nsp: false}}}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ablate_blimp")
+    write_tasks(root / "data")
+    corpus = Path(str(resources.files("bertkit") / "sample" / "inaugural.txt.gz"))
+    pairs = Path(str(resources.files("bertkit") / "sample" / "blimp_sample.jsonl.gz"))
+    path = root / "grid.yaml"
+    path.write_text(GRID.format(out=root / "out", data=root / "data", corpus=corpus, pairs=pairs), encoding="utf-8")
+    cfg = ablate_config.load_ablate_config(path)
+    ablate.run_grid(cfg, cfg.arms)
+    return cfg, pairs
+
+
+def test_every_arm_gets_blimp_with_its_interval_and_per_pair_outcomes(grid):
+    cfg, pairs = grid
+    n = len(blimp.read_pairs([pairs], limit=1))
+    for name, method in (("base", "pll"), ("ltr", "causal")):
+        d = Path(cfg.out) / "arms" / name
+        got = json.loads((d / "arm.json").read_text())["blimp"]
+        assert got["pairs"] == n and got["method"] == method
+        assert got["low"] <= got["accuracy"] <= got["high"] and 0 <= got["accuracy"] <= 1
+        outcomes = (d / "blimp_correct.txt").read_text().strip()
+        assert len(outcomes) == n and set(outcomes) <= {"0", "1"}
+        assert outcomes.count("1") / n == pytest.approx(got["accuracy"])
+
+
+def test_blimp_is_cached_by_model_and_settings(grid, monkeypatch):
+    cfg, _ = grid
+    d = Path(cfg.out) / "arms" / "base"
+    model = Path(json.loads((d / "arm.json").read_text())["model"])
+    before = json.loads((d / "blimp.json").read_text())["summary"]
+
+    def boom(*a, **k):
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(blimp, "score_pairs", boom)
+    assert ablate.arm_blimp(cfg, model, d) == before
+    cfg.blimp = {**cfg.blimp, "limit": 2}
+    with pytest.raises(AssertionError, match="scored again"):
+        ablate.arm_blimp(cfg, model, d)
+
+
+@pytest.mark.parametrize("value, says", [({"limit": 3}, "blimp takes data"), ({"data": "x", "limit": 0}, "blimp.limit"),
+                                         ({"data": "x", "bogus": 1}, "blimp takes data")])
+def test_blimp_key_mistakes_are_one_line(value, says):
+    with pytest.raises(BertkitError, match=says):
+        ablate_config.AblateConfig(blimp=value)
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu-10min"])
+def test_the_grids_that_learn_resolve_and_cover_the_axes(name):
+    path = Path(__file__).resolve().parents[1] / "configs" / "ablate" / f"{name}.yaml"
+    cfg = ablate_config.load_ablate_config(path)
+    rows = ablate.dry_run(cfg, cfg.arms)
+    assert [r for r in rows if r["status"] != "ok"] == []
+    names = {a.name for a in cfg.arms}
+    assert {"base", "no_pretraining", "mlm_only", "sop", "mask_100_0_0", "mask_0_0_100", "whole_word", "span",
+            "ltr", "paper_arch", "data_10pct"} <= names
+    assert sum(n.startswith("size_") for n in names) >= 2 and sum(bool(a.checkpoint) for a in cfg.arms) >= 2
+    assert len(cfg.seeds) >= 5 and cfg.blimp.get("data") and {"sst2", "mrpc", "conll2003"} <= set(cfg.tasks)
+    assert "wall time" in path.read_text().split("\n\n")[0].lower()
+    if name == "gpu-10min":         # twice the CPU grid's training tokens per arm
+        cpu = ablate_config.load_ablate_config(path.with_name("cpu.yaml"))
+        tokens = {c.budget.steps * c.pretrain["train"]["batch_size"] for c in (cfg, cpu)}
+        assert max(tokens) == cfg.budget.steps * cfg.pretrain["train"]["batch_size"] >= 2 * min(tokens)
