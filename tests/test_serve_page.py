@@ -106,3 +106,29 @@ def test_page_head_panels(head, tmp_path, small_vocab_dir, minilm):
         assert re.search(expect, result_html(dom, panel), re.S), result_html(dom, panel)[:2000]
         result_html(dom, "similarity")                          # every head also embeds
         screenshot(port, panel)
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_page_inspect_panel_on_minilm(minilm):
+    """The Inspect panel draws /v1/inspect's numbers: [CLS]'s attention (layers x tokens), its mass, the
+    left tokens' change per layer; the maxima it shows are those `bertkit inspect` computes."""
+    from bertkit.inspect import inspect, load
+
+    p = Predictor.from_dir(minilm, device="cpu")
+    with server_thread(create_app(p, ServeConfig(max_length=p.max_length))) as port:
+        dom = chromium(f"http://127.0.0.1:{port}/", "--dump-dom")
+        got = result_html(dom, "inspect")
+        texts = [html.unescape(re.search(rf'id="insp-{k}"[^>]*>([^<]*)<', dom).group(1)) for k in "ab"]
+        r = inspect(load(minilm), *texts)
+        for mode in ("bidirectional", "causal"):
+            shown = re.search(rf'id="inspect-max-{mode}">([^<]+)<', got).group(1)
+            assert abs(float(shown) - r["segment"]["summary"][mode]["max"]) <= max(0.05 * float(shown), 1e-6), (mode, shown)
+        cls_table = re.search(r'id="inspect-cls">(.*?)</table>', got, re.S).group(1)
+        assert cls_table.count("<td") == 6 * len(r["tokens"])
+        assert "<svg" in got and "What is [CLS] for?" in got
+        ARTIFACTS.mkdir(exist_ok=True)
+        out = ARTIFACTS / "serve_page_inspect.png"
+        out.unlink(missing_ok=True)
+        chromium(f"http://127.0.0.1:{port}/", f"--screenshot={out}", "--window-size=1100,2600")
+        assert out.is_file() and out.stat().st_size > 10_000

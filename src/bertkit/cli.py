@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "embed":      ("basic",    "sentence or token embeddings (cls / mean / none pooling)"),
     "embed-eval": ("embeddings", "sentence embeddings on similarity (STS) and retrieval data, per pooling"),
     "fill-mask":  ("basic",    "top-k predictions for each [MASK] in a text"),
+    "inspect":    ("inspect",  "look inside a model on one sentence (pair): attention per layer and head, the segment-change test, MLM generation"),
     "tokenizer":  ("data",     "train a WordPiece vocabulary, or measure one on your text (train / stats)"),
     "prepare":    ("data",     "raw text -> sharded pre-training instances (NSP pairs, masking)"),
     "data":       ("data",     "inspect prepared data (stats / show)"),

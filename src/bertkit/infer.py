@@ -168,6 +168,7 @@ class Predictor:
         self.null_threshold: float | None = None      # SQuAD v2.0: overrides the checkpoint's (serve --null-threshold)
         self.small = None                               # onnx_graph.SmallBatches: short batches on onnxruntime / OpenVINO
         self.small_reason = "not asked for"
+        self.source: Path | None = None                 # the checkpoint folder (from_dir): /v1/inspect reloads it
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod
@@ -219,12 +220,16 @@ class Predictor:
             session = load_session(onnx_path, threads=threads, device=device)
             p = cls(model, tokenizer, device="cpu", max_length=max_len, session=session)
             p.precision, p.precision_reason = "float32", f"onnxruntime on {onnx_path.name}"
+            p.source = path
             return p
         if backend == "openvino":
-            return cls._openvino(model, tokenizer, max_len, threads, dt)
+            p = cls._openvino(model, tokenizer, max_len, threads, dt)
+            p.source = path
+            return p
         if int8 and str(device).startswith("cuda"):
             raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
         p = cls(model.to(device), tokenizer, device=device, max_length=max_len)
+        p.source = path
         small = _small_batches_setting(small_batches)
         off = ("small_batches=False" if not small_batches else "BERTKIT_SMALL_BATCHES=0" if not small
                else "compile=True" if compile else "int8 runs on PyTorch" if int8

@@ -40,6 +40,7 @@ from .serve_api import (Api, Batcher, ClassifyRequest, ClassifyResponse, EmbedRe
                         FillMaskResponse, LimitError, NerRequest, NerResponse, Plan, QaRequest, QaResponse, body_schema,
                         validate, vectors)
 from .serve_compat import add_compat_routes
+from .serve_inspect import add_inspect_route
 from .serve_http import Guard, GuardConfig, Heap, Metrics, ServeConfig, error_payload, guarded_protocol
 
 log = logging.getLogger("bertkit")
@@ -164,6 +165,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
         return await handle(request, qa_plan)
 
     add_compat_routes(app, api)
+    add_inspect_route(app, api)
 
     # ---- the page and the service routes ----
     @app.get("/", response_class=HTMLResponse, summary="a page to try the model")

@@ -444,8 +444,8 @@ class Metrics:
 
 
 KNOWN_PATHS = {"/v1/embed", "/v1/classify", "/v1/fill-mask", "/v1/ner", "/v1/qa", "/v1/embeddings", "/v1/models",
-               "/embed", "/predict", "/rerank", "/", "/healthz", "/readyz", "/metrics", "/v1/model", "/docs",
-               "/openapi.json"}
+               "/embed", "/predict", "/rerank", "/v1/inspect", "/", "/healthz", "/readyz", "/metrics", "/v1/model",
+               "/docs", "/openapi.json"}
 
 
 # ---- memory ---------------------------------------------------------------------------------------
