@@ -232,9 +232,9 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     files = corpus(args, out)
-    from bertkit.hardware import machine_facts
+    from bertkit.runlog import hardware
 
-    hw = machine_facts()
+    hw = hardware()
     rows: list[dict] = []
     recipes = [recipe_settings(r) for r in args.recipes.split(",") if r]
     train, held_text = split_corpus(files, out, args.eval_documents)
