@@ -132,8 +132,7 @@ def main() -> int:
     from transformers import TrainerCallback
 
     from bertkit.biencoder import read_pairs
-    from bertkit.hardware import bf16_fast, cpu_model
-    from bertkit.runlog import hardware
+    from bertkit.hardware import bf16_fast, cpu_model, machine_facts
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="the shared data folder")
@@ -199,7 +198,8 @@ def main() -> int:
               "speedup_sum": sum(times["sentence-transformers"]) / sum(times["bertkit"]),
               "sentence_transformers_train_wall_s": round(wall - sum(times["bertkit"]), 1),
               "bertkit_tokens_per_s": ours.tokens / sum(times["bertkit"]), "attention_kernel": ours.kernel,
-              "quality": rows, "hardware": hardware(), "date": time.strftime("%Y-%m-%d %H:%M")}
+              "sentence_transformers_mixed_precision": str(trainer.accelerator.mixed_precision),
+              "quality": rows, "hardware": machine_facts(), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(f"{'':24s}{'SQuAD nDCG@10':>15s}{'recall@1':>10s}{'MRR@10':>9s}{'STS-B rho':>11s}")
     for name, q in rows.items():
         print(f"{name:24s}{q['squad_ndcg@10']:15.4f}{q['squad_recall@1']:10.4f}{q['squad_mrr@10']:9.4f}"

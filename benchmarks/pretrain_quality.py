@@ -232,9 +232,9 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     files = corpus(args, out)
-    from bertkit.runlog import hardware
+    from bertkit.hardware import machine_facts
 
-    hw = hardware()
+    hw = machine_facts()
     rows: list[dict] = []
     recipes = [recipe_settings(r) for r in args.recipes.split(",") if r]
     train, held_text = split_corpus(files, out, args.eval_documents)

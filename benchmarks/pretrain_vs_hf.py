@@ -153,7 +153,7 @@ def main() -> int:
         args.precision = "bf16" if fast else "fp32"
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    from bertkit.runlog import gemm_peak, hardware
+    from bertkit.hardware import gemm_peak, machine_facts
 
     tmp = Path(tempfile.mkdtemp(prefix="bertkit_bench_"))
     batches = [{k: v.to(device) for k, v in b.items()} for b in make_batches(args.steps, args.batch, args.seq, tmp, args.ragged)]
@@ -222,7 +222,7 @@ def main() -> int:
                                for k, v in r.items()} for s, r in results.items()},
                "device": str(device), "precision": args.precision, "dropout": args.dropout,
                "attention_kernel": kernels,
-               "hardware": {k: v for k, v in hardware().items() if k in ("cpu", "gpu", "torch", "cuda")}}
+               "hardware": {k: v for k, v in machine_facts().items() if k in ("cpu", "gpu", "torch", "cuda")}}
     print(json.dumps(summary))
     return 0
 

@@ -112,3 +112,36 @@ def test_a_measurement_is_made_once_per_machine_and_reused_by_later_processes(mo
     (tmp_path / "measurements.json").write_text("{not json")
     monkeypatch.setattr(hardware, "_session", {})
     assert hardware.measured_once("gemm 8x8", lambda: 0.3) == 0.3
+
+
+def test_gemm_peak_is_measured_once_per_device_dtype_and_threads(monkeypatch):
+    """The MFU denominator costs ~1 s to measure: a process running many runs measures it once per
+    (device, dtype, thread count) and gives every run the same figure."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(hardware, "_PEAKS", {})
+    monkeypatch.setattr(hardware, "_measure_gemm_peak", lambda *a: calls.append(a) or 1e9 * len(calls))
+    assert hardware.gemm_peak("cpu") == hardware.gemm_peak("cpu") == 1e9
+    assert hardware.gemm_peak("cpu", torch.bfloat16) == 2e9          # another dtype: measured
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        assert hardware.gemm_peak("cpu") == 3e9                      # another thread count: measured
+    finally:
+        torch.set_num_threads(threads)
+    assert hardware.gemm_peak("cpu") == 1e9 and len(calls) == 3
+
+
+def test_gemm_peak_measures_a_real_matmul():
+    import torch
+
+    assert 1e8 < hardware._measure_gemm_peak(torch.device("cpu"), torch.float32, 256, 2, 0.2) < 1e14
+
+
+def test_machine_facts_name_the_cpu_and_threads():
+    import torch
+
+    facts = hardware.machine_facts()
+    assert facts["cpu"] == hardware.cpu_model() and facts["torch_threads"] == torch.get_num_threads()
+    assert set(facts["cpu_bf16"]) <= {"amx_bf16", "avx512_bf16"} and facts["torch"] == torch.__version__

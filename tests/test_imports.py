@@ -1,8 +1,9 @@
 """The modules of bertkit import each other in one direction: no import cycles.
 
-Only imports that run when a module is loaded count (module level, including `try:` / `if`
-blocks and class bodies there, but not `if TYPE_CHECKING:`); an import inside a function runs
-later and is the usual way to break a cycle, so it is not an edge here.
+The first graph holds the imports that run when a module is loaded (module level, including
+`try:` / `if` blocks and class bodies there); the others add the imports under
+`if TYPE_CHECKING:` (annotations are a dependency too) and those inside functions (which only hide
+a cycle). Each is held at 0 circles; `circles()` lists them all.
 """
 from __future__ import annotations
 
@@ -28,30 +29,31 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _runtime_statements(body, call_time: bool = False):
+def _runtime_statements(body, call_time: bool = False, typing: bool = False):
     """The statements of a module body that run on import: not function bodies (unless `call_time`),
-    not TYPE_CHECKING."""
+    not TYPE_CHECKING (unless `typing`)."""
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not call_time:
             continue
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from _runtime_statements(node.orelse, call_time)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not typing:
+            yield from _runtime_statements(node.orelse, call_time, typing)
             continue
         yield node
         for name in ("body", "orelse", "finalbody", "handlers"):
             inner = getattr(node, name, None)
             if isinstance(inner, list):
-                yield from _runtime_statements(inner, call_time)
+                yield from _runtime_statements(inner, call_time, typing)
 
 
-def import_graph(modules: dict[str, Path], call_time: bool = False) -> dict[str, set[str]]:
-    """module -> the bertkit modules it imports at module level (and inside functions: `call_time`)."""
+def import_graph(modules: dict[str, Path], call_time: bool = False, typing: bool = False) -> dict[str, set[str]]:
+    """module -> the bertkit modules it imports at module level (and inside functions: `call_time`;
+    under `if TYPE_CHECKING:`: `typing`)."""
     graph = {}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
         package = name if is_package else name.rpartition(".")[0]
         edges = set()
-        for node in _runtime_statements(ast.parse(path.read_text(encoding="utf-8")).body, call_time):
+        for node in _runtime_statements(ast.parse(path.read_text(encoding="utf-8")).body, call_time, typing):
             if isinstance(node, ast.Import):
                 edges.update(a.name for a in node.names if a.name in modules)
             elif isinstance(node, ast.ImportFrom):
@@ -92,6 +94,51 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if node not in state and (cycle := visit(node)):
             return cycle
     return None
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle: the strongly connected components of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_circles_are_counted():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert circles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c", "a"}}) == [["a", "b"], ["c", "d"]]
+
+
+def test_no_circles_even_through_type_checking_imports():
+    """Annotations only are still a dependency a reader follows: train.Run used by runlog and
+    runstate under TYPE_CHECKING was the last circle (Run and Step now live in runstate)."""
+    graph = import_graph(_modules(), typing=True)
+    assert "bertkit.runstate" in graph["bertkit.runlog"]
+    assert circles(graph) == []
 
 
 def test_cycle_finder_finds_a_cycle():

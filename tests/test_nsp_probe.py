@@ -120,7 +120,7 @@ def test_probe_pairs_are_next_other_document_and_far_in_the_same_document():
         else:
             assert bd != d
     from bertkit.errors import DataError
-    with pytest.raises(DataError, match="at least 2 documents"):
+    with pytest.raises(DataError, match="needs 2 documents"):
         probe_pairs([[np.ones(2)] * 2, [np.ones(2)]], min_distance=2)
 
 
@@ -186,6 +186,9 @@ def test_nsp_shortcut_command(minilm, corpora, tmp_path, capsys, one_thread):
                  "--anchors", "40", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert not r["nsp_head"] and "nsp_accuracy" not in r["kinds"]["is_next"]
+    (tmp_path / "one.txt").write_text("One document.\nOf three.\nSentences.\n", encoding="utf-8")
+    assert main(["data", "nsp-shortcut", str(tmp_path / "one.txt"), "--model", str(m), "--max-length", "48"]) == 1
+    assert "one.txt: 1 documents" in capsys.readouterr().err
     for extra, says in ((["--model", str(save_tiny(minilm, tmp_path / "mlm", head="masked_lm"))], "no NSP head"),
                         (["--model", str(m), "--max-length", "100"], "has 64 positions"),
                         (["--model", str(m), "--max-length", "48", "--min-distance", "1"], "min_distance 1"),

@@ -64,28 +64,3 @@ def test_plot_has_a_title_with_run_model_tokens_and_machine(tmp_path):
     title = runlog.plot_title(card, tmp_path / "curves.png", metrics)
     for part in ("run quick", "tiny: 2 layers", "1.5 M parameters", "159,744 tokens", "39 updates", "Some CPU 9000"):
         assert part in title
-
-
-def test_gemm_peak_is_measured_once_per_device_dtype_and_threads(monkeypatch):
-    """The MFU denominator costs ~1 s to measure: a process running many runs measures it once per
-    (device, dtype, thread count) and gives every run the same figure."""
-    import torch
-
-    calls = []
-    monkeypatch.setattr(runlog, "_PEAKS", {})
-    monkeypatch.setattr(runlog, "_measure_gemm_peak", lambda *a: calls.append(a) or 1e9 * len(calls))
-    assert runlog.gemm_peak("cpu") == runlog.gemm_peak("cpu") == 1e9
-    assert runlog.gemm_peak("cpu", torch.bfloat16) == 2e9          # another dtype: measured
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1 if threads > 1 else 2)
-        assert runlog.gemm_peak("cpu") == 3e9                      # another thread count: measured
-    finally:
-        torch.set_num_threads(threads)
-    assert runlog.gemm_peak("cpu") == 1e9 and len(calls) == 3
-
-
-def test_gemm_peak_measures_a_real_matmul():
-    import torch
-
-    assert 1e8 < runlog._measure_gemm_peak(torch.device("cpu"), torch.float32, 256, 2, 0.2) < 1e14

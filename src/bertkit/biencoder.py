@@ -471,7 +471,8 @@ def save_embedding_model(model: nn.Module, tokenizer, out: Path, pooling: str, m
 
 
 def _write_card(out: Path, cfg, command: str, model: nn.Module, result: dict) -> None:
-    from .runlog import hardware, write_run_card
+    from .hardware import machine_facts
+    from .runlog import write_run_card
 
     write_run_card(out, {
         "name": "finetune embedding", "command": command, "model": f"{cfg.model} (init {cfg.init})",
@@ -485,4 +486,4 @@ def _write_card(out: Path, cfg, command: str, model: nn.Module, result: dict) ->
         "tokens_per_s": result["tokens_per_s"], "data": f"{result['train_file']} ({result['train_examples']} rows), "
         f"dev {result['dev_file']}", "seed": cfg.seed,
         "final_eval": {k: v for k, v in (result["dev"] or {}).items() if isinstance(v, float)},
-        "hardware": hardware(), "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}})
+        "hardware": machine_facts(), "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}})

@@ -9,9 +9,7 @@ from .errors import BertkitError
 
 import dataclasses
 import difflib
-import json
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 ACTIVATIONS = ("gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_fast",
@@ -208,19 +206,6 @@ class BertConfig:
             return cls(**kwargs, extra=extra)
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
-
-    @classmethod
-    def from_json_file(cls, path: str | Path) -> "BertConfig":
-        path = Path(path)
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"{path}: expected a JSON object")
-        return cls.from_hf_dict(d, source=str(path))
 
     def replace(self, **changes: Any) -> "BertConfig":
         known = {f.name for f in fields(self)}

@@ -83,6 +83,17 @@ def cpu_flags() -> tuple[str, ...]:
     return tuple(f for f in FLAGS if f in have)
 
 
+def machine_facts() -> dict:
+    """The machine a run ran on, for run cards and figures: platform, versions, CPU (model, bf16
+    flags), threads, GPU."""
+    info: dict = {"platform": platform.platform(), "python": platform.python_version(),
+                  "torch": torch.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                  "cpu": cpu_model(), "cpu_bf16": [f for f in cpu_flags() if f in ("amx_bf16", "avx512_bf16")]}
+    if torch.cuda.is_available():
+        info.update(gpu=torch.cuda.get_device_name(), gpu_count=torch.cuda.device_count(), cuda=torch.version.cuda)
+    return info
+
+
 @functools.lru_cache(maxsize=1)
 def _cpuinfo() -> dict[str, str]:
     out: dict[str, str] = {}
@@ -138,6 +149,50 @@ def measure_bf16_speedup(hidden: int = 384, intermediate: int = 1536, tokens: in
     finally:
         torch.set_num_threads(threads)
     return speedup
+
+
+_PEAKS: dict[tuple, float] = {}     # gemm_peak's figures in this process: (device, dtype, threads, n) -> FLOP/s
+
+
+def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024,
+              repeats: int = 5, budget_s: float = 1.0) -> float:
+    """Best FLOP/s of an n x n @ n x n matmul (the MFU denominator), measured at its first call in
+    this process for a device, dtype and thread count, and reused after (~1 s each: many runs in
+    one process - ablation arms, tests - measure once). The size grows from 128 to n only while one
+    product takes under 20 ms (bf16 emulated on an AVX2-only CPU runs 1024^3 in ~1.5 s), and the
+    repeats stop after `budget_s`: the figure of a slow path costs a fraction of a second, not half
+    a minute at the end of every run."""
+    device = torch.device(device)
+    key = (str(device), dtype, torch.get_num_threads(), n)
+    if key not in _PEAKS:
+        _PEAKS[key] = _measure_gemm_peak(device, dtype, n, repeats, budget_s)
+    return _PEAKS[key]
+
+
+def _measure_gemm_peak(device: torch.device, dtype: torch.dtype, n: int, repeats: int, budget_s: float) -> float:
+    def product_time(m: int, inner: int) -> float:
+        a = torch.randn(m, m, device=device, dtype=dtype)
+        b = torch.randn(m, m, device=device, dtype=dtype)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    size = 128
+    while size < n and min(product_time(size, 1) for _ in range(2)) < 0.02:    # the first call warms up
+        size *= 2
+    n = min(size, n)
+    inner = 20 if device.type == "cuda" else 3
+    best, start = 0.0, time.perf_counter()
+    for _ in range(repeats + 1):
+        best = max(best, inner * 2 * n ** 3 / product_time(n, inner))
+        if time.perf_counter() - start > budget_s:
+            break
+    return best
 
 
 # ---- measurements made once per machine -------------------------------------------------------------

@@ -91,14 +91,15 @@ def check_settings(anchors: int, max_length: int, min_distance: int) -> None:
 
 
 def probe_pairs(docs: list[list[np.ndarray]], anchors: int = 1000, seed: int = 0, max_length: int = 128,
-                min_distance: int = 2) -> list[tuple[str, np.ndarray, np.ndarray]]:
+                min_distance: int = 2, where: str = "") -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(kind, A ids, B ids): for each of up to `anchors` anchors drawn with `random.Random(seed)`, one
-    pair of each kind in KINDS with the same A (so the kinds differ only in B)."""
+    pair of each kind in KINDS with the same A (so the kinds differ only in B). `where` names the
+    text in errors."""
     check_settings(anchors, max_length, min_distance)
     eligible = [(d, i) for d, doc in enumerate(docs) for i in range(len(doc) - min_distance)]
     if len(docs) < 2 or not eligible:
-        raise DataError(f"{len(docs)} documents, {len(eligible)} sentences with one {min_distance} sentences "
-                        "after them in their document: the probe needs at least 2 documents and one such sentence "
+        raise DataError(f"{where or 'the text'}: {len(docs)} documents, {len(eligible)} sentences with {min_distance} "
+                        "more after them in their document; the probe needs 2 documents and 1 such sentence "
                         "(one sentence per line, a blank line between documents)")
     rng = random.Random(seed)
     half = (max_length - 3) // 2
@@ -205,7 +206,7 @@ def nsp_shortcut(model_dir: str | Path, heldout_text_path: str | Path | Sequence
     if model is not None:
         check_inputs_fit(model.config, tok.vocab_size, max_length, "max_length", path)
     docs = read_documents_ids(paths, tok)
-    pairs = probe_pairs(docs, anchors, seed, max_length, min_distance)
+    pairs = probe_pairs(docs, anchors, seed, max_length, min_distance, where=", ".join(map(str, paths)))
     kinds = np.asarray([k for k, _, _ in pairs])
     seg = np.repeat(np.arange(2 * len(pairs)), [n for _, a, b in pairs for n in (len(a), len(b))])
     cosine = tfidf_cosine(np.concatenate([x for _, a, b in pairs for x in (a, b)]), seg, len(pairs))

@@ -16,8 +16,7 @@ channel: its default (one scale per tensor) drops all-MiniLM-L6-v2 to cosine 0.9
 
 The same graph also runs on OpenVINO, converted in memory from the loaded model
 (`load_openvino`, `Predictor.from_dir(..., backend="openvino")`): its CPU plugin fuses attention
-and runs bf16 where the CPU has it; one short request took 3.3 ms of CPU against 4.9 ms for the
-eager bf16 path (all-MiniLM-L6-v2, 16 tokens, one thread, AMD EPYC Zen 4).
+and runs bf16 where the CPU has it, cheaper on short requests than the eager bf16 path (docs/serve.md).
 """
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Why a second spelling of the forward pass: on a CPU without fast bf16 (AVX2 only), one short
 request is mostly 24 small GEMMs (16 rows each for a 16-token text), and onnxruntime's GEMM
-(MLAS) runs them 1.4-1.6x faster than oneDNN (all-MiniLM-L6-v2's 24 GEMMs at 16 rows, 2 threads,
-AMD EPYC Zen 1: 5.8 ms against 9.1); at 1,000 rows and more the two tie, and bertkit's
+(MLAS) runs them faster than oneDNN (docs/serve.md); at 1,000 rows and more the two tie, and bertkit's
 padding-free batches win. So `Predictor` sends batches of few tokens here (`SmallBatches`) when
 an engine is installed (onnxruntime, or OpenVINO, which runs bf16 where the CPU has it), follows
 the fp32 model and measures faster at load; everything else stays on `model.py`.
@@ -190,7 +189,7 @@ def installed_engines() -> list[str]:
 class OnnxRuntimeEngine:
     """The graph on onnxruntime's CPU provider, fp32: all graph optimisations, `threads` intra-op
     threads, no spinning between runs (spinning threads would take the cores from the PyTorch
-    batches that follow: measured 1.8x slower PyTorch right after a spinning run)."""
+    batches that follow)."""
 
     precision = "float32"
 

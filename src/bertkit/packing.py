@@ -153,8 +153,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
     kernel 'sdpa': torch's scaled_dot_product_attention. kernel 'math', used only while autograd
     records: the same formula written out, Q K^T and P V as bf16/fp32 batched GEMMs in q's dtype,
     the scores, mask and softmax in fp32. On CPUs whose bf16 flash-attention backward is slow this
-    trains faster (AMD EPYC Zen 4, BERT-mini's 4 heads of 64 at 128 tokens, bf16: forward + backward
-    2.4-2.85x faster); `hardware.attention_kernel` measures which one a run takes. Without autograd
+    trains faster (docs/pretrain.md); `hardware.attention_kernel` measures which one a run takes. Without autograd
     (evaluation, inference) SDPA's forward is the faster one, so 'math' falls back to it."""
     if kernel != "math" or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -178,10 +177,9 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     if slopes is None and varlen_runs(q.device, q.dtype, dropout_p) is None:
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
                             **_VARLEN_DIRECTION[causal])
-    # Length groups pay on the CPU, where an extra attention call costs ~40 us against ~39 ns per
-    # padded pair; on a GPU every group is a launch sequence and a new kernel shape for a few us of
-    # work (an unsorted pre-training batch of 256 split into dozens of groups ran BERT-base 4.6x
-    # slower than padded on an H200, 2026-11-30): one padded call there.
+    # Length groups pay on the CPU, where an extra attention call costs about as much as a thousand
+    # padded pairs; on a GPU every group is a launch sequence and a new kernel shape for a few us of
+    # work (an unsorted batch splits into dozens of groups, far slower than padded): one padded call there.
     groups = [] if q.is_cuda else attention_groups(p, q.shape[1] * q.shape[2])
     if groups:                           # sequences of very different lengths: each group padded to its own longest
         return torch.cat([_padded_attention(q[a:b], k[a:b], v[a:b], g, causal, dropout_p, slopes, kernel)
@@ -189,9 +187,8 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     return _padded_attention(q, k, v, p, causal, dropout_p, slopes, kernel)
 
 
-# One more attention call costs about as much as this many padded (query, key) pairs at width
-# H*D = 384 (CPU, one thread: ~40 us of call, scatter and gather against ~39 ns per pair; a
-# ragged batch of 8..128 tokens took 20 ms per layer in one call, 11.5 ms in 13 runs, 12 ms in 7).
+# One more attention call (its call, scatter and gather) costs about as much as this many padded
+# (query, key) pairs at width H*D = 384 on one CPU thread.
 GROUP_OVERHEAD_PAIRS = 1000
 
 

@@ -1,27 +1,24 @@
 """What a run leaves behind: metrics as JSONL, a run card (markdown + JSON), a PNG of the curves,
-plus the hardware facts and the FLOP model used to compute MFU.
+plus the FLOP model used to compute MFU (the machine's facts are `hardware.machine_facts`).
 
 FLOP model (BASELINES.md): a multiply-add is 2 FLOPs; a forward pass costs 2 x (matmul weights)
 x tokens + 4 T^2 C L per sequence, plus the MLM head on the M predicted tokens, 2 (C^2 + C V) M,
 and the NSP head; a training step costs 3 x forward. MFU = achieved / best GEMM measured in the
-same process (`gemm_peak`).
+same process (`hardware.gemm_peak`).
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-import os
-import platform
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-
-if TYPE_CHECKING:
-    from .train import Run, Step
+from .hardware import gemm_peak, machine_facts
+from .runstate import Run, Step
+from .sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
 
@@ -56,48 +53,15 @@ def _step_of(line: str) -> int | None:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a metrics file ([] before its first line is written)."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    with path.open(encoding="utf-8") as f:
+        return [obj for _, obj in jsonl_objects(f, path)]
 
 
-# ---- hardware and FLOPs ------------------------------------------------------------------------
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_has_fast_bf16() -> bool:
-    """AMX or AVX512-BF16: without them, bf16 matmuls on CPU are ~10-40x slower than fp32."""
-    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
-
-
-def hardware() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "torch": torch.__version__, "cpu_count": os.cpu_count(),
-                            "torch_threads": torch.get_num_threads()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    flags = cpu_flags()
-    info["cpu_bf16"] = sorted(flags & {"amx_bf16", "avx512_bf16"})
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-        info["gpu_count"] = torch.cuda.device_count()
-        info["cuda"] = torch.version.cuda
-    return info
-
-
+# ---- FLOPs ---------------------------------------------------------------------------------------
 def matmul_weights(cfg) -> int:
     """Parameters that take part in matmuls per token in the encoder: L (4 C^2 + 2 C d_ff)."""
     C = cfg.hidden_size
@@ -116,50 +80,6 @@ def step_flops(cfg, tokens: int, sequences: int, seq_len: float, masked: int, ns
     return 3.0 * fwd
 
 
-_PEAKS: dict[tuple, float] = {}     # gemm_peak's figures in this process: (device, dtype, threads, n) -> FLOP/s
-
-
-def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024,
-              repeats: int = 5, budget_s: float = 1.0) -> float:
-    """Best FLOP/s of an n x n @ n x n matmul (the MFU denominator), measured at its first call in
-    this process for a device, dtype and thread count, and reused after (~1 s each: many runs in
-    one process - ablation arms, tests - measure once). The size grows from 128 to n only while one
-    product takes under 20 ms (bf16 emulated on an AVX2-only CPU runs 1024^3 in ~1.5 s), and the
-    repeats stop after `budget_s`: the figure of a slow path costs a fraction of a second, not half
-    a minute at the end of every run."""
-    device = torch.device(device)
-    key = (str(device), dtype, torch.get_num_threads(), n)
-    if key not in _PEAKS:
-        _PEAKS[key] = _measure_gemm_peak(device, dtype, n, repeats, budget_s)
-    return _PEAKS[key]
-
-
-def _measure_gemm_peak(device: torch.device, dtype: torch.dtype, n: int, repeats: int, budget_s: float) -> float:
-    def product_time(m: int, inner: int) -> float:
-        a = torch.randn(m, m, device=device, dtype=dtype)
-        b = torch.randn(m, m, device=device, dtype=dtype)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
-    size = 128
-    while size < n and min(product_time(size, 1) for _ in range(2)) < 0.02:    # the first call warms up
-        size *= 2
-    n = min(size, n)
-    inner = 20 if device.type == "cuda" else 3
-    best, start = 0.0, time.perf_counter()
-    for _ in range(repeats + 1):
-        best = max(best, inner * 2 * n ** 3 / product_time(n, inner))
-        if time.perf_counter() - start > budget_s:
-            break
-    return best
-
-
 # ---- the training loop's log window and progress bar -------------------------------------------------
 class Window:
     """Sums between two log lines; a record is the window's averages (tokens/s over its wall time)."""
@@ -167,15 +87,15 @@ class Window:
     def __init__(self):
         self.t0, self.n, self.sums = time.perf_counter(), 0, {}
 
-    def add(self, s: "Step") -> None:
-        """Add one update (`train.Step`)."""
+    def add(self, s: Step) -> None:
+        """Add one update (`runstate.Step`)."""
         self.n += 1
         self.last = s
         for k in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count",
                   "tokens", "flops"):
             self.sums[k] = self.sums.get(k, 0.0) + getattr(s, k)
 
-    def record(self, st, run: "Run") -> dict:
+    def record(self, st, run: Run) -> dict:
         """Averages over the window; a left-to-right run (train.objective=clm) names its head's
         figures next_token_loss / next_token_accuracy instead of mlm_*."""
         dt = max(time.perf_counter() - self.t0, 1e-9)
@@ -242,7 +162,7 @@ class StatusLine:
         pass
 
 
-def bar_update(bar, run: "Run", s: "Step") -> None:
+def bar_update(bar, run: Run, s: Step) -> None:
     st = run.state
     bar.update(1)
     if st.step % max(1, min(run.cfg.train.log_every, 10)) == 0:
@@ -287,7 +207,7 @@ def masking_card(phases: list) -> list[dict]:
     return rows
 
 
-def pretrain_card(run: "Run", world, stop_reason: str, final_eval: dict | None, command: str,
+def pretrain_card(run: Run, world, stop_reason: str, final_eval: dict | None, command: str,
                   metrics: list[dict]) -> dict[str, Any]:
     """The pre-training run card: what was trained, how, how fast, what it scored, on what machine."""
     import sys
@@ -333,7 +253,7 @@ def pretrain_card(run: "Run", world, stop_reason: str, final_eval: dict | None, 
         "stop_reason": stop_reason, "data": [p.path for p in ph], "seed": cfg.train.seed,
         "masking": masking_card(ph), "held_out": ph[0].held_out.report,
         "final_eval": final_eval, "final_train": metrics[-1] if metrics else None,
-        "hardware": hardware(), "config": to_dict(cfg),
+        "hardware": machine_facts(), "config": to_dict(cfg),
         "flop_model": "per step 3 x (2 x matmul weights x tokens + 4 T^2 C L per sequence + MLM head on masked "
                       "tokens + NSP head); MFU against the best fp32 (CPU) / run-precision (GPU) GEMM measured now",
     }
@@ -487,15 +407,9 @@ def plot_title(card: dict, path: Path, metrics: list[dict]) -> str:
         parts.append(f"{updates:,} updates")
     if card.get("wall_time_s"):
         parts.append(f"{card['wall_time_s']:.0f} s")
-    hw = card.get("hardware") or {}
-    machine = hw.get("gpu") or hw.get("cpu") or machine_name()
+    hw = card.get("hardware") or machine_facts()
+    machine = hw.get("gpu") or hw.get("cpu")
     n = hw.get("torch_threads")
     threads = f", {n} thread{'s' * (n != 1)}" if n and not hw.get("gpu") else ""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return ", ".join(parts) + f"\n{machine}{threads}; {card.get('precision', 'float32')}; {when}"
-
-
-def machine_name() -> str:
-    """The CPU model (or the GPU's name), for figures and plots."""
-    hw = hardware()
-    return hw.get("gpu") or hw.get("cpu") or platform.processor() or platform.machine()

@@ -1,4 +1,6 @@
-"""Training checkpoints: atomic, verifiable, the last K kept, and nothing in them runs code.
+"""The pre-training loop's state (`Run`, what one run holds; `State`, the part a checkpoint saves;
+`Step`, what one update did) and its checkpoints: atomic, verifiable, the last K kept, and nothing
+in them runs code.
 
     RUN/checkpoints/step-00001000/
         model/                 config.json + model.safetensors + tokenizer (transformers loads it)
@@ -32,7 +34,8 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,10 +43,7 @@ import torch
 from . import distributed as D
 from .checkpoint import CheckpointError, build, save_model
 from .outdir import mark_incomplete, write_folder
-from .runconfig import save_config
-
-if TYPE_CHECKING:
-    from .train import Run
+from .runconfig import PretrainConfig, save_config
 
 log = logging.getLogger("bertkit")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -67,6 +67,66 @@ class State:
     choices: dict = field(default_factory=dict)      # what this machine chose: precision, attention kernel, packed
     changes: list = field(default_factory=list)      # [update, setting, before, after] where a resume asked otherwise
     planned_steps: int = 0                           # updates a time budget came to (0: no budget)
+
+
+@dataclass
+class Phase:
+    """One sequence-length phase: its data, micro-batch and accumulation."""
+    name: str
+    path: str
+    data: Any
+    collator: Any
+    indices: np.ndarray          # training instances of `data`
+    batch_size: int
+    grad_accum: int
+    max_len: int = 0
+    held_out: Any = None         # data.heldout.HeldOut: what evaluation uses (first phase), measured against training
+
+
+@dataclass
+class Run:
+    """Everything one pre-training run holds, built by `setup()` and passed to each part of the loop."""
+    cfg: PretrainConfig
+    world: D.World
+    model: Any                   # the model itself (BertForPreTraining): weights, config, saving
+    wrapped: Any                 # what runs the forward pass: `model` under DDP / FSDP / torch.compile
+    optimizer: torch.optim.Optimizer
+    scaler: Any                  # torch.amp.GradScaler for fp16, else None
+    state: State                 # what changes while training and is saved in a checkpoint
+    phases: list[Phase]          # sequence-length phases: [short] or [short, long]
+    tokenizer: Any
+    precision: torch.dtype       # the autocast dtype (weights stay fp32)
+    precision_reason: str
+    packed: bool                 # the encoder runs padding-free (`packing.pack`)
+    packed_reason: str
+    attention_kernel: str        # what computes attention while training: 'sdpa' or 'math' (`packing.attention`)
+    attention_kernel_reason: str
+    budget: float                # train.budget in seconds; 0: the run is bounded by train.max_steps
+    resumed: bool                # restored from a checkpoint
+    eval_batches: list[dict]     # this rank's held-out micro-batches, masked once
+    pool: ThreadPoolExecutor     # collates the next update's micro-batches in the background
+    orders: dict = field(default_factory=dict)   # {(phase, epoch): permutation of the phase's instances}
+    prefetch: tuple | None = None                # ((phase, epoch, offset), future of its micro-batches)
+    last_eval: dict | None = None                # the latest evaluation record
+    last_eval_elapsed: float = 0.0               # the training clock at the latest evaluation (eval_minutes)
+    saved_step: int | None = None                # the update of the latest checkpoint this session wrote
+
+
+@dataclass
+class Step:
+    """What one update did (global figures, all ranks): the loop's log window and progress bar read it."""
+    loss: float                  # mean over micro-batches
+    mlm_loss: float
+    nsp_loss: float
+    mlm_correct: float
+    mlm_count: float
+    nsp_correct: float
+    nsp_count: float
+    tokens: int                  # real tokens
+    lr: float
+    grad_norm: float
+    flops: float
+
 
 
 # ---- state as tensors + JSON ---------------------------------------------------------------------
@@ -172,7 +232,7 @@ def _fsync_dir(path: Path) -> None:
         pass
 
 
-def export_model(run: "Run", world: D.World, path: Path, model_sd: dict | None = None) -> None:
+def export_model(run: Run, world: D.World, path: Path, model_sd: dict | None = None) -> None:
     """Write the model as a Hugging Face folder (+ tokenizer) at `path` (rank 0 writes), whole or
     not at all: written to `path.incomplete`, then swapped in (`outdir.write_folder`).
 
@@ -194,7 +254,7 @@ def export_model(run: "Run", world: D.World, path: Path, model_sd: dict | None =
     write_folder(path, write)     # staged, then swapped in: a kill leaves the old folder or none, never half of one
 
 
-def save_checkpoint(run: "Run", world: D.World) -> Path | None:
+def save_checkpoint(run: Run, world: D.World) -> Path | None:
     """Save the complete training state of update `state.step`; keep the last K."""
     cfg, st = run.cfg, run.state
     root = Path(cfg.out) / "checkpoints"
@@ -294,7 +354,7 @@ def find_checkpoint(root: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(run: "Run", path: Path, world: D.World) -> None:
+def load_checkpoint(run: Run, path: Path, world: D.World) -> None:
     """Restore optimizer, scaler, loop state and RNGs (the weights were loaded when the model was built)."""
     trainer, rng = _read_trainer(path), _read_rng(path, world.rank)
     cfg = run.cfg

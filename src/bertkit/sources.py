@@ -33,9 +33,9 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from .errors import BertkitError
+from .errors import BertkitError, DataError
 
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 TABLE_SUFFIXES = (".parquet", *ARROW_SUFFIXES, ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".csv", ".csv.gz")
@@ -380,16 +380,7 @@ def _text_rows(f: Path, kind: str) -> Iterator[dict]:
                         raise SourceError(f"{f}: item {k} of the array is not an object")
                     yield obj
                 return
-            lineno = 0
-            for lineno, line in enumerate(_prepend(first, fh), 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except (json.JSONDecodeError, RecursionError) as e:
-                    raise SourceError(f"{f}:{lineno}: not valid JSON ({getattr(e, 'msg', 'nested too deeply')})") from None
-                if not isinstance(obj, dict):
-                    raise SourceError(f"{f}:{lineno}: expected a JSON object")
+            for _, obj in jsonl_objects(_prepend(first, fh), f, error=SourceError):
                 yield obj
             return
         reader = csv.DictReader(fh, delimiter="\t" if kind == "tsv" else ",")
@@ -398,6 +389,28 @@ def _text_rows(f: Path, kind: str) -> Iterator[dict]:
                 raise SourceError(f"{f}:{reader.line_num}: expected {len(reader.fieldnames or [])} columns "
                                   f"({', '.join(reader.fieldnames or [])})")
             yield row
+
+
+def jsonl_objects(lines: Iterable[str], where: str | Path, bad: Callable[[int, str], None] | None = None,
+                  error: type[BertkitError] = DataError) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of JSON Lines. A line that is not a JSON object is
+    one error naming `where` and the line, or, given `bad`, reported as `bad(line number, message)`
+    and skipped (unless `bad` raises)."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            message = f"not valid JSON ({getattr(e, 'msg', 'nested too deeply')})"
+        else:
+            if isinstance(obj, dict):
+                yield lineno, obj
+                continue
+            message = "expected a JSON object"
+        if bad is None:
+            raise error(f"{where}:{lineno}: {message}")
+        bad(lineno, message)
 
 
 def _prepend(first: str, fh) -> Iterator[str]:

@@ -1,8 +1,8 @@
 """Pre-training with MLM (+ NSP): an explicit loop you can read top to bottom.
 
-Why one file of ~790 lines: setup, the update and evaluation share the run state (`Run`, a
-dataclass; `runstate.State` is the part a checkpoint saves) and read best together; the run card is
-assembled in runlog.py, checkpoints in runstate.py.
+Why one file: setup, the update and evaluation share the run state (`runstate.Run`, a dataclass;
+`runstate.State` is the part a checkpoint saves) and read best together; the run card is assembled
+in runlog.py, checkpoints and the loop's state in runstate.py.
 
     setup()      model, optimizer, data, device, precision; resume from the latest valid checkpoint
     train_step() one update: micro-batches (gradient accumulation), clipping, a non-finite guard
@@ -28,7 +28,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,52 +45,9 @@ from .optim import build_optimizer, lr_at
 from .runconfig import ModelSection, PretrainConfig, RunConfigError, parse_duration, save_config
 from .runlog import (MetricsLog, Window, bar_update, plot_curves, pretrain_card, progress_bar, read_jsonl,
                      step_flops, tensorboard_writer, write_run_card)
-from .runstate import State, export_model, find_checkpoint, load_checkpoint, save_checkpoint, saved_state
+from .runstate import Phase, Run, State, Step, export_model, find_checkpoint, load_checkpoint, save_checkpoint, saved_state
 
 log = logging.getLogger("bertkit")
-
-
-@dataclass
-class Phase:
-    """One sequence-length phase: its data, micro-batch and accumulation."""
-    name: str
-    path: str
-    data: Any
-    collator: Any
-    indices: np.ndarray          # training instances of `data`
-    batch_size: int
-    grad_accum: int
-    max_len: int = 0
-    held_out: Any = None         # data.heldout.HeldOut: what evaluation uses (first phase), measured against training
-
-
-@dataclass
-class Run:
-    """Everything one pre-training run holds, built by `setup()` and passed to each part of the loop."""
-    cfg: PretrainConfig
-    world: D.World
-    model: Any                   # the model itself (BertForPreTraining): weights, config, saving
-    wrapped: Any                 # what runs the forward pass: `model` under DDP / FSDP / torch.compile
-    optimizer: torch.optim.Optimizer
-    scaler: Any                  # torch.amp.GradScaler for fp16, else None
-    state: State                 # what changes while training and is saved in a checkpoint
-    phases: list[Phase]          # sequence-length phases: [short] or [short, long]
-    tokenizer: Any
-    precision: torch.dtype       # the autocast dtype (weights stay fp32)
-    precision_reason: str
-    packed: bool                 # the encoder runs padding-free (`packing.pack`)
-    packed_reason: str
-    attention_kernel: str        # what computes attention while training: 'sdpa' or 'math' (`packing.attention`)
-    attention_kernel_reason: str
-    budget: float                # train.budget in seconds; 0: the run is bounded by train.max_steps
-    resumed: bool                # restored from a checkpoint
-    eval_batches: list[dict]     # this rank's held-out micro-batches, masked once
-    pool: ThreadPoolExecutor     # collates the next update's micro-batches in the background
-    orders: dict = field(default_factory=dict)   # {(phase, epoch): permutation of the phase's instances}
-    prefetch: tuple | None = None                # ((phase, epoch, offset), future of its micro-batches)
-    last_eval: dict | None = None                # the latest evaluation record
-    last_eval_elapsed: float = 0.0               # the training clock at the latest evaluation (eval_minutes)
-    saved_step: int | None = None                # the update of the latest checkpoint this session wrote
 
 
 @dataclass
@@ -110,22 +67,6 @@ class StepSums:
     @classmethod
     def size(cls) -> int:
         return len(fields(cls))
-
-
-@dataclass
-class Step:
-    """What one update did (global figures, all ranks): the loop's log window and progress bar read it."""
-    loss: float                  # mean over micro-batches
-    mlm_loss: float
-    nsp_loss: float
-    mlm_correct: float
-    mlm_count: float
-    nsp_correct: float
-    nsp_count: float
-    tokens: int                  # real tokens
-    lr: float
-    grad_norm: float
-    flops: float
 
 
 @dataclass
@@ -265,8 +206,8 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     set_attention_kernel(model, kernel)
     model.config.extra["bertkit_run"] = dict(choices)     # config.json of every checkpoint and final/ says it
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
-    # torch's fused AdamW: the same update in one pass (BERT-mini on 2 cores: 3 ms instead of 15 per
-    # update); not under FSDP, whose sharded parameters take the per-tensor loop
+    # torch's fused AdamW: the same update in one pass over the weights (timed in docs/pretrain.md);
+    # not under FSDP, whose sharded parameters take the per-tensor loop
     optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
                                 cfg.optim.betas, cfg.optim.eps,
                                 fused=cfg.optim.name == "adamw" and not (world.distributed and tc.distributed == "fsdp"))
@@ -375,10 +316,9 @@ def total_steps(run: Run) -> int:
     return min(run.cfg.train.max_steps, planned) if planned else run.cfg.train.max_steps
 
 
-# Padding-free batches on the CPU (2 threads, AMD EPYC Zen 4, bf16, 45 s of pre-training each,
-# 2026-12-01): data with 83% real tokens ran 1.09x / 1.20x / 1.15x more updates padded at hidden
-# 128 / 256 / 512; data with 59% real tokens 1.19x more padded at 128, but 1.10x / 1.29x more
-# padding-free at 256 / 512. Below this share of real tokens (and above hidden 128) 'auto' packs.
+# Padding-free batches pay on the CPU only where they skip much padding in a model wide enough for
+# the saved work to outweigh the gathers (measured: docs/pretrain.md, `train.packed`). Below this
+# share of real tokens (and above hidden 128) 'auto' packs.
 CPU_PACK_BELOW_FILL = 0.75
 CPU_PACK_ABOVE_WIDTH = 128
 

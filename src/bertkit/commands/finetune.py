@@ -212,21 +212,11 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
 
 
 def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
-    from ..tasks import DataError
+    from ..errors import DataError
+    from ..sources import jsonl_objects
 
-    f = sys.stdin if path == "-" else open(path, encoding="utf-8-sig")
-    rows = []
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({getattr(e, 'msg', 'nested too deeply')})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object")
-            rows.append((f"{path}:{lineno}", obj))
+    with sys.stdin if path == "-" else open(path, encoding="utf-8-sig") as f:
+        rows = [(f"{path}:{lineno}", obj) for lineno, obj in jsonl_objects(f, path)]
     if not rows:
         raise DataError(f"{path}: no input lines (empty file)")
     return rows

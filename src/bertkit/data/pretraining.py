@@ -187,9 +187,6 @@ class PretrainingData:
         state["_open"] = {}
         return state
 
-    def shard_range(self, s: int) -> range:
-        return range(int(self._starts[s]), int(self._starts[s + 1]))
-
     def _shard(self, s: int) -> dict[str, np.ndarray]:
         arrays = self._open.get(s)
         if arrays is None:

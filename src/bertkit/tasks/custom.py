@@ -14,11 +14,11 @@ Metrics: accuracy and macro F1 (classify; F1 of the positive class too when the 
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Sequence
 
+from ..sources import dataset_name, is_saved_dataset, jsonl_objects
 from . import BadRows, DataError, Task, open_text, require_examples
 from .glue import (TextExample, class_probabilities, featurize_classification, labels_from, parse_text,
                    postprocess_classification)
@@ -33,7 +33,6 @@ def guess_format(path: Path, fmt: str | None) -> str:
         if fmt not in FORMATS:
             raise DataError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
         return fmt
-    from ..sources import dataset_name, is_saved_dataset
     if dataset_name(path) is not None or is_saved_dataset(path) or path.name.endswith(
             (".parquet", ".arrow", ".feather", ".ipc")) or "*" in path.name:
         return "table"                     # bertkit.sources: a dataset name, Parquet, Arrow, a save_to_disk folder
@@ -52,18 +51,7 @@ def _rows(path: Path, fmt: str, bad: BadRows):
         return
     with open_text(path) as f:
         if fmt == "jsonl":
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except (json.JSONDecodeError, RecursionError) as e:
-                    bad(path, lineno, f"not valid JSON ({getattr(e, 'msg', 'nested too deeply')})")
-                    continue
-                if not isinstance(obj, dict):
-                    bad(path, lineno, "expected a JSON object")
-                    continue
-                yield lineno, obj
+            yield from jsonl_objects(f, path, lambda lineno, message: bad(path, lineno, message))
             return
         reader = csv.reader(f) if fmt == "csv" else (line.rstrip("\r\n").split("\t") for line in f)
         header = next(reader, None)
