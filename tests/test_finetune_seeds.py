@@ -136,6 +136,8 @@ def test_a_rerun_skips_finished_seeds_and_restarts_an_interrupted_one(tiny_model
     # a finished seed trained with other settings is not silently reused
     with pytest.raises(BertkitError, match=r"seed-0: a finished seed fine-tuned with lr 0.002, this run asks 0.001"):
         finetune_seeds(cfg(data=str(sst_dir), model=str(tiny_model), out=str(out), lr=1e-3), [0, 3])
+    with pytest.raises(BertkitError, match=r"max_length 32, this run asks 64"):     # None: the task's, within 64 positions
+        finetune_seeds(cfg(data=str(sst_dir), model=str(tiny_model), out=str(out), max_length=None), [0])
     assert trained == [2] and not (out / "seed-3").exists()
 
 

@@ -90,6 +90,10 @@ def finetune_seeds(cfg, seeds: Sequence[int], command: str = "") -> dict:
     seeds = check_seeds(list(seeds))
     task = resolve_task(cfg.task, columns_of(cfg))
     check_dev(task, cfg)
+    if cfg.max_length is None:           # the task's window, as `finetune` resolves it: compared with finished seeds
+        from .checkpoint import read_config
+        cfg = dataclasses.replace(cfg, max_length=min(task.max_length,
+                                                      read_config(Path(cfg.model))[0].max_position_embeddings))
     out = Path(os.path.abspath(cfg.out))
     _check_out(out, lambda p: is_finetune_output(p) or is_seeds_output(p), "fine-tuning run")
     finished = {s: finished_seed(out / f"seed-{s}", seed_config(cfg, s, out)) for s in seeds}   # all checked first
@@ -156,8 +160,7 @@ def finished_seed(folder: Path, cfg) -> dict | None:
     if INCOMPLETE_KEY in config or not isinstance(saved, dict):
         return None
     wanted = to_dict(cfg)
-    differ = [k for k, v in wanted.items() if k not in IGNORED and saved.get(k) != v
-              and not (k == "max_length" and v is None)]        # None: the task's default, resolved when saved
+    differ = [k for k, v in wanted.items() if k not in IGNORED and saved.get(k) != v]
     if differ or saved.get("seed") != cfg.seed:
         k = differ[0] if differ else "seed"
         raise BertkitError(f"{folder}: a finished seed fine-tuned with {k} {saved.get(k)!r}, this run asks "
