@@ -83,8 +83,14 @@ def test_topic_baseline_solves_other_vocabularies_and_not_one_vocabulary(minilm,
     sop = topic_baseline(prepared(minilm, corpora / "own.txt", tmp_path / "sop", pair_mode="sop"))
     assert sop["pair_mode"] == "sop" and abs(sop["auc"] - 0.5) < 0.1, sop
     # static masks are undone first: the same pairs, the same cosines
-    static = topic_baseline(prepared(minilm, corpora / "own.txt", tmp_path / "static", masking="static"))
-    assert static["auc"] > 0.99
+    ds = prepared(minilm, corpora / "own.txt", tmp_path / "static", masking="static")
+    assert topic_baseline(ds)["auc"] > 0.99
+    from bertkit.data.heldout import _instance_ids
+    from bertkit.data.stats import _pair_ids
+    mine = np.array([0, 3, 4, 17, len(ds) - 1])
+    L = np.array([len(ds[int(i)]["input_ids"]) for i in mine])
+    assert ds.meta["shards"] == ["shard-00000"] and (ds[3]["input_ids"] == ds.token_info().mask_id).any()
+    np.testing.assert_array_equal(_pair_ids(ds, 0, mine, L), np.concatenate([_instance_ids(ds, i) for i in mine]))
     assert main(["data", "stats", str(tmp_path / "own"), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["topic"]["auc"] == own["auc"] and s["topic"]["measure"] == "tfidf_cosine"

@@ -142,14 +142,27 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(shift, lengths) + np.arange(int(lengths.sum()))
 
 
+def _pair_ids(ds: PretrainingData, s: int, mine: np.ndarray, L: np.ndarray) -> np.ndarray:
+    """The ids of instances `mine` of shard s, one after the other (only those read), static masks undone."""
+    a = ds._shard(s)
+    off = np.asarray(a["offsets"])
+    ids = np.asarray(a["input_ids"][_ranges(off[mine], L)], dtype=np.int64)
+    if ds.static:
+        mo = np.asarray(a["masked_lm_offsets"])
+        counts = mo[mine + 1] - mo[mine]
+        at = _ranges(mo[mine], counts)
+        first = np.r_[0, np.cumsum(L)[:-1]]
+        ids[np.repeat(first, counts) + np.asarray(a["masked_lm_positions"][at], dtype=np.int64)] = \
+            np.asarray(a["masked_lm_ids"][at], dtype=np.int64)
+    return ids
+
+
 def topic_baseline(ds: PretrainingData, sample: int = 20000, seed: int = 0) -> dict | None:
     """The paper note's sentence-pair shortcut, measured on prepared pairs: a model that sees only the
     words of A and B (TF-IDF cosine, IDF from these pairs, no order, no model) and one threshold on it,
     telling is-next (label 0) from the rest (NSP: random next from another document; SOP: swapped).
-    Over an even sample of `sample` pairs, with the original ids where static masks replaced them.
-    None when the data has no pairs."""
-    from .heldout import _shard_ids
-
+    Over an even sample of `sample` instances (only those are read), with the original ids where static
+    masks replaced them. None when the data has no pairs."""
     never = np.asarray(ds.token_info().never_mask)
     n_all = len(ds)
     pick = np.unique(np.linspace(0, n_all - 1, min(sample, n_all)).astype(np.int64)) if n_all else np.zeros(0, np.int64)
@@ -160,21 +173,20 @@ def topic_baseline(ds: PretrainingData, sample: int = 20000, seed: int = 0) -> d
         if not len(mine):
             continue
         a = ds._shard(s)
+        b = np.asarray(a["b_start"][mine], dtype=np.int64)
+        lab = np.asarray(a["nsp_labels"][mine], dtype=np.int64)
         off = np.asarray(a["offsets"])
-        b = np.asarray(a["b_start"]).astype(np.int64)[mine]
-        lab = np.asarray(a["nsp_labels"]).astype(np.int64)[mine]
-        L = np.diff(off)[mine]
+        L = off[mine + 1] - off[mine]
         keep = (lab >= 0) & (b < L)
         mine, b, lab, L = mine[keep], b[keep], lab[keep], L[keep]
         if not len(mine):
             continue
-        flat = _shard_ids(ds, s, int(mine[-1]) + 1)
-        start = off[mine]
+        ids = _pair_ids(ds, s, mine, L)
+        first = np.r_[0, np.cumsum(L)[:-1]]
         pair = base + np.arange(len(mine))
-        for lo_, n_, side in ((start + 1, b - 2, 0), (start + b, L - b - 1, 1)):     # A, then B
-            pos = _ranges(lo_, n_)
-            terms.append(flat[pos])
-            segs.append(np.repeat(2 * pair + side, np.maximum(n_, 0)))
+        for start, n, side in ((first + 1, b - 2, 0), (first + b, L - b - 1, 1)):     # A, then B
+            terms.append(ids[_ranges(start, n)])
+            segs.append(np.repeat(2 * pair + side, np.maximum(n, 0)))
         labels.append(lab)
         base += len(mine)
     if not base:
