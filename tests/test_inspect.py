@@ -115,6 +115,7 @@ def test_cli_writes_the_report(lm, tmp_path, capsys, one_thread):
     assert "segment change" in printed and "[MASK] at 6:" in printed and f"wrote {out / 'report.html'}" in printed
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.count("data:image/png;base64,") == 4 and "What is [CLS] for?" in page
+    assert "Greedy generation (append [MASK], take the argmax, repeat)" in page and "[MASK] at position 6" in page
     for name in ("cls_attention", "cls_attention_heads", "attention_layer1", "segment_change"):
         assert (out / f"{name}.png").stat().st_size > 5000
     r = json.loads((out / "report.json").read_text())
@@ -161,3 +162,6 @@ def test_server_route(lm, one_thread):
         assert r.status_code == 422 and r.json()["detail"] == "the text is empty"
         r = c.post("/v1/inspect", json={"text": "the cat " * 10})
         assert r.status_code == 413 and "--max-length" in r.text
+    with TestClient(create_app(p, ServeConfig(max_length=16, api_key="k"))) as c:
+        assert c.post("/v1/inspect", json={"text": "the cat"}).status_code == 401
+        assert c.post("/v1/inspect", json={"text": "the cat"}, headers={"authorization": "Bearer k"}).status_code == 200

@@ -232,13 +232,32 @@ def page_html(r: dict, paths: dict[str, Path], meta: dict) -> str:
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(f"<figure><img alt='{e(name)}' src='data:image/png;base64,{data}'><figcaption>"
                      f"{e(CAPTIONS[name])} ({e(path.name)})</figcaption></figure>")
-    if "fill_mask" in r and not r["fill_mask"]:
-        parts.append("<p>No [MASK] in the text: no predictions shown.</p>")
+    parts += _lm_section(r)
     if not m["lm_head"]:
         parts.append(f"<p>This checkpoint has no language-model head ({e(m['architecture'])}): no [MASK] "
                      "predictions and no generation.</p>")
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>bertkit inspect: {e(m['name'])}</title>"
             f"<style>{STYLE}</style></head><body>" + "\n".join(parts) + "</body></html>\n")
+
+
+def _lm_section(r: dict) -> list[str]:
+    """The LM head's part of the page: the [MASK] predictions and the generation, token by token."""
+    e = html.escape
+    if not r["model"]["lm_head"]:
+        return []
+    out = ["<h2>The language-model head</h2>"]
+    if not r.get("fill_mask"):
+        out.append("<p>No [MASK] in the text" + (" (a causal checkpoint predicts the next token)" if r["model"]["causal"]
+                                                  else "") + ": no predictions shown.</p>")
+    for f in r.get("fill_mask") or []:
+        out.append(f"<p>[MASK] at position {f['position']}: " + ", ".join(
+            f"<code>{e(c['token'])}</code> {c['prob']:.3f}" for c in f["candidates"]) + "</p>")
+    g = r.get("generate")
+    if g:
+        out.append(f"<p>Greedy generation ({e(g['method'])}): <code>{e(g['prompt'])}</code> &rarr; "
+                   f"<code>{e(g['text'])}</code></p><p>" + " ".join(
+                       f"<code>{e(t)}</code>&nbsp;{p:.3f}" for t, p in zip(g["tokens"], g["probs"])) + "</p>")
+    return out
 
 
 STYLE = ("body{font:15px/1.5 system-ui,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#1d2433}"
