@@ -370,8 +370,9 @@ def answers(r: dict) -> dict[str, str]:
                      "generation cannot be tried on it; MLM trains p(x_i | both sides) at masked positions only, "
                      "never p(next | left).")
     elif m["causal"]:
-        objective = (f"The objective: trained on the next token (train.objective=clm), it generates: "
-                     f"'{gen['prompt']}' -> '{gen['text']}'." if gen else "The objective: trained on the next token.")
+        objective = (f"The objective: trained on the next token (train.objective=clm), it generates (as well as its "
+                     f"training allows): '{gen['prompt']}' -> '{gen['text']}'." if gen
+                     else "The objective: trained on the next token.")
     else:
         said = (f" Appending [MASK] before [SEP] and taking the argmax {len(gen['tokens'])} times gave "
                 f"'{gen['prompt']}' -> '{gen['text']}' ({_degenerate(gen['tokens'])}): it fills a slot of a sentence "
