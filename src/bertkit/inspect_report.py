@@ -82,6 +82,13 @@ def _heatmap(ax, values, xlabels=None, ylabels=None, vmax=None, annotate=False, 
     return im
 
 
+def _margins(fig, left: float, bottom: float, top: float, hspace: float, wspace: float) -> None:
+    """Margins in inches (tick labels and the footer keep their room whatever the figure's size)."""
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(left=left / w, right=1 - 0.1 / w, bottom=bottom / h, top=1 - top / h, hspace=hspace,
+                        wspace=wspace)
+
+
 def _save(plt, fig, path: Path, r: dict, meta: dict) -> Path:
     fig.text(0.005, 0.005, f"bertkit inspect · {r['model']['name']} · {meta['date']} · commit {meta['commit']} · "
              f"{meta['cpu']}", fontsize=6, color="#666")
@@ -119,7 +126,8 @@ def figures(r: dict, out: Path, meta: dict) -> dict[str, Path]:
 
     cols = min(H, 4)
     rows = -(-H // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * max(3, 0.18 * T + 1), rows * (0.3 * L + 1.4)), squeeze=False)
+    panel_h, width = 0.3 * L + 0.5, cols * max(3, 0.18 * T + 1)
+    fig, axes = plt.subplots(rows, cols, figsize=(width, rows * (panel_h + 0.45) + 1.5), squeeze=False)
     per_head = np.asarray(a["rows"])                                            # (L, H, T)
     for h in range(rows * cols):
         axh = axes[h // cols][h % cols]
@@ -130,12 +138,12 @@ def figures(r: dict, out: Path, meta: dict) -> dict[str, Path]:
                  [str(i + 1) for i in range(L)] if h % cols == 0 else None, vmax=1.0)
         axh.set_title(f"head {h + 1}", fontsize=8)
     fig.suptitle(f"{who}'s attention per layer (rows) and head; scale 0-1", fontsize=9)
-    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.2 if rows == 1 else 0.12, top=0.9, hspace=0.35, wspace=0.08)
+    _margins(fig, left=0.5, bottom=1.1, top=0.6, hspace=0.45, wspace=0.08)
     paths["cls_attention_heads"] = _save(plt, fig, out / "cls_attention_heads.png", r, meta)
 
     maps = np.asarray(r["layer_maps"])                                          # (H, T, T)
     side = max(3.0, 0.16 * T + 1.2)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * side, rows * side), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * side + 0.8, rows * (side + 0.3) + 1.5), squeeze=False)
     for h in range(rows * cols):
         axh = axes[h // cols][h % cols]
         if h >= H:
@@ -146,7 +154,7 @@ def figures(r: dict, out: Path, meta: dict) -> dict[str, Path]:
                  labels if h % cols == 0 else None, vmax=1.0, cmap="magma")
         axh.set_title(f"head {h + 1}", fontsize=8)
     fig.suptitle(f"layer {r['layer']}: attention of each query (row) to each key (column)", fontsize=9)
-    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.1, top=0.93, hspace=0.25, wspace=0.06)
+    _margins(fig, left=0.8, bottom=1.1, top=0.6, hspace=0.3, wspace=0.06)
     paths["attention_layer"] = _save(plt, fig, out / f"attention_layer{r['layer']}.png", r, meta)
 
     paths["segment_change"] = _segment_figure(plt, r, out, meta)
@@ -171,6 +179,7 @@ def _segment_figure(plt, r: dict, out: Path, meta: dict) -> Path:
     for mode, style in zip(modes, ("-", "--")):
         for name, values in seg["change"][mode].items():
             ax.plot(range(L + 1), np.asarray(values).mean(1), style, marker="o", ms=3, label=f"{mode}, {name}")
+    ax.set_xticks(range(L + 1))
     ax.set_xlabel("layer (0 = embeddings)", fontsize=8)
     ax.set_ylabel("mean relative L2 change of the left tokens", fontsize=8)
     ax.legend(fontsize=7)
