@@ -623,6 +623,12 @@ def _finetune_task(cfg: AblateConfig, arm: Arm, task: str, model: Path, init: st
         _write_json(d / "arm.json", state)
         return _finetune_one(cfg, arm, task, seed, model, init, d, pre, lr)
 
+    if arm.probe:                   # logistic-regression probes: deterministic, no seeds (bertkit.linear_probe)
+        from .linear_probe import probe_rows
+        state["stage"] = f"probe {task}"
+        _write_json(d / "arm.json", state)
+        fcfg = finetune_config(cfg, arm, task, 0, model, d / "probe" / task, init)
+        return probe_rows(arm, fcfg, pre, weights_id(model), describe(arm))
     search = lr_search_of(cfg, arm)
     if search is None:
         return [run(seed) for seed in cfg.seeds]

@@ -67,6 +67,10 @@ class Arm:
     compute where the grid matches tokens."""
     lr_search: dict = field(default_factory=dict)
     """lr_search keys over the grid's (e.g. other candidate rates for a probe; {lrs: []}: no search)."""
+    probe: dict = field(default_factory=dict)
+    """Logistic-regression probes of the arm's frozen model instead of fine-tuning (`bertkit.linear_probe`:
+    L-BFGS to convergence, C by cross-validation, deterministic: one row per task x feature x pooling,
+    seed 0): {features: [...], pooling: [cls, mean], C: [...], folds: 5}; empty: fine-tune."""
     error: str | None = None
     """A problem found when reading the arm (it becomes a failed row, the grid goes on)."""
 
@@ -229,6 +233,12 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
     problem = lr_search_problem(arm.lr_search, "lr_search")
     if problem:
         arm.error = f"{where} arm {arm.name}: {problem}"
+    if "probe" in raw:
+        from .linear_probe import probe_spec
+        try:
+            probe_spec(arm.probe, f"{where} arm {arm.name}: probe")
+        except BertkitError as e:
+            arm.error = str(e)
     if arm.checkpoint is not None and (not arm.model_from or not isinstance(arm.checkpoint, int)
                                        or isinstance(arm.checkpoint, bool) or arm.checkpoint < 1):
         arm.error = f"{where} arm {arm.name}: checkpoint must be an update number >= 1, with model_from"
@@ -355,7 +365,7 @@ def describe(arm: Arm) -> str:
         parts.append(f"model of arm {arm.model_from}" + (f" after {arm.checkpoint} updates" if arm.checkpoint else ""))
     if arm.corpus_fraction != 1:
         parts.append(f"{arm.corpus_fraction:g} of the text")
-    for section in ("prepare", "pretrain", "finetune", "budget", "lr_search"):
+    for section in ("prepare", "pretrain", "finetune", "budget", "lr_search", "probe"):
         parts += [f"{section} {k}={v}" for k, v in flatten(getattr(arm, section)).items()]
     return "; ".join(parts) or "the base recipe"
 

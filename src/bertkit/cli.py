@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "finetune":   ("finetune", "fine-tune a task head (GLUE, NER, SQuAD, SWAG, your CSV/JSONL)"),
     "evaluate":   ("finetune", "evaluate a fine-tuned checkpoint on a task's data"),
     "blimp":      ("blimp",    "BLiMP grammar minimal pairs, zero-shot: pseudo-log-likelihood (MLM) or log-likelihood (causal)"),
+    "probe":      ("probe",    "logistic-regression probes of a frozen checkpoint's features (L-BFGS, C by cross-validation)"),
     "predict":    ("finetune", "run any head on JSONL input, JSONL out"),
     "score":      ("score",    "official metrics from prediction and reference files"),
     "serve":      ("serve",    "HTTP API with dynamic batching (embed, classify, fill-mask, ner, qa)"),

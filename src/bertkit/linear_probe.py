@@ -1,0 +1,520 @@
+"""Frozen-feature probes fitted to convergence: logistic regression on cached encoder features.
+
+`finetune --freeze` (`bertkit.probe`) trains a linear head by SGD at a fixed learning rate, which on
+small models can stay at the majority class. Here the same question - how much of a task can a
+linear map read off the frozen states? - is answered as a convex problem, solved:
+
+1. the encoder runs once per split (eval mode, fp32, no gradients, padding-free batches) and its
+   states are kept: sentence tasks at [CLS] and averaged over the tokens ("cls", "mean"; "last"
+   for a causal model), token tagging at the first word piece of each word (the paper's section
+   5.3). Table 7's features are read from them: embeddings, second_to_last, last, sum_last_four (a
+   plain sum here: nothing is learned but the linear map), concat_last_four (`probe.probe_layers`);
+2. features are standardised with the training rows' mean and standard deviation, then
+   multinomial logistic regression with an L2 penalty (two classes: one logit, as scikit-learn's
+   LogisticRegression) is fitted by full-batch L-BFGS (strong-Wolfe line search, float64) until
+   the largest gradient entry of mean loss + ||W||^2 / (2 C n) is below `tol` (or `max_iter`;
+   both recorded). Nothing is random: the same input gives the same weights, bit for bit;
+3. C is chosen from a log-spaced grid by k-fold cross-validation on the training examples only
+   (fixed folds by example, so the windows or words of one example stay together; the task's own
+   metric on each held-out fold; a tie goes to the smaller C, the stronger penalty), refitted on
+   all training rows, and the dev set is scored by the task's own postprocess and metrics (SST-2
+   accuracy, MRPC F1 of class 1 and accuracy, CoNLL-2003 entity-level F1), beside the dev score of
+   always answering the training majority class.
+
+`probe(FinetuneConfig, ProbeSpec)` runs it (the data options - data, limits, max_length, windows -
+are fine-tuning's); `bertkit probe` and the probe arms of `bertkit ablate` (`probe_rows`) call it.
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .errors import BertkitError
+
+if TYPE_CHECKING:
+    from .finetune import FinetuneConfig
+    from .tasks import Task
+
+log = logging.getLogger("bertkit")
+
+TABLE7 = ["embeddings", "second_to_last", "last", "sum_last_four", "concat_last_four"]
+GRID_C = [1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0]
+
+
+@dataclass
+class ProbeSpec:
+    """What to probe and how hard to solve it (an ablate arm's `probe:` keys, `bertkit probe`'s options)."""
+    features: list = field(default_factory=lambda: list(TABLE7))
+    """Feature choices (`bertkit.probe`'s names; sum_* are plain sums here): default Table 7's five."""
+    pooling: list = field(default_factory=lambda: ["cls", "mean"])
+    """Sentence tasks: where to read each feature, cls / mean / last (tagging reads every word)."""
+    C: list = field(default_factory=lambda: list(GRID_C))
+    """Inverse L2 strengths to choose from (scikit-learn's C: the penalty is ||W||^2 / 2C)."""
+    folds: int = 5
+    """Cross-validation folds over the training examples."""
+    tol: float = 1e-6
+    """Converged when the largest gradient entry of the mean objective is at most this."""
+    max_iter: int = 1000
+    """L-BFGS iterations at most, per fit."""
+
+    def __post_init__(self) -> None:
+        from .probe import POOLINGS, probe_layers
+
+        for name in ("features", "pooling", "C"):
+            value = getattr(self, name)
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                value = [v.strip() for v in value.split(",")] if isinstance(value, str) else [value]
+            if not isinstance(value, list) or not value:
+                raise BertkitError(f"probe {name} must be a non-empty list, got {value!r}")
+            setattr(self, name, value)
+        for f in self.features:
+            if probe_layers(str(f), 10 ** 6)[0] == "pooler":       # the name only; depth is checked on the model
+                raise BertkitError("probe features 'pooler': the pooler is a trained layer, not a state; "
+                                   f"choose from {', '.join(TABLE7)}")
+        bad = [p for p in self.pooling if p not in POOLINGS]
+        if bad:
+            raise BertkitError(f"probe pooling {bad[0]!r}: choose from {', '.join(POOLINGS)}")
+        try:
+            self.C = [float(c) for c in self.C]
+        except (TypeError, ValueError):
+            raise BertkitError(f"probe C must be numbers, got {self.C!r}") from None
+        if not all(0 < c < math.inf for c in self.C):
+            raise BertkitError(f"probe C must be positive and finite, got {self.C}")
+        self.C = sorted(set(self.C))
+        for name, low in (("folds", 2), ("max_iter", 1)):
+            v = getattr(self, name)
+            if type(v) is not int or v < low:
+                raise BertkitError(f"probe {name} must be an integer >= {low}, got {v!r}")
+        if not (isinstance(self.tol, (int, float)) and 0 < self.tol < math.inf):
+            raise BertkitError(f"probe tol must be a positive number, got {self.tol!r}")
+
+
+def probe_spec(raw: dict | None, where: str = "probe") -> ProbeSpec:
+    """A ProbeSpec from a mapping (YAML), unknown keys named with the closest known one."""
+    if not isinstance(raw, dict):
+        raise BertkitError(f"{where} must be a mapping (features: [...], pooling: [...]), not {raw!r}")
+    known = [f.name for f in fields(ProbeSpec)]
+    for key in raw:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+            raise BertkitError(f"{where}: unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close
+                                                                else f"; known: {', '.join(known)}"))
+    try:
+        return ProbeSpec(**raw)
+    except BertkitError as e:
+        raise BertkitError(f"{where}: {e}") from None
+
+
+# ---- logistic regression ------------------------------------------------------------------------
+@dataclass
+class LogReg:
+    """A fitted model: logits = X W^T + b; two classes keep one row (class 0's logit is 0)."""
+    weight: Tensor
+    bias: Tensor
+    num_classes: int
+    iterations: int
+    converged: bool
+    grad_max: float
+
+    def log_proba(self, X: Tensor) -> Tensor:
+        """(n, num_classes) log-probabilities."""
+        return _logits(X, self.weight, self.bias, self.num_classes).log_softmax(-1)
+
+
+def _logits(X: Tensor, W: Tensor, b: Tensor, num_classes: int) -> Tensor:
+    z = torch.addmm(b, X, W.T)                                           # (n, K) or (n, 1)
+    return torch.cat([torch.zeros_like(z), z], 1) if num_classes == 2 else z
+
+
+def fit_logreg(X: Tensor, y: Tensor, num_classes: int, C: float, tol: float = 1e-6, max_iter: int = 1000,
+               init: LogReg | None = None) -> LogReg:
+    """Minimise mean cross-entropy + ||W||^2 / (2 C n) (the bias unpenalised): scikit-learn's
+    LogisticRegression(C) objective divided by C n, so the gradient tolerance means the same at any
+    C and n. X (n, d) float64, y (n,) class indices; `init`: a warm start (a neighbouring C)."""
+    n, d = X.shape
+    rows = 1 if num_classes == 2 else num_classes
+    W = (init.weight.clone() if init is not None else X.new_zeros(rows, d)).requires_grad_(True)
+    b = (init.bias.clone() if init is not None else X.new_zeros(rows)).requires_grad_(True)
+    opt = torch.optim.LBFGS([W, b], lr=1.0, max_iter=max_iter, max_eval=10 * max_iter, tolerance_grad=tol,
+                            tolerance_change=1e-15, history_size=20, line_search_fn="strong_wolfe")
+    penalty = 1.0 / (2.0 * C * n)
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(_logits(X, W, b, num_classes), y) + penalty * W.pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    iterations = int(opt.state[W].get("n_iter", 0))
+    closure()                                     # the gradient at the final point (the last call may be a trial)
+    grad_max = float(max(W.grad.abs().max(), b.grad.abs().max()))
+    return LogReg(W.detach(), b.detach(), num_classes, iterations, grad_max <= tol, grad_max)
+
+
+def standardise(train: Tensor, *others: Tensor) -> list[Tensor]:
+    """float64 copies scaled by the training rows' mean and standard deviation (constant columns: 1)."""
+    X = train.double()
+    mean, std = X.mean(0), X.std(0, unbiased=False)
+    std = torch.where(std > 1e-12, std, torch.ones_like(std))
+    return [(t.double() - mean) / std for t in (X, *others)]
+
+
+def folds_of(groups: np.ndarray, k: int) -> np.ndarray:
+    """Fold of each row: its example's place in a fixed permutation (seed 0) of the examples, modulo k."""
+    examples = np.unique(groups)
+    if len(examples) < k:
+        raise BertkitError(f"{k}-fold cross-validation needs at least {k} training examples, got {len(examples)}")
+    fold = np.empty(int(examples.max()) + 1, dtype=np.int64)
+    fold[examples[np.random.RandomState(0).permutation(len(examples))]] = np.arange(len(examples)) % k
+    return fold[groups]
+
+
+def choose_c(scores: dict[float, float]) -> float:
+    """The C of the best mean score; a tie goes to the smaller C (the stronger penalty)."""
+    best = max(scores.values())
+    return min(c for c, s in scores.items() if s == best)
+
+
+# ---- features -----------------------------------------------------------------------------------
+@dataclass
+class Encoded:
+    """A split's encoder states: one row per input window (sentence tasks) or per word's first
+    piece in a window (tagging). `states[(layer, pooling)]` (pooling None for tagging) is (rows, C)."""
+    states: dict
+    labels: np.ndarray            # (rows,) class index, -1 where none
+    feature: np.ndarray           # (rows,) index of the window (task feature) the row came from
+    position: np.ndarray          # (rows,) token position in that window (-1: sentence rows)
+    groups: np.ndarray            # (rows,) example index
+
+
+def encode(encoder, head: str, feats: Sequence[dict], layers: Sequence[int], poolings: Sequence[str | None],
+           batch_tokens: int = 8192, desc: str | None = None) -> Encoded:
+    """Run the frozen encoder over `feats` (longest batches first, padding-free) and keep the asked states."""
+    from tqdm.auto import tqdm
+
+    from .model import pool_tokens
+    from .packing import pack
+    from .tasks import collate
+
+    order = sorted(range(len(feats)), key=lambda i: -len(feats[i]["input_ids"]))
+    batches, start = [], 0
+    while start < len(order):
+        size = max(1, batch_tokens // len(feats[order[start]]["input_ids"]))
+        batches.append(order[start:start + size])
+        start += size
+    device = next(encoder.parameters()).device
+    per_feature: dict = {}
+    with torch.inference_mode():
+        for idx in tqdm(batches, desc=desc, unit="batch", disable=desc is None, leave=False):
+            b = collate([{k: feats[i][k] for k in ("input_ids", "token_type_ids")} for i in idx])
+            flat, layout = pack(b["input_ids"].to(device), b["attention_mask"].to(device),
+                                b["token_type_ids"].to(device))
+            states = encoder(flat["input_ids"], flat["token_type_ids"], None, flat["position_ids"], layout,
+                             all_layers=True)
+            starts = layout.cu_seqlens[:-1].tolist()
+            for k, i in enumerate(idx):
+                if head == "token_classification":
+                    pos = [j for j, w in enumerate(feats[i]["word_ids"]) if w is not None]
+                    at = torch.tensor([starts[k] + j for j in pos], dtype=torch.long, device=device)
+                    per_feature[i] = (pos, {(l, None): states[l].index_select(0, at).float().cpu() for l in layers})
+            if head != "token_classification":
+                pooled = {(l, p): pool_tokens(states[l], p, layout).float().cpu() for l in layers for p in poolings}
+                for k, i in enumerate(idx):
+                    per_feature[i] = ([-1], {key: v[k:k + 1] for key, v in pooled.items()})
+    keys = list(per_feature[0][1]) if feats else []
+    rows = [(i, j) for i in range(len(feats)) for j in per_feature[i][0]]
+    labels = []
+    for i, j in rows:
+        lab = feats[i].get("labels")
+        lab = lab[j] if isinstance(lab, list) else lab
+        labels.append(-1 if lab is None or lab == -100 else int(lab))
+    return Encoded(states={key: torch.cat([per_feature[i][1][key] for i in range(len(feats))]) for key in keys},
+                   labels=np.array(labels, dtype=np.int64),
+                   feature=np.array([i for i, _ in rows], dtype=np.int64),
+                   position=np.array([j for _, j in rows], dtype=np.int64),
+                   groups=np.array([feats[i]["example_index"] for i, _ in rows], dtype=np.int64))
+
+
+def feature_matrix(enc: Encoded, features: str, pooling: str | None, num_layers: int) -> Tensor:
+    """(rows, C) or (rows, K C): the chosen states concatenated, or summed (sum_*: a plain sum)."""
+    from .probe import probe_layers
+
+    combine, layers = probe_layers(features, num_layers)
+    chosen = [enc.states[(l, pooling)] for l in layers]
+    return torch.cat(chosen, 1) if combine == "concat" else torch.stack(chosen).sum(0)
+
+
+# ---- scoring with the task's own postprocess and metrics ----------------------------------------
+def task_scores(task: "Task", labels: Sequence[str], examples: Sequence, feats: Sequence[dict], enc: Encoded,
+                logp: np.ndarray, rows: np.ndarray, keep_examples: Sequence[int]) -> dict:
+    """The task's metrics on the examples `keep_examples` (indices), from the log-probabilities of
+    `rows` of `enc` (their windows' rows): the outputs the task's postprocess expects are rebuilt
+    ((K,) per window, or (T, K) per window with the rows at first pieces)."""
+    place = {e: k for k, e in enumerate(keep_examples)}
+    windows = sorted({int(enc.feature[r]) for r in rows})
+    outputs = {}
+    for r, lp in zip(rows, logp):
+        i = int(enc.feature[r])
+        if task.head == "token_classification":
+            out = outputs.setdefault(i, np.zeros((len(feats[i]["input_ids"]), len(labels)), dtype=np.float64))
+            out[enc.position[r]] = lp
+        else:
+            outputs[i] = lp
+    sub = [{**feats[i], "example_index": place[feats[i]["example_index"]]} for i in windows]
+    chosen = [examples[e] for e in keep_examples]
+    predictions = task.postprocess([outputs[i] for i in windows], sub, chosen, labels)
+    return task.metrics(predictions, chosen)
+
+
+# ---- one task ----------------------------------------------------------------------------------
+def combinations(head: str, spec: ProbeSpec, config) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """(features, pooling) pairs to fit and why the others are left out (tagging reads every word;
+    an embeddings [CLS] is one vector for every input; a causal [CLS] sees only itself)."""
+    from .probe import check_pooling, probe_layers
+
+    for f in spec.features:
+        probe_layers(f, config.num_layers)                    # depth against this model: one line if too deep
+    if head == "token_classification":
+        return [(f, None) for f in spec.features], []
+    pairs, skipped = [], []
+    for f in spec.features:
+        for p in spec.pooling:
+            try:
+                pairs.append((f, check_pooling(head, f, p, config.causal)))
+            except BertkitError as e:
+                skipped.append(f"{f}/{p}: {e}")
+    if not pairs:
+        raise BertkitError("no probe left to fit: " + "; ".join(skipped))
+    return pairs, skipped
+
+
+
+def fit_probe(X: Tensor, y: np.ndarray, groups: np.ndarray, X_dev: Tensor, spec: ProbeSpec, num_classes: int,
+              score: Callable[[LogReg, np.ndarray, Tensor], float], report: Callable[[dict], None]) -> dict:
+    """C by k-fold cross-validation (folds standardised by their own training rows; warm starts along
+    the C grid within a fold), then the refit on every training row and the dev rows' log-probabilities:
+    {C, cv, model, dev_logp, fit_wall_s}. `score(model, held-out rows, their X)` is the task metric."""
+    t0 = time.perf_counter()
+    fold = folds_of(groups, spec.folds)
+    cv: dict[float, list[float]] = {c: [] for c in spec.C}
+    for k in range(spec.folds):
+        train, held = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
+        Xt, Xh = standardise(X[train], X[held])
+        yt = torch.from_numpy(y[train]).to(Xt.device)
+        model = None
+        for c in spec.C:
+            model = fit_logreg(Xt, yt, num_classes, c, spec.tol, spec.max_iter, init=model)
+            cv[c].append(float(score(model, held, Xh)))
+            report({"fold": k, "C": c, "score": cv[c][-1], "iterations": model.iterations,
+                    "converged": model.converged, "grad_max": model.grad_max})
+    means = {c: float(np.mean(v)) for c, v in cv.items()}
+    C = choose_c(means)
+    Xt, Xd = standardise(X, X_dev)
+    model = fit_logreg(Xt, torch.from_numpy(y).to(Xt.device), num_classes, C, spec.tol, spec.max_iter)
+    report({"fold": "all", "C": C, "iterations": model.iterations, "converged": model.converged,
+            "grad_max": model.grad_max})
+    return {"C": C, "cv": {f"{c:g}": round(m, 6) for c, m in means.items()}, "model": model,
+            "dev_logp": model.log_proba(Xd).cpu().numpy(), "fit_wall_s": round(time.perf_counter() - t0, 2)}
+
+
+@dataclass
+class Split:
+    """One split as the probe sees it: examples, their task features (windows) and encoder states."""
+    examples: list
+    feats: list
+    enc: Encoded | None = None
+
+
+def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
+    """The task, its labels and the train / dev splits featurized as fine-tuning does (limits,
+    max_length, windows), every problem one line before the encoder runs."""
+    from .checkpoint import read_config
+    from .finetune import (check_checkpoint, check_references, columns_of, featurize, input_stride, read_split,
+                           resolve_task)
+    from .tasks import DataError
+    from .tokenizer import Tokenizer
+
+    task = resolve_task(cfg.task, columns_of(cfg))
+    if task.head not in ("sequence_classification", "token_classification") or task.problem == "regression":
+        raise BertkitError(f"a logistic-regression probe needs a classification or tagging task; {task.name} is "
+                           f"{'a regression' if task.problem == 'regression' else task.head.replace('_', ' ')}")
+    if cfg.max_length is None:
+        cfg.max_length = min(task.max_length, read_config(Path(cfg.model))[0].max_position_embeddings)
+    check_checkpoint(cfg)
+    train, train_path = read_split(task, cfg, "train")
+    dev, dev_path = read_split(task, cfg, "dev")
+    if dev is None:
+        raise BertkitError(f"{cfg.data}: no dev split for {task.name}; the probe is scored on dev (give --dev-file)")
+    labels = task.labels(train)
+    if len(labels) < 2:
+        raise DataError(f"{train_path}: training data has only {len(labels)} label ({', '.join(labels)}); "
+                        f"a classifier needs two or more")
+    check_references(task, dev, labels, str(dev_path))
+    tokenizer = Tokenizer.from_dir(cfg.model)
+    stride = input_stride(task, cfg.windows, cfg.stride, cfg.max_length)
+    train_feats, _ = featurize(task, train, tokenizer, labels, cfg.max_length, stride, "train", train=True)
+    dev_feats, _ = featurize(task, dev, tokenizer, labels, cfg.max_length, stride, "dev")
+    return task, labels, Split(train, train_feats), Split(dev, dev_feats)
+
+
+def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool = False,
+          fits_log: Path | None = None) -> dict:
+    """Probe `cfg.model` on `cfg.task` (`cfg`'s data options; its training options are not used).
+
+    Returns {task, model, metric, labels, train_examples, dev_examples, train_rows, dev_rows,
+    majority: {label, <dev metrics>}, skipped, spec, encode_wall_s, wall_s, probes: [{features,
+    pooling, metric, value, dev: {<metrics>}, C, cv: {C: mean score}, iterations, converged,
+    grad_max, width, fit_wall_s}]}. `fits_log`: one JSONL line per fit (fold, C, score, iterations)."""
+    from tqdm.auto import tqdm
+
+    from .checkpoint import load_model
+    from .probe import probe_layers
+
+    spec = spec or ProbeSpec()
+    t0 = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    task, labels, train, dev = read_task(cfg)
+    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    encoder = load_model(cfg.model, head="encoder").float().eval().requires_grad_(False).to(device)
+    L = encoder.config.num_layers
+    pairs, skipped = combinations(task.head, spec, encoder.config)
+    layers = sorted({i for f, _ in pairs for i in probe_layers(f, L)[1]})
+    poolings = sorted({p for _, p in pairs if p is not None})
+    for split, name in ((train, "train"), (dev, "dev")):
+        split.enc = encode(encoder, task.head, split.feats, layers, poolings, desc=f"encode {name}" if progress else None)
+    encode_wall = time.perf_counter() - t0
+    y = train.enc.labels
+    if (y < 0).any():
+        raise BertkitError("training rows without a label: the probe needs labelled training data")
+    majority = int(np.bincount(y, minlength=len(labels)).argmax())
+    one_hot = np.where(np.arange(len(labels)) == majority, 0.0, -1e9)[None].repeat(len(dev.enc.labels), 0)
+    all_dev = (np.arange(len(dev.enc.labels)), range(len(dev.examples)))
+    result = {"task": task.name, "model": str(cfg.model), "metric": task.main_metric, "labels": list(labels),
+              "train_examples": len(train.examples), "dev_examples": len(dev.examples),
+              "train_rows": len(y), "dev_rows": len(dev.enc.labels),
+              "majority": {"label": labels[majority],
+                           **task_scores(task, labels, dev.examples, dev.feats, dev.enc, one_hot, *all_dev)},
+              "skipped": skipped, "spec": {f.name: getattr(spec, f.name) for f in fields(ProbeSpec)},
+              "max_length": cfg.max_length, "device": str(device), "threads": torch.get_num_threads(),
+              "encode_wall_s": round(encode_wall, 2), "probes": []}
+    log_file = open(fits_log, "w", encoding="utf-8") if fits_log else None
+    bar = tqdm(total=len(pairs) * (spec.folds * len(spec.C) + 1), desc="probe fits", unit="fit",
+               disable=not progress or None, leave=False)
+    try:
+        for features, pooling in pairs:
+            result["probes"].append(_one_probe(task, labels, train, dev, features, pooling, L, spec, device,
+                                               lambda rec: _fit_done(bar, log_file, features, pooling, rec)))
+    finally:
+        bar.close()
+        if log_file:
+            log_file.close()
+    result["wall_s"] = round(time.perf_counter() - t0, 2)
+    return result
+
+
+def _fit_done(bar, log_file, features: str, pooling: str | None, rec: dict) -> None:
+    import json
+
+    bar.update(1)
+    if log_file:
+        log_file.write(json.dumps({"features": features, "pooling": pooling, **rec}) + "\n")
+        log_file.flush()
+
+
+def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, features: str, pooling: str | None,
+               num_layers: int, spec: ProbeSpec, device, report: Callable[[dict], None]) -> dict:
+    X = feature_matrix(train.enc, features, pooling, num_layers).to(device)
+    X_dev = feature_matrix(dev.enc, features, pooling, num_layers).to(device)
+
+    def score(model: LogReg, rows: np.ndarray, Xh: Tensor) -> float:
+        keep = sorted(set(train.enc.groups[rows].tolist()))
+        scores = task_scores(task, labels, train.examples, train.feats, train.enc,
+                             model.log_proba(Xh).cpu().numpy(), rows, keep)
+        return scores[task.main_metric]
+
+    fit = fit_probe(X, train.enc.labels, train.enc.groups, X_dev, spec, len(labels), score, report)
+    scores = task_scores(task, labels, dev.examples, dev.feats, dev.enc, fit["dev_logp"],
+                         np.arange(len(dev.enc.labels)), range(len(dev.examples)))
+    model = fit["model"]
+    log.info("probe %s %s%s: dev %s %.4f (C %g%s, %d L-BFGS iterations%s)", task.name, features,
+             f"/{pooling}" if pooling else "", task.main_metric, scores[task.main_metric], fit["C"],
+             ", at the edge of the grid" if fit["C"] in (spec.C[0], spec.C[-1]) and len(spec.C) > 1 else "",
+             model.iterations, "" if model.converged else ", NOT converged")
+    return {"features": features, "pooling": pooling, "metric": task.main_metric,
+            "value": scores[task.main_metric], "dev": scores, "C": fit["C"], "cv": fit["cv"],
+            "iterations": model.iterations, "converged": model.converged, "grad_max": model.grad_max,
+            "width": X.shape[1], "fit_wall_s": fit["fit_wall_s"]}
+
+
+# ---- the probe arms of `bertkit ablate` ---------------------------------------------------------
+# FinetuneConfig keys that change a probe's numbers (the training options do not apply to it)
+DATA_KEYS = ("task", "model", "data", "train_file", "dev_file", "text_column", "pair_column", "label_column",
+             "id_column", "tokens_column", "tags_column", "format", "max_length", "stride", "windows",
+             "train_limit", "dev_limit", "skip_bad_rows")
+
+
+def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: str) -> list[dict]:
+    """An ablate probe arm (`probe:` keys, `ProbeSpec`) on one task: one row per features x pooling.
+
+    Results are kept in fcfg.out (results.json, fits.jsonl) and reused while the data options, the
+    spec and the model's weights (`weights`, ablate's weights_id) are unchanged. Row keys: arm,
+    setting, task, seed (0: nothing is random), metric, value and best (the dev score of the main
+    metric), dev (every dev metric), majority (the dev score of always answering the training
+    majority class), probe ('lbfgs'), probe_features, probe_pooling (None for tagging), variant
+    ('features/pooling', what tells one row of an arm from another), C (chosen), cv ({C: mean
+    cross-validation score}), iterations, converged, grad_max, frozen (True), init, finetune_wall_s
+    (cross-validation and refit of this row), encode_wall_s and finetune_cpu_s (the task's whole probe
+    run), train_examples, dev_examples, pretrain_tokens, pretrain_updates, pretrain_wall_s, run_card
+    (results.json) and status ('ok')."""
+    import hashlib
+    import json
+
+    out = Path(fcfg.out)
+    spec = probe_spec(arm.probe, f"arm {arm.name} probe")
+    given = {k: getattr(fcfg, k) for k in DATA_KEYS}
+    key = hashlib.sha256(json.dumps({"given": given, "spec": vars(spec), "weights": weights}, sort_keys=True,
+                                    default=str).encode()).hexdigest()[:16]
+    try:
+        result = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        result = None
+    if not (isinstance(result, dict) and result.get("ablate_key") == key):
+        log.info("ablate: arm %s: probing %s (L-BFGS, %d features x poolings)", arm.name, fcfg.task,
+                 len(spec.features) * len(spec.pooling))
+        out.mkdir(parents=True, exist_ok=True)
+        c0 = time.process_time()
+        result = probe(fcfg, spec, fits_log=out / "fits.jsonl")
+        result.update(ablate_key=key, cpu_s=round(time.process_time() - c0, 1))
+        write_results(out / "results.json", result)
+    return [{"arm": arm.name, "setting": setting, "task": fcfg.task, "seed": 0, "metric": p["metric"],
+             "value": p["value"], "best": p["value"], "dev": p["dev"], "majority": result["majority"].get(p["metric"]),
+             "probe": "lbfgs", "probe_features": p["features"], "probe_pooling": p["pooling"],
+             "variant": p["features"] + (f"/{p['pooling']}" if p["pooling"] else ""), "C": p["C"], "cv": p["cv"],
+             "iterations": p["iterations"], "converged": p["converged"], "grad_max": p["grad_max"], "frozen": True,
+             "init": fcfg.init, "finetune_wall_s": p["fit_wall_s"], "encode_wall_s": result["encode_wall_s"],
+             "finetune_cpu_s": result.get("cpu_s"), "train_examples": result["train_examples"],
+             "dev_examples": result["dev_examples"], "pretrain_tokens": pre.get("tokens"),
+             "pretrain_updates": pre.get("updates"), "pretrain_wall_s": pre.get("wall_s"),
+             "run_card": str(out / "results.json"), "status": "ok"} for p in result["probes"]]
+
+
+def write_results(path: Path, result: dict) -> None:
+    """results.json, written whole (a temporary file renamed over it)."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
