@@ -327,6 +327,7 @@ def test_init_from_trains_the_checkpoints_architecture_and_says_so(data, tmp_pat
                                                              "model.attention_dropout": 0.0})
     pretrain(src, command="test")
     final = str(tmp_path / "src" / "final")
+    assert json.loads((Path(final) / "config.json").read_text())["bertkit_trained_length"] == 64   # (ALiBi's limit)
     cont = tiny_config(data[64], tmp_path / "cont", **steps, **{"model.init_from": final})
     card = pretrain(cont, command="test")
     assert card["dropout"] == "hidden 0.0, attention 0.0" and card["normalisation"].startswith("pre-LN")

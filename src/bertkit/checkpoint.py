@@ -351,9 +351,36 @@ def check_inputs_fit(cfg: BertConfig, vocab_size: int | None = None, max_length:
     if vocab_size is not None and vocab_size > cfg.vocab_size:
         raise CheckpointError(f"{f'{where}: ' if where else ''}the tokenizer has {vocab_size} ids but the model "
                               f"only {cfg.vocab_size} embedding rows (vocab_size): not a matching tokenizer")
-    if max_length is not None and max_length > cfg.max_position_embeddings:
+    if max_length is None:
+        return
+    if max_length > cfg.max_position_embeddings and cfg.position_embedding_type != "alibi":
         raise CheckpointError(f"{option} {max_length}: the model has {cfg.max_position_embeddings} positions "
                               f"(max_position_embeddings); use at most {cfg.max_position_embeddings}")
+    trained = trained_length(cfg)
+    if cfg.position_embedding_type == "alibi" and max_length > trained and (max_length, trained) not in _WARNED:
+        _WARNED.add((max_length, trained))
+        log.warning("%s %d is past the training length %d (ALiBi: no position table, so longer inputs run; "
+                    "accuracy may drop)", option, max_length, trained)
+
+
+_WARNED: set[tuple[int, int]] = set()      # (length, training length) said once per process
+
+
+def trained_length(cfg: BertConfig) -> int:
+    """The longest inputs the model was trained on, as config.json records it (pre-training's
+    sequences, `bertkit_trained_length`; fine-tuning's, `bertkit_max_length`), else its positions."""
+    said = [v for k in ("bertkit_trained_length", "bertkit_max_length")
+            if isinstance(v := cfg.extra.get(k), int) and not isinstance(v, bool) and v > 0]
+    return max(said) if said else cfg.max_position_embeddings
+
+
+def length_limit(cfg: BertConfig, max_length: int | None) -> int:
+    """The most tokens one input may have: `max_length` (default: the positions), within the
+    position table; an ALiBi model has none, so any length (past its training length: see
+    `check_inputs_fit`)."""
+    if cfg.position_embedding_type == "alibi":
+        return max_length or cfg.max_position_embeddings
+    return min(max_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
 
 
 def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, head: str, new_head_ok: bool) -> None:

@@ -152,8 +152,11 @@ class Predictor:
         self.backend = getattr(session, "backend", "onnx") if session is not None else "torch"
         cfg = model.config
         self.config = cfg
-        self.max_length = min(max_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        from .checkpoint import length_limit
+        self.max_length = length_limit(cfg, max_length)   # ALiBi: any length asked for (no position table)
         self.head = getattr(model, "head", "encoder")
+        self.output_names: tuple[str, ...] = tuple(getattr(model, "output_names", ()))   # the head's contract
+        self.per_token = bool(getattr(model, "per_token", False))
         # config.json's keys beyond the architecture (id2label, bertkit_stride, ...) are in cfg.extra
         self.labels = labels or {int(k): v for k, v in (cfg.extra.get("id2label") or {}).items()}
         self.int8 = False

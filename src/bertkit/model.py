@@ -185,7 +185,7 @@ class BertModel(nn.Module):
             if packed is not None:
                 raise ValueError("a packed batch needs explicit position_ids (see packing.pack)")
             T = input_ids.shape[-1]
-            if T > self.config.max_position_embeddings:
+            if self.embeddings.position is not None and T > self.config.max_position_embeddings:
                 raise ValueError(f"sequence of {T} tokens is longer than max_position_embeddings "
                                  f"({self.config.max_position_embeddings}); truncate the input")
             position_ids = torch.arange(T, device=input_ids.device).expand_as(input_ids)

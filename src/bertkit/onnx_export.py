@@ -105,8 +105,9 @@ def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimiz
     out.parent.mkdir(parents=True, exist_ok=True)
     vocab = model.config.vocab_size
     sample = _example_batch(vocab, [16, 9], seed=0)                         # trace inputs
-    batch, seq = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("sequence", min=1,
-                                                                            max=model.config.max_position_embeddings)
+    positions = model.config.max_position_embeddings      # ALiBi: no table, the graph takes longer inputs
+    batch, seq = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim(
+        "sequence", min=1, max=max(positions, 1 << 16) if model.config.position_embedding_type == "alibi" else positions)
     shapes = {name: {0: batch, 1: seq} for name in INPUTS}
     tmp = out.with_name(out.stem + ".fp32.tmp.onnx")
     try:

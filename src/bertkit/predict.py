@@ -146,6 +146,7 @@ def fill_mask_rows(model_dir: str | Path, rows: list[tuple[str, dict]], top_k: i
     predictor = Predictor.from_dir(model_dir, head="masked_lm", threads=threads, max_length=max_length,
                                    backend=backend, onnx_file=onnx_file, small_batches=False, dtype=precision)
     results = predictor.fill_mask(texts, top_k=top_k, batch_size=batch_size)
+    predictor.tokenizer.stats.report()
     return [{"id": str(obj.get("id", i)), "prediction": [c[0]["token"] for c in res], "candidates": res}
             for i, ((_, obj), res) in enumerate(zip(rows, results))]
 

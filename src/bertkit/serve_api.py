@@ -227,10 +227,22 @@ class Batcher:
 
 
 # ---- the app -------------------------------------------------------------------------------------
-# route -> the heads that serve it, read off the head classes (`endpoints`)
-ENDPOINT_HEADS = {path: tuple(name for name, cls in HEADS.items() if path in cls.endpoints)
-                  for path in dict.fromkeys(p for cls in HEADS.values() for p in cls.endpoints)}
+# route -> the heads (model.HEADS' names) that answer it; /v1/embed, /v1/embeddings and /embed: every head
+ENDPOINT_HEADS = {"/v1/fill-mask": ("pretraining", "masked_lm"),
+                  "/v1/classify": ("sequence_classification",), "/predict": ("sequence_classification",),
+                  "/rerank": ("sequence_classification",), "/v1/ner": ("token_classification",),
+                  "/v1/qa": ("question_answering",)}
 INLINE_BYTES = 4096     # bodies up to this are parsed and tokenised on the event loop (a thread hop costs more)
+
+
+class Tokens(int):
+    """A request's real tokens (what the batcher budgets), carrying what "truncate": true cut:
+    `truncated` inputs and `cut` tokens (the response's X-Bertkit-Truncated-* headers, a log line)."""
+    truncated: int = 0
+    cut: int = 0
+
+
+TRUNCATION_HEADERS = ("X-Bertkit-Truncated-Inputs", "X-Bertkit-Truncated-Tokens")
 
 
 @dataclass
@@ -311,7 +323,9 @@ class Api:
                     flag = f"{cfg.window_factor} x --max-length" if windowed else "--max-length"
                     raise LimitError(413, f"text {i} is {n} tokens; the limit is {limit} ({flag})"
                                      + ("" if windowed else '; send "truncate": true to cut it'))
-        return sum(min(n, limit) for n in lengths)
+        tokens = Tokens(sum(min(n, limit) for n in lengths))
+        tokens.truncated, tokens.cut = sum(n > limit for n in lengths), sum(max(n - limit, 0) for n in lengths)
+        return tokens
 
     async def offload(self, fn: Callable, *args) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
@@ -328,7 +342,11 @@ class Api:
         def render() -> bytes:
             return dump_json(plan.answer(results))
         data = await self.offload(render) if render_off_loop or not small else render()
-        return Response(data, media_type="application/json")
+        cut = (getattr(plan.tokens, "truncated", 0), getattr(plan.tokens, "cut", 0))
+        if cut[0]:
+            log.warning("%s: truncated %d of %d inputs to %d tokens (%d tokens cut)", request.url.path, cut[0],
+                        len(next(iter(plan.inputs.values()))), self.cfg.max_length, cut[1])
+        return Response(data, media_type="application/json", headers=dict(zip(TRUNCATION_HEADERS, map(str, cut))))
 
     async def run(self, plan: Plan) -> list:
         job = Job(plan.task, tuple(sorted(plan.options.items())), plan.inputs, plan.tokens,

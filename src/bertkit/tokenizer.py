@@ -67,6 +67,18 @@ class TruncationStats:
     tokens_cut: int = 0
     warned: bool = field(default=False, repr=False)
 
+    def counts(self) -> tuple[int, int, int]:
+        """(inputs, truncated inputs, tokens cut) so far."""
+        return self.inputs, self.truncated_inputs, self.tokens_cut
+
+    def report(self, before: tuple[int, int, int] = (0, 0, 0), label: str = "") -> tuple[int, int]:
+        """Log how many inputs truncation cut, and how many tokens, since `before` (an earlier
+        `counts()`); returns (truncated inputs, tokens cut)."""
+        n, cut, tokens = (a - b for a, b in zip(self.counts(), before))
+        if cut:
+            log.warning("%struncated %d of %d inputs (%d tokens cut)", f"{label}: " if label else "", cut, n, tokens)
+        return cut, tokens
+
 
 class Tokenizer:
     """A BERT WordPiece tokenizer. Build with `Tokenizer.from_dir`, `from_vocab` or `train`."""

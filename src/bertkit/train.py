@@ -205,6 +205,8 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     kernel, kernel_reason = reasons["attention_kernel"]
     set_attention_kernel(model, kernel)
     model.config.extra["bertkit_run"] = dict(choices)     # config.json of every checkpoint and final/ says it
+    said = model.config.extra.get("bertkit_trained_length")    # (an init_from model's own)
+    model.config.extra["bertkit_trained_length"] = max(longest, said if isinstance(said, int) else 0)
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
     # torch's fused AdamW: the same update in one pass over the weights (timed in docs/pretrain.md);
     # not under FSDP, whose sharded parameters take the per-tensor loop

@@ -204,7 +204,8 @@ def run_info(args) -> int:
         f"architecture {', '.join(info['architectures']) or '(not named)'}",
         f"size         {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads, "
         f"intermediate {c['intermediate_size']}, {c['hidden_act']}",
-        f"positions    " + (f"ALiBi (no table; bertkit only), up to {c['max_position_embeddings']}"
+        f"positions    " + (f"ALiBi (no table; bertkit only), trained at "
+                              f"{c.get('bertkit_trained_length', c['max_position_embeddings'])}, longer with --max-length"
                               if c.get("position_embedding_type") == "alibi" else f"{c['max_position_embeddings']}")
         + f"{'; pre-LN (bertkit only)' if c.get('bertkit_norm_position') == 'pre' else ''}, segment types "
           f"{c['type_vocab_size']}, vocab {c['vocab_size']}",
@@ -276,7 +277,7 @@ def run_tokenize(args) -> int:
     encs = tok.encode_batch(texts, pairs, args.max_length)
     _write_jsonl(({"input_ids": e.input_ids, "token_type_ids": e.token_type_ids, "tokens": e.tokens,
                    "offsets": [list(o) for o in e.offsets], "truncated": e.truncated} for e in encs), None)
-    _report_truncation(tok)
+    report_truncation(tok)
     return 0
 
 
@@ -285,10 +286,8 @@ def _check_max_length(n: int | None) -> None:
         raise BertkitError(f"--max-length must be at least 3 (room for [CLS] x [SEP]), got {n}")
 
 
-def _report_truncation(tok) -> None:
-    s = tok.stats
-    if s.truncated_inputs:
-        log.warning("truncated %d of %d inputs (%d tokens cut)", s.truncated_inputs, s.inputs, s.tokens_cut)
+def report_truncation(tok) -> None:
+    tok.stats.report()
 
 
 # ---- embed ---------------------------------------------------------------------------------------
@@ -331,7 +330,8 @@ def run_embed(args) -> int:
         if not out.parent.is_dir():
             raise BertkitError(f"--output {args.output}: the folder {out.parent} does not exist")
     pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads,
-                              small_batches=False, dtype=args.precision)   # one pass over a file: no start-up timing
+                              small_batches=False, dtype=args.precision,   # one pass over a file: no start-up timing
+                              max_length=args.max_length)
     check_fits(pred, args.max_length)
     texts, pairs = read_inputs(args.input, args.jsonl)
     to_npy = bool(args.output and args.output.endswith(".npy"))
@@ -346,7 +346,7 @@ def run_embed(args) -> int:
                               normalize=args.normalize, max_length=args.max_length, batch_size=args.batch_size)
             sink.write(at, vecs)
             bar.update(len(vecs))
-    _report_truncation(pred.tokenizer)
+    report_truncation(pred.tokenizer)
     if args.output:
         log.info("wrote %d embeddings to %s", len(texts), args.output)
     return 0
@@ -400,6 +400,7 @@ def setup_fill_mask(p) -> None:
     p.add_argument("texts", nargs="+", metavar="TEXT", help="texts with one or more [MASK] tokens")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint with a masked-LM head")
     p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--max-length", type=int, default=None, help="truncate to N tokens (default: the model's)")
     p.add_argument("--json", action="store_true",
                    help="print JSON: a list per text of lists per [MASK] of {token, id, score}")
     p.add_argument("--device", default=None)
@@ -412,15 +413,17 @@ def run_fill_mask(args) -> int:
 
     if args.top_k < 1:
         raise BertkitError(f"--top-k must be >= 1, got {args.top_k}")
+    _check_max_length(args.max_length)
     check_device(args.device)
     for i, text in enumerate(args.texts):
         if not _is_unicode(text):
             raise BertkitError(f"text {i + 1}: not valid UTF-8 (undecodable bytes)")
     # the masked-LM head of a BertForMaskedLM or BertForPreTraining checkpoint (NSP weights unused)
     pred = Predictor.from_dir(args.model, head="masked_lm", device=args.device, small_batches=False,
-                              dtype=args.precision)
-    check_fits(pred, None)
+                              dtype=args.precision, max_length=args.max_length)
+    check_fits(pred, args.max_length)
     results = pred.fill_mask(args.texts, top_k=args.top_k)
+    report_truncation(pred.tokenizer)
     if args.json:
         print(json.dumps(results, ensure_ascii=False))
         return 0

@@ -79,9 +79,11 @@ def run_embed_eval(args) -> int:
     for kind, data in sets:
         rows = []
         for pooling in poolings:
+            before = pred.tokenizer.stats.counts()          # (every pooling reads the same texts)
             run = evaluate_similarity if kind == "similarity" else evaluate_retrieval
             rows.append({"data": data.name, "kind": kind, "pooling": pooling, "own": pooling == own,
                          "precision": pred.precision, **run(pred, data, pooling, args.batch_size, progress=True)})
+        pred.tokenizer.stats.report(before, f"{kind} on {data.name}, at {pred.max_length} tokens")
         if args.json:
             for r in rows:
                 print(json.dumps(r))

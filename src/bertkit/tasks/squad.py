@@ -207,12 +207,12 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
     for c, enc in zip(unique, tokenizer.backend.encode_batch(unique, add_special_tokens=False)):
         contexts[c], word_spans[c] = enc, piece_words(enc)
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
-    feats, no_target, narrowed, q_cut = [], 0, 0, 0
+    feats, no_target, narrowed, q_cut, q_tokens = [], 0, 0, 0, 0
     for i, ex in enumerate(examples):
         q_ids = questions[i].ids[:max_query_length]
         if len(questions[i].ids) > max_query_length:
             q_cut += 1
-            tokenizer.stats.tokens_cut += len(questions[i].ids) - max_query_length
+            q_tokens += len(questions[i].ids) - max_query_length
         enc = contexts[ex.context]
         doc_ids, offsets, words = enc.ids, [tuple(o) for o in enc.offsets], word_spans[ex.context]
         room = max_length - len(q_ids) - 3
@@ -251,8 +251,10 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
     if no_target:
         log.warning("%d answers cover no word piece of their context; they train towards [CLS]", no_target)
     if q_cut:
-        log.warning("cut %d questions to their first %d word pieces", q_cut, max_query_length)
+        log.warning("cut %d of %d questions to their first %d word pieces (%d pieces cut)", q_cut, len(examples),
+                    max_query_length, q_tokens)
         tokenizer.stats.truncated_inputs += q_cut
+        tokenizer.stats.tokens_cut += q_tokens
     tokenizer.stats.inputs += len(examples)
     return feats
 

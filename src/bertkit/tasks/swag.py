@@ -99,7 +99,10 @@ def featurize_choices(examples: Sequence[ChoiceExample], tokenizer, labels=None,
         for ending in ex.endings:
             firsts.append(ex.context)
             seconds.append(f"{ex.start} {ending}".strip())
+    before = tokenizer.stats.counts()
     encodings = tokenizer.encode_batch(firsts, seconds, max_length)
+    tokenizer.stats.report(before, f"{len(examples)} examples ({len(firsts)} context-ending sequences) at "
+                                   f"max_length {max_length}")
     feats, k = [], 0
     for i, ex in enumerate(examples):
         encs = encodings[k:k + len(ex.endings)]
