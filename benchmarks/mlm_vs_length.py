@@ -133,7 +133,8 @@ def measure(model_dir: str, documents: list[str], lengths=LENGTHS, seed: int = 0
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="checkpoint folder with an MLM head and its tokenizer")
     p.add_argument("--documents", default=None, help="held-out text (default: the quickstart's held-out split)")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated input lengths")
