@@ -241,3 +241,20 @@ def test_the_documented_table_is_the_recorded_run():
         cells = [f"{r['accuracy']:.3f} / {r['mask_accuracy']:.3f} / {r['loss']:.3f}"
                  for r in (run["rows"][i] for run in runs)]
         assert line.endswith(f"| {first['windows']} | {cells[0]} | {cells[1]} |"), line
+
+
+def test_predict_with_a_task_head_past_positions(tmp_path_factory, minilm, capsys, caplog, tmp_path, one_thread):
+    """A sentence classifier with ALiBi reads 1,024 tokens in `predict`: its class scores are the
+    model's own softmax there, and the cut is said."""
+    folder = tiny(tmp_path_factory.mktemp("cls"), minilm, "alibi", head="sequence_classification")
+    text = long_text(1100)
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": text}) + "\n", encoding="utf-8")
+    code, out, err = run_cli(capsys, "predict", "--model", folder, "--max-length", 1024, tmp_path / "in.jsonl")
+    assert code == 0, err
+    ids = Tokenizer.from_dir(folder).encode(text, max_length=1024).input_ids
+    with torch.no_grad():
+        logits = load_model(folder, head="sequence_classification")(torch.tensor([ids]))[0][0]     # (logits, loss)
+    scores = list(json.loads(out)["scores"].values())
+    np.testing.assert_allclose(scores, torch.softmax(logits, -1).numpy(), atol=1e-4)
+    assert "past the training length 64" in caplog.text
+    assert "truncated 1 of 1 inputs to 1024 tokens (78 tokens cut)" in caplog.text
