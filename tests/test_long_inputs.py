@@ -258,3 +258,23 @@ def test_predict_with_a_task_head_past_positions(tmp_path_factory, minilm, capsy
     np.testing.assert_allclose(scores, torch.softmax(logits, -1).numpy(), atol=1e-4)
     assert "past the training length 64" in caplog.text
     assert "truncated 1 of 1 inputs to 1024 tokens (78 tokens cut)" in caplog.text
+
+
+def test_prepare_says_how_many_pairs_it_cut(tmp_path, caplog):
+    """NSP pairs over max_length lose tokens (Google's truncate_seq_pair): prepare says how many pairs
+    and tokens, and its meta counts them."""
+    import gzip
+    from importlib import resources
+
+    from bertkit.data.prepare import PrepareConfig, prepare
+
+    caplog.set_level("INFO", logger="bertkit")
+    text = gzip.decompress((resources.files("bertkit") / "sample" / "inaugural.txt.gz").read_bytes()).decode("utf-8")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(text.split("\n\n")[:6]), encoding="utf-8")
+    tok = Tokenizer.train([corpus], vocab_size=2000)
+    meta = prepare([str(corpus)], tok, tmp_path / "prep", PrepareConfig(max_length=48), progress=False)
+    c = meta["counts"]
+    assert 0 < c["pairs_truncated"] <= c["instances"] and c["tokens_truncated"] >= c["pairs_truncated"]
+    assert (f"truncated {c['pairs_truncated']} of {c['instances']} sentence pairs to 48 tokens "
+            f"({c['tokens_truncated']} tokens cut") in caplog.text

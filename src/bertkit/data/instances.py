@@ -70,6 +70,7 @@ class BuildCounts:
     one_sentence_documents: int = 0
     sentences_split: int = 0
     tokens_truncated: int = 0
+    pairs_truncated: int = 0        # pairs that lost tokens to truncate_pair
     lone_segments_next: int = 0
     sentences_cut: int = 0          # fill: sentences cut at an instance's end, their rest opening the next
 
@@ -157,6 +158,7 @@ def nsp_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
             tokens_a = tokens_a[fa:len(tokens_a) - ba]
             tokens_b = tokens_b[fb:len(tokens_b) - bb]
             counts.tokens_truncated += fa + ba + fb + bb
+            counts.pairs_truncated += fa + ba + fb + bb > 0
             assert len(tokens_a) >= 1 and len(tokens_b) >= 1
             n = len(tokens_a) + len(tokens_b) + 3
             instances.append(Instance([cls, tokens_a, sep, tokens_b, sep], n, len(tokens_a) + 2,
@@ -259,6 +261,7 @@ def sop_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
             tokens_a = tokens_a[fa:len(tokens_a) - ba]
             tokens_b = tokens_b[fb:len(tokens_b) - bb]
             counts.tokens_truncated += fa + ba + fb + bb
+            counts.pairs_truncated += fa + ba + fb + bb > 0
             swapped = rng.random() < 0.5
             if swapped:
                 tokens_a, tokens_b = tokens_b, tokens_a

@@ -272,6 +272,7 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder, spl
              "sentences": sum(len(d.off) - 1 for d in tok_docs), "random_next": counts.random_next, "short": counts.short,
              "one_sentence_documents": counts.one_sentence_documents, "sentences_split": counts.sentences_split,
              "sentences_cut": counts.sentences_cut, "tokens_truncated": counts.tokens_truncated,
+             "pairs_truncated": counts.pairs_truncated,
              "lone_segments_next": counts.lone_segments_next // cfg.dupe_factor, "max_length": int(lens.max()) if len(lens) else 0,
              "empty_documents_dropped": len(docs) - len(tok_docs)}
     return arrays, stats
@@ -456,6 +457,11 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
     log.info("prepared %d instances (%d tokens) in %d shards from %.1f MB in %.1f s (%.2f MB/s)%s -> %s",
              meta["counts"]["instances"], meta["counts"]["tokens"], len(results["train"]), counts.bytes / 1e6, seconds,
              counts.bytes / 1e6 / max(seconds, 1e-9), f", {reused} shards kept from before" if reused else "", out)
+    c = meta["counts"]
+    if c["tokens_truncated"]:
+        log.info("truncated %d of %d sentence pairs to %d tokens (%d tokens cut, from the longer segment, as "
+                 "Google's truncate_seq_pair)", c["pairs_truncated"], c["instances"], cfg.max_length,
+                 c["tokens_truncated"])
     if held is not None:
         log.info("held out %d of %d documents for evaluation: %d instances -> %s", held_info["documents"],
                  held_info["of_documents"], meta["eval"]["instances"], out / EVAL_DIR)
@@ -586,7 +592,7 @@ def _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, c
     per = [results[c] for c in order]
     total = {k: sum(r.get(k, 0) for r in per) for k in ("instances", "tokens", "random_next", "short",
                                                         "one_sentence_documents", "sentences_split", "sentences_cut",
-                                                        "tokens_truncated", "lone_segments_next",
+                                                        "tokens_truncated", "pairs_truncated", "lone_segments_next",
                                                         "empty_documents_dropped")}
     n = max(total["instances"], 1)
     return {

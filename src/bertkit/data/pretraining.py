@@ -112,7 +112,7 @@ def load_meta(path: Path) -> dict:
     # every machine reads the whole input (text counts are equal); instance counts add up
     counts: dict[str, Any] = dict(metas[0].get("counts", {}))
     for k in ("instances", "tokens", "random_next", "short", "one_sentence_documents", "sentences_split",
-              "sentences_cut", "tokens_truncated", "lone_segments_next", "empty_documents_dropped"):
+              "sentences_cut", "tokens_truncated", "pairs_truncated", "lone_segments_next", "empty_documents_dropped"):
         counts[k] = sum(m.get("counts", {}).get(k, 0) for m in metas)
     counts["max_length"] = max(m.get("counts", {}).get("max_length", 0) for m in metas)
     n = max(counts["instances"], 1)
