@@ -278,3 +278,16 @@ def test_prepare_says_how_many_pairs_it_cut(tmp_path, caplog):
     assert 0 < c["pairs_truncated"] <= c["instances"] and c["tokens_truncated"] >= c["pairs_truncated"]
     assert (f"truncated {c['pairs_truncated']} of {c['instances']} sentence pairs to 48 tokens "
             f"({c['tokens_truncated']} tokens cut") in caplog.text
+
+
+def test_embedding_training_says_what_it_cut(tmp_path_factory, minilm, tmp_path, capsys, caplog, one_thread):
+    folder = tiny(tmp_path_factory.mktemp("bi"), minilm, "alibi", head="encoder")
+    pairs = [("the cat", long_text(30)), ("a mat", "the old house"), ("far away", long_text(20)), ("it ran", "then")]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in pairs))
+    code, _, err = run_cli(capsys, "finetune", "--task", "embedding", "--model", folder,
+                           "--data", tmp_path / "train.jsonl", "--out", tmp_path / "out", "--batch_size", "4",
+                           "--epochs", "1", "--max_length", "16",
+                           "--precision", "fp32", "--no-progress")
+    assert code == 0, err
+    # 8 distinct texts, two of them cut: 30 + 2 - 16 and 20 + 2 - 16 tokens
+    assert "distinct texts at 16 tokens: truncated 2 of 8 inputs (22 tokens cut)" in caplog.text

@@ -366,6 +366,7 @@ def _train(cfg, command: str, out: Path) -> dict:
     max_length = cfg.max_length or default_max_length(cfg.model, model.config.max_position_embeddings)
     texts = list(dict.fromkeys(train.anchors + train.positives + (train.negatives or [])))
     ids = {t: e.input_ids for t, e in zip(texts, tokenizer.encode_batch(texts, None, max_length))}
+    tokenizer.stats.report(label=f"{train_path}: distinct texts at {max_length} tokens")
     log.info("%s: %d %s for %s loss (%s pooling), %d distinct texts of <= %d tokens%s", train_path,
              len(train.anchors), "scored pairs" if train.scores else "triplets" if train.negatives else "pairs",
              loss_name, pooling, len(texts), max_length, f"; dev {dev_path} ({main_metric})" if dev else "")
