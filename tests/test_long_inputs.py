@@ -291,3 +291,21 @@ def test_embedding_training_says_what_it_cut(tmp_path_factory, minilm, tmp_path,
     assert code == 0, err
     # 8 distinct texts, two of them cut: 30 + 2 - 16 and 20 + 2 - 16 tokens
     assert "distinct texts at 16 tokens: truncated 2 of 8 inputs (22 tokens cut)" in caplog.text
+
+
+def test_finetune_and_evaluate_past_positions(alibi, learned, tmp_path, capsys, caplog, one_thread):
+    """Fine-tuning and evaluation at 128 tokens on models of 64 positions: ALiBi runs (said once
+    each), learned positions stop in one line before anything is written."""
+    rows = [(long_text(90 + 7 * i), i % 2) for i in range(8)]
+    for split, part in (("train", rows), ("dev", rows[:4])):
+        (tmp_path / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in part))
+    args = ["--task", "sst2", "--data", tmp_path, "--max-length", 128, "--batch-size", 4, "--epochs", 1,
+            "--threads", 1, "--no-progress"]
+    code, _, err = run_cli(capsys, "finetune", "--model", alibi, "--out", tmp_path / "cls", *args)
+    assert code == 0, err
+    assert "max_length 128 is past the training length 64" in caplog.text
+    code, out, err = run_cli(capsys, "evaluate", "--model", tmp_path / "cls", "--data", tmp_path, "--json")
+    assert code == 0 and json.loads(out)["examples"] == 4, err
+    code, out, err = run_cli(capsys, "finetune", "--model", learned, "--out", tmp_path / "no", *args)
+    assert code == 1 and err.count("\n") == 1 and "the model has 64 positions" in err, err
+    assert not (tmp_path / "no").exists()
