@@ -1,5 +1,6 @@
 """One head logic, one inference engine: every head's `forward` is the encoder plus its own
-`outputs`; the Predictor, ONNX export's graph and fine-tuning's evaluation all run that method."""
+`outputs`, a dict keyed by the head's `output_names`; the Predictor, ONNX export's graph and
+fine-tuning's evaluation all run that method and read it by those names."""
 from __future__ import annotations
 
 import numpy as np
@@ -66,11 +67,12 @@ def test_forward_is_encoder_plus_outputs(head, args):
             logits, _ = model(**mc)
             flat = {k: v.flatten(0, 1) for k, v in mc.items()}
             h = model.bert(flat["input_ids"], flat["token_type_ids"], flat["attention_mask"])
-            close(logits, model.outputs(h, None, flat["attention_mask"]).view(3, 2))
+            close(logits, model.outputs(h, None, flat["attention_mask"])["logits"].view(3, 2))
             return
         out = model(**b)
         h = model.bert(b["input_ids"], b["token_type_ids"], b["attention_mask"])
         direct = model.outputs(h, None, b["attention_mask"])
+        assert set(model.output_names) <= set(direct) and all(isinstance(v, torch.Tensor) for v in direct.values())
         if head in ("pretraining", "masked_lm"):
             assert out.keys() == direct.keys()
             for k in out:
@@ -82,18 +84,17 @@ def test_forward_is_encoder_plus_outputs(head, args):
             close(out["mlm_logits"], direct["mlm_logits"])
             assert out["mlm_logits"].shape[0] == 3 and torch.equal(out["mlm_targets"], b["input_ids"][:, 2])
             return
-        if head == "question_answering":
-            close(out[0][0], direct[0])
-            close(out[0][1], direct[1])
-        else:
-            close(out[0], direct)
+        forward_outputs = lambda o: o[0] if isinstance(o[0], tuple) else (o[0],)      # forward: (logits, loss)
+        assert list(direct) == list(model.output_names)
+        for x, name in zip(forward_outputs(out), model.output_names):
+            close(x, direct[name])
         # packed: the same method on (N, C) states
         flat, layout = pack(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-        packed, _ = model(flat["input_ids"], flat["token_type_ids"], packed=layout, position_ids=flat["position_ids"])
+        packed = model(flat["input_ids"], flat["token_type_ids"], packed=layout, position_ids=flat["position_ids"])
         hp = model.bert(flat["input_ids"], flat["token_type_ids"], None, flat["position_ids"], packed=layout)
         ref = model.outputs(hp, layout)
-        for x, y in zip(packed if isinstance(packed, tuple) else [packed], ref if isinstance(ref, tuple) else [ref]):
-            close(x, y)
+        for x, name in zip(forward_outputs(packed), model.output_names):
+            close(x, ref[name])
 
 
 @pytest.mark.parametrize("head, args", [h for h in HEADS if h[0] not in ("pretraining", "masked_lm")],
@@ -113,7 +114,7 @@ def test_predictor_and_export_graph_agree_with_forward(tokenizer, head, args, ca
             got = p.outputs(feats, batch_size=1)
             np.testing.assert_allclose(np.stack(got), logits.numpy(), atol=1e-5)
             wrapped = Exportable(model).eval()(b["input_ids"], b["attention_mask"], b["token_type_ids"])
-            assert len(wrapped) == 1 and wrapped[0].shape == (3, 11, 32)
+            assert len(wrapped) == 2 and wrapped[0].shape == (3, 11, 32) and wrapped[1].shape == (3, 1)
             return
         out, _ = model(**b)
         got = p.outputs([{"input_ids": i, "token_type_ids": t} for i, t in rows(b)])
@@ -145,7 +146,7 @@ def test_probe_outputs_one_method(tokenizer, task_head, features, pooling):
     with torch.no_grad():
         logits, _ = probe(**b)
         states = probe.bert(b["input_ids"], b["token_type_ids"], b["attention_mask"], all_layers=True)
-        close(logits, probe.outputs(states, None, b["attention_mask"]))
+        close(logits, probe.outputs(states, None, b["attention_mask"])["logits"])
         close(Exportable(probe).eval()(b["input_ids"], b["attention_mask"], b["token_type_ids"])[1], logits)
         got = Predictor(probe, tokenizer).outputs([{"input_ids": i, "token_type_ids": t} for i, t in rows(b)])
     if task_head == "sequence_classification":
@@ -211,9 +212,10 @@ def test_finetune_evaluation_runs_the_predictor_and_leaves_the_model_alone(token
 
 
 def test_head_metadata_lives_on_the_head_classes():
-    """Architecture name, owned weights, ONNX outputs and HTTP routes are class attributes of each
-    head; checkpoint, serve and ONNX export read them instead of keeping their own tables."""
-    from bertkit import checkpoint, onnx_export, serve_api as serve
+    """Architecture name, owned weights and output names are class attributes of each head;
+    checkpoint and ONNX export read them instead of keeping their own tables. HTTP routes are the
+    serving code's (the model knows nothing of serving)."""
+    from bertkit import checkpoint, infer, model, onnx_export, serve_api as serve
     from bertkit.model import HEADS, BertModel
 
     for name, cls in {"encoder": BertModel, **HEADS}.items():
@@ -221,9 +223,11 @@ def test_head_metadata_lives_on_the_head_classes():
         assert checkpoint.ARCHITECTURES[name] == cls.architecture
         assert checkpoint.HEAD_OF_ARCHITECTURE[cls.architecture] == name
         assert all(p.endswith(".") for p in cls.weight_prefixes)
-        for path in cls.endpoints:
-            assert name in serve.ENDPOINT_HEADS[path]
-    assert {p for c in HEADS.values() for p in c.endpoints} == set(serve.ENDPOINT_HEADS)
-    for src in (checkpoint, serve, onnx_export):         # no second copy of a head's name table
+        assert not hasattr(cls, "endpoints")
+        assert bool(cls.output_names) == (name != "encoder")
+    assert {h for heads in serve.ENDPOINT_HEADS.values() for h in heads} <= set(HEADS)
+    assert "/v1/" not in open(model.__file__).read()
+    for src in (checkpoint, serve, onnx_export, infer):   # no second copy of a head's name table
         text = open(src.__file__).read()
         assert '"BertForQuestionAnswering"' not in text and '"start_logits", "end_logits"' not in text
+        assert "span_logits" not in text and "token_logits" not in text

@@ -54,8 +54,6 @@ log = logging.getLogger("bertkit")
 POOLINGS = ("mean", "cls", "pooler", "none")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}   # (the commands' --precision names)
-TASK_OUTPUTS = {"sequence_classification": "logits", "multiple_choice": "logits",
-                "token_classification": "token_logits", "question_answering": "span_logits"}
 BF16_MIN_COSINE = 0.999     # the bf16 default keeps every sample sentence, token state and head output this close to fp32
 
 
@@ -342,21 +340,18 @@ class Predictor:
         """How closely this model follows `reference` (fp32) on the sample texts: cosine of the
         last hidden states per sentence (mean-pooled: `cosine_min`, `cosine_mean`) and per token,
         and for a task head the cosine of each text's outputs (logits, token logits or span
-        logits, flattened: `head_cosine_min`)."""
+        logits, flattened: `head_cosine_min`; a masked-LM head's vocabulary logits are left out, the
+        states they are computed from are compared)."""
         rows = sample_rows(self.tokenizer, self.max_length)
-        task = self.head in ("sequence_classification", "token_classification", "question_answering")
+        task = bool(self.output_names) and "mlm_logits" not in self.output_names
 
         def run(p: "Predictor") -> list[tuple[np.ndarray, np.ndarray | None]]:
             def fn(b: Batch) -> list:
-                layout = _cpu(b.packed)
-                h = split_packed(p.hidden(b).float().cpu(), layout)
+                h = split_packed(p.hidden(b).float().cpu(), _cpu(b.packed))
                 if not task:
                     return [(x.numpy(), None) for x in h]
-                key = {"sequence_classification": "logits", "token_classification": "token_logits"}.get(
-                    self.head, "span_logits")
-                out = p.head_outputs(b)[key].float().cpu()                      # (B, L), (N, L) or (N, 2)
-                per_text = list(out) if self.head == "sequence_classification" else split_packed(out, layout)
-                return [(x.numpy(), y.flatten().numpy()) for x, y in zip(h, per_text)]
+                per_text = p.per_input(b, p.head_outputs(b))
+                return [(x.numpy(), np.concatenate([y.flatten() for y in ys])) for x, ys in zip(h, per_text)]
             return p._run(rows, fn)
 
         a, b = run(self), run(Predictor(reference, self.tokenizer, self.device, self.max_length))
@@ -450,7 +445,7 @@ class Predictor:
     def hidden(self, b: Batch) -> Tensor:
         """(N, C) last-layer states of a packed batch."""
         if self.session is not None:
-            return self._onnx(b)["hidden"]
+            return self._onnx(b)["last_hidden_state"]
         if self.small is not None and self.small.takes(b.packed):
             try:
                 return self.small.hidden(self.encoder, b.tensors, b.packed)
@@ -462,18 +457,29 @@ class Predictor:
                             b.tensors["position_ids"], packed=b.packed)
 
     def head_outputs(self, b: Batch) -> dict[str, Tensor]:
-        """The loaded head's outputs on a packed batch (the head's own `outputs`): `logits` (B, L)
-        for sequence classification (multiple choice: (B, 1) per sequence), `token_logits` (N, L)
-        for token classification, `span_logits` (N, 2) for QA."""
+        """The loaded head's `outputs` on a packed batch, by its `output_names`: per token (N, ...)
+        where the head's outputs are (`per_token`), else per sequence (B, ...); on any backend."""
+        if not self.output_names:
+            raise PredictorError(f"the {self.head} head has no outputs")
         if self.session is not None:
+            missing = [n for n in self.output_names if n not in self._onnx_outputs()]
+            if missing:
+                raise PredictorError(f"this ONNX file has no {missing[0]} output; export the {self.head} "
+                                     f"checkpoint again")
             return self._onnx(b)
-        if self.head not in TASK_OUTPUTS:
-            raise PredictorError(f"the {self.head} head has no task outputs")
         m = self.model
         h = self.encoder(b.tensors["input_ids"], b.tensors["token_type_ids"], None, b.tensors["position_ids"],
                          packed=b.packed, all_layers=True) if m.all_layers else self.hidden(b)
-        out = m.outputs(h, b.packed)
-        return {TASK_OUTPUTS[self.head]: torch.stack(out, -1) if self.head == "question_answering" else out}
+        return m.outputs(h, b.packed)
+
+    def per_input(self, b: Batch, out: dict[str, Tensor]) -> list[tuple[np.ndarray, ...]]:
+        """Each input's share of a batch's head outputs: one float32 array per output name, (T, ...)
+        per token or (...) per sequence."""
+        if self.per_token:
+            cols = [[x.numpy() for x in split_packed(out[n].float().cpu(), _cpu(b.packed))] for n in self.output_names]
+        else:
+            cols = [list(out[n].float().cpu().numpy()) for n in self.output_names]
+        return list(zip(*cols))
 
     def _run(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], fn: Callable[[Batch], list],
              batch_size: int = 32, max_tokens: int | None = None, desc: str | None = None) -> list:
@@ -528,11 +534,9 @@ class Predictor:
     def fill_mask(self, texts: Sequence[str], top_k: int = 5, max_length: int | None = None,
                   batch_size: int = 32) -> list[list[list[dict]]]:
         """For each text, for each [MASK] in it: the top_k [{"token", "id", "score"}] (softmax)."""
-        if self.session is None and not hasattr(self.model, "mlm"):
+        if "mlm_logits" not in self.output_names:
             raise PredictorError(f"this checkpoint has no masked-LM head (loaded as {self.head}); "
                                  "fill-mask needs a BertForMaskedLM / BertForPreTraining checkpoint")
-        if self.session is not None and "mlm_logits" not in self._onnx_outputs():
-            raise PredictorError("this ONNX file has no masked-LM output; export a masked_lm checkpoint")
         if top_k < 1:
             raise PredictorError(f"top_k must be >= 1, not {top_k}")
         encs = self.encode(texts, None, max_length)
@@ -547,7 +551,7 @@ class Predictor:
             ids = b.tensors["input_ids"]
             where = (ids == mask_id).nonzero().flatten()                      # (M,) packed positions
             if self.session is not None:
-                logits = self._onnx(b)["mlm_logits"][where]                   # (M, V)
+                logits = self.head_outputs(b)["mlm_logits"][where]            # (M, V)
             else:                                                             # the head on the [MASK] positions
                 masked = ids.where(ids == mask_id, -100)
                 logits = self.model.outputs(self.hidden(b), b.packed, mlm_labels=masked)["mlm_logits"]   # (M, V)
@@ -569,26 +573,18 @@ class Predictor:
         sequence classification, (T, num_labels) for tokens, (start (T,), end (T,)) for QA, (K,)
         for multiple choice (one score per choice; batch_size counts features). The one engine
         for `bertkit predict` / `evaluate` and fine-tuning's evaluation, on any backend."""
-        if self.head not in TASK_OUTPUTS:
-            raise PredictorError(f"no task outputs for a {self.head} checkpoint")
-        if self.head == "multiple_choice":
+        if not self.output_names:
+            raise PredictorError(f"no head outputs for a {self.head} checkpoint")
+        if self.head == "multiple_choice":                   # K sequences per feature
             return self._choice_outputs(features, batch_size, desc)
 
         def fn(b: Batch) -> list:
-            out = self.head_outputs(b)
-            if "logits" in out:
-                return list(out["logits"].float().cpu().numpy())
-            if "token_logits" in out:
-                return [x.numpy() for x in split_packed(out["token_logits"].float().cpu(), _cpu(b.packed))]
-            span = out["span_logits"].float().cpu()
-            return [(x[:, 0].numpy(), x[:, 1].numpy()) for x in split_packed(span, _cpu(b.packed))]
+            return [row[0] if len(row) == 1 else row for row in self.per_input(b, self.head_outputs(b))]
 
         return self._run([(f["input_ids"], f["token_type_ids"]) for f in features], fn, batch_size, desc=desc)
 
     def _choice_outputs(self, features: Sequence[dict], batch_size: int, desc: str | None) -> list:
         """Multiple choice: each (context, choice) sequence scored on its own, then K per feature."""
-        if self.session is not None:
-            raise PredictorError("an ONNX file has no multiple-choice scores; run this checkpoint with --backend torch")
         counts = [len(f["input_ids"]) for f in features]
         rows = [row for f in features for row in zip(f["input_ids"], f["token_type_ids"])]
         scores = self._run(rows, lambda b: list(self.head_outputs(b)["logits"][:, 0].float().cpu().numpy()),
@@ -706,9 +702,9 @@ class Predictor:
         return [o.name for o in self.session.get_outputs()]
 
     def _onnx(self, b: Batch) -> dict[str, Tensor]:
-        """Run the padded batch through onnxruntime; outputs repacked to (N, ...) / (B, ...)."""
+        """Run the padded batch through onnxruntime; outputs by name, repacked to (N, ...) / (B, ...)."""
         from .onnx_export import run_session
-        return run_session(self.session, b.padded, b.packed)
+        return run_session(self.session, b.padded, b.packed, self.per_token)
 
 
 def _rows(encodings: Sequence[Encoding]) -> list[tuple[list[int], list[int]]]:

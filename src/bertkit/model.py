@@ -156,12 +156,11 @@ class Block(nn.Module):
 class BertModel(nn.Module):
     """The encoder: embeddings, L blocks and (optionally) the pooler, tanh(W h_[CLS] + b)."""
 
-    # what a checkpoint, an ONNX graph and the server know about a model (the heads below say theirs)
+    # what a checkpoint and an ONNX graph know about a model (the heads below say theirs)
     head = "encoder"
     architecture = "BertModel"         # Hugging Face class name in config.json
     weight_prefixes: tuple[str, ...] = ()   # the head's own weights (bertkit names, outside 'bert.')
-    output_names: tuple[str, ...] = ()      # ONNX outputs after last_hidden_state
-    endpoints: tuple[str, ...] = ()         # HTTP routes that need this head (beyond /v1/embed)
+    output_names: tuple[str, ...] = ()      # the keys of the head's `outputs` (ONNX: after last_hidden_state)
 
     def __init__(self, cfg: BertConfig, add_pooler: bool = True):
         super().__init__()
@@ -275,15 +274,17 @@ def classification_loss(logits: Tensor, labels: Tensor, problem: str) -> Tensor:
 
 class Head(nn.Module):
     """A task head on the encoder `self.bert`. `outputs(hidden, packed, attention_mask)` maps the
-    encoder's states to the head's outputs; `forward` = encoder + `outputs` + loss. Inference
-    (`infer.Predictor`), ONNX export and serving call `outputs` on the encoder's states."""
+    encoder's states to {name: tensor} for each of `output_names`, per token ((B, T, ...) padded,
+    (N, ...) packed) where `per_token`, else per sequence ((B, ...)); `forward` = encoder + `outputs`
+    + loss. Inference (`infer.Predictor`), ONNX export and serving call `outputs` on the encoder's
+    states and read it by those names, whatever the head."""
 
     all_layers = False      # `outputs` reads the last layer's states (a probe reads all L+1: True)
     head: str
     architecture: str
     weight_prefixes: tuple[str, ...]
     output_names: tuple[str, ...] = ()
-    endpoints: tuple[str, ...] = ()
+    per_token = False
 
 
 class BertForPreTraining(Head):
@@ -292,8 +293,8 @@ class BertForPreTraining(Head):
     head = "pretraining"
     architecture = "BertForPreTraining"
     weight_prefixes = ("mlm.", "nsp.")
-    output_names = ("mlm_logits",)
-    endpoints = ("/v1/fill-mask",)
+    output_names = ("mlm_logits",)     # training adds mlm_targets (with mlm_labels) and nsp_logits (B, 2)
+    per_token = True
 
     def __init__(self, cfg: BertConfig, nsp: bool = True):
         super().__init__()
@@ -306,7 +307,7 @@ class BertForPreTraining(Head):
                 mlm_labels: Tensor | None = None) -> dict:
         """mlm_logits (B, T, V), or (M, V) on the positions mlm_labels marks (with their mlm_targets);
         nsp_logits (B, 2) when the model has the NSP head."""
-        out: dict = {}
+        out: dict[str, Tensor] = {}
         if mlm_labels is not None:
             h_masked, out["mlm_targets"] = select_masked(h, mlm_labels)      # (M, C), (M,)
             out["mlm_logits"] = self.mlm(h_masked)                          # (M, V)
@@ -336,8 +337,6 @@ class BertForMaskedLM(BertForPreTraining):
     head = "masked_lm"
     architecture = "BertForMaskedLM"
     weight_prefixes = ("mlm.",)
-    output_names = ("mlm_logits",)
-    endpoints = ("/v1/fill-mask",)
 
     def __init__(self, cfg: BertConfig):
         super().__init__(cfg, nsp=False)
@@ -350,7 +349,6 @@ class BertForSequenceClassification(Head):
     architecture = "BertForSequenceClassification"
     weight_prefixes = ("classifier.",)
     output_names = ("logits",)
-    endpoints = ("/v1/classify", "/predict", "/rerank")
 
     def __init__(self, cfg: BertConfig, num_labels: int = 2, problem: str | None = None):
         super().__init__()
@@ -360,13 +358,14 @@ class BertForSequenceClassification(Head):
         self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
 
-    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None) -> Tensor:
-        return self.classifier(self.drop(self.bert.pool(h, packed, attention_mask)))   # (B, num_labels)
+    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None
+                ) -> dict[str, Tensor]:
+        return {"logits": self.classifier(self.drop(self.bert.pool(h, packed, attention_mask)))}   # (B, num_labels)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 packed: Packed | None = None, position_ids=None) -> tuple[Tensor, Tensor | None]:
         logits = self.outputs(self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed),
-                              packed, attention_mask)
+                              packed, attention_mask)["logits"]
         return logits, classification_loss(logits, labels, self.problem) if labels is not None else None
 
 
@@ -377,7 +376,7 @@ class BertForTokenClassification(Head):
     architecture = "BertForTokenClassification"
     weight_prefixes = ("classifier.",)
     output_names = ("logits",)
-    endpoints = ("/v1/ner",)
+    per_token = True
 
     def __init__(self, cfg: BertConfig, num_labels: int = 2):
         super().__init__()
@@ -386,12 +385,13 @@ class BertForTokenClassification(Head):
         self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
 
-    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None) -> Tensor:
-        return self.classifier(self.drop(h))                                 # (B, T, num_labels) or (N, num_labels)
+    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None
+                ) -> dict[str, Tensor]:
+        return {"logits": self.classifier(self.drop(h))}                     # (B, T, num_labels) or (N, num_labels)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 packed: Packed | None = None, position_ids=None) -> tuple[Tensor, Tensor | None]:
-        logits = self.outputs(self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed))
+        logits = self.outputs(self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed))["logits"]
         return logits, classification_loss(logits, labels, "single_label") if labels is not None else None
 
 
@@ -402,7 +402,7 @@ class BertForQuestionAnswering(Head):
     architecture = "BertForQuestionAnswering"
     weight_prefixes = ("qa.",)
     output_names = ("start_logits", "end_logits")
-    endpoints = ("/v1/qa",)
+    per_token = True
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -411,16 +411,17 @@ class BertForQuestionAnswering(Head):
         self.qa = nn.Linear(cfg.hidden_size, 2)
 
     def outputs(self, h: Tensor, packed: Packed | None = None,
-                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                attention_mask: Tensor | None = None) -> dict[str, Tensor]:
         start, end = self.qa(h).unbind(-1)                                   # (B, T) or (N,) each
-        return start, end
+        return {"start_logits": start, "end_logits": end}
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
                 end_positions=None, position_ids=None, packed: Packed | None = None
                 ) -> tuple[tuple[Tensor, Tensor], Tensor | None]:
         """Padded: (B, T) start and end logits. Packed: (N,) each; the softmax of the loss then
         runs over each window's own tokens (padded: over its padding too, as the reference does)."""
-        start, end = self.outputs(self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed))
+        out = self.outputs(self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed))
+        start, end = out["start_logits"], out["end_logits"]
         loss = None
         if start_positions is not None and end_positions is not None:
             s, e = start.float(), end.float()
@@ -438,8 +439,7 @@ class BertForMultipleChoice(Head):
     head = "multiple_choice"
     architecture = "BertForMultipleChoice"
     weight_prefixes = ("classifier.",)
-    output_names = ()
-    endpoints = ()
+    output_names = ("logits",)
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -448,16 +448,17 @@ class BertForMultipleChoice(Head):
         self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, 1)
 
-    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None) -> Tensor:
+    def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None
+                ) -> dict[str, Tensor]:
         """The score of each (context, choice) sequence: (B*K, 1)."""
-        return self.classifier(self.drop(self.bert.pool(h, packed, attention_mask)))
+        return {"logits": self.classifier(self.drop(self.bert.pool(h, packed, attention_mask)))}
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 position_ids=None) -> tuple[Tensor, Tensor | None]:
         B, K = input_ids.shape[:2]
         flat = lambda t: t.flatten(0, 1) if t is not None else None          # (B, K, T) -> (B*K, T)
         h = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask), flat(position_ids))
-        logits = self.outputs(h, None, flat(attention_mask)).view(B, K)      # (B, K)
+        logits = self.outputs(h, None, flat(attention_mask))["logits"].view(B, K)      # (B, K)
         return logits, F.cross_entropy(logits.float(), labels) if labels is not None else None
 
 

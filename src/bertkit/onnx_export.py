@@ -48,27 +48,26 @@ OPSETS = range(17, 23)
 
 
 class Exportable(nn.Module):
-    """A loaded bertkit model as a graph of padded inputs -> named outputs."""
+    """A loaded bertkit model as a graph of padded inputs -> last_hidden_state and the head's
+    `outputs` by its `output_names`."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        self.head = getattr(model, "head", "encoder")
+        self.names = tuple(getattr(model, "output_names", ()))
+        self.per_token = bool(getattr(model, "per_token", False))
 
     def output_names(self) -> list[str]:
-        return ["last_hidden_state", *type(self.model).output_names]      # the head class names its outputs
+        return ["last_hidden_state", *self.names]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> tuple[Tensor, ...]:
         m = self.model
-        if len(self.output_names()) == 1:                  # a bare encoder (and multiple choice): the states
-            enc = m if self.head == "encoder" else m.bert
-            return (enc(input_ids, token_type_ids, attention_mask),)         # (B, T, C)
+        if not self.names:                                 # a bare encoder: the states
+            return (m(input_ids, token_type_ids, attention_mask),)          # (B, T, C)
         states = m.bert(input_ids, token_type_ids, attention_mask, all_layers=m.all_layers)
         out = m.outputs(states, None, attention_mask)                       # the head's own outputs
         h = states[-1] if m.all_layers else states                          # (B, T, C)
-        if self.head == "question_answering":
-            return (h, *out)                                                # start, end (B, T)
-        return h, out["mlm_logits"] if isinstance(out, dict) else out
+        return (h, *(out[n] for n in self.names))
 
 
 @dataclass
@@ -197,8 +196,8 @@ def check_parity(wrapper: Exportable, path: Path, model_dir: Path | None = None,
         except Exception as e:             # noqa: BLE001 - onnxruntime's own error, as one line
             raise ExportError(f"onnxruntime fails on the exported graph: {str(e).splitlines()[0][:300]}") from None
         mask = feed["attention_mask"].numpy().astype(bool)
-        for r, g in zip(ref, got):
-            if r.ndim >= 2 and r.shape[:2] == mask.shape:                    # per token: real tokens only
+        for i, (r, g) in enumerate(zip(ref, got)):
+            if i == 0 or wrapper.per_token:                                   # per token: real tokens only
                 diffs.append(float(np.abs(r[mask] - g[mask]).max()))
             else:
                 diffs.append(float(np.abs(r - g).max()))
@@ -207,7 +206,7 @@ def check_parity(wrapper: Exportable, path: Path, model_dir: Path | None = None,
         m = mask[..., None]                    # cosine of the mean-pooled states (sentence embeddings)
         a, b = (ref[0] * m).sum(1) / m.sum(1), (got[0] * m).sum(1) / m.sum(1)
         cosines += list((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)))
-        if len(ref) > 1 and ref[1].ndim == 2 and ref[1].shape[0] == mask.shape[0]:   # sequence logits
+        if len(ref) > 1 and not wrapper.per_token:                          # per-sequence logits
             a, b = ref[1], got[1]
             cosines += list((a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12))
     return Parity(max(diffs), float(min(cosines)), float(np.mean(cosines)), len(random) + len(text))
@@ -327,22 +326,11 @@ def load_openvino(model: nn.Module, threads: int | None = None, precision: str |
     return OpenVINOSession(compiled, wrapper.output_names())
 
 
-def run_session(session, padded: dict[str, Tensor], packed: Packed) -> dict[str, Tensor]:
-    """Run a padded batch; per-token outputs come back packed (N, ...), like the torch path."""
+def run_session(session, padded: dict[str, Tensor], packed: Packed, per_token: bool) -> dict[str, Tensor]:
+    """Run a padded batch; outputs by name, the states and a `per_token` head's outputs packed
+    (N, ...) like the torch path, a per-sequence head's (B, ...)."""
     feed = {n: padded[n].numpy() for n in INPUTS}
     names = [o.name for o in session.get_outputs()]
-    outs = dict(zip(names, session.run(None, feed)))
-    B, T = padded["input_ids"].shape
     flat = lambda a: torch.from_numpy(a).flatten(0, 1)[packed.indices]   # (B, T, ...) -> (N, ...)
-    result = {"hidden": flat(outs["last_hidden_state"])}
-    if "logits" in outs:
-        a = outs["logits"]
-        if a.ndim == 3:
-            result["token_logits"] = flat(a)
-        else:
-            result["logits"] = torch.from_numpy(a)
-    if "start_logits" in outs:
-        result["span_logits"] = torch.stack([flat(outs["start_logits"]), flat(outs["end_logits"])], -1)
-    if "mlm_logits" in outs:
-        result["mlm_logits"] = flat(outs["mlm_logits"])
-    return result
+    return {name: flat(a) if per_token or name == "last_hidden_state" else torch.from_numpy(a)
+            for name, a in zip(names, session.run(None, feed))}

@@ -102,6 +102,7 @@ class ProbeModel(Head):
             raise BertkitError(f"a frozen-feature probe needs a classification or tagging task, not {head}")
         cfg = encoder.config
         self.config, self.head, self.num_labels, self.features = cfg, head, num_labels, features
+        self.per_token = head == "token_classification"
         self.problem = (problem or ("regression" if num_labels == 1 else "single_label")
                         if head == "sequence_classification" else "single_label")
         self.combine, self.layers = probe_layers(features, cfg.num_layers)
@@ -133,12 +134,13 @@ class ProbeModel(Head):
         """Padded: (B, num_labels) or (B, T, num_labels) logits. Packed: (B, ...) or (N, ...)."""
         with torch.no_grad():
             states = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed, all_layers=True)
-        logits = self.outputs(states, packed, attention_mask)
+        logits = self.outputs(states, packed, attention_mask)["logits"]
         if labels is None:
             return logits, None
         return logits, classification_loss(logits, labels, self.problem)
 
-    def outputs(self, states: Sequence[Tensor], packed=None, attention_mask: Tensor | None = None) -> Tensor:
+    def outputs(self, states: Sequence[Tensor], packed=None, attention_mask: Tensor | None = None
+                ) -> dict[str, Tensor]:
         """The head on the encoder's L+1 states (`BertModel(..., all_layers=True)`)."""
         with torch.no_grad():
             if self.combine == "pooler":
@@ -147,7 +149,7 @@ class ProbeModel(Head):
                 chosen = [states[i] for i in self.layers]                      # (..., C) each
                 if self.head == "sequence_classification":                     # one vector per input: (B, C)
                     chosen = [pool_tokens(h, self.pooling, packed, attention_mask) for h in chosen]
-        return self.classifier(chosen)
+        return {"logits": self.classifier(chosen)}
 
 
 def check_pooling(head: str, features: str, pooling: str | None, causal: bool = False) -> str | None:

@@ -17,7 +17,6 @@ from fastapi import Request, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from .infer import Predictor, PredictorError
-from .model import HEADS
 from .serve_http import BodyError, Heap, Metrics, ServeConfig, dump_json, parse_json
 
 log = logging.getLogger("bertkit")
