@@ -20,8 +20,8 @@ untrained model as the first row.
 
     nice -n 10 python benchmarks/embeddings_vs_st.py [--steps 200] [--batch 32] [--precision auto]
 
-Needs the shared data folder (`--data`, default ../shared/data) and sentence-transformers. The
-last line printed is JSON.
+Needs the shared data folder (`--data`, default ../shared/data), sentence-transformers and
+accelerate (its trainer's). The last line printed is JSON.
 """
 from __future__ import annotations
 
@@ -148,6 +148,8 @@ def main() -> int:
                     help="autocast on both sides; auto: bf16 where bertkit measures bf16 GEMMs faster here")
     ap.add_argument("--dev-limit", dest="dev_limit", type=int, default=None,
                     help="held-out figures on the first N SQuAD dev questions and STS-B dev pairs only (a smoke test)")
+    ap.add_argument("--no-untrained", dest="untrained", action="store_false",
+                    help="leave out the untrained model's row (docs/embeddings.md has all-MiniLM-L6-v2's figures)")
     ap.add_argument("--out", default=None, help="also write the result JSON here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -187,9 +189,9 @@ def main() -> int:
     wall = time.perf_counter() - t0
     st_model.save(str(tmp / "st"))
     ours.save(tmp / "bertkit")
-    rows = {"untrained": quality(model_dir, data, args.dev_limit),
-            "sentence-transformers": quality(tmp / "st", data, args.dev_limit),
-            "bertkit": quality(tmp / "bertkit", data, args.dev_limit)}
+    rows = {"untrained": quality(model_dir, data, args.dev_limit)} if args.untrained else {}
+    rows |= {"sentence-transformers": quality(tmp / "st", data, args.dev_limit),
+             "bertkit": quality(tmp / "bertkit", data, args.dev_limit)}
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {"recipe": {k: getattr(args, k) for k in ("steps", "batch", "lr", "warmup", "max_length", "seed",
                                                        "threads")} | {"precision": precision, "loss": "mnrl",
