@@ -149,7 +149,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", action="append", default=[], metavar="LABEL=DIR", help="a pre-trained checkpoint")
-    ap.add_argument("--reference", default=None, help="reference model (default: all-MiniLM-L6-v2)")
+    ap.add_argument("--reference", default=None, help="reference model (default: all-MiniLM-L6-v2; none: no reference row)")
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="the shared data folder")
     ap.add_argument("--out", required=True, help="results folder (results.json, table.md, the plot, commands.sh)")
     ap.add_argument("--work", default="/tmp/embeddings/pooler", help="where the trained models go")
@@ -185,9 +185,11 @@ def main() -> int:
             metrics, tcmd = train(Path(folder), pooling, dest, args, log)
             scores, cmd = evaluate(dest, args, log)
             rows.append(row(label, stage_name(pooling), scores, cmd, tcmd, metrics))
-    ref = Path(args.reference) if args.reference else minilm()
-    scores, cmd = evaluate(ref, args, log)
-    rows.append(row("all-MiniLM-L6-v2" if not args.reference else ref.name, "as released (contrastive)", scores, cmd))
+    if args.reference != "none":
+        ref = Path(args.reference) if args.reference else minilm()
+        scores, cmd = evaluate(ref, args, log)
+        rows.append(row("all-MiniLM-L6-v2" if not args.reference else ref.name, "as released (contrastive)", scores,
+                        cmd))
     pairs = f"{args.train_limit} pairs" if args.train_limit else "7,050 pairs"
     title = (f"[CLS] vs mean vs pooler before and after contrastive training (SQuAD train: {pairs}, {args.epochs:g} "
              f"epoch, batch {args.batch}, lr {args.lr:g}); eval fp32\n{cpu_model()}; commit {commit}; {started}")
