@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bertkit import ablate, ablate_config, blimp
+from bertkit import ablate, ablate_config, ablate_report, ablate_zeroshot, blimp
 from bertkit.errors import BertkitError
 from test_ablate import write_tasks
 
@@ -101,3 +101,53 @@ def test_the_grids_that_learn_resolve_and_cover_the_axes(name):
         cpu = ablate_config.load_ablate_config(path.with_name("cpu.yaml"))
         tokens = {c.budget.steps * c.pretrain["train"]["batch_size"] for c in (cfg, cpu)}
         assert max(tokens) == cfg.budget.steps * cfg.pretrain["train"]["batch_size"] >= 2 * min(tokens)
+
+
+def test_arms_with_an_nsp_head_get_the_topic_shortcut_and_the_report_has_both_sections(grid):
+    cfg, _ = grid
+    arms = {n: json.loads((Path(cfg.out) / "arms" / n / "arm.json").read_text()) for n in ("base", "ltr")}
+    r = arms["base"]["nsp_shortcut"]
+    assert set(r["kinds"]) == {"is_next", "random_document", "same_document"}
+    assert all(0 <= r["kinds"][k]["nsp_accuracy"] <= 1 for k in r["kinds"])
+    assert 0 <= r["against_is_next"]["same_document"]["topic_auc"] <= 1
+    assert arms["ltr"]["nsp_shortcut"] is None                       # a left-to-right model has no NSP head
+    text = (Path(ablate_report.write_report(cfg))).read_text()
+    assert "## BLiMP, zero-shot" in text and "## NSP's topic shortcut" in text
+    blimp_rows = [x for x in text.splitlines() if x.startswith(("| base | pll", "| ltr | causal"))]
+    assert len(blimp_rows) == 2 and "| base |" in blimp_rows[0] and "base" in blimp_rows[0].split("|")[4]
+
+
+def test_the_paired_difference_is_the_mean_of_per_pair_differences_with_its_normal_interval():
+    d, lo, hi = ablate_zeroshot.paired_difference("1101", "0111")      # differences +1, 0, -1, 0
+    sd = (2 / 3) ** 0.5
+    assert d == 0 and lo == pytest.approx(-1.959964 * sd / 2) and hi == pytest.approx(1.959964 * sd / 2)
+    assert ablate_zeroshot.paired_difference("11", "1") is None        # not the same pairs
+
+
+def test_pretrain_only_scores_without_fine_tuning_and_the_full_run_reuses_it(tmp_path, monkeypatch):
+    write_tasks(tmp_path / "data")
+    corpus = Path(str(resources.files("bertkit") / "sample" / "inaugural.txt.gz"))
+    pairs = Path(str(resources.files("bertkit") / "sample" / "blimp_sample.jsonl.gz"))
+    path = tmp_path / "grid.yaml"
+    text = GRID.format(out=tmp_path / "out", data=tmp_path / "data", corpus=corpus, pairs=pairs)
+    path.write_text(text.split("  - {name: ltr")[0], encoding="utf-8")          # the base arm alone
+    cfg = ablate_config.load_ablate_config(path)
+    summary = ablate.run_grid(cfg, cfg.arms, ablate.RunOptions(pretrain_only=True))
+    d = Path(cfg.out) / "arms" / "base"
+    state = json.loads((d / "arm.json").read_text())
+    assert summary["failed"] == [] and state["status"] == "pretrained"
+    assert state["mlm"]["accuracy_mask"] is not None and state["blimp"]["pairs"] > 0
+    assert not (d / "finetune").exists() and not ablate.finished(cfg, cfg.arms[0])
+    assert ablate.finished(cfg, cfg.arms[0], pretrain_only=True)
+    assert "not fine-tuned yet" in ablate_report.write_report(cfg).read_text()
+    assert ablate.run_grid(cfg, cfg.arms, ablate.RunOptions(pretrain_only=True))["skipped"] == ["base"]
+    weights = ablate.weights_id(Path(state["model"]))
+
+    def boom(*a, **k):
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(blimp, "score_pairs", boom)                  # the full run reuses pre-training and BLiMP
+    assert ablate.run_grid(cfg, cfg.arms)["failed"] == []
+    state = json.loads((d / "arm.json").read_text())
+    assert state["status"] == "done" and ablate.weights_id(Path(state["model"])) == weights
+    assert (d / "results.jsonl").read_text().count("\n") == 2                     # sst2 x seeds 0, 1

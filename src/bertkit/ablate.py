@@ -71,7 +71,8 @@ from .ablate_config import (
     flatten,
     lr_search_of,
     merge)
-from .ablate_measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm
+from .ablate_measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm, weights_id
+from .ablate_zeroshot import arm_blimp, arm_nsp_shortcut
 from .errors import BertkitError
 
 log = logging.getLogger("bertkit")
@@ -261,6 +262,9 @@ class RunOptions:
     None = the config's `jobs`."""
     threads: int | None = None
     """Override the config's torch threads per run."""
+    pretrain_only: bool = False
+    """Pre-train and score each arm (held-out MLM, BLiMP, NSP shortcut) without fine-tuning: status
+    'pretrained'. A later run without it fine-tunes on the same pre-training (reused by its key)."""
 
     def __post_init__(self) -> None:
         from .runconfig import check_ranges
@@ -369,6 +373,12 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
             state["stage"] = "BLiMP"
             _write_json(d / "arm.json", state)
             state["blimp"] = arm_blimp(cfg, model, d)
+        if init == "pretrained" and not arm.checkpoint:
+            state["stage"] = "NSP shortcut"
+            state["nsp_shortcut"] = arm_nsp_shortcut(cfg, shared, model, d)
+        if opts.pretrain_only:
+            state.update(status="pretrained", stage=None, plan=plan_key(cfg, arm))
+            return state
         rows = [r for task in cfg.tasks for r in _finetune_task(cfg, arm, task, model, init, d, pre, state)]
         mlm = state["mlm"] or {}
         _write_rows(d / "results.jsonl", [{**r, "mlm_accuracy": mlm.get("accuracy"),
@@ -391,15 +401,12 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
     return state
 
 
-def weights_id(model: Path) -> list:
-    """Names, sizes and modification times of a model's weight files: changes when it is trained again."""
-    return sorted([p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in Path(model).glob("*.safetensors"))
-
-
-def finished(cfg: AblateConfig, arm: Arm) -> bool:
-    """Done with the current plan, on the model that is there now (a probe arm's source may have been redone)."""
+def finished(cfg: AblateConfig, arm: Arm, pretrain_only: bool = False) -> bool:
+    """Done with the current plan, on the model that is there now (a probe arm's source may have been
+    redone); with pretrain_only, an arm pre-trained and scored under the current plan counts too."""
     info = _read_json(Path(cfg.out) / "arms" / arm.name / "arm.json") or {}
-    if info.get("status") != "done" or info.get("plan") not in (plan_key(cfg, arm),
+    ok = ("done", "pretrained") if pretrain_only else ("done",)
+    if info.get("status") not in ok or info.get("plan") not in (plan_key(cfg, arm),
                                                                 _labelled_plan_key(cfg, arm, info.get("setting"))):
         return False
     return arm.model_from is None or weights_id(Path(info.get("model", ""))) == info.get("weights")
@@ -689,36 +696,6 @@ def _write_rows(path: Path, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
-def arm_blimp(cfg: AblateConfig, model: Path, d: Path) -> dict:
-    """BLiMP accuracy of the arm's model, zero-shot (pseudo-log-likelihood, or a causal model's
-    log-likelihood: `bertkit.blimp`), with its Wilson 95% interval. Cached in d/blimp.json by model and
-    settings; the per-pair outcomes in d/blimp_correct.txt (one 0/1 per pair, in the file's order)."""
-    from . import blimp
-
-    data = Path(cfg.blimp["data"])
-    data = data if data.is_absolute() else Path(cfg.data_dir) / data
-    method, limit = cfg.blimp.get("method") or "auto", cfg.blimp.get("limit")
-    key = _key({"model": str(model), "weights": weights_id(model), "data": str(data), "limit": limit,
-                "method": method})
-    cached = _read_json(d / "blimp.json") or {}
-    if cached.get("key") == key and (d / "blimp_correct.txt").is_file():
-        return cached["summary"]
-    t0, c0 = time.time(), time.process_time()
-    pairs = blimp.read_pairs([data], limit=limit)
-    pred = blimp.load(model, threads=cfg.threads or None)
-    method = blimp.method_for(pred, method)
-    scored = blimp.score_pairs(pred, pairs, method)
-    o = blimp.summarize(pairs, scored["good"], scored["bad"])
-    (d / "blimp_correct.txt").write_text("".join("1" if c else "0" for c in o["correct"]) + "\n", encoding="utf-8")
-    o = o["overall"]
-    summary = {"accuracy": o["accuracy"], "low": o["ci95"][0], "high": o["ci95"][1], "pairs": o["pairs"],
-               "ties": o["ties"], "paradigm_mean": o["paradigm_mean"], "method": method, "data": str(data),
-               "limit": limit, "wall_s": round(time.time() - t0, 1), "cpu_s": round(time.process_time() - c0, 1)}
-    _write_json(d / "blimp.json", {"key": key, "summary": summary})
-    log.info("ablate: BLiMP %.3f [%.3f, %.3f] on %d pairs (%s)", o["accuracy"], *o["ci95"], len(pairs), method)
-    return summary
-
-
 # ---- the grid -------------------------------------------------------------------------------------
 def resolve(cfg: AblateConfig, arm: Arm) -> dict:
     """The arm's configs with placeholder paths (no data made): raises what running the arm would."""
@@ -826,7 +803,7 @@ def _run_arms(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
         progressed = False
         for arm in list(pending):
             d = Path(cfg.out) / "arms" / arm.name
-            if finished(cfg, arm):
+            if finished(cfg, arm, opts.pretrain_only):
                 log.info("ablate: arm %s finished before; skipped", arm.name)
                 _add_mask_accuracy(d, cfg, shared)
                 skipped.append(arm.name)
@@ -848,7 +825,8 @@ def _run_arms(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
             progressed = True
         if pending and not progressed:
             time.sleep(5)
-    return {"ran": [s["name"] for s in ran], "failed": [s["name"] for s in ran if s["status"] != "done"],
+    return {"ran": [s["name"] for s in ran],
+            "failed": [s["name"] for s in ran if s["status"] not in ("done", "pretrained")],
             "skipped": skipped, "elsewhere": elsewhere, "wall_s": round(time.time() - t0, 1)}
 
 
@@ -934,7 +912,8 @@ def _run_jobs(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // opts.jobs)
     cmd = [sys.executable, "-m", "bertkit"] + (["-v"] if opts.verbose else []) + [
         "ablate", cfg.source, "--out", cfg.out, "--data-dir", cfg.data_dir, "--no-report", "--jobs", "1",
-        "--threads", str(threads), "--arms", ",".join(a.name for a in arms)]
+        "--threads", str(threads), "--arms", ",".join(a.name for a in arms)] + (
+        ["--pretrain-only"] if opts.pretrain_only else [])
     log.info("ablate: %d jobs of %d thread(s) each over %d arms", opts.jobs, threads, len(arms))
     procs = [subprocess.Popen(cmd, env={**os.environ, "BERTKIT_ABLATE_JOB": str(j)}) for j in range(opts.jobs)]
     try:
@@ -948,7 +927,7 @@ def _run_jobs(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
         raise
     states = [_read_json(Path(cfg.out) / "arms" / a.name / "arm.json") or {} for a in arms]
     return {"jobs": opts.jobs, "exit_codes": codes,
-            "done": [s.get("name") for s in states if s.get("status") == "done"],
+            "done": [s.get("name") for s in states if s.get("status") in ("done", "pretrained")],
             "failed": [s.get("name") for s in states if s.get("status") in ("failed", "interrupted")],
             "wall_s": round(time.time() - t0, 1)}
 

@@ -7,6 +7,7 @@
     as [MASK] (the headline: a model that learnt to copy the 10% of targets left visible gains
     nothing there) and over all targets (BERT's figure), with the unigram baseline (the share of the
     most common target token) beside them;
+  * which weights a model folder holds (`weights_id`: a finished arm is redone when they change);
   * fine-tuning's learning rate chosen on dev per arm x task (`choose_lr`) and the seeds that
     collapsed to one class (`collapse_of`).
 """
@@ -151,3 +152,9 @@ def collapse_of(result: dict) -> dict:
     if not isinstance(counts, dict):
         return {"predicted": None, "collapsed": None}
     return {"predicted": counts, "collapsed": len([c for c in counts.values() if c]) <= 1}
+
+
+# ---- which weights a model folder holds ---------------------------------------------------------------
+def weights_id(model: Path) -> list:
+    """Names, sizes and modification times of a model's weight files: changes when it is trained again."""
+    return sorted([p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in Path(model).glob("*.safetensors"))

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from .ablate import _write_rows, finetune_dir, finished
 from .ablate_config import AblateConfig, _read_json, describe
+from .ablate_zeroshot import blimp_section, nsp_section
 
 log = logging.getLogger("bertkit")
 
@@ -129,7 +130,7 @@ def collect(cfg: AblateConfig) -> tuple[list[dict], list[dict]]:
         d = Path(cfg.out) / "arms" / arm.name
         st = _read_json(d / "arm.json") or {"name": arm.name, "status": "not run"}
         st["setting"] = describe(arm)
-        if st.get("status") == "done" and not finished(cfg, arm):
+        if st.get("status") in ("done", "pretrained") and not finished(cfg, arm, pretrain_only=True):
             st["status"] = "stale"
             st["error"] = "finished with other settings (or on a model since trained again); rerun the grid to redo it"
         states.append(st)
@@ -283,6 +284,8 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
         err = s.get("error") or ""
         err = err if len(err) <= 160 else err[:157] + "..."
         status = s["status"] if s["status"] in ("done", "not run") else f"{s['status']}: {err}"
+        if s["status"] == "pretrained":
+            status = "pre-trained and scored; not fine-tuned yet (--pretrain-only)"
         if s["status"] == "running":
             status = f"running on {s.get('host')} since {s.get('started')}"
         if s["status"] == "failed" and s.get("stage"):
@@ -307,6 +310,7 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
               "at the positions its objective predicts), with its updates; wall: its pre-training time / the "
               "whole arm's (pre-training, held-out MLM and every fine-tuning run).",
               ""]
+    lines += blimp_section(cfg, states) + nsp_section(states)
     lines += _variance_section(cfg, cells, tasks, metric)
     lines += lr_section(cfg, rows, tasks)
     lines += [""] + as_trained_section(cfg, states) + [""] + checklist_section(cfg, states)

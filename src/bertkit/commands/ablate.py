@@ -23,6 +23,7 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "  bertkit ablate configs/ablate/gpu.yaml --report-only --out /shared/ablate # table of what finished\n"
         "  bertkit ablate configs/ablate/small.yaml --arms base,mlm_only            # some arms\n"
         "  bertkit ablate configs/ablate/small.yaml --jobs 2 --threads 1            # 2 arms at a time\n"
+        "  bertkit ablate configs/ablate/cpu.yaml --pretrain-only      # pre-train + MLM/BLiMP; fine-tune later\n"
         "  bertkit ablate --contract-test [MODEL]     # right-hand context and the causal mask, checked\n"
         "A finished arm is skipped on a rerun; a failing arm becomes a row saying so, and the command exits 1\n"
         "naming the failed arms (--dry-run: the arms that would fail). See bertkit/ablate.py.")
@@ -38,7 +39,7 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "jobs": "run arms in N processes at once on this machine (default: the config's `jobs`); each takes "
                 "the next unclaimed arm",
         "threads": "torch threads per run (default: the config's; with --jobs N, cores / N)"})
-    add_options(p, RunOptions, names=("launcher", "nproc"), help={
+    add_options(p, RunOptions, names=("launcher", "nproc", "pretrain_only"), help={
         "launcher": "pre-train in this process (default) or as `torchrun --nproc_per_node N -m bertkit pretrain`",
         "nproc": "processes per arm with --launcher torchrun (e.g. GPUs); train.batch_size is split over them, "
                  "so the global batch and the matched budget stay the same"}, defaults=True)
@@ -68,6 +69,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     cfg = ablate_config.load_ablate_config(args.config, values=values)       # every grid key checked here
     command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command,
+                             pretrain_only=args.pretrain_only,
                              verbose=bool(getattr(args, "verbose", False)))      # --nproc checked here
     if args.report_only:
         print(ablate_report.write_report(cfg, command))
