@@ -207,4 +207,11 @@ def test_ablate_probe_arm(tmp_path):
     assert (tmp_path / "out" / "arms" / "probe_lbfgs" / "probe" / "conll2003" / "fits.jsonl").is_file()
     assert "probe features=['embeddings', 'last']" in ablate_config.describe(cfg.arms[1])
     from bertkit.ablate_report import write_report
-    assert "probe_lbfgs" in write_report(cfg).read_text()            # the report takes the rows
+    report = write_report(cfg).read_text()
+    assert "## Frozen-feature probes" in report and "| task | features | probe_lbfgs (base) | majority |" in report
+    line = next(x for x in report.splitlines() if x.startswith("| sst2 | last/cls |"))
+    assert f"{rows[1]['value']:.3f} (C {rows[1]['C']:g})" in line          # one row per variant, not seeds
+    assert not any(x.startswith("| probe_lbfgs |") and "±" in x for x in report.splitlines())
+    cfg.lr_search = {"lrs": [1e-3, 2e-3]}
+    assert ablate_config.lr_search_of(cfg, cfg.arms[1]) is None           # a probe has no learning rate to search
+    assert ablate_config.lr_search_of(cfg, cfg.arms[0])["lrs"] == [1e-3, 2e-3]

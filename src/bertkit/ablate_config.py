@@ -289,10 +289,10 @@ def lr_search_problem(search: Any, where: str) -> str | None:
 
 
 def lr_search_of(cfg: AblateConfig, arm: Arm) -> dict | None:
-    """The arm's learning-rate search ({lrs, seeds}), or None: no search configured, `lrs: []`, or
-    the arm fixes its own finetune lr."""
+    """The arm's learning-rate search ({lrs, seeds}), or None: no search configured, `lrs: []`, the
+    arm fixes its own finetune lr, or it is a probe arm (logistic regression has no learning rate)."""
     search = {**cfg.lr_search, **arm.lr_search}
-    if not search.get("lrs") or "lr" in arm.finetune:
+    if not search.get("lrs") or "lr" in arm.finetune or arm.probe:
         return None
     return {"lrs": [float(x) for x in search["lrs"]], "seeds": search.get("seeds", "first")}
 

@@ -184,7 +184,7 @@ def summarize(cfg: AblateConfig, rows: list[dict]) -> tuple[dict, list[str]]:
     `collapse_known` that recorded it); `lr`: the rate chosen on dev (None without a search)."""
     cells: dict = {}
     for r in rows:
-        if r.get("status") == "ok" and r.get("value") is not None:
+        if r.get("status") == "ok" and r.get("value") is not None and not r.get("probe"):   # probes: probe_section
             c = cells.setdefault((r["arm"], r["task"]), {"values": [], "metric": r["metric"], "collapsed": 0,
                                                          "collapse_known": 0, "lr": None})
             c["values"].append(float(r["value"]))
@@ -310,7 +310,7 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
               "at the positions its objective predicts), with its updates; wall: its pre-training time / the "
               "whole arm's (pre-training, held-out MLM and every fine-tuning run).",
               ""]
-    lines += blimp_section(cfg, states) + nsp_section(states)
+    lines += blimp_section(cfg, states) + nsp_section(states) + probe_section(cfg, rows)
     lines += _variance_section(cfg, cells, tasks, metric)
     lines += lr_section(cfg, rows, tasks)
     lines += [""] + as_trained_section(cfg, states) + [""] + checklist_section(cfg, states)
@@ -370,6 +370,36 @@ def lr_section(cfg: AblateConfig, rows: list[dict], tasks: list[str]) -> list[st
             cells.append(f"**{text}**" if lr == c["chosen"] else text)
         out.append(f"| {arm} | {task} | " + " | ".join(cells) + " |")
     return out
+
+
+def probe_section(cfg: AblateConfig, rows: list[dict]) -> list[str]:
+    """The logistic-regression probes (deterministic: one number per task x features x pooling, no seeds):
+    one row per task and variant, one column per probe arm, the training majority class beside them."""
+    probes = [r for r in rows if r.get("probe") and r.get("status") == "ok"]
+    if not probes:
+        return []
+    arms = list(dict.fromkeys(r["arm"] for r in probes))
+    sources = {a.name: a.model_from for a in cfg.arms}
+    cell = {(r["arm"], r["task"], r["variant"]): r for r in probes}
+    keys = list(dict.fromkeys((r["task"], r["variant"]) for r in probes))
+    out = ["## Frozen-feature probes", "",
+           "Logistic regression on each arm's frozen features (L-BFGS to convergence, C chosen by cross-validation "
+           "on the training data; deterministic, so no seeds): the paper's feature-based approach (Table 7's "
+           "layers; [CLS] or mean pooling for sentence tasks). Dev score, with the chosen C; † = not converged. "
+           "Majority: always answering the training majority class (tagging: no entity).", "",
+           "| task | features | " + " | ".join(f"{a} ({sources.get(a) or '?'})" for a in arms) + " | majority |",
+           "|---|---|" + "---:|" * (len(arms) + 1)]
+    for task, variant in keys:
+        row, majority = [task, variant], None
+        for a in arms:
+            r = cell.get((a, task, variant))
+            if r is None:
+                row.append("—")
+                continue
+            majority = r.get("majority") if majority is None else majority
+            row.append(f"{r['value']:.3f} (C {r['C']:g}){'' if r.get('converged') else ' †'}")
+        out.append("| " + " | ".join(row + [_fmt(majority)]) + " |")
+    return out + [""]
 
 
 def _variance_section(cfg: AblateConfig, cells: dict, tasks: list[str], metric: dict) -> list[str]:
