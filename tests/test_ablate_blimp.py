@@ -113,6 +113,7 @@ def test_arms_with_an_nsp_head_get_the_topic_shortcut_and_the_report_has_both_se
     assert arms["ltr"]["nsp_shortcut"] is None                       # a left-to-right model has no NSP head
     text = (Path(ablate_report.write_report(cfg))).read_text()
     assert "## BLiMP, zero-shot" in text and "## NSP's topic shortcut" in text
+    assert (Path(cfg.out) / "plots" / "blimp.png").stat().st_size > 0 and "(plots/blimp.png)" in text
     blimp_rows = [x for x in text.splitlines() if x.startswith(("| base | pll", "| ltr | causal"))]
     assert len(blimp_rows) == 2 and "| base |" in blimp_rows[0] and "base" in blimp_rows[0].split("|")[4]
 

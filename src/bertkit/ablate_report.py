@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from .ablate import _write_rows, finetune_dir, finished
 from .ablate_config import AblateConfig, _read_json, describe
+from .ablate_plots import write_plots
 from .ablate_zeroshot import blimp_section, nsp_section
 
 log = logging.getLogger("bertkit")
@@ -152,7 +153,7 @@ def write_report(cfg: AblateConfig, command: str = "") -> Path:
     hw = machine_facts()
     header = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": git_commit(), "cpu": hw.get("cpu"),
               "gpu": hw.get("gpu"), "torch": hw.get("torch"), "threads": cfg.threads or hw.get("torch_threads")}
-    plots = write_plots(cfg, states, rows, out / "plots", header)
+    plots = write_plots(cfg, states, rows, summarize(cfg, rows)[0], out / "plots", header)
     text = report_markdown(cfg, states, rows, header, command, plots)
     tmp = out / f".REPORT.md.{os.getpid()}.tmp"
     tmp.write_text(text, encoding="utf-8")
@@ -418,63 +419,6 @@ def _variance_section(cfg: AblateConfig, cells: dict, tasks: list[str], metric: 
                    f"{_fmt(base['std']) if base else '—'} | {_fmt(stds[len(stds) // 2] if stds else None)} | "
                    f"{max(widest['values']) - min(widest['values']):.3f} ({arm}) |")
     return out
-
-
-def write_plots(cfg: AblateConfig, states: list[dict], rows: list[dict], d: Path, header: dict) -> list[Path]:
-    """Bar charts: each task's mean with a ±std bar and the seeds as dots; held-out MLM accuracy per arm."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.warning("ablate: matplotlib is not installed: no plots (pip install 'bertkit[plot]')")
-        return []
-    cells, _ = summarize(cfg, rows)
-    d.mkdir(parents=True, exist_ok=True)
-    stamp = f"{header['date']} · {header['commit']} · {header['cpu']}"
-    names = [s["name"] for s in states]
-    colors = ["tab:orange" if n == cfg.base_arm else "tab:blue" for n in names]
-    tasks = list(cfg.tasks)
-    fig, axes = plt.subplots(len(tasks), 1, figsize=(max(8, 0.45 * len(names) + 2), 3.2 * len(tasks)), squeeze=False)
-    for ax, t in zip(axes[:, 0], tasks):
-        means = [cells[(n, t)]["mean"] if (n, t) in cells else float("nan") for n in names]
-        stds = [cells[(n, t)]["std"] if (n, t) in cells else 0.0 for n in names]
-        ax.bar(range(len(names)), means, yerr=stds, color=colors, capsize=3, alpha=0.8)
-        for i, n in enumerate(names):
-            vals = cells.get((n, t), {}).get("values", [])
-            ax.plot([i] * len(vals), vals, "k.", ms=4)
-        if (cfg.base_arm, t) in cells:
-            ax.axhline(cells[(cfg.base_arm, t)]["mean"], color="tab:orange", ls="--", lw=1)
-        metric = next((r["metric"] for r in rows if r["task"] == t), "")
-        ax.set_ylabel(f"{t} dev {metric}")
-        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
-        seen = [v for n in names for v in cells.get((n, t), {}).get("values", [])]
-        if seen:
-            ax.set_ylim(max(0.0, min(seen) - 0.05), min(1.0, max(seen) + 0.05))
-        for i, s in enumerate(states):
-            if (s["name"], t) not in cells:
-                ax.text(i, ax.get_ylim()[0], f" {s['status']}", rotation=90, va="bottom", ha="center", fontsize=7)
-    fig.suptitle(f"fine-tuning, mean ± std over {len(cfg.seeds)} seeds (dots: seeds)\n{stamp}", fontsize=9)
-    fig.tight_layout()
-    paths = [d / "downstream.png"]
-    fig.savefig(paths[0], dpi=100)
-    plt.close(fig)
-    accs = [(s.get("mlm") or {}).get("accuracy_mask") for s in states]
-    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(names) + 2), 3.6))
-    ax.bar(range(len(names)), [a if a is not None else float("nan") for a in accs], color=colors)
-    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("held-out MLM accuracy at [MASK]")
-    uni = next(((s.get("mlm") or {}).get("unigram") for s in states if (s.get("mlm") or {}).get("unigram")), None)
-    if uni:
-        ax.axhline(uni["share_mask"], color="gray", ls=":", lw=1, label=f"unigram ({uni['token']})")
-        ax.legend(fontsize=8)
-    ax.set_title(f"held-out MLM accuracy at [MASK] positions (token 15%, 80/10/10, same positions)\n{stamp}",
-                 fontsize=9)
-    fig.tight_layout()
-    paths.append(d / "mlm_accuracy.png")
-    fig.savefig(paths[1], dpi=100)
-    plt.close(fig)
-    return paths
 
 
 # ---- what ran, from the run cards ---------------------------------------------------------------------
