@@ -264,7 +264,8 @@ class RunOptions:
     """Override the config's torch threads per run."""
     pretrain_only: bool = False
     """Pre-train and score each arm (held-out MLM, BLiMP, NSP shortcut) without fine-tuning: status
-    'pretrained'. A later run without it fine-tunes on the same pre-training (reused by its key)."""
+    'pretrained'; probe arms still run their probes. A later run without it fine-tunes on the same
+    pre-training (reused by its key)."""
 
     def __post_init__(self) -> None:
         from .runconfig import check_ranges
@@ -369,14 +370,14 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
         source = _read_json(Path(cfg.out) / "arms" / arm.model_from / "arm.json") if arm.model_from else None
         same_model = source and "mlm" in source and not arm.checkpoint      # a probe reads the source's model
         state["mlm"] = source["mlm"] if same_model else heldout_mlm(cfg, shared, model)
-        if cfg.blimp:
+        if cfg.blimp and not same_model:              # the source's model is scored in the source's row
             state["stage"] = "BLiMP"
             _write_json(d / "arm.json", state)
             state["blimp"] = arm_blimp(cfg, model, d)
-        if init == "pretrained" and not arm.checkpoint:
+        if init == "pretrained" and not arm.model_from:
             state["stage"] = "NSP shortcut"
             state["nsp_shortcut"] = arm_nsp_shortcut(cfg, shared, model, d)
-        if opts.pretrain_only:
+        if opts.pretrain_only and not arm.probe:      # probes are cheap and measure the representation: run
             state.update(status="pretrained", stage=None, plan=plan_key(cfg, arm))
             return state
         rows = [r for task in cfg.tasks for r in _finetune_task(cfg, arm, task, model, init, d, pre, state)]

@@ -23,7 +23,7 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "  bertkit ablate configs/ablate/gpu.yaml --report-only --out /shared/ablate # table of what finished\n"
         "  bertkit ablate configs/ablate/small.yaml --arms base,mlm_only            # some arms\n"
         "  bertkit ablate configs/ablate/small.yaml --jobs 2 --threads 1            # 2 arms at a time\n"
-        "  bertkit ablate configs/ablate/cpu.yaml --pretrain-only      # pre-train + MLM/BLiMP; fine-tune later\n"
+        "  bertkit ablate configs/ablate/cpu.yaml --pretrain-only      # pre-train, score, probe; fine-tune later\n"
         "  bertkit ablate --contract-test [MODEL]     # right-hand context and the causal mask, checked\n"
         "A finished arm is skipped on a rerun; a failing arm becomes a row saying so, and the command exits 1\n"
         "naming the failed arms (--dry-run: the arms that would fail). See bertkit/ablate.py.")
