@@ -9,7 +9,8 @@ import torch
 
 from bertkit.checkpoint import build
 from bertkit.config import preset
-from bertkit.finetune import evaluate, evaluating, resolve_task
+from bertkit.finetune import evaluating
+from bertkit.tasks.plumbing import evaluate, resolve_task
 from bertkit.infer import Predictor
 from bertkit.onnx_export import Exportable
 from bertkit.packing import pack

@@ -175,7 +175,7 @@ def test_rte_at_max_length_64_does_not_explode(rte_train, bert_vocab, caplog):
     example; with windows (the task's old default overlap of 64) a few windows per long example."""
     import logging
 
-    from bertkit.finetune import featurize, input_stride
+    from bertkit.tasks.plumbing import featurize, input_stride
 
     task, examples = rte_train
     labels = task.labels(examples)
@@ -195,7 +195,7 @@ def test_rte_at_max_length_64_does_not_explode(rte_train, bert_vocab, caplog):
 
 def test_input_stride_choices():
     from bertkit.errors import BertkitError
-    from bertkit.finetune import input_stride
+    from bertkit.tasks.plumbing import input_stride
 
     rte, ner, squad = get_task("rte"), get_task("conll2003"), get_task("squad")
     assert input_stride(rte, None, None, 128) is None                 # truncation, as in the paper

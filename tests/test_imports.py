@@ -221,3 +221,32 @@ def test_no_cycles_even_through_imports_at_call_time():
     assert "bertkit.ablate" in merged["bertkit.commands.ablate"]          # a call-time edge is in
     cycle = find_cycle(merged)
     assert cycle is None, "import cycle (counting imports inside functions): " + " -> ".join(cycle)
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_prediction_and_serving_never_import_fine_tuning():
+    """Running a checkpoint (predict.py, infer.py, serve*.py, onnx*.py) imports no training module,
+    directly or through another, counting imports inside functions and under TYPE_CHECKING: what
+    prediction shares with fine-tuning about a task (which task, strides, features, reference checks,
+    scores, the predictions file) is tasks/plumbing.py, below both, which imports neither."""
+    modules = _modules()
+    graph = import_graph(modules, call_time=True, typing=True)
+    running = [m for m in modules if m.rpartition(".")[2].startswith(("predict", "infer", "serve", "onnx"))]
+    assert {"bertkit.predict", "bertkit.infer", "bertkit.serve", "bertkit.serve_api", "bertkit.onnx_export"} <= set(running)
+    training = {m for m in modules if m.rpartition(".")[2].startswith(("finetune", "train", "biencoder", "ablate"))}
+    assert {"bertkit.finetune", "bertkit.train"} <= training
+    assert "bertkit.tasks.plumbing" in graph["bertkit.predict"]           # the graph is not empty by accident
+    for module in running:
+        assert not _reach(graph, module) & training, f"{module} imports {sorted(_reach(graph, module) & training)}"
+    assert not _reach(graph, "bertkit.tasks.plumbing") & (training | {"bertkit.predict", "bertkit.infer"})

@@ -1,7 +1,9 @@
 """Fine-tuning: one pre-trained encoder, one small task head, the paper's recipe (section 4).
 
-Why ~650 lines: the loop, evaluation and staged output; evaluation runs through `infer.Predictor`.
-Running a fine-tuned checkpoint on new inputs (`evaluate`, `predict` commands) is `bertkit.predict`.
+Why ~630 lines: the loop, evaluation and staged output; evaluation runs through `infer.Predictor`.
+What training shares with inference about a task (which task, strides, features, reference checks,
+scores, the predictions file) is `bertkit.tasks.plumbing`; running a fine-tuned checkpoint on new
+inputs (`evaluate`, `predict` commands) is `bertkit.predict`, which never imports this module.
 
 The loop has the pre-training loop's shape - explicit phases you can read top to bottom:
 
@@ -42,7 +44,9 @@ import torch
 from torch import nn
 
 from .errors import BertkitError
-from .tasks import BadRows, DataError, Task, check_labels, get_task
+from .tasks import BadRows, DataError, Task, get_task
+from .tasks.plumbing import (COLUMN_KEYS, CUSTOM, check_references, evaluate, featurize, input_stride,
+                             resolve_task, write_predictions)
 
 log = logging.getLogger("bertkit")
 
@@ -226,20 +230,8 @@ def check_device_name(device: str) -> None:
 
 
 # ---- setup --------------------------------------------------------------------------------------
-CUSTOM = ("classify", "regress", "tokens")
-COLUMN_KEYS = ("text_column", "pair_column", "label_column", "id_column", "tokens_column", "tags_column", "format")
-
-
 def columns_of(cfg: FinetuneConfig) -> dict:
     return {k: getattr(cfg, k) for k in COLUMN_KEYS}
-
-
-def resolve_task(name: str, columns: dict | None = None) -> Task:
-    """A task from the table, or classify/regress/tokens over your own columns."""
-    if name in CUSTOM:
-        from .tasks.custom import custom_task
-        return custom_task(name, **(columns or {}))
-    return get_task(name)
 
 
 def task_record(task: Task, cfg: FinetuneConfig) -> dict:
@@ -247,14 +239,6 @@ def task_record(task: Task, cfg: FinetuneConfig) -> dict:
     if cfg.task in CUSTOM:
         return {"name": cfg.task, "columns": columns_of(cfg)}
     return {"name": task.name}
-
-
-def task_of_checkpoint(raw: dict) -> Task | None:
-    """The task a fine-tuned checkpoint was trained on (None for checkpoints from elsewhere)."""
-    rec = raw.get("bertkit_task")
-    if not isinstance(rec, dict) or "name" not in rec:
-        return None
-    return resolve_task(rec["name"], rec.get("columns"))
 
 
 def read_split(task: Task, cfg: FinetuneConfig, split: str) -> tuple[list, Path] | tuple[None, None]:
@@ -277,50 +261,6 @@ def read_split(task: Task, cfg: FinetuneConfig, split: str) -> tuple[list, Path]
         examples = examples[:limit]
     log.info("%s: %d %s examples%s", path, len(examples), split, f" ({bad.count} bad rows skipped)" if bad.count else "")
     return examples, path
-
-
-def input_stride(task: Task, windows: bool | None, stride: int | None, max_length: int) -> int | None:
-    """The `stride` handed to `task.featurize`: None = longest-first truncation (classification
-    only), otherwise the windows' overlap (SQuAD: the doc stride). Classification windows asked
-    for without a stride overlap by a quarter of max_length."""
-    if stride is not None and stride < 1:               # (a doc stride of 0 never moves)
-        raise BertkitError(f"stride must be at least 1 (tokens), got {stride}")
-    if task.head != "sequence_classification":
-        if windows is False:
-            raise BertkitError(f"--no-windows applies to sentence classification and regression; {task.name} "
-                               f"reads long inputs in windows")
-        return stride if stride is not None else task.stride
-    if windows is False and stride is not None:
-        raise BertkitError("--no-windows (truncation) and --stride (window overlap) exclude each other")
-    if windows is False or (windows is None and stride is None):
-        return None
-    return stride if stride is not None else (task.stride or max_length // 4)
-
-
-def input_summary(features: Sequence[dict], n_examples: int, truncated: int = 0, tokens_cut: int = 0) -> dict:
-    """How examples became model inputs: windows per example and truncation (metrics, run card)."""
-    from collections import Counter
-
-    per_example = Counter(f["example_index"] for f in features)
-    multi = [c for c in per_example.values() if c > 1]
-    return {"examples": n_examples, "features": len(features),
-            "windows_per_example": round(len(features) / max(n_examples, 1), 3),
-            "windowed_examples": len(multi), "max_windows": max(per_example.values(), default=0),
-            "truncated_examples": truncated, "tokens_cut": tokens_cut}
-
-
-def featurize(task: Task, examples: list, tokenizer, labels, max_length: int, stride: int | None,
-              split: str, train: bool = False) -> tuple[list[dict], dict]:
-    """`task.featurize` plus its `input_summary`, logged in one line when inputs were windowed or cut."""
-    before = (tokenizer.stats.truncated_inputs, tokenizer.stats.tokens_cut)
-    feats = task.featurize(examples, tokenizer, labels, max_length=max_length, stride=stride, train=train)
-    summary = input_summary(feats, len(examples), tokenizer.stats.truncated_inputs - before[0],
-                            tokenizer.stats.tokens_cut - before[1])
-    if summary["windowed_examples"]:
-        log.info("%s: %d examples -> %d windows of <= %d tokens (%d examples in 2..%d windows, %.2f per example)",
-                 split, len(examples), len(feats), max_length, summary["windowed_examples"],
-                 summary["max_windows"], summary["windows_per_example"])
-    return feats, summary
 
 
 def build_model(task: Task, cfg: FinetuneConfig, labels: Sequence[str] | None) -> nn.Module:
@@ -376,16 +316,6 @@ def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bo
     return out, loss, batch, None
 
 
-def evaluate(predictor, task: Task, examples: list, features: list, labels, batch_size: int = 64,
-             progress: bool = False, post: dict | None = None) -> tuple[dict, dict]:
-    """(metrics, predictions) on examples that carry references: `predictor` (`infer.Predictor`,
-    the one inference engine) runs the features; `post`: options of the task's postprocess (SQuAD
-    v2.0: null_threshold). Fine-tuning evaluates its training model through `evaluating`."""
-    outputs = predictor.outputs(features, batch_size, desc="evaluate" if progress else None)
-    predictions = task.postprocess(outputs, features, examples, labels, **(post or {}))
-    return task.metrics(predictions, examples), predictions
-
-
 @contextmanager
 def evaluating(model: nn.Module, tokenizer):
     """A `Predictor` around the in-memory model, in eval mode (no dropout) for the block: the
@@ -399,17 +329,6 @@ def evaluating(model: nn.Module, tokenizer):
         yield Predictor(model, tokenizer, device=next(model.parameters()).device)
     finally:
         model.train(was_training)
-
-
-def check_references(task: Task, examples: list, labels, where: str) -> None:
-    """An evaluation label or tag the model was not trained with is an error."""
-    if labels is None:
-        return
-    if task.head == "token_classification":
-        from .tasks.ner import check_tags
-        check_tags(examples, labels)
-    else:
-        check_labels(examples, labels, where)
 
 
 # ---- the loop -----------------------------------------------------------------------------------
@@ -666,21 +585,6 @@ def load_finetuned(path: str | Path) -> tuple[nn.Module, dict]:
 
     _, raw = read_config(Path(path))
     return load_model(path).eval(), raw
-
-
-def write_predictions(predictions: dict, path: Path, extra: dict | None = None) -> None:
-    """{id, prediction} JSONL (what `bertkit score` reads); SQuAD 2.0 null odds go next to it
-    as <name>_null_odds.json (evaluate-v2.0.py's --na-prob-file)."""
-    path = Path(path)
-    with open(path, "w", encoding="utf-8") as f:
-        for pid, pred in predictions.items():
-            row = {"id": pid, "prediction": pred}
-            if extra and pid in extra:
-                row.update(extra[pid])
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    odds = getattr(predictions, "null_odds", None)
-    if odds:
-        path.with_name(path.stem + "_null_odds.json").write_text(json.dumps(odds) + "\n", encoding="utf-8")
 
 
 def _plain(x):

@@ -82,7 +82,8 @@ def finetune_seeds(cfg, seeds: Sequence[int], command: str = "") -> dict:
     returns the summary (also cfg.out/seeds.json)."""
     from tqdm.auto import tqdm
 
-    from .finetune import finetune, is_finetune_output, resolve_task, columns_of
+    from .finetune import columns_of, finetune, is_finetune_output
+    from .tasks.plumbing import resolve_task
     from .outdir import _check_out
 
     if cfg.task == "embedding":

@@ -340,8 +340,8 @@ def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
     """The task, its labels and the train / dev splits featurized as fine-tuning does (limits,
     max_length, windows), every problem one line before the encoder runs."""
     from .checkpoint import read_config
-    from .finetune import (check_checkpoint, check_references, columns_of, featurize, input_stride, read_split,
-                           resolve_task)
+    from .finetune import check_checkpoint, columns_of, read_split
+    from .tasks.plumbing import check_references, featurize, input_stride, resolve_task
     from .tasks import DataError
     from .tokenizer import Tokenizer
 

@@ -1,23 +1,24 @@
 """Running a fine-tuned checkpoint on new inputs: what `bertkit evaluate` and `bertkit predict` do.
 
-`load_for_inference` turns a checkpoint folder into a `Predictor` plus the task it was trained on
+`load_task_predictor` turns a checkpoint folder into a `Predictor` plus the task it was trained on
 and its labels; `predict` parses JSON rows with the task's own rules, runs them through the
 Predictor and post-processes them (masked-LM checkpoints answer each [MASK] instead). How a
-checkpoint reads long inputs (`inference_stride`) and SQuAD v2.0's null threshold (`qa_options`)
-come from its config.json unless the caller overrides them. Training lives in `bertkit.finetune`.
+checkpoint reads long inputs and SQuAD v2.0's null threshold (`tasks.plumbing.inference_stride`,
+`qa_options`) come from its config.json unless the caller overrides them.
+The task side lives in `bertkit.tasks.plumbing`; training (`bertkit.finetune`) is not imported.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from .errors import BertkitError
-from .finetune import featurize, input_stride, resolve_task, task_of_checkpoint
-from .tasks import DataError, Task, get_task
+from .tasks import DataError
+from .tasks.plumbing import checkpoint_task, featurize, inference_stride, qa_options
 
 
-def load_for_inference(model_dir: str | Path, task_name: str | None = None, columns: dict | None = None,
-                       backend: str = "torch", onnx_file: str | Path | None = None, threads: int | None = None,
-                       precision: str = "auto"):
+def load_task_predictor(model_dir: str | Path, task_name: str | None = None, columns: dict | None = None,
+                        backend: str = "torch", onnx_file: str | Path | None = None, threads: int | None = None,
+                        precision: str = "auto"):
     """(predictor, task, labels, config.json) of a fine-tuned checkpoint, for `bertkit evaluate` and
     `predict`: a `Predictor` (backend torch: prepacked on the CPU; backend onnx: the exported file on
     onnxruntime) in `precision`, 'auto' being fp32, the precision fine-tuning evaluated in (so
@@ -35,52 +36,13 @@ def load_for_inference(model_dir: str | Path, task_name: str | None = None, colu
     if backend == "torch" and precision == "auto":
         predictor.precision_reason = "auto: fp32, the precision fine-tuning evaluated in"
     model, head = predictor.model, predictor.head
-    task = resolve_task(task_name, columns) if task_name else task_of_checkpoint(raw)
-    if task is None:
-        task = default_task(head, raw)
-    if task is not None and task.head != head:
-        raise BertkitError(f"{model_dir}: a {head} checkpoint cannot run task {task.name} ({task.head})")
+    task = checkpoint_task(raw, head, str(model_dir), task_name, columns)
     id2label = raw.get("id2label") or {}
     labels = [id2label[k] for k in sorted(id2label, key=int)] if id2label and head in (
         "sequence_classification", "token_classification") and getattr(model, "num_labels", 2) > 1 else None
     if head == "sequence_classification" and getattr(model, "problem", None) == "regression":
         labels = None
     return predictor, task, labels, raw
-
-
-def qa_options(task: Task | None, raw: dict, where: str, null_threshold: float | None = None) -> dict:
-    """Postprocess options of a QA checkpoint: SQuAD v2.0's null threshold (`null_threshold`, else
-    the one fine-tuning found best on dev, config.json `bertkit_null_threshold`, else 0)."""
-    threshold = null_threshold
-    if task is None or task.head != "question_answering":
-        if threshold is not None:
-            raise BertkitError("--null-threshold applies to SQuAD v2.0 question answering")
-        return {}
-    from .tasks.squad import qa_settings
-    if threshold is not None and task.name != "squad2":
-        raise BertkitError(f"--null-threshold applies to SQuAD v2.0 models; this one answers {task.name}")
-    try:
-        saved = qa_settings(raw)["null_threshold"]
-    except BertkitError as e:
-        raise BertkitError(f"{where}/{e}") from None
-    if threshold is not None and (threshold != threshold or abs(threshold) == float("inf")):
-        raise BertkitError(f"--null-threshold must be a finite number, got {threshold}")
-    return {"null_threshold": saved if threshold is None else threshold}
-
-
-def inference_stride(task: Task, raw: dict, where: str, max_length: int, windows: bool | None = None,
-                     stride: int | None = None) -> int | None:
-    """`stride` / `windows`, else how the checkpoint was fine-tuned to read long inputs (config.json
-    `bertkit_stride`), else the task's default."""
-    saved = raw.get("bertkit_stride", task.stride)
-    if saved is not None and (isinstance(saved, bool) or not isinstance(saved, int) or saved < 0):
-        raise BertkitError(f"{where}/config.json: bertkit_stride must be a non-negative integer or null, "
-                           f"got {saved!r}")
-    if windows is None and stride is None:
-        return saved
-    if windows and stride is None and saved is not None:
-        stride = saved
-    return input_stride(task, windows, stride, max_length)
 
 
 def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str | None = None,
@@ -98,8 +60,8 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
     archs = raw.get("architectures") or ["BertModel"]
     if archs[0] in ("BertForMaskedLM", "BertForPreTraining"):
         return fill_mask_rows(model_dir, rows, top_k, batch_size, max_length, threads, backend, onnx_file, precision)
-    predictor, task, labels, raw = load_for_inference(model_dir, task_name, columns, backend=backend,
-                                                      onnx_file=onnx_file, threads=threads, precision=precision)
+    predictor, task, labels, raw = load_task_predictor(model_dir, task_name, columns, backend=backend,
+                                                       onnx_file=onnx_file, threads=threads, precision=precision)
     head, tokenizer = predictor.head, predictor.tokenizer
     check_inputs_fit(predictor.config, max_length=max_length)
     if task is None or task.parse is None:
@@ -149,16 +111,3 @@ def fill_mask_rows(model_dir: str | Path, rows: list[tuple[str, dict]], top_k: i
     predictor.tokenizer.stats.report()
     return [{"id": str(obj.get("id", i)), "prediction": [c[0]["token"] for c in res], "candidates": res}
             for i, ((_, obj), res) in enumerate(zip(rows, results))]
-
-
-def default_task(head: str, raw: dict) -> Task | None:
-    """The task for a checkpoint that does not name one (trained elsewhere)."""
-    if head == "sequence_classification":
-        return resolve_task("regress" if raw.get("problem_type") == "regression" else "classify")
-    if head == "token_classification":
-        return resolve_task("tokens")
-    if head == "question_answering":
-        return get_task("squad")
-    if head == "multiple_choice":
-        return get_task("swag")
-    return None

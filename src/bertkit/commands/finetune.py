@@ -1,4 +1,5 @@
-"""`bertkit finetune`, `bertkit evaluate`, `bertkit predict`: thin layers over `bertkit.finetune`."""
+"""`bertkit finetune`, `bertkit evaluate`, `bertkit predict`: thin layers over `bertkit.finetune`
+(training) and `bertkit.predict` with `bertkit.tasks.plumbing` (evaluate, predict)."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,8 @@ log = logging.getLogger("bertkit")
 def _column_options(p: argparse.ArgumentParser, show_defaults: bool = False) -> None:
     """--text_column ... --format: FinetuneConfig's fields (evaluate/predict: default = the checkpoint's)."""
     from ..cliconfig import add_options
-    from ..finetune import COLUMN_KEYS, FinetuneConfig
+    from ..finetune import FinetuneConfig
+    from ..tasks.plumbing import COLUMN_KEYS
 
     g = p.add_argument_group("your own data (--task classify / regress / tokens)")
     add_options(g, FinetuneConfig, names=COLUMN_KEYS, show_defaults=show_defaults)
@@ -42,7 +44,8 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     """Every option is a FinetuneConfig field of the same name (`bertkit.cliconfig`): the flag, the
     YAML key and the attribute are one name; --batch-size is accepted for --batch_size."""
     from ..cliconfig import add_options, suggest_unknown
-    from ..finetune import COLUMN_KEYS, FinetuneConfig
+    from ..finetune import FinetuneConfig
+    from ..tasks.plumbing import COLUMN_KEYS
 
     p.epilog = ("example: bertkit finetune --task sst2 --data ../shared/data/glue/SST-2 --model MODEL_DIR "
                 "--out runs/sst2   |   bertkit finetune configs/finetune/sst2_minilm.yaml --seed 1")
@@ -135,24 +138,22 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run_evaluate)
 
 
-def load_for_inference(args: argparse.Namespace, backend: str = "torch"):
-    """(predictor, task, labels, config.json) of --model (`bertkit.predict.load_for_inference`)."""
-    from ..finetune import COLUMN_KEYS
-    from ..predict import load_for_inference as load
+def _columns(args: argparse.Namespace) -> dict:
+    """The --text_column ... --format options given (evaluate, predict: the rest come from the checkpoint)."""
+    from ..tasks.plumbing import COLUMN_KEYS
 
-    columns = {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None}
-    return load(args.model, args.task, columns, backend=backend, onnx_file=getattr(args, "onnx", None),
-                threads=args.threads, precision=args.precision)
+    return {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None}
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from ..checkpoint import check_inputs_fit
-    from ..finetune import check_references, evaluate, featurize, write_predictions
     from ..finetune_seeds import read_summary, spread_footer, spread_text
-    from ..predict import inference_stride, qa_options
+    from ..predict import load_task_predictor
     from ..tasks import BadRows
+    from ..tasks.plumbing import check_references, evaluate, featurize, inference_stride, qa_options, write_predictions
 
-    predictor, task, labels, raw = load_for_inference(args)
+    predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), threads=args.threads,
+                                                       precision=args.precision)
     check_inputs_fit(predictor.config, max_length=args.max_length)
     tokenizer = predictor.tokenizer
     if task is None:
@@ -223,13 +224,11 @@ def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from ..finetune import COLUMN_KEYS
     from ..predict import predict
 
     rows = read_jsonl_inputs(args.input)
-    records = predict(args.model, rows, args.task,
-                      {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None},
-                      max_length=args.max_length, stride=args.stride, windows=getattr(args, "windows", None),
+    records = predict(args.model, rows, args.task, _columns(args), max_length=args.max_length, stride=args.stride,
+                      windows=getattr(args, "windows", None),
                       batch_size=args.batch_size, top_k=args.top_k, null_threshold=args.null_threshold,
                       threads=args.threads, backend=args.backend, onnx_file=args.onnx, where=args.input,
                       precision=args.precision)

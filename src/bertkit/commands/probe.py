@@ -56,7 +56,8 @@ def setup_probe(p) -> None:
 
 
 def run_probe(args) -> int:
-    from ..finetune import CUSTOM, FinetuneConfig
+    from ..finetune import FinetuneConfig
+    from ..tasks.plumbing import CUSTOM
     from ..linear_probe import ProbeSpec, probe, write_results
     from .basic import check_device
 

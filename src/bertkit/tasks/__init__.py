@@ -2,7 +2,8 @@
 
 A task turns files into examples, examples into model features, and the head's outputs back
 into predictions and metrics. The fine-tuning loop (`bertkit.finetune`) and the commands
-`finetune / evaluate / predict` only ever talk to a task through this `Task` record:
+`finetune / evaluate / predict` only ever talk to a task through this `Task` record (and what they
+share around it, which task, strides, features, scores, is `bertkit.tasks.plumbing`):
 
     examples = task.read(path, bad)                 # list of examples, each with an `.id` (str)
     labels   = task.labels(train_examples)          # label names from the training data, or None
