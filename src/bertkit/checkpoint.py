@@ -258,10 +258,12 @@ def build(head: str, cfg: BertConfig, **head_args: Any) -> nn.Module:
 
 
 def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = False,
-               config_changes: dict[str, Any] | None = None, **head_args: Any) -> nn.Module:
+               config_changes: dict[str, Any] | None = None,
+               config_json: tuple[BertConfig, dict[str, Any]] | None = None, **head_args: Any) -> nn.Module:
     """Load a Hugging Face BERT folder as bertkit `head` (default: the head its config names).
     `config_changes`: BertConfig fields that change no weight shape (dropout, pooling) set for
-    this use, as fine-tuning's --dropout / --pooling.
+    this use, as fine-tuning's --dropout / --pooling. `config_json`: the folder's `read_config`,
+    when the caller has read it already (else it is read here).
 
     Weights of other heads are ignored; encoder weights that are missing, unknown or of the
     wrong shape are one CheckpointError listing them. A head the checkpoint lacks is an error
@@ -269,11 +271,12 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     The model is returned in eval mode, as `from_pretrained` does: two calls give the same outputs.
     """
     path = Path(path)
-    cfg, raw = read_config(path)
+    config_json = config_json or read_config(path)
+    cfg, raw = config_json
     if config_changes:
         cfg = cfg.replace(**config_changes)
     if head != "encoder" and not new_head_ok and ("bertkit_probe" in raw or "bertkit_probe_layers" in raw):
-        return load_probe(path, raw, head)      # a linear head on frozen features (finetune --freeze)
+        return load_probe(path, config_json, head)      # a linear head on frozen features (finetune --freeze)
     sd = read_state_dict(path)
     renamed: dict[str, torch.Tensor] = {}
     unknown: list[str] = []
@@ -463,10 +466,11 @@ def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] 
     (path / "config.json").write_text(json.dumps(cfg_dict, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def load_probe(path: str | Path, raw: dict, head: str | None = None) -> ProbeModel:
+def load_probe(path: str | Path, config_json: tuple[BertConfig, dict[str, Any]], head: str | None = None) -> ProbeModel:
     """A probe checkpoint folder (config.json with `bertkit_probe`, or the older
-    `bertkit_probe_layers`) as a ProbeModel in eval mode."""
+    `bertkit_probe_layers`; `config_json`: its `read_config`) as a ProbeModel in eval mode."""
     path = Path(path)
+    raw = config_json[1]
     spec = raw.get("bertkit_probe")
     if spec is None:                                    # bertkit < 0.x: the last K layers concatenated
         k = raw.get("bertkit_probe_layers")
@@ -482,7 +486,7 @@ def load_probe(path: str | Path, raw: dict, head: str | None = None) -> ProbeMod
                               f"BertForSequenceClassification or BertForTokenClassification")
     if head is not None and head != own:
         raise CheckpointError(f"{path}: a frozen-feature probe ({own}); it cannot be loaded as {head}")
-    encoder = load_model(path, head="encoder")
+    encoder = load_model(path, head="encoder", config_json=config_json)
     sd = read_state_dict(path)
     weight = sd.get("classifier.weight")
     if weight is None or weight.dim() != 2:

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .config import BertConfig
 from .errors import BertkitError
 from .model import BertModel, pool_tokens
 from .packing import Packed, pack_rows, segment_ids
@@ -177,7 +178,8 @@ class Predictor:
                  threads: int | None = None, int8: bool = False, compile: bool = False,
                  backend: str = "torch", max_length: int | None = None,
                  onnx_file: str | Path | None = None, dtype: str | torch.dtype | None = None,
-                 prepack: bool = True, small_batches: bool | int = True) -> "Predictor":
+                 prepack: bool = True, small_batches: bool | int = True,
+                 config_json: tuple[BertConfig, dict] | None = None) -> "Predictor":
         """Load a checkpoint folder (HF format + tokenizer files).
 
         head: which head to load (default: the one config.json names); device: 'cpu', 'cuda', ...
@@ -195,7 +197,8 @@ class Predictor:
         PyTorch (`onnx_graph.py`: the lower latency of one short request; 1-3 s more at load, a
         second copy of the weights); an int N sends every batch of <= N padded tokens to the
         first engine that agrees, untimed; False none (`BERTKIT_SMALL_BATCHES=0|N|auto` decides
-        for the default True).
+        for the default True); config_json: the folder's config.json as `checkpoint.read_config`
+        returns it, when the caller has read it already (`bertkit predict` reads it once).
         """
         from .checkpoint import check_inputs_fit, load_model
 
@@ -210,7 +213,7 @@ class Predictor:
         if threads:
             torch.set_num_threads(int(threads))
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model = load_model(path, head=head)
+        model = load_model(path, head=head, config_json=config_json)
         model.eval()
         tokenizer = Tokenizer.from_dir(path)
         check_inputs_fit(model.config, tokenizer.vocab_size, max_length, where=path)

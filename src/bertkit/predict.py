@@ -2,15 +2,17 @@
 
 `load_task_predictor` turns a checkpoint folder into a `Predictor` plus the task it was trained on
 and its labels; `predict` parses JSON rows with the task's own rules, runs them through the
-Predictor and post-processes them (masked-LM checkpoints answer each [MASK] instead). How a
-checkpoint reads long inputs and SQuAD v2.0's null threshold (`tasks.plumbing.inference_stride`,
-`qa_options`) come from its config.json unless the caller overrides them.
+Predictor and post-processes them (masked-LM checkpoints answer each [MASK] instead). config.json
+is read once (`checkpoint.read_config`) and handed down to the Predictor's loader and the task's
+settings: how the checkpoint reads long inputs and SQuAD v2.0's null threshold
+(`tasks.plumbing.inference_stride`, `qa_options`) come from it unless the caller overrides them.
 The task side lives in `bertkit.tasks.plumbing`; training (`bertkit.finetune`) is not imported.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from .config import BertConfig
 from .errors import BertkitError
 from .tasks import DataError
 from .tasks.plumbing import checkpoint_task, featurize, inference_stride, qa_options
@@ -18,21 +20,25 @@ from .tasks.plumbing import checkpoint_task, featurize, inference_stride, qa_opt
 
 def load_task_predictor(model_dir: str | Path, task_name: str | None = None, columns: dict | None = None,
                         backend: str = "torch", onnx_file: str | Path | None = None, threads: int | None = None,
-                        precision: str = "auto"):
+                        precision: str = "auto", max_length: int | None = None,
+                        config_json: tuple[BertConfig, dict] | None = None):
     """(predictor, task, labels, config.json) of a fine-tuned checkpoint, for `bertkit evaluate` and
     `predict`: a `Predictor` (backend torch: prepacked on the CPU; backend onnx: the exported file on
     onnxruntime) in `precision`, 'auto' being fp32, the precision fine-tuning evaluated in (so
     `evaluate` repeats its dev figures on any machine), the task it was trained on (or `task_name`),
-    its label names."""
-    from .checkpoint import read_config
+    its label names. `max_length` is checked against the positions before the weights load;
+    `config_json`: the folder's (BertConfig, raw dict) when the caller has read it (else read here, once)."""
+    from .checkpoint import check_inputs_fit, read_config
     from .infer import Predictor
 
-    _, raw = read_config(Path(model_dir))
+    config_json = config_json or read_config(Path(model_dir))
+    config, raw = config_json
+    check_inputs_fit(config, max_length=max_length)
     if backend != "torch" and precision not in ("auto", "fp32"):
         raise BertkitError(f"--precision {precision}: backend {backend} runs the exported fp32 graph")
     predictor = Predictor.from_dir(model_dir, backend=backend, onnx_file=onnx_file, threads=threads,
                                    dtype=("fp32" if precision == "auto" else precision) if backend == "torch"
-                                   else None, small_batches=False)
+                                   else None, small_batches=False, config_json=config_json)
     if backend == "torch" and precision == "auto":
         predictor.precision_reason = "auto: fp32, the precision fine-tuning evaluated in"
     model, head = predictor.model, predictor.head
@@ -54,16 +60,18 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
     A masked-LM checkpoint answers each [MASK] with its top-k words; a task checkpoint runs the
     task's own input parsing and post-processing (classification adds class scores, NER the words,
     SQuAD v2.0 the null odds)."""
-    from .checkpoint import check_inputs_fit, read_config
+    from .checkpoint import read_config
 
-    _, raw = read_config(Path(model_dir))
+    config_json = read_config(Path(model_dir))          # the one read of config.json: handed down from here
+    raw = config_json[1]
     archs = raw.get("architectures") or ["BertModel"]
     if archs[0] in ("BertForMaskedLM", "BertForPreTraining"):
-        return fill_mask_rows(model_dir, rows, top_k, batch_size, max_length, threads, backend, onnx_file, precision)
-    predictor, task, labels, raw = load_task_predictor(model_dir, task_name, columns, backend=backend,
-                                                       onnx_file=onnx_file, threads=threads, precision=precision)
+        return fill_mask_rows(model_dir, rows, top_k, batch_size, max_length, threads, backend, onnx_file, precision,
+                              config_json)
+    predictor, task, labels, _ = load_task_predictor(model_dir, task_name, columns, backend=backend,
+                                                     onnx_file=onnx_file, threads=threads, precision=precision,
+                                                     max_length=max_length, config_json=config_json)
     head, tokenizer = predictor.head, predictor.tokenizer
-    check_inputs_fit(predictor.config, max_length=max_length)
     if task is None or task.parse is None:
         raise BertkitError(f"{model_dir}: `predict` needs a task head (got {head}); "
                            "use `bertkit embed` for a bare encoder")
@@ -95,9 +103,11 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
 
 def fill_mask_rows(model_dir: str | Path, rows: list[tuple[str, dict]], top_k: int = 5, batch_size: int = 64,
                    max_length: int | None = None, threads: int | None = None, backend: str = "torch",
-                   onnx_file: str | Path | None = None, precision: str = "auto") -> list[dict]:
+                   onnx_file: str | Path | None = None, precision: str = "auto",
+                   config_json: tuple[BertConfig, dict] | None = None) -> list[dict]:
     """Masked-LM checkpoints: the top-k words for each [MASK] (via `bertkit.infer.Predictor`; 'auto':
-    bf16 where measured faster on this machine and accurate on the sample, as `fill-mask`)."""
+    bf16 where measured faster on this machine and accurate on the sample, as `fill-mask`);
+    `config_json` as `load_task_predictor` takes it."""
     from .infer import Predictor
 
     texts = []
@@ -106,7 +116,8 @@ def fill_mask_rows(model_dir: str | Path, rows: list[tuple[str, dict]], top_k: i
             raise DataError(f"{at}: needs a \"text\" field with a [MASK]")
         texts.append(obj["text"])
     predictor = Predictor.from_dir(model_dir, head="masked_lm", threads=threads, max_length=max_length,
-                                   backend=backend, onnx_file=onnx_file, small_batches=False, dtype=precision)
+                                   backend=backend, onnx_file=onnx_file, small_batches=False, dtype=precision,
+                                   config_json=config_json)
     results = predictor.fill_mask(texts, top_k=top_k, batch_size=batch_size)
     predictor.tokenizer.stats.report()
     return [{"id": str(obj.get("id", i)), "prediction": [c[0]["token"] for c in res], "candidates": res}

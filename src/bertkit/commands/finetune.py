@@ -146,15 +146,13 @@ def _columns(args: argparse.Namespace) -> dict:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from ..checkpoint import check_inputs_fit
     from ..finetune_seeds import read_summary, spread_footer, spread_text
     from ..predict import load_task_predictor
     from ..tasks import BadRows
     from ..tasks.plumbing import check_references, evaluate, featurize, inference_stride, qa_options, write_predictions
 
     predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), threads=args.threads,
-                                                       precision=args.precision)
-    check_inputs_fit(predictor.config, max_length=args.max_length)
+                                                       precision=args.precision, max_length=args.max_length)
     tokenizer = predictor.tokenizer
     if task is None:
         raise BertkitError(f"{args.model}: a {predictor.head} checkpoint has no task to evaluate; give --task")

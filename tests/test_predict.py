@@ -1,0 +1,66 @@
+"""`bertkit predict` / `evaluate` on a checkpoint: config.json is read once and handed down (to the
+Predictor's loader and the task's settings), whatever the head."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import bertkit.checkpoint
+from bertkit import Tokenizer, preset, save_model
+from bertkit.checkpoint import build
+from bertkit.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")    # conftest: tiny models, one thread
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "the", "movie", "was", "."]
+
+
+def checkpoint(path: Path, head: str, **extra) -> Path:
+    """A tiny checkpoint of `head` with its tokenizer (random weights: only the plumbing is tested)."""
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=len(WORDS), hidden_size=32, num_heads=2, intermediate_size=64,
+                 max_position_embeddings=64)
+    args = {"num_labels": 2} if head == "sequence_classification" else {}
+    save_model(build(head, cfg, **args), path, extra_config=extra)
+    Tokenizer({t: i for i, t in enumerate(WORDS)}, lowercase=True).save(path)
+    return path
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list[Path]:
+    """Every `checkpoint.read_config` call from here on (callers import it when they run)."""
+    calls: list[Path] = []
+    real = bertkit.checkpoint.read_config
+
+    def counted(path):
+        calls.append(Path(path))
+        return real(path)
+
+    monkeypatch.setattr(bertkit.checkpoint, "read_config", counted)
+    return calls
+
+
+@pytest.mark.parametrize("head, extra, line", [
+    ("sequence_classification", {"id2label": {"0": "neg", "1": "pos"}, "bertkit_task": {"name": "sst2"},
+                                 "bertkit_max_length": 32}, {"text": "the movie was good"}),
+    ("masked_lm", {}, {"text": "the movie was [MASK] ."}),
+])
+def test_predict_reads_config_json_once(tmp_path, capsys, reads, head, extra, line):
+    model = checkpoint(tmp_path / "m", head, **extra)
+    (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\n", encoding="utf-8")
+    assert main(["predict", "--model", str(model), str(tmp_path / "in.jsonl"), "--top-k", "2"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["id"] == "0" and row["prediction"]
+    assert reads == [model]
+
+
+def test_evaluate_reads_config_json_once(tmp_path, capsys, reads):
+    model = checkpoint(tmp_path / "m", "sequence_classification", id2label={"0": "0", "1": "1"},
+                       bertkit_task={"name": "sst2"}, bertkit_max_length=32)
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\nthe movie was good\t1\nbad movie\t0\n", encoding="utf-8")
+    assert main(["evaluate", "--model", str(model), "--data", str(tmp_path / "dev.tsv"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["examples"] == 2
+    assert reads == [model]
