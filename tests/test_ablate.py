@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bertkit import ablate, ablate_config
-from bertkit.ablate_report import betainc, compare, mean_std, welch_t_test, write_report
+from bertkit import ablate
+
+from bertkit.ablate import config as ablate_config
+from bertkit.ablate.report import betainc, compare, mean_std, welch_t_test, write_report
 from bertkit.errors import BertkitError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,9 +219,9 @@ def test_claims_leave_running_arms_to_their_process(grid, tmp_path):
     summary = ablate.run_grid(cfg, ablate_config.select_arms(cfg, ["later"]))
     assert summary["elsewhere"] == ["later"] and summary["ran"] == []          # a live holder: left to it
     (d / ".claim").write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 4321}))
-    claim = ablate._claim(d)                                                   # a dead holder: taken over
+    claim = ablate.grid._claim(d)                                                   # a dead holder: taken over
     assert claim is not None and json.loads(claim.read_text())["pid"] == os.getpid()
-    assert ablate._claim(d) is None                                            # and now held by us
+    assert ablate.grid._claim(d) is None                                            # and now held by us
     claim.unlink()
 
 
@@ -467,7 +469,7 @@ def test_prepare_sop_and_its_checks(tmp_path):
 def test_masking_column_never_prints_minus_zero():
     """MASK/SAME/RND 80/0/20 (the paper's column order): SAME = 1 - 0.8 - 0.2 is -5.6e-17 in floating
     point, which printed as '-0'."""
-    from bertkit.ablate_report import _masking
+    from bertkit.ablate.report import _masking
 
     card = {"objective": "MLM + NSP", "masking": [{"as_trained": {"mode": "token", "mask_prob": 0.15,
             "mask_token_fraction": 0.8, "random_token_fraction": 0.2}, "overridden": True}]}
@@ -481,7 +483,7 @@ def test_rewording_a_setting_reruns_nothing_but_a_changed_override_does(tmp_path
     cfg = ablate_config.AblateConfig(out=str(tmp_path), tasks={"sst2": {}}, source="g.yaml", arms=[arm])
     d = tmp_path / "arms" / "m"
     d.mkdir(parents=True)
-    legacy = ablate._labelled_plan_key(cfg, arm, "masking 80/0/20")
+    legacy = ablate.arm._labelled_plan_key(cfg, arm, "masking 80/0/20")
     (d / "arm.json").write_text(json.dumps({"status": "done", "setting": "masking 80/0/20", "plan": legacy}))
     reworded = ablate.Arm(name="m", setting="[MASK]/random/kept 80/0/20", pretrain=arm.pretrain)
     cfg.arms = [reworded]

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bertkit import ablate, ablate_config, ablate_report, ablate_zeroshot, blimp
+from bertkit import ablate, blimp
+
+from bertkit.ablate import config as ablate_config, report as ablate_report, zeroshot as ablate_zeroshot
 from bertkit.errors import BertkitError
 from test_ablate import write_tasks
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bertkit import ablate, ablate_config, ablate_measure
-from bertkit.ablate_config import _key
-from bertkit.ablate_report import difference_ci, t_quantile, welch_t_test, write_report
+from bertkit import ablate
+
+from bertkit.ablate import config as ablate_config, measure as ablate_measure
+from bertkit.ablate.config import _key
+from bertkit.ablate.report import difference_ci, t_quantile, welch_t_test, write_report
 from bertkit.errors import BertkitError
 from test_ablate import MICRO, write_tasks
 
@@ -90,11 +92,11 @@ def test_the_rate_with_the_best_dev_mean_over_the_selection_seeds_wins(monkeypat
         calls.append((lr, seed))
         return {"arm": arm.name, "task": task, "seed": seed, "lr": lr, "value": scores[(lr, seed)], "status": "ok"}
 
-    monkeypatch.setattr(ablate, "_finetune_one", fake)
+    monkeypatch.setattr(ablate.arm, "_finetune_one", fake)
     cfg = ablate_config.AblateConfig(out=str(tmp_path), tasks={"sst2": {}}, seeds=[0, 1], source="g.yaml",
                                      lr_search={"lrs": [1e-3, 1e-4], "seeds": on}, arms=[ablate.Arm("base")])
     state: dict = {}
-    rows = ablate._finetune_task(cfg, cfg.arms[0], "sst2", tmp_path / "m", "pretrained", tmp_path, {}, state)
+    rows = ablate.arm._finetune_task(cfg, cfg.arms[0], "sst2", tmp_path / "m", "pretrained", tmp_path, {}, state)
     assert state["lr_chosen"] == {"sst2": chosen} and len(calls) == len(set(calls)) == runs
     assert [(r["lr"], r["seed"]) for r in rows if r["status"] == "ok"] == [(chosen, 0), (chosen, 1)]
     assert sum(r["status"] == "lr_candidate" for r in rows) == (4 if on == "all" else 2)

@@ -152,7 +152,9 @@ def test_ablate_grid_options_come_from_its_config(capsys):
     --arms stays a selection and never replaces the grid's arms."""
     import argparse
 
-    from bertkit import ablate, ablate_config
+    from bertkit import ablate
+
+    from bertkit.ablate import config as ablate_config
     from bertkit.cliconfig import given
     from bertkit.commands.ablate import GRID_OPTIONS, setup_ablate
 

@@ -185,7 +185,9 @@ def test_ablate_probe_arm(tmp_path):
     embeddings/cls; a mistyped probe key is that arm's one-line failure, found when the grid is read."""
     from importlib import resources
 
-    from bertkit import ablate, ablate_config
+    from bertkit import ablate
+
+    from bertkit.ablate import config as ablate_config
     from test_ablate import write_tasks
 
     write_tasks(tmp_path / "data")
@@ -206,7 +208,7 @@ def test_ablate_probe_arm(tmp_path):
                and r["converged"] and 0 <= r["value"] <= 1 and "mlm_accuracy" in r for r in rows)
     assert (tmp_path / "out" / "arms" / "probe_lbfgs" / "probe" / "conll2003" / "fits.jsonl").is_file()
     assert "probe features=['embeddings', 'last']" in ablate_config.describe(cfg.arms[1])
-    from bertkit.ablate_report import write_report
+    from bertkit.ablate.report import write_report
     report = write_report(cfg).read_text()
     assert "## Frozen-feature probes" in report and "| task | features | probe_lbfgs (base) | majority |" in report
     line = next(x for x in report.splitlines() if x.startswith("| sst2 | last/cls |"))

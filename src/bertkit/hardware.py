@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import platform
+import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -388,3 +389,20 @@ def choose_precision(name: str, device: torch.device, model_cfg, key: str = "pre
 def summary() -> str:
     """One line: the CPU, its bf16/AVX flags and the measured bf16 speed."""
     return capabilities().summary()
+
+
+def git_commit() -> str:
+    """The checkout's short commit (+ 'uncommitted changes'), or the version outside a git checkout: what a
+    dated figure names beside the CPU."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if not sha:
+        from . import __version__
+        return f"bertkit {__version__} (not a git checkout)"
+    return sha + (" + uncommitted changes" if dirty else "")

@@ -16,7 +16,7 @@ MODE_TITLES = {"bidirectional": "bidirectional mask (BERT's)", "causal": "causal
 
 def facts() -> dict:
     """Date, commit and machine: every figure and the page carry them."""
-    from .ablate_report import git_commit
+    from .hardware import git_commit
     from .hardware import cpu_model
 
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -1,7 +1,7 @@
 """`bertkit ablate`'s configuration: the grid (`AblateConfig`), its arms (`Arm`, `Budget`), reading
 and checking a grid file, selecting arms, and the small helpers the grid and its report share
-(merging settings, describing an arm, JSON files written whole). The runs are `bertkit.ablate`,
-the statistics and the report `bertkit.ablate_report`."""
+(merging settings, describing an arm, JSON files written whole). The runs are arm.py and grid.py,
+the statistics and the report report.py."""
 from __future__ import annotations
 
 import copy
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import BertkitError
+from ..errors import BertkitError
 
 log = logging.getLogger("bertkit")
 
@@ -35,7 +35,7 @@ class Budget:
     """Pre-training wall time per arm when matching time ('3m', '90s')."""
 
     def __post_init__(self) -> None:
-        from .runconfig import check_ranges, parse_duration
+        from ..runconfig import check_ranges, parse_duration
 
         check_ranges(self, {"steps": ">=1"}, "budget.")
         if self.time is not None and not 0 < parse_duration(self.time, "budget.time") < float("inf"):
@@ -117,7 +117,7 @@ class AblateConfig:
     source: str = ""
 
     def __post_init__(self) -> None:
-        from .runconfig import check_ranges, range_problem
+        from ..runconfig import check_ranges, range_problem
 
         check_ranges(self, {"eval_documents": ">=1", "split_seed": "seed", "mlm_eval_instances": ">=1",
                             "threads": "threads", "jobs": ">=1"})
@@ -149,7 +149,7 @@ def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str |
                        values: dict | None = None) -> AblateConfig:
     """The grid from YAML, then `values` (grid keys given as options) on top. Grid-level mistakes are
     errors now; an arm's mistakes become its failed row."""
-    from .runconfig import read_yaml_mapping
+    from ..runconfig import read_yaml_mapping
 
     path = Path(path)
     raw = read_yaml_mapping(path, "grid keys")
@@ -193,7 +193,7 @@ def _typed(cls: type, values: dict, prefix: str) -> dict:
     values of a run config are: `runconfig._coerce`); lists and mappings are checked where used."""
     import typing
 
-    from .runconfig import _coerce
+    from ..runconfig import _coerce
 
     hints = typing.get_type_hints(cls)
     return {k: _coerce(v, hints[k], f"{prefix}{k}") if hints[k] in (int, float, str, bool, str | None) else v
@@ -234,7 +234,7 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
     if problem:
         arm.error = f"{where} arm {arm.name}: {problem}"
     if "probe" in raw:
-        from .linear_probe import probe_spec
+        from ..linear_probe import probe_spec
         try:
             probe_spec(arm.probe, f"{where} arm {arm.name}: probe")
         except BertkitError as e:

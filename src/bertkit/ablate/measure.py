@@ -17,8 +17,8 @@ import dataclasses
 import math
 from pathlib import Path
 
-from .ablate_config import AblateConfig, Arm, _read_json, merge
-from .errors import BertkitError
+from .config import AblateConfig, Arm, _read_json, merge
+from ..errors import BertkitError
 
 
 # ---- the budget -----------------------------------------------------------------------------------
@@ -46,11 +46,11 @@ def update_flops(cfg: AblateConfig, arm: Arm) -> float:
     max_length token slots. The head projects what the objective predicts: masked LM only the selected
     positions (`num_to_predict` of a full sequence's maskable tokens: ~15%, capped), next-token every
     position but the last. V is the configured vocabulary size (the same for every arm)."""
-    from .config import preset
-    from .data.masking import num_to_predict
-    from .data.prepare import PrepareConfig
-    from .runconfig import PretrainConfig, from_dict
-    from .runlog import step_flops
+    from ..config import preset
+    from ..data.masking import num_to_predict
+    from ..data.prepare import PrepareConfig
+    from ..runconfig import PretrainConfig, from_dict
+    from ..runlog import step_flops
 
     prep = from_dict(PrepareConfig, merge(cfg.prepare, arm.prepare), f"arm {arm.name} prepare")
     pc = from_dict(PretrainConfig, merge(merge(cfg.pretrain, arm.pretrain), {"data": {"path": "<train>"}}),
@@ -96,9 +96,9 @@ def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path) -> dict | None:
     import numpy as np
     import torch
 
-    from .checkpoint import load_model
-    from .data.masking import Collator, MaskingConfig
-    from .data.pretraining import open_dataset
+    from ..checkpoint import load_model
+    from ..data.masking import Collator, MaskingConfig
+    from ..data.pretraining import open_dataset
 
     raw = _read_json(model_dir / "config.json") or {}
     if raw.get("bertkit_causal") or raw.get("is_decoder"):

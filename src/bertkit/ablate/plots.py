@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .ablate_config import AblateConfig
+from .config import AblateConfig
 
 log = logging.getLogger("bertkit")
 
 
 def write_plots(cfg: AblateConfig, states: list[dict], rows: list[dict], cells: dict, d: Path, header: dict
                 ) -> list[Path]:
-    """Bar charts: each task's mean with a ±std bar and the seeds as dots (`cells`: ablate_report's
-    summarize), held-out MLM accuracy per arm, BLiMP per arm."""
+    """Bar charts: each task's mean with a ±std bar and the seeds as dots (`cells`: report.summarize's),
+    held-out MLM accuracy per arm, BLiMP per arm."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -74,7 +74,7 @@ def write_plots(cfg: AblateConfig, states: list[dict], rows: list[dict], cells: 
 
 def _blimp_plot(plt, cfg: AblateConfig, scored: list[dict], path: Path, stamp: str) -> None:
     """BLiMP accuracy per arm with its Wilson 95% interval, chance and the 5-gram model as lines."""
-    from . import blimp
+    from .. import blimp
 
     names = [s["name"] for s in scored]
     acc = [s["blimp"]["accuracy"] for s in scored]

@@ -16,15 +16,14 @@ import json
 import logging
 import math
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .ablate import _write_rows, finetune_dir, finished
-from .ablate_config import AblateConfig, _read_json, describe
-from .ablate_plots import write_plots
-from .ablate_zeroshot import blimp_section, nsp_section
+from .arm import _write_rows, finetune_dir, finished
+from .config import AblateConfig, _read_json, describe
+from .plots import write_plots
+from .zeroshot import blimp_section, nsp_section
 
 log = logging.getLogger("bertkit")
 
@@ -120,7 +119,7 @@ def compare(a: Sequence[float], base: Sequence[float]) -> tuple[float, float | N
             warnings.simplefilter("ignore", RuntimeWarning)
             return delta, float(stats.ttest_ind(a, base, equal_var=False).pvalue), "Welch's t-test (scipy)"
     except ImportError:
-        return delta, welch_t_test(a, base)[2], "Welch's t-test (bertkit.ablate.welch_t_test)"
+        return delta, welch_t_test(a, base)[2], "Welch's t-test (bertkit.ablate.report.welch_t_test)"
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -142,7 +141,7 @@ def collect(cfg: AblateConfig) -> tuple[list[dict], list[dict]]:
 
 def write_report(cfg: AblateConfig, command: str = "") -> Path:
     """OUT/results.jsonl, OUT/REPORT.md and OUT/plots/*.png over the finished arms."""
-    from .hardware import machine_facts
+    from ..hardware import git_commit, machine_facts
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -161,21 +160,6 @@ def write_report(cfg: AblateConfig, command: str = "") -> Path:
     log.info("ablate: report %s (%d of %d arms finished)", out / "REPORT.md",
              sum(s["status"] == "done" for s in states), len(states))
     return out / "REPORT.md"
-
-
-def git_commit() -> str:
-    here = Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if not sha:
-        from . import __version__
-        return f"bertkit {__version__} (not a git checkout)"
-    return sha + (" + uncommitted changes" if dirty else "")
 
 
 def summarize(cfg: AblateConfig, rows: list[dict]) -> tuple[dict, list[str]]:
@@ -541,8 +525,8 @@ def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
 def pair_example(cfg: AblateConfig) -> str:
     """The first held-out pre-training instance of the base data, as tokens and segment ids."""
     try:
-        from .ablate import Shared
-        from .data.pretraining import open_dataset
+        from .shared import Shared
+        from ..data.pretraining import open_dataset
         sh = Shared(cfg)
         _, heldout, _ = sh.prepared(cfg.prepare)
         data = open_dataset(heldout)

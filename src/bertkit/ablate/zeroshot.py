@@ -18,8 +18,8 @@ import math
 import time
 from pathlib import Path
 
-from .ablate_config import AblateConfig, _key, _read_json, _write_json
-from .ablate_measure import weights_id
+from .config import AblateConfig, _key, _read_json, _write_json
+from .measure import weights_id
 
 log = logging.getLogger("bertkit")
 
@@ -28,7 +28,7 @@ def arm_blimp(cfg: AblateConfig, model: Path, d: Path) -> dict:
     """BLiMP accuracy of the arm's model, zero-shot (pseudo-log-likelihood, or a causal model's
     log-likelihood: `bertkit.blimp`), with its Wilson 95% interval. Cached in d/blimp.json by model and
     settings; the per-pair outcomes in d/blimp_correct.txt (one 0/1 per pair, in the file's order)."""
-    from . import blimp
+    from .. import blimp
 
     data = Path(cfg.blimp["data"])
     data = data if data.is_absolute() else Path(cfg.data_dir) / data
@@ -59,9 +59,9 @@ def arm_nsp_shortcut(cfg: AblateConfig, shared, model: Path, d: Path) -> dict | 
     baseline (tf-idf cosine of the two segments) solves, and the arm's NSP head on next, other-document
     and same-document non-adjacent pairs (`bertkit.nsp_probe.nsp_shortcut`). None when the model has no
     NSP head (MLM only, left-to-right). Cached in d/nsp_shortcut.json by the model's weights."""
-    from .checkpoint import CheckpointError
-    from .nsp_probe import nsp_shortcut
-    from .errors import DataError
+    from ..checkpoint import CheckpointError
+    from ..nsp_probe import nsp_shortcut
+    from ..errors import DataError
 
     heldout = shared.root / "corpus" / "heldout.txt"
     key = _key({"model": str(model), "weights": weights_id(model), "text": str(heldout), "anchors": 1000})
@@ -104,7 +104,7 @@ def _outcomes(cfg: AblateConfig, name: str) -> str:
 def blimp_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
     """BLiMP per arm with its interval, the paired difference from the base arm, and the BLiMP paper's
     models (mean over the same paradigms, all 1,000 pairs of each) as anchors."""
-    from . import blimp
+    from .. import blimp
 
     scored = [s for s in states if isinstance(s.get("blimp"), dict)]
     if not cfg.blimp or not scored:

@@ -26,9 +26,9 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "  bertkit ablate configs/ablate/cpu.yaml --pretrain-only      # pre-train, score, probe; fine-tune later\n"
         "  bertkit ablate --contract-test [MODEL]     # right-hand context and the causal mask, checked\n"
         "A finished arm is skipped on a rerun; a failing arm becomes a row saying so, and the command exits 1\n"
-        "naming the failed arms (--dry-run: the arms that would fail). See bertkit/ablate.py.")
+        "naming the failed arms (--dry-run: the arms that would fail). See bertkit/ablate/__init__.py.")
     from ..ablate import RunOptions
-    from ..ablate_config import AblateConfig
+    from ..ablate import AblateConfig
     from ..cliconfig import add_options, suggest_unknown
 
     p.add_argument("config", nargs="?", help="grid YAML (configs/ablate/small.yaml, configs/ablate/gpu.yaml)")
@@ -57,7 +57,7 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    from .. import ablate, ablate_config, ablate_report
+    from .. import ablate
 
     if args.contract_test is not None:
         return _contract(args.contract_test or None)
@@ -65,17 +65,17 @@ def run_ablate(args: argparse.Namespace) -> int:
         raise BertkitError("give a grid config (e.g. configs/ablate/small.yaml), or --contract-test")
     from ..cliconfig import given
 
-    values = {k: v for k, v in given(args, ablate_config.AblateConfig).items() if k in GRID_OPTIONS}   # --arms selects
-    cfg = ablate_config.load_ablate_config(args.config, values=values)       # every grid key checked here
+    values = {k: v for k, v in given(args, ablate.AblateConfig).items() if k in GRID_OPTIONS}   # --arms selects
+    cfg = ablate.load_ablate_config(args.config, values=values)       # every grid key checked here
     command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command,
                              pretrain_only=args.pretrain_only,
                              verbose=bool(getattr(args, "verbose", False)))      # --nproc checked here
     if args.report_only:
-        print(ablate_report.write_report(cfg, command))
+        print(ablate.write_report(cfg, command))
         return 0
     names = [n.strip() for n in args.arms.split(",") if n.strip()] if args.arms else None
-    arms = ablate_config.select_arms(cfg, names, args.shard)
+    arms = ablate.select_arms(cfg, names, args.shard)
     ablate.check_inputs(cfg)                   # the corpus and the task data: before anything is written
     if args.dry_run:
         rows = ablate.dry_run(cfg, arms)
@@ -84,7 +84,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         return _failed([r["arm"] for r in rows if r["status"] != "ok"], len(rows), "would fail (their rows say why)")
     summary = ablate.run_grid(cfg, arms, opts)
     if not args.no_report:
-        summary["report"] = str(ablate_report.write_report(cfg, command))
+        summary["report"] = str(ablate.write_report(cfg, command))
     print(json.dumps(summary))
     if any(summary.get("exit_codes") or []):
         print(f"bertkit ablate: error: a job exited with {summary['exit_codes']} (see the arms' log.txt)",
