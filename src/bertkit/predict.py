@@ -15,7 +15,7 @@ from pathlib import Path
 from .config import BertConfig
 from .errors import BertkitError
 from .tasks import DataError
-from .tasks.plumbing import checkpoint_task, featurize, inference_stride, qa_options
+from .tasks.plumbing import checkpoint_task, featurize, inference_stride, parse_rows, qa_options
 
 
 def load_task_predictor(model_dir: str | Path, task_name: str | None = None, columns: dict | None = None,
@@ -75,15 +75,7 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
     if task is None or task.parse is None:
         raise BertkitError(f"{model_dir}: `predict` needs a task head (got {head}); "
                            "use `bertkit embed` for a bare encoder")
-    examples = []
-    for i, (at, obj) in enumerate(rows):
-        ex = task.parse(obj, at)
-        if not ex.id:
-            ex.id = str(i)
-        examples.append(ex)
-    ids = [ex.id for ex in examples]
-    if len(set(ids)) != len(ids):
-        raise BertkitError(f"{where}: ids must be unique")
+    examples = parse_rows(task, rows, where)
     max_length = max_length or int(raw.get("bertkit_max_length", task.max_length))
     stride = inference_stride(task, raw, str(model_dir), max_length, windows, stride)
     feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "predict")

@@ -1,9 +1,10 @@
 """A task around a model, as fine-tuning, `evaluate` and `predict` all use it.
 
 Which task (a name from the table, your own columns, or the one a checkpoint records in its
-config.json), how long inputs are read (`input_stride`; a checkpoint's own in `inference_stride`),
-features and how examples became them (`featurize`), reference labels checked against the model's,
-scores on a predictor (`evaluate`) and the predictions file. Training (`bertkit.finetune`) and
+config.json), `predict`'s JSON rows as the task's examples (`parse_rows`), how long inputs are
+read (`input_stride`; a checkpoint's own in `inference_stride`), features and how examples became
+them (`featurize`), reference labels checked against the model's, scores on a predictor
+(`evaluate`) and the predictions file. Training (`bertkit.finetune`) and
 inference (`bertkit.predict`, the `evaluate` command) import these from here, so prediction never
 imports fine-tuning; this module imports neither, and nothing of the model.
 """
@@ -69,6 +70,21 @@ def checkpoint_task(raw: dict, head: str, where: str, task_name: str | None = No
 
 
 # ---- how inputs are read ----------------------------------------------------------------------
+def parse_rows(task: Task, rows: Sequence[tuple[str, dict]], where: str) -> list:
+    """`bertkit predict`'s input: each (where, JSON object) row as the task's example (`task.parse`),
+    its id the row's own or its 0-based index; ids must be unique."""
+    examples = []
+    for i, (at, obj) in enumerate(rows):
+        ex = task.parse(obj, at)
+        if not ex.id:
+            ex.id = str(i)
+        examples.append(ex)
+    ids = [ex.id for ex in examples]
+    if len(set(ids)) != len(ids):
+        raise BertkitError(f"{where}: ids must be unique")
+    return examples
+
+
 def input_stride(task: Task, windows: bool | None, stride: int | None, max_length: int) -> int | None:
     """The `stride` handed to `task.featurize`: None = longest-first truncation (classification
     only), otherwise the windows' overlap (SQuAD: the doc stride). Classification windows asked
