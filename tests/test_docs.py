@@ -14,7 +14,10 @@ Each one is listed as a skipped test with its reason (pytest -rs), and their num
 Other fences (```text, ```yaml, ```json, none) are output or files, not run; a ```text block marked
     <!-- docs-test: output -->
 right after a block that runs is that block's output, checked: its stdout must equal it (line
-ends and the blank lines around it aside).
+ends and the blank lines around it aside). A ```text block marked
+    <!-- docs-test: recorded (benchmarks/results/RUN/summary.txt) -->
+is an excerpt of a recorded run's output (a run too long for the tests): each of its lines is a line
+of that file.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 RUNNABLE = {"bash": "bash", "sh": "bash", "python": "python"}
-MARK = re.compile(r"<!--\s*docs-test:\s*(skip|slow|output)\s*(?:\((.*)\))?\s*-->")
+MARK = re.compile(r"<!--\s*docs-test:\s*(skip|slow|output|recorded)\s*(?:\((.*)\))?\s*-->")
 MAX_NOT_RUN = 16
 """Blocks marked skip or slow, in all the docs together: keep this small (each needs a reason)."""
 BLOCK_SECONDS = 120
@@ -46,7 +49,7 @@ class Block:
     line: int             # 1-based line of the opening fence
     lang: str
     code: str
-    mark: str | None      # "skip", "slow", "output" (a text block: the output of the block before) or None
+    mark: str | None      # "skip", "slow", "output" (a text block: the output of the block before), "recorded" or None
     reason: str
     expect: str | None = None   # the output this block must print (the "output" text block after it)
 
@@ -173,6 +176,7 @@ def test_few_blocks_are_not_run_and_each_says_why():
     stray = [b.where for b in ALL if b.mark in ("skip", "slow") and b.lang not in RUNNABLE]
     stray += [b.where for a, b in zip([None, *ALL], ALL)        # an output mark belongs on a text block after one that runs
               if b.mark == "output" and (b.lang != "text" or a is None or a.page != b.page or a.expect is None)]
+    stray += [b.where for b in ALL if b.mark == "recorded" and b.lang != "text"]
     assert not stray, f"docs-test marks on blocks that are not run anyway: {stray}"
 
 
@@ -184,8 +188,23 @@ def test_ci_runs_the_readme_test_command():
     ci = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().split("\n") if ln.strip().endswith("python -m pytest")]
     assert ci == [test_cmds[0]]
     setup = test_cmds[0][: -len("python -m pytest")]
+    assert "pip install -e '.[test]' && " in setup
+    plain = setup.replace("pip install -e '.[test]' && ", "pip install -e . && ")    # the main job: no extras
     quick = [ln.strip() for b in readme for ln in b.code.split("\n") if ln.strip().endswith("bertkit quickstart")]
-    assert quick and quick[0] == setup + "bertkit quickstart", "the two README commands share their set-up"
+    assert quick and quick[0] == plain + "bertkit quickstart", \
+        "the two README commands share their set-up, the first without the test extra"
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if b.mark == "recorded"], ids=lambda b: b.where)
+def test_recorded_output_is_an_excerpt_of_the_recorded_run(block):
+    """A text block marked `recorded (FILE)` shows lines of FILE, a recorded run's output, verbatim."""
+    path = REPO / block.reason
+    assert block.reason and path.is_file(), f"{block.where}: no recorded output {block.reason!r}"
+    recorded = {ln.rstrip() for ln in path.read_text(encoding="utf-8").split("\n")}
+    lines = [ln.rstrip() for ln in block.code.split("\n") if ln.strip()]
+    assert lines, f"{block.where}: empty"
+    missing = [ln for ln in lines if ln not in recorded]
+    assert not missing, f"{block.where}: not in {block.reason}: {missing}"
 
 
 def anchors(page: Path) -> set[str]:

@@ -232,10 +232,10 @@ def test_mlm_vs_length_scores_the_same_predictions_at_every_length(alibi, learne
 
 
 def test_the_documented_table_is_the_recorded_run():
-    """docs/pretrain.md's accuracy-against-length table is the two recorded results, row for row."""
+    """docs/pretrain-measurements.md's accuracy-against-length table is the two recorded results, row for row."""
     results = REPO / "benchmarks" / "results" / "mlm-vs-length-2026-12-03"
     runs = [json.loads((results / f"quickstart-{n}-updates.json").read_text()) for n in (65, 300)]
-    page = (REPO / "docs" / "pretrain.md").read_text(encoding="utf-8").splitlines()
+    page = (REPO / "docs" / "pretrain-measurements.md").read_text(encoding="utf-8").splitlines()
     for i, first in enumerate(runs[0]["rows"]):
         line = next(ln for ln in page if ln.startswith(f"| {first['length']:,}"))
         cells = [f"{r['accuracy']:.3f} / {r['mask_accuracy']:.3f} / {r['loss']:.3f}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -17,6 +18,10 @@ def test_quickstart_runs_end_to_end(tmp_path, capsys):
     assert main(["quickstart", "--out", str(out), "--minutes", "0.5"]) == 0
     text = capsys.readouterr().out
     assert "held-out MLM accuracy" in text and f"cloze prompts: " in text and f"of {len(CLOZE)} answered" in text
+    excerpt = documented_excerpt()                         # README's and docs/pretrain.md's, of the recorded run
+    assert len(excerpt) >= 4
+    for line in excerpt:                                   # today's output has the shape the docs show
+        assert any(shape(line) == shape(ln) for ln in text.splitlines()), line
     assert text.count("held-out MLM accuracy") == 1                        # one summary
     next_line = next(line for line in text.splitlines() if line.startswith("next:"))
     assert "..." not in next_line and "[MASK]" in next_line                # a command that can be pasted
@@ -38,6 +43,26 @@ def test_quickstart_runs_end_to_end(tmp_path, capsys):
     for f in ("tokenizer/vocab.txt", "data/train/meta.json", "data/heldout/meta.json", "run/curves.png",
               "run/run_card.md", "run/final/model.safetensors", "run/final/vocab.txt"):
         assert (out / f).exists(), f
+
+
+def documented_excerpt() -> list[str]:
+    """The lines of the documented quickstart's summary that README.md and docs/pretrain.md show (the
+    text blocks marked `docs-test: recorded (...quickstart...)`; tests/test_docs.py checks them against
+    the recorded file)."""
+    lines = []
+    for page in (REPO / "README.md", REPO / "docs" / "pretrain.md"):
+        text = page.read_text(encoding="utf-8")
+        for block in re.findall(r"docs-test: recorded \(benchmarks/results/quickstart[^)]*\) -->\n```text\n(.*?)\n```",
+                                text, flags=re.S):
+            lines += [ln for ln in block.split("\n") if ln.strip()]
+    return lines
+
+
+def shape(line: str) -> str:
+    """A summary line with its numbers, precision and cloze answers left out."""
+    if re.match(r"  [+-] ", line):                         # a cloze line: its prompt, not whether or what it answered
+        line = "  ? " + line[4:81]
+    return re.sub(r"\d[\d,.]*", "N", re.sub(r"\b(bfloat16|float32|float16)\b", "P", line.rstrip()))
 
 
 def test_pace_note_says_how_many_minutes_a_slower_cpu_needs():
@@ -113,3 +138,55 @@ def test_quickstart_repeats_bit_for_bit_with_the_recorded_updates(tmp_path, caps
         assert card["updates"] == 6 and card["stop_reason"] == "max_steps" and card["planned_updates"] is None
     assert (first / "run" / "final" / "model.safetensors").read_bytes() == \
         (again / "run" / "final" / "model.safetensors").read_bytes()
+
+
+HIDE_EXTRAS = """
+import importlib.machinery, sys
+HIDDEN = set(sys.argv[1].split(","))
+class Hidden(importlib.machinery.PathFinder):    # the path finder, blind to the extras: as if not installed
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition(".")[0] in HIDDEN:
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, path, target)
+sys.meta_path[:] = [Hidden if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+from bertkit.cli import main
+code = main(sys.argv[2:])
+loaded = HIDDEN & {m.partition(".")[0] for m in sys.modules}
+assert not loaded, loaded
+sys.exit(code)
+"""
+
+
+def extra_only_modules() -> set[str]:
+    """The top-level modules that only bertkit's extras install (transformers, onnxruntime, matplotlib, ...)."""
+    import importlib.metadata as md
+    import re
+
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    reqs = md.requires("bertkit") or []
+    name = lambda req: norm(re.match(r"[A-Za-z0-9_.-]+", req).group(0))  # noqa: E731
+    core = {name(r) for r in reqs if "extra ==" not in r}
+    extra = {name(r) for r in reqs if "extra ==" in r} - core
+    return {module for module, dists in md.packages_distributions().items()
+            if dists and all(norm(d) in extra for d in dists)}
+
+
+def test_quickstart_runs_on_the_plain_install(tmp_path):
+    """`pip install -e .` (no extras) is enough for the README's first command: the quickstart runs
+    with every extra-only package hidden, none of them is loaded, and the summary says the curves
+    need the plot extra."""
+    import os
+    import subprocess
+    import sys
+
+    hidden = extra_only_modules()
+    assert {"transformers", "onnxruntime", "matplotlib", "sentence_transformers"} <= hidden
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", HIDE_EXTRAS, ",".join(sorted(hidden)), "quickstart",
+                        "--out", str(tmp_path / "qs"), "--updates", "1", "--threads", "1"],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "held-out MLM accuracy" in r.stdout and "cloze prompts: " in r.stdout
+    assert "curves:    not drawn: matplotlib is not installed (pip install 'bertkit[plot]')" in r.stdout
+    assert (tmp_path / "qs" / "run" / "final" / "model.safetensors").exists()

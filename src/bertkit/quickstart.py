@@ -217,7 +217,8 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
         "",
         *([f"repeat:    {card['reproduce']}   (the same updates: the same weights)"] if card.get("reproduce") else []),
         f"run card:  {root / 'run' / 'run_card.md'}",
-        f"curves:    {root / 'run' / 'curves.png'}",
+        f"curves:    {root / 'run' / 'curves.png'}" if (root / "run" / "curves.png").exists() else
+        "curves:    not drawn: matplotlib is not installed (pip install 'bertkit[plot]')",
         f"next:      bertkit fill-mask --model {final} \"the united [MASK] of america .\"",
         f"           bertkit finetune configs/finetune/sst2.yaml --data nyu-mll/glue:sst2 --model {final} "
         f"--out runs/sst2   (GLUE through pip install 'bertkit[datasets]'; or --data YOUR_SST2_FOLDER)",
