@@ -76,7 +76,7 @@ def test_shipped_configs_load():
 
 def test_the_avx2_hour_is_the_hour_on_a_narrower_model():
     """cpu-60m-avx2.yaml is cpu-60m.yaml's recipe with only the shape and its learning rate changed
-    (docs/pretrain.md, "One hour on a CPU with AVX2 only"): a lever added to one reaches the other."""
+    (docs/pretrain-measurements.md, "One hour on a CPU with AVX2 only"): a lever added to one reaches the other."""
     from bertkit.train import _build_model
 
     root = Path(__file__).resolve().parents[1] / "configs" / "pretrain"

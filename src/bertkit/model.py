@@ -97,7 +97,7 @@ def alibi_slopes(cfg: BertConfig) -> Tensor | None:
     """ALiBi: head h's score for key j falls by slope_h * |i - j| (bidirectional, as MosaicBERT).
     Slopes 1, 1/2, 1/4, ...: the first heads look at the neighbours, the last ones far (Press et
     al. start at 2^(-8/H); on a 2-4 head model that is almost flat, and a start at 1 measured best
-    here: docs/pretrain.md)."""
+    here: docs/pretrain-measurements.md, the levers at matched wall time)."""
     if cfg.position_embedding_type != "alibi":
         return None
     return torch.tensor([2.0 ** -h for h in range(cfg.num_heads)])

@@ -14,7 +14,7 @@ from typing import Callable
 log = logging.getLogger("bertkit")
 
 # The CPU recipe that `quickstart` runs; configs/pretrain/cpu-5m.yaml holds the same values (a test
-# keeps the two equal). Each value was chosen by measurement: docs/pretrain.md, "the CPU recipe".
+# keeps the two equal). Each value was chosen by measurement: docs/pretrain-measurements.md, "The CPU recipe's levers".
 QUICKSTART_VOCAB = 4000
 QUICKSTART_SEQ = 128
 QUICKSTART_FILL = False      # prepare --fill for the training sequences (every one 128 tokens)
@@ -90,7 +90,7 @@ def pace_note(card: dict, other_s: float) -> str:
 def hour_recipe(precision: str) -> str:
     """The one-hour recipe for this machine: BERT-mini where training ran in bf16 or fp16, the narrower
     model where it ran in fp32 (an AVX2-only CPU: cpu-60m-avx2.yaml sees 2.8x the tokens there;
-    docs/pretrain.md, 'One hour on a CPU with AVX2 only')."""
+    docs/pretrain-measurements.md, 'One hour on a CPU with AVX2 only')."""
     return "configs/pretrain/cpu-60m-avx2.yaml" if precision == "float32" else "configs/pretrain/cpu-60m.yaml"
 
 
@@ -104,7 +104,7 @@ def what_to_expect(passes: float, tokens: int, mask_accuracy: float | None) -> s
     if mask_accuracy < ORACLES["unigram"] + 0.02:
         return ("What to expect: " + stage + f"At {mask_accuracy:.2f} this model is still at the first stage of "
                 "BERT training: it answers a [MASK] with the most frequent pieces (and copies the 10% of chosen "
-                "tokens BERT leaves unchanged); docs/pretrain.md ('the CPU recipe') has the measured curves.")
+                "tokens BERT leaves unchanged); docs/pretrain-measurements.md has the measured curves.")
     return ("What to expect: " + stage + f"At {mask_accuracy:.2f} this model reads the words around a gap "
             "(ALiBi's distance penalty lets a small model find its neighbours within minutes) but not yet the "
             "longer context and rarer words that BERT-base learns over days; longer runs and more text are the "

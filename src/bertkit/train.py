@@ -319,8 +319,8 @@ def total_steps(run: Run) -> int:
 
 
 # Padding-free batches pay on the CPU only where they skip much padding in a model wide enough for
-# the saved work to outweigh the gathers (measured: docs/pretrain.md, `train.packed`). Below this
-# share of real tokens (and above hidden 128) 'auto' packs.
+# the saved work to outweigh the gathers (measured: docs/pretrain-measurements.md, the levers at
+# matched wall time). Below this share of real tokens (and above hidden 128) 'auto' packs.
 CPU_PACK_BELOW_FILL = 0.75
 CPU_PACK_ABOVE_WIDTH = 128
 
