@@ -248,7 +248,7 @@ def test_dry_run_shows_the_lr_grid_seeds_and_budgets(grid, capsys):
     ("lr_search: {lrs: [0.001, -1]}", "lr_search.lrs must be a list of positive"),
     ("lr_search: {lrs: [0.001, 0.001]}", "repeats a rate"), ("lr_search: {lrs: [0.001], seeds: some}", "'first' or 'all'"),
     ("lr_search: {lr: [0.001]}", "unknown key 'lr'; did you mean 'lrs'"), ("lr_search: [0.001]", "lr_search must be a mapping"),
-    ("budget: {match: compute}", "budget.match must be 'tokens', 'time' or 'flops'")])
+    ("budget: {match: compute}", "g.yaml: budget.match: 'compute' is not one of tokens, time, flops")])
 def test_grid_level_mistakes_are_one_line(tmp_path, extra, says):
     p = tmp_path / "g.yaml"
     p.write_text(f"tasks: {{sst2: {{}}}}\narms: [{{name: base}}]\n{extra}\n")

@@ -17,7 +17,7 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from .errors import BertkitError
 
@@ -28,23 +28,73 @@ class RunConfigError(BertkitError, ValueError):
     """A configuration file or override is wrong; the message names the key."""
 
 
+# ---- the range a number obeys, written on its field: `batch_size: Annotated[int, AT_LEAST_1]` ----------
+@dataclass(frozen=True)
+class Rule:
+    """A range a number must lie in; `check_fields` applies it (None passes where the type allows None).
+    A NaN fails every rule."""
+    what: str
+    ok: Callable[[float], bool]
+
+    def problem(self, value: Any) -> str | None:
+        """'must be at least 1, got 0', or None when `value` obeys the rule."""
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if number and self.ok(value) else f"must be {self.what}, got {value!r}"
+
+
+AT_LEAST_1 = Rule("at least 1", lambda v: v >= 1)
+NON_NEGATIVE = Rule("a finite number >= 0", lambda v: 0 <= v < math.inf)
+POSITIVE = Rule("a finite number > 0", lambda v: 0 < v < math.inf)
+PROBABILITY = Rule("a probability in [0, 1)", lambda v: 0 <= v < 1)
+OPEN_UNIT = Rule("in (0, 1)", lambda v: 0 < v < 1)
+HALF_OPEN_UNIT = Rule("in (0, 1]", lambda v: 0 < v <= 1)
+UNIT = Rule("in [0, 1]", lambda v: 0 <= v <= 1)
+THREADS = Rule("0 (torch's default) or a number of threads", lambda v: 0 <= v <= 4096)
+SEED = Rule("an integer in [0, 2**32 - 1]", lambda v: 0 <= v < 2 ** 32)
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Every field of the dataclass `obj` obeys its annotation: a `Literal[...]` value is one of its
+    choices, an `Annotated[..., Rule]` number lies in its range; None passes where the type allows
+    it. One error naming the field (`prefix` + name). Nested sections are checked by their owner."""
+    hints = typing.get_type_hints(type(obj), include_extras=True)
+    for f in fields(obj):
+        kind, value = hints[f.name], getattr(obj, f.name)
+        rules: list[Rule] = []
+        if typing.get_origin(kind) is Annotated:
+            kind, *meta = typing.get_args(kind)
+            rules = [m for m in meta if isinstance(m, Rule)]
+        args = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+        if value is None and type(None) in args:
+            continue
+        for arg in args:
+            if typing.get_origin(arg) is Literal and value not in typing.get_args(arg):
+                choices = ", ".join(map(str, typing.get_args(arg)))
+                close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(arg)], n=1)
+                raise RunConfigError(f"{prefix}{f.name}: {value!r} is not one of {choices}"
+                                     + (f" (did you mean {close[0]!r}?)" if close else ""))
+        for rule in rules:
+            if problem := rule.problem(value):
+                raise RunConfigError(f"{prefix}{f.name} {problem}")
+
+
 # ---- the configuration of `bertkit pretrain` --------------------------------------------------
 @dataclass
 class ModelSection:
     preset: str = "mini"
     """Architecture preset (tiny, mini, small, medium, base, large); the fields below override it."""
-    num_layers: int | None = None
-    hidden_size: int | None = None
-    num_heads: int | None = None
-    intermediate_size: int | None = None
-    max_position_embeddings: int = 512
+    num_layers: Annotated[int | None, AT_LEAST_1] = None
+    hidden_size: Annotated[int | None, AT_LEAST_1] = None
+    num_heads: Annotated[int | None, AT_LEAST_1] = None
+    intermediate_size: Annotated[int | None, AT_LEAST_1] = None
+    max_position_embeddings: Annotated[int, AT_LEAST_1] = 512
     hidden_act: str = "gelu"
-    hidden_dropout: float | None = None
+    hidden_dropout: Annotated[float | None, PROBABILITY] = None
     """Dropout on embeddings, attention output and FFN output. None = 0.1 (BERT) for a new model,
     model.init_from's own when continuing one (a value given is applied to it)."""
-    attention_dropout: float | None = None
+    attention_dropout: Annotated[float | None, PROBABILITY] = None
     """Dropout on the attention probabilities; None as hidden_dropout."""
-    norm_position: str = "post"
+    norm_position: Literal["post", "pre"] = "post"
     """LayerNorm placement: 'post' (BERT, Hugging Face compatible) or 'pre' (pre-norm + a final LayerNorm)."""
     causal: bool | None = None
     """Attention: false = bidirectional (BERT), true = causal (left-to-right, recorded in config.json
@@ -87,50 +137,32 @@ class DataSection:
     """Held-out prepared data; None = the held-out documents `prepare` split off (`path`/eval). Data
     prepared without a split falls back on the last `eval_instances` instances of `path`, with a
     warning: they share documents (and with static masks, text) with the training instances."""
-    eval_instances: int = 256
+    eval_instances: Annotated[int, NON_NEGATIVE] = 256
     """Held-out instances used for periodic evaluation, evenly spread over the held-out set (0 = none)."""
-    max_eval_overlap: float = 0.5
+    max_eval_overlap: Annotated[float, UNIT] = 0.5
     """Refuse a held-out set (split or eval_path) when more than this share of its 12-grams of token
     ids also occur in the training data (the paper note's "mask leakage"); above 0.05 a warning.
     The measured share is in the run card (and, for the fallback on training instances, warned)."""
     # Masking. None = exactly as `bertkit prepare` recorded it (--masking_config.*: mode, mask_prob,
     # max_predictions, the 80/10/10 fractions); a value overrides the prepared one
     # (dynamic masking only: static data carries its masks) and the run card lists the override.
-    mask_mode: str | None = None
+    mask_mode: Literal["token", "whole_word", "span"] | None = None
     """Dynamic masking: 'token' (BERT), 'whole_word' or 'span'. New masks every epoch, a pure
     function of (seed, epoch, index)."""
-    mask_prob: float | None = None
+    mask_prob: Annotated[float | None, OPEN_UNIT] = None
     """Share of the maskable tokens selected for prediction."""
-    max_predictions: int | None = None
+    max_predictions: Annotated[int | None, AT_LEAST_1] = None
     """Cap on predictions per sequence (google-research/bert max_predictions_per_seq)."""
-    long_max_predictions: int | None = None
+    long_max_predictions: Annotated[int | None, AT_LEAST_1] = None
     """The cap in the long phase (None = as `long_path` was prepared)."""
-    mask_token_fraction: float | None = None
+    mask_token_fraction: Annotated[float | None, UNIT] = None
     """Of the selected positions, the share shown as [MASK] (BERT: 0.8)."""
-    random_token_fraction: float | None = None
+    random_token_fraction: Annotated[float | None, UNIT] = None
     """Of the selected positions, the share shown as a random token (BERT: 0.1); the rest keep theirs."""
-    span_p: float | None = None
+    span_p: Annotated[float | None, HALF_OPEN_UNIT] = None
     """Span masking: parameter of the geometric distribution of span lengths in words."""
-    max_span: int | None = None
+    max_span: Annotated[int | None, AT_LEAST_1] = None
     """Span masking: longest span in words."""
-
-    def check(self) -> None:
-        """Each value on its own (the prepared values complete the masking when training starts)."""
-        d = self
-        if d.eval_instances < 0:
-            raise RunConfigError(f"data.eval_instances must be >= 0, got {d.eval_instances}")
-        if not 0.0 <= d.max_eval_overlap <= 1.0:
-            raise RunConfigError(f"data.max_eval_overlap must be in [0, 1], got {d.max_eval_overlap}")
-        if d.mask_prob is not None and not 0.0 < d.mask_prob < 1.0:
-            raise RunConfigError(f"data.mask_prob must be in (0, 1), got {d.mask_prob}")
-        for key in ("max_predictions", "long_max_predictions", "max_span"):
-            if getattr(d, key) is not None and getattr(d, key) < 1:
-                raise RunConfigError(f"data.{key} must be >= 1, got {getattr(d, key)}")
-        for key in ("mask_token_fraction", "random_token_fraction"):
-            if getattr(d, key) is not None and not 0.0 <= getattr(d, key) <= 1.0:
-                raise RunConfigError(f"data.{key} must be in [0, 1], got {getattr(d, key)}")
-        if d.span_p is not None and not 0.0 < d.span_p <= 1.0:
-            raise RunConfigError(f"data.span_p must be in (0, 1], got {d.span_p}")
 
     def masking_overrides(self, long: bool = False) -> dict:
         """The masking keys given here, as `MaskingConfig` field names (None = as prepared)."""
@@ -144,27 +176,27 @@ class DataSection:
 
 @dataclass
 class TrainSection:
-    max_steps: int = 1000
+    max_steps: Annotated[int, AT_LEAST_1] = 1000
     """Optimizer updates (with a time budget: an upper bound)."""
     budget: str | None = None
     """Wall-time budget such as '30m', '2h', '90s' (Cramming, Geiping & Goldstein 2022): at the start a
     few updates are timed (and undone) and the budget becomes that many updates, the schedule's length;
     the checkpoint and run card record the number, so --resume continues it and --train.max_steps=N
     without a budget reproduces the run exactly. A smaller max_steps ends the run as without a budget."""
-    batch_size: int = 32
+    batch_size: Annotated[int, AT_LEAST_1] = 32
     """Sequences per device per micro-batch. Global batch = batch_size x grad_accum x world size."""
-    grad_accum: int = 1
-    long_batch_size: int | None = None
+    grad_accum: Annotated[int, AT_LEAST_1] = 1
+    long_batch_size: Annotated[int | None, AT_LEAST_1] = None
     """Per-device micro-batch of the long phase (None = batch_size // 4)."""
-    long_fraction: float = 0.1
+    long_fraction: Annotated[float, PROBABILITY] = 0.1
     """Fraction of the run spent in the long phase when `data.long_path` is set (paper: 0.1)."""
     nsp: bool = True
     """Train the next-sentence-prediction head too (the paper's objective); False = MLM only."""
-    objective: str | None = None
+    objective: Literal["mlm", "clm"] | None = None
     """'mlm' (masked LM: BERT) or 'clm' (next-token prediction under causal attention: the paper's
     "LTR & No NSP" baseline; the MLM head, tied to the word embeddings, is the LM head, so no new
     parameters; no NSP). None = clm when model.causal is true, else mlm."""
-    seed: int = 0
+    seed: Annotated[int, SEED] = 0
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """'auto' (bf16 autocast on a GPU with bf16, and on a CPU where a bf16 GEMM is measured faster than
     fp32: AMX, AVX512-BF16, measured once per machine; else fp32; a resumed run keeps the precision it ran
@@ -173,32 +205,32 @@ class TrainSection:
     """What computes attention while training: 'sdpa' (torch's scaled_dot_product_attention), 'math'
     (the formula written out, `packing.attention`) or 'auto' (SDPA, except on a CPU where the formula is
     measured faster: once per machine; a resumed run keeps the kernel it ran with)."""
-    packed: str = "auto"
+    packed: Literal["auto", "true", "false"] = "auto"
     """Padding-free encoder path (real tokens only, `packing.pack`): 'auto' (the CPU: padding-free only
     for data under 75% real tokens and a model wider than 128, else padded, as measured; a GPU: packed
     only where varlen flash attention runs it - bf16/fp16 without attention dropout - else padded,
     measured faster; the run card says which and why), 'true', 'false'."""
     compile: bool = False
     """torch.compile the model."""
-    clip_norm: float = 1.0
+    clip_norm: Annotated[float, NON_NEGATIVE] = 1.0
     """Global gradient-norm clipping (0 = off)."""
-    log_every: int = 10
-    eval_every: int = 200
+    log_every: Annotated[int, AT_LEAST_1] = 10
+    eval_every: Annotated[int, NON_NEGATIVE] = 200
     """Evaluate on the held-out slice every N updates (0 = only at the end)."""
-    eval_minutes: float = 0.0
+    eval_minutes: Annotated[float, NON_NEGATIVE] = 0.0
     """Also evaluate every this many minutes of training (0 = off); evaluation time is not counted
     as training time (train.budget and the run card's wall time exclude it)."""
-    checkpoint_every: int = 500
+    checkpoint_every: Annotated[int, NON_NEGATIVE] = 500
     """Save a checkpoint every N updates (0 = off); one is always saved at the end."""
-    checkpoint_minutes: float = 0.0
+    checkpoint_minutes: Annotated[float, NON_NEGATIVE] = 0.0
     """Also save when this many minutes passed since the last checkpoint (0 = off)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: Annotated[int, AT_LEAST_1] = 2
     """Keep the last K checkpoints."""
-    max_bad_steps: int = 20
+    max_bad_steps: Annotated[int, AT_LEAST_1] = 20
     """Stop (with a checkpoint) after this many non-finite losses in a row."""
-    distributed: str = "ddp"
+    distributed: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: 'ddp' or 'fsdp' (fully sharded, for large models)."""
-    threads: int = 0
+    threads: Annotated[int, THREADS] = 0
     """CPU threads for torch (0 = torch's default); the name every command uses (was `num_threads`)."""
     tensorboard: bool = False
     """Also write TensorBoard event files (needs the tensorboard package)."""
@@ -208,20 +240,20 @@ class TrainSection:
 
 @dataclass
 class OptimSection:
-    name: str = "adamw"
+    name: Literal["adamw", "adamw_google", "lamb"] = "adamw"
     """'adamw', 'adamw_google' (no bias correction, eps 1e-6) or 'lamb'."""
-    lr: float = 1e-4
-    weight_decay: float = 0.01
+    lr: Annotated[float, POSITIVE] = 1e-4
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float | None = None
+    eps: Annotated[float | None, POSITIVE] = None
     """None = 1e-8 for adamw, 1e-6 for adamw_google and lamb."""
-    warmup: float = 0.01
+    warmup: Annotated[float, NON_NEGATIVE] = 0.01
     """Warm-up: a fraction of the run if < 1 (of steps, or of the time budget), else a number of updates."""
-    schedule: str = "linear"
+    schedule: Literal["linear", "cosine", "constant", "wsd"] = "linear"
     """'linear' decay to end_lr, 'cosine', 'constant' or 'wsd' (warmup-stable-decay: peak lr until
     the last `decay_fraction` of the run, then linear to end_lr). One-cycle = 'linear' with warmup 0.5."""
-    end_lr: float = 0.0
-    decay_fraction: float = 0.2
+    end_lr: Annotated[float, NON_NEGATIVE] = 0.0
+    decay_fraction: Annotated[float, UNIT] = 0.2
     """'wsd': the share of the run (steps or time budget) spent decaying."""
 
 
@@ -237,29 +269,13 @@ class PretrainConfig:
     optim: OptimSection = field(default_factory=OptimSection)
 
     def __post_init__(self) -> None:
-        choices = {"train.precision": (self.train.precision, ("auto", "fp32", "bf16", "fp16")),
-                   "train.attention": (self.train.attention, ("auto", "sdpa", "math")),
-                   "train.packed": (str(self.train.packed).lower(), ("auto", "true", "false")),
-                   "train.distributed": (self.train.distributed, ("ddp", "fsdp")),
-                   "model.norm_position": (self.model.norm_position, ("post", "pre")),
-                   "train.objective": (self.train.objective or "mlm", ("mlm", "clm")),
-                   "data.mask_mode": (self.data.mask_mode or "token", ("token", "whole_word", "span")),
-                   "optim.name": (self.optim.name, ("adamw", "adamw_google", "lamb")),
-                   "optim.schedule": (self.optim.schedule, ("linear", "cosine", "constant", "wsd"))}
-        for key, (value, allowed) in choices.items():
-            if value not in allowed:
-                raise RunConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
-        for key in ("max_steps", "batch_size", "grad_accum", "keep_checkpoints", "log_every"):
-            if getattr(self.train, key) < 1:
-                raise RunConfigError(f"train.{key} must be >= 1, got {getattr(self.train, key)}")
-        if not 0 <= self.train.long_fraction < 1:
-            raise RunConfigError(f"train.long_fraction must be in [0, 1), got {self.train.long_fraction}")
+        for section in ("model", "data", "train", "optim"):      # the choices and ranges on the fields
+            check_fields(getattr(self, section), section + ".")
         if self.train.budget is not None:
             seconds = parse_duration(self.train.budget, "train.budget")
             if not (math.isfinite(seconds) and seconds > 0):
                 raise RunConfigError(f"train.budget must be a positive duration, got {self.train.budget!r}")
         _check_values(self)
-        self.data.check()
         causal, objective = self.model.causal, self.train.objective
         if objective is None:
             self.train.objective = objective = "clm" if causal else "mlm"
@@ -273,22 +289,9 @@ class PretrainConfig:
                                  "next tokens; set train.objective=clm (the paper's LTR baseline)")
 
 
-# (section.key, rule) for every number whose range matters; a NaN fails every rule
-_RANGES = {
-    "model.num_layers": "opt>=1", "model.hidden_size": "opt>=1", "model.num_heads": "opt>=1",
-    "model.intermediate_size": "opt>=1", "model.max_position_embeddings": ">=1",
-    "model.hidden_dropout": "optprob", "model.attention_dropout": "optprob",
-    "train.max_bad_steps": ">=1", "train.long_batch_size": "opt>=1", "train.eval_every": ">=0",
-    "train.checkpoint_every": ">=0", "train.threads": "threads", "train.seed": "seed",
-    "train.clip_norm": ">=0", "train.eval_minutes": ">=0", "train.checkpoint_minutes": ">=0",
-    "optim.lr": ">0", "optim.weight_decay": ">=0", "optim.eps": "opt>0", "optim.warmup": ">=0",
-    "optim.end_lr": ">=0", "optim.decay_fraction": "unit",
-}
-_RULES = {">=1": ("at least 1", lambda v: v >= 1), ">=0": ("a finite number >= 0", lambda v: 0 <= v < math.inf),
-          ">0": ("a finite number > 0", lambda v: 0 < v < math.inf),
-          "prob": ("a probability in [0, 1)", lambda v: 0 <= v < 1), "unit": ("in [0, 1]", lambda v: 0 <= v <= 1),
-          "threads": ("0 (torch's default) or a number of threads", lambda v: 0 <= v <= 4096),
-          "seed": ("an integer in [0, 2**32 - 1]", lambda v: 0 <= v < 2 ** 32)}
+# The rules by the names commands that are not dataclasses use (`range_problem`; 'opt' in front: None passes)
+RULES = {">=1": AT_LEAST_1, ">=0": NON_NEGATIVE, ">0": POSITIVE, "prob": PROBABILITY, "unit": UNIT,
+         "threads": THREADS, "seed": SEED}
 
 
 def range_problem(value: Any, rule: str) -> str | None:
@@ -296,9 +299,7 @@ def range_problem(value: Any, rule: str) -> str | None:
     fine too), e.g. 'must be at least 1, got 0'; None when nothing is."""
     if value is None and rule.startswith("opt"):
         return None
-    what, ok = _RULES[rule.removeprefix("opt")]
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return None if number and ok(value) else f"must be {what}, got {value!r}"
+    return RULES[rule.removeprefix("opt")].problem(value)
 
 
 def check_ranges(obj: Any, ranges: dict[str, str], prefix: str = "") -> None:
@@ -314,9 +315,6 @@ def _check_values(cfg: "PretrainConfig") -> None:
     """Ranges of the model, train and optim numbers (data: DataSection.check), named in the error."""
     from .config import ACTIVATIONS, PRESETS
 
-    for section in ("model", "train", "optim"):
-        check_ranges(getattr(cfg, section), {k.split(".")[1]: rule for k, rule in _RANGES.items()
-                                             if k.startswith(section + ".")}, section + ".")
     m, o = cfg.model, cfg.optim
     if m.preset not in PRESETS:
         close = difflib.get_close_matches(m.preset, PRESETS, n=1)
@@ -486,6 +484,8 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
         for choice in args:
             if value == choice and type(value) is type(choice):
                 return choice
+        if isinstance(value, bool) and str(value).lower() in args:      # packed: false -> 'false'
+            return str(value).lower()
         close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
         raise RunConfigError(f"{where}: {value!r} is not one of {', '.join(map(str, args))}"
                              + (f" (did you mean {close[0]!r}?)" if close else ""))

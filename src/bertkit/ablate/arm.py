@@ -17,9 +17,10 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from ..errors import BertkitError
+from ..runconfig import AT_LEAST_1, THREADS, check_fields
 from .config import AblateConfig, Arm, _key, _read_json, _write_json, describe, lr_search_of, merge
 from .measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm, weights_id
 from .shared import Shared
@@ -32,14 +33,14 @@ log = logging.getLogger("bertkit")
 class RunOptions:
     launcher: Literal["inprocess", "torchrun"] = "inprocess"
     """'inprocess' or 'torchrun' (pre-training as a subprocess over `nproc` processes)."""
-    nproc: int = 1
+    nproc: Annotated[int, AT_LEAST_1] = 1
     command: str = ""
     verbose: bool = False
     """Show every run's log on the console (always written to OUT/arms/NAME/log.txt)."""
-    jobs: int | None = None
+    jobs: Annotated[int | None, AT_LEAST_1] = None
     """Arms run in this many processes at once on this machine (each takes the next unclaimed arm);
     None = the config's `jobs`."""
-    threads: int | None = None
+    threads: Annotated[int | None, THREADS] = None
     """Override the config's torch threads per run."""
     pretrain_only: bool = False
     """Pre-train and score each arm (held-out MLM, BLiMP, NSP shortcut) without fine-tuning: status
@@ -47,9 +48,7 @@ class RunOptions:
     pre-training (reused by its key)."""
 
     def __post_init__(self) -> None:
-        from ..runconfig import check_ranges
-
-        check_ranges(self, {"nproc": ">=1", "jobs": "opt>=1", "threads": "optthreads"})
+        check_fields(self)
 
 
 def arm_budget(cfg: AblateConfig, arm: Arm) -> dict:

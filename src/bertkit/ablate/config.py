@@ -11,11 +11,13 @@ import hashlib
 import json
 import logging
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 from ..errors import BertkitError
+from ..runconfig import AT_LEAST_1, SEED, THREADS, check_fields, parse_duration
 
 log = logging.getLogger("bertkit")
 
@@ -24,20 +26,18 @@ log = logging.getLogger("bertkit")
 @dataclass
 class Budget:
     """What every arm gets, unless the arm's own `budget` changes it (the data/steps axis)."""
-    match: str = "tokens"
+    match: Literal["tokens", "time", "flops"] = "tokens"
     """'tokens': the same updates x global batch x sequence length for every arm (wall time is
     recorded); 'time': the same pre-training wall time (tokens are recorded); 'flops': the same
     training FLOPs as the base arm's `steps` updates (an analytic count per update, never timed:
     `ablate.update_flops`), so a costlier update gets fewer of them. An arm may set its own match."""
-    steps: int = 1000
+    steps: Annotated[int, AT_LEAST_1] = 1000
     """Updates per arm when matching tokens; the base arm's updates when matching FLOPs."""
     time: str | None = None
     """Pre-training wall time per arm when matching time ('3m', '90s')."""
 
     def __post_init__(self) -> None:
-        from ..runconfig import check_ranges, parse_duration
-
-        check_ranges(self, {"steps": ">=1"}, "budget.")
+        check_fields(self, "budget.")
         if self.time is not None and not 0 < parse_duration(self.time, "budget.time") < float("inf"):
             raise BertkitError(f"budget.time must be a positive duration, got {self.time!r}")
 
@@ -82,9 +82,9 @@ class AblateConfig:
     """Folder of the pre-training text and the task data (relative paths below are inside it)."""
     corpus: list = field(default_factory=lambda: ["pretrain/wiki_vital_leads.txt.gz"])
     """Pre-training text files: one sentence per line, a blank line between documents."""
-    eval_documents: int = 200
+    eval_documents: Annotated[int, AT_LEAST_1] = 200
     """Documents held out (the same for every arm): held-out MLM accuracy is measured on them."""
-    split_seed: int = 0
+    split_seed: Annotated[int, SEED] = 0
     tokenizer: dict = field(default_factory=lambda: {"vocab_size": 8000})
     """Tokenizer.train keys: vocab_size, lowercase, min_frequency."""
     prepare: dict = field(default_factory=dict)
@@ -100,15 +100,15 @@ class AblateConfig:
     reported at it (each candidate's score is a row of results.jsonl). Empty: finetune.lr for every
     run. An arm whose own finetune sets lr keeps that rate."""
     budget: Budget = field(default_factory=Budget)
-    mlm_eval_instances: int = 512
+    mlm_eval_instances: Annotated[int, AT_LEAST_1] = 512
     """Held-out instances for the fixed MLM protocol (token masking, 15%, 80/10/10, same positions)."""
     blimp: dict = field(default_factory=dict)
     """BLiMP zero-shot scoring of every arm's model (`bertkit blimp`): {data: file or folder inside data_dir,
     limit: first N pairs of each paradigm (null: all), method: auto | pll | pll-word-l2r}; empty: not scored."""
     base_arm: str = "base"
-    threads: int = 0
+    threads: Annotated[int, THREADS] = 0
     """torch CPU threads for every run (0 = torch's default; with jobs > 1: cores / jobs)."""
-    jobs: int = 1
+    jobs: Annotated[int, AT_LEAST_1] = 1
     """Arms run in this many processes at once (`--jobs` overrides): on a small CPU, one process per
     core with one thread each beats one process with many threads on these small models."""
     keep_models: bool = False
@@ -117,10 +117,7 @@ class AblateConfig:
     source: str = ""
 
     def __post_init__(self) -> None:
-        from ..runconfig import check_ranges, range_problem
-
-        check_ranges(self, {"eval_documents": ">=1", "split_seed": "seed", "mlm_eval_instances": ">=1",
-                            "threads": "threads", "jobs": ">=1"})
+        check_fields(self)
         if not isinstance(self.corpus, list) or not all(isinstance(f, str) and f for f in self.corpus):
             raise BertkitError(f"corpus must be a list of file names, got {self.corpus!r}")
         if not isinstance(self.blimp, dict) or set(self.blimp) - {"data", "limit", "method"} or (
@@ -131,7 +128,7 @@ class AblateConfig:
         if not isinstance(self.seeds, list):
             raise BertkitError(f"seeds must be a list of integers, got {self.seeds!r}")
         for i, seed in enumerate(self.seeds):
-            if type(seed) is not int or range_problem(seed, "seed"):
+            if type(seed) is not int or SEED.problem(seed):
                 raise BertkitError(f"seeds[{i}] must be an integer in [0, 2**32 - 1], got {seed!r}")
 
 
@@ -255,8 +252,6 @@ def _check_grid(cfg: AblateConfig) -> None:
         raise BertkitError(f"{src}: arm names must be unique ({', '.join(dup)} repeated)")
     if cfg.base_arm not in names:
         raise BertkitError(f"{src}: base_arm {cfg.base_arm!r} is not one of the arms")
-    if cfg.budget.match not in MATCHES:
-        raise BertkitError(f"{src}: budget.match must be 'tokens', 'time' or 'flops', not {cfg.budget.match!r}")
     if cfg.budget.match == "time" and not cfg.budget.time:
         raise BertkitError(f"{src}: budget.match 'time' needs budget.time (e.g. 3m)")
     if not cfg.tasks:
@@ -268,7 +263,7 @@ def _check_grid(cfg: AblateConfig) -> None:
             raise BertkitError(f"{src}: arm {arm.name}: model_from {arm.model_from!r} must name an earlier arm")
 
 
-MATCHES = ("tokens", "time", "flops")
+MATCHES = typing.get_args(typing.get_type_hints(Budget)["match"])   # the Literal on the field
 
 
 def lr_search_problem(search: Any, where: str) -> str | None:
