@@ -16,7 +16,7 @@ channel: its default (one scale per tensor) drops all-MiniLM-L6-v2 to cosine 0.9
 
 The same graph also runs on OpenVINO, converted in memory from the loaded model
 (`load_openvino`, `Predictor.from_dir(..., backend="openvino")`): its CPU plugin fuses attention
-and runs bf16 where the CPU has it, cheaper on short requests than the eager bf16 path (docs/serve.md).
+and runs bf16 where the CPU has it, cheaper on short requests than the eager bf16 path (docs/serve-measurements.md).
 """
 from __future__ import annotations
 

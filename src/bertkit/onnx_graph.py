@@ -2,7 +2,7 @@
 
 Why a second spelling of the forward pass: on a CPU without fast bf16 (AVX2 only), one short
 request is mostly 24 small GEMMs (16 rows each for a 16-token text), and onnxruntime's GEMM
-(MLAS) runs them faster than oneDNN (docs/serve.md); at 1,000 rows and more the two tie, and bertkit's
+(MLAS) runs them faster than oneDNN (docs/serve-measurements.md); at 1,000 rows and more the two tie, and bertkit's
 padding-free batches win. So `Predictor` sends batches of few tokens here (`SmallBatches`) when
 an engine is installed (onnxruntime, or OpenVINO, which runs bf16 where the CPU has it), follows
 the fp32 model and measures faster at load; everything else stays on `model.py`.
