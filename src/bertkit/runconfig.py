@@ -105,7 +105,7 @@ class ModelSection:
     which NSP trains; Hugging Face compatible) or 'mean' (the mean over the tokens; bertkit only).
     None = 'cls' for a new model, model.init_from's own choice when continuing one.
     An MLM-only model's [CLS] state has no objective of its own: on SST-2 from the one-hour recipe,
-    mean pooling gave the fine-tuned model half a point more (docs/pretrain.md)."""
+    mean pooling gave the fine-tuned model half a point more (docs/pretrain-measurements.md)."""
     init_from: str | None = None
     """An HF/bertkit checkpoint folder to continue pre-training from (instead of random init). Its
     shape, activation, norm placement, positions and attention direction are the checkpoint's: a
@@ -120,7 +120,8 @@ class ModelSection:
     """Where word order comes from: 'absolute' (BERT: a learned position table; Hugging Face
     compatible) or 'alibi' (no table; each head's attention falls with distance, slopes 1, 1/2, ...,
     as MosaicBERT; bertkit-only checkpoints). On the quickstart's corpus ALiBi read the neighbours of
-    a [MASK] within a few hundred updates where the table had not after thousands: docs/pretrain.md."""
+    a [MASK] within a few hundred updates where the table had not after thousands:
+    docs/pretrain-measurements.md."""
     attention_init: Literal["normal", "neighbours"] = "normal"
     """How the attention starts: 'normal' (BERT) or 'neighbours' (every head starts attending to one
     neighbour, offsets -1, +1, -2, +2 in turn, through a sin/cos position table and matching query/key
