@@ -223,13 +223,21 @@ def test_client_that_reads_nothing_dropped(server):
     """A client asks for ~15 MB of token embeddings and reads none of it: once the socket buffers
     are full the server drops it after --send-timeout-s instead of holding the response forever."""
     proc, port = server
+    body = json.dumps({"texts": ["word " * 250] * 8, "pooling": "none"}).encode()
+    # how long this machine takes to answer the request (read in full): on a loaded machine the model
+    # can take longer than the send timeout itself, and the wait below must cover the answer's making
+    t0 = time.perf_counter()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embed", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as r:
+        r.read()
+    answer_s = time.perf_counter() - t0
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(("127.0.0.1", port))
-    body = json.dumps({"texts": ["word " * 250] * 8, "pooling": "none"}).encode()
     s.sendall(b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
               % (len(body), body))
-    time.sleep(SEND_TIMEOUT + 4)                     # the model answers, the server writes, the client reads nothing
+    time.sleep(2 * answer_s + SEND_TIMEOUT + 4)      # the model answers, the server writes, the client reads nothing
     got, t0, ended = 0, time.perf_counter(), "eof"
     s.settimeout(10)
     try:
@@ -241,6 +249,7 @@ def test_client_that_reads_nothing_dropped(server):
         ended = "still open"
     s.close()
     FIGURES["reads_nothing"] = {"bytes_received": got, "send_timeout_s": SEND_TIMEOUT, "ended": ended,
+                                "answer_s": round(answer_s, 2),
                                 "drained_s": round(time.perf_counter() - t0, 2)}
     # dropped: what was already in the socket buffers, then the end - not the ~15 MB answer
     assert ended != "still open" and 0 < got < 10_000_000, FIGURES["reads_nothing"]
