@@ -142,7 +142,9 @@ def test_pretrain_only_scores_without_fine_tuning_and_the_full_run_reuses_it(tmp
     assert state["mlm"]["accuracy_mask"] is not None and state["blimp"]["pairs"] > 0
     assert not (d / "finetune").exists() and not ablate.finished(cfg, cfg.arms[0])
     assert ablate.finished(cfg, cfg.arms[0], pretrain_only=True)
-    assert "not fine-tuned yet" in ablate_report.write_report(cfg).read_text()
+    report = ablate_report.write_report(cfg).read_text()
+    assert "not fine-tuned yet" in report and "0 of 1 arms finished, 1 more pre-trained and scored (not fine-tuned yet). Budget matched by **training tokens**" in report
+    assert "(no arm has been fine-tuned yet)" in report and "## Reproduction checklist (the paper note's" in report
     assert ablate.run_grid(cfg, cfg.arms, ablate.RunOptions(pretrain_only=True))["skipped"] == ["base"]
     weights = ablate.weights_id(Path(state["model"]))
 

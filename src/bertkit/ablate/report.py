@@ -223,6 +223,7 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
     tasks = list(cfg.tasks)
     metric = {t: next((r["metric"] for r in rows if r["task"] == t), "metric") for t in tasks}
     done = sum(s["status"] == "done" for s in states)
+    scored = sum(s["status"] == "pretrained" for s in states)
     b = cfg.budget
     base = next((s.get("pretrain") or {} for s in states if s["name"] == cfg.base_arm), {})
     shape = (f"global batch {base['global_batch']} x length {base['sequence_lengths'][0]} = "
@@ -238,8 +239,10 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
              + (f" · GPU {header['gpu']}" if header.get("gpu") else "")
              + f" · torch {header['torch']}, threads {header['threads']}", "",
              f"Command: `{command or 'bertkit ablate ' + cfg.source}`", "",
-             f"{done} of {len(states)} arms finished. Budget matched by {match}. Same tokenizer "
-             f"({cfg.tokenizer}) and the same held-out documents ({cfg.eval_documents}) for every arm.", "",
+             f"{done} of {len(states)} arms finished"
+             + (f", {scored} more pre-trained and scored (not fine-tuned yet)" if scored else "")
+             + f". Budget matched by {match}. Same tokenizer ({cfg.tokenizer}) and the same held-out documents "
+             f"({cfg.eval_documents}) for every arm.", "",
              unigram_line(states), "",
              "| arm | setting | pretrain tokens | pretrain FLOPs (updates) | wall: pretrain / arm | "
              "MLM acc at [MASK] | MLM acc, all targets | "
@@ -389,6 +392,8 @@ def probe_section(cfg: AblateConfig, rows: list[dict]) -> list[str]:
 
 def _variance_section(cfg: AblateConfig, cells: dict, tasks: list[str], metric: dict) -> list[str]:
     """Fine-tuning variance (the paper note's failure mode 6): the base arm's seeds, and the spread."""
+    if not cells:
+        return ["## Fine-tuning variance", "", "(no arm has been fine-tuned yet)", ""]
     out = ["## Fine-tuning variance", "",
            "| task | base arm's seeds | base std | median std over arms | largest max−min (arm) |",
            "|---|---|---:|---:|---|"]
@@ -449,7 +454,7 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
            "batch x length, updates | held-out 12-gram overlap | precision | fine-tuning |",
            "|---|---|---|---|---|---|---|---:|---|---|"]
     for st in states:
-        if st.get("status") != "done":
+        if st.get("status") not in ("done", "pretrained"):
             continue
         card, ft, _ = _cards(cfg, st)
         c = card.get("config") or {}
@@ -475,7 +480,7 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
 
 def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
     """The paper note's reproduction checklist, answered from the base arm's run cards and the grid."""
-    base = next((s for s in states if s["name"] == cfg.base_arm and s.get("status") == "done"), None)
+    base = next((s for s in states if s["name"] == cfg.base_arm and s.get("status") in ("done", "pretrained")), None)
     if base is None:
         return ["## Reproduction checklist", "", f"(the base arm `{cfg.base_arm}` has not finished)"]
     card, ft, metrics = _cards(cfg, base)
@@ -513,7 +518,7 @@ def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
             f"{ft.get('head', 'task')} head (init {ft.get('init', '?')}); the MLM/NSP heads are not used downstream.",
             f"- Frozen probing vs full fine-tuning: base arm {ft.get('mode', '?')}; probe arms: "
             f"{'; '.join(probes) or 'none'}.",
-            f"- Tokens, updates, batch, compute: base {card.get('tokens_seen'):,} tokens in {card.get('updates')} updates "
+            f"- Tokens, updates, batch, compute: base {card.get('tokens_seen') or 0:,} tokens in {card.get('updates')} updates "
             f"of {card.get('global_batch')} sequences, {card.get('train_flops', 0):.3g} FLOPs "
             f"({card.get('wall_time_s')} s, {card.get('precision')}); fine-tuning {metrics.get('tokens_seen')} "
             f"tokens and {metrics.get('train_flops', 0):.3g} FLOPs per {next(iter(cfg.tasks))} run.",
