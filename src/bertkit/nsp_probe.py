@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .blimp import wilson
+from .checkpoint import CheckpointError
 from .data.stats import roc_auc, tfidf_cosine, threshold_baseline
 from .errors import DataError
 
@@ -125,13 +126,17 @@ def model_folder(path: str | Path) -> Path:
     return path
 
 
+class NoNSPHead(CheckpointError):
+    """The checkpoint was pre-trained without NSP: there is no head to probe (not a broken file)."""
+
+
 def load_nsp_model(path: Path):
-    """A pre-training checkpoint with its NSP head, in eval mode."""
-    from .checkpoint import CheckpointError, load_model
+    """A pre-training checkpoint with its NSP head, in eval mode (NoNSPHead when it has none)."""
+    from .checkpoint import load_model
 
     model = load_model(path, head="pretraining")
     if model.nsp is None:
-        raise CheckpointError(f"{path}: has no NSP head (pre-trained without NSP, or an MLM-only checkpoint); "
+        raise NoNSPHead(f"{path}: has no NSP head (pre-trained without NSP, or an MLM-only checkpoint); "
                               "the topic baseline alone runs with --topic-only")
     return model
 

@@ -59,9 +59,8 @@ def arm_nsp_shortcut(cfg: AblateConfig, shared, model: Path, d: Path) -> dict | 
     baseline (tf-idf cosine of the two segments) solves, and the arm's NSP head on next, other-document
     and same-document non-adjacent pairs (`bertkit.nsp_probe.nsp_shortcut`). None when the model has no
     NSP head (MLM only, left-to-right). Cached in d/nsp_shortcut.json by the model's weights."""
-    from ..checkpoint import CheckpointError
-    from ..nsp_probe import nsp_shortcut
     from ..errors import DataError
+    from ..nsp_probe import NoNSPHead, nsp_shortcut
 
     heldout = shared.root / "corpus" / "heldout.txt"
     key = _key({"model": str(model), "weights": weights_id(model), "text": str(heldout), "anchors": 1000})
@@ -71,8 +70,8 @@ def arm_nsp_shortcut(cfg: AblateConfig, shared, model: Path, d: Path) -> dict | 
     try:
         r = nsp_shortcut(model, heldout, anchors=1000, seed=0,
                          max_length=int(cfg.prepare.get("max_length", 128)), threads=cfg.threads or None)
-    except CheckpointError:
-        r = None                                   # no NSP head: nothing to measure
+    except NoNSPHead:
+        r = None                                   # no NSP head: nothing to measure (a broken file still fails)
     except DataError as e:                         # too little held-out text for one pair: said, not fatal
         log.warning("ablate: NSP shortcut not measured: %s", e)
         return None
