@@ -137,10 +137,22 @@ def test_the_walk_of_a_batch_from_predict_to_the_head(tmp_path, capsys):
     walk = predict_walk(model, tmp_path / "in.jsonl")
     rooms = [r for r, _ in walk]
     said = "the walk:\n" + "\n".join(f"{r:22s} {', '.join(names)}" for r, names in walk)
-    assert rooms[:4] == ["cli.py", "commands/finetune.py", "sources.py", "predict.py"] and rooms[-1] == "model.py", said
+    assert rooms[:4] == ["cli.py", "commands/predict.py", "sources.py", "predict.py"] and rooms[-1] == "model.py", said
     assert "finetune.py" not in rooms and "tasks/plumbing.py" in rooms, said
     assert [r for i, r in enumerate(rooms) if r in rooms[:i]] == ["infer.py"], said     # from_dir, then outputs
     assert len(set(rooms)) <= 9, said
+
+
+def test_predict_and_evaluate_options_import_no_fine_tuning():
+    """`bertkit predict --help` and `evaluate --help` build their options without fine-tuning's modules
+    (commands/predict.py; the column options are `tasks.plumbing.Columns`)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from bertkit.cli import build_parser; build_parser('predict'); build_parser('evaluate'); "
+            "print(sorted(m for m in sys.modules if m.startswith(('bertkit.finetune', 'bertkit.commands.finetune'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 if __name__ == "__main__":          # python tests/test_predict.py: the walk, room by room

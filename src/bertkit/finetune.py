@@ -45,14 +45,14 @@ from torch import nn
 
 from .errors import BertkitError
 from .tasks import BadRows, DataError, Task, get_task
-from .tasks.plumbing import (COLUMN_KEYS, CUSTOM, check_references, evaluate, featurize, input_stride,
+from .tasks.plumbing import (COLUMN_KEYS, CUSTOM, Columns, check_references, evaluate, featurize, input_stride,
                              resolve_task, write_predictions)
 
 log = logging.getLogger("bertkit")
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(Columns):
     task: str = "sst2"
     """Task name (sst2, mrpc, stsb, cola, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003, squad,
     squad2, swag) or your own data: classify, regress, tokens (see the *_column fields); or
@@ -69,20 +69,6 @@ class FinetuneConfig:
     """Training file (overrides `data`)."""
     dev_file: str | None = None
     """Dev file used to pick the best checkpoint (overrides `data`); none = keep the last."""
-    text_column: str = "text"
-    """classify/regress: the column (CSV/TSV header name or JSONL key) holding the text."""
-    pair_column: str | None = None
-    """classify/regress: the second text of a pair (None = single texts)."""
-    label_column: str = "label"
-    """classify/regress: the class name or score."""
-    id_column: str | None = None
-    """Your data's id column (None = the 0-based row index)."""
-    tokens_column: str = "tokens"
-    """tokens (JSONL): the list of words."""
-    tags_column: str = "tags"
-    """tokens (JSONL): the list of tags, one per word."""
-    format: Literal["csv", "tsv", "jsonl", "conll"] | None = None
-    """Your data's format: csv, tsv, jsonl or conll (None = from the file name)."""
     init: Literal["pretrained", "random"] = "pretrained"
     """'pretrained' (the checkpoint's weights) or 'random' (same shape, freshly initialised: a baseline)."""
     max_length: int | None = None

@@ -1,42 +1,14 @@
-"""`bertkit finetune`, `bertkit evaluate`, `bertkit predict`: thin layers over `bertkit.finetune`
-(training) and `bertkit.predict` with `bertkit.tasks.plumbing` (evaluate, predict)."""
+"""`bertkit finetune`: a thin layer over `bertkit.finetune` (evaluate and predict: `commands/predict.py`)."""
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import shlex
 import sys
-from pathlib import Path
 
-from ..cliconfig import checked
 from ..errors import BertkitError
-from .basic import add_precision
+from .predict import column_options
 
-log = logging.getLogger("bertkit")
-
-
-def _column_options(p: argparse.ArgumentParser, show_defaults: bool = False) -> None:
-    """--text_column ... --format: FinetuneConfig's fields (evaluate/predict: default = the checkpoint's)."""
-    from ..cliconfig import add_options
-    from ..finetune import FinetuneConfig
-    from ..tasks.plumbing import COLUMN_KEYS
-
-    g = p.add_argument_group("your own data (--task classify / regress / tokens)")
-    add_options(g, FinetuneConfig, names=COLUMN_KEYS, show_defaults=show_defaults)
-
-
-def _window_options(p: argparse.ArgumentParser, help_windows: str) -> None:
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--windows", dest="windows", action="store_const", const=True, help=help_windows)
-    g.add_argument("--no-windows", dest="windows", action="store_const", const=False,
-                   help="sentence classification: longest-first truncation of long inputs")
-
-
-def _null_threshold_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--null-threshold", dest="null_threshold", type=float,
-                   help="SQuAD v2.0: answer \"\" when the null odds exceed this (default: the threshold "
-                        "best on dev, saved by finetune; else 0)")
 
 
 # ---- finetune -----------------------------------------------------------------------------------
@@ -58,7 +30,7 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
                    help="fine-tune once per seed into OUT/seed-N (a finished seed is skipped on a rerun), print "
                         "each dev metric's mean, std, min-max and the collapsed seeds, keep the best seed on dev "
                         "as OUT's model (bertkit.finetune_seeds)")
-    _column_options(p, show_defaults=True)
+    column_options(p, show_defaults=True)
     suggest_unknown(p)
     p.set_defaults(run=run_finetune)
 
@@ -113,128 +85,4 @@ def run_finetune(args: argparse.Namespace) -> int:
         result = (finetune_embedding if cfg.task == "embedding" else finetune)(cfg, command)   # a bi-encoder: biencoder.py
         print(json.dumps({"task": result["task"], "out": cfg.out, "best_step": result["best_step"],
                           "dev": {k: v for k, v in (result["dev"] or {}).items() if not isinstance(v, dict)}}))
-    return 0
-
-
-# ---- evaluate -----------------------------------------------------------------------------------
-def setup_evaluate(p: argparse.ArgumentParser) -> None:
-    p.epilog = "example: bertkit evaluate --model runs/sst2 --data ../shared/data/glue/SST-2/dev.tsv.gz"
-    p.add_argument("--model", required=True, help="fine-tuned checkpoint folder")
-    p.add_argument("--task", help="task (default: the one the checkpoint was fine-tuned on)")
-    p.add_argument("--data", required=True, help="a data file with references (also Parquet / Arrow / JSONL), a "
-                                                "task folder (see --split), or a dataset name NAME:CONFIG[:SPLIT]")
-    p.add_argument("--split", default="dev", help="split to read when --data is a folder (default dev)")
-    p.add_argument("--max-length", dest="max_length", type=checked(int, ">=1"), help="default: the fine-tuning length")
-    p.add_argument("--stride", type=checked(int, ">=1"), help="default: the stride the model was fine-tuned with")
-    _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
-    p.add_argument("--batch-size", dest="batch_size", type=checked(int, ">=1"), default=64)
-    p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_true")
-    p.add_argument("--predictions", help="also write {id, prediction} JSONL here (input to `bertkit score`)")
-    _null_threshold_option(p)
-    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.add_argument("--threads", type=checked(int, "threads"))
-    add_precision(p, "fp32, the precision fine-tuning evaluated in")
-    _column_options(p)
-    p.set_defaults(run=run_evaluate)
-
-
-def _columns(args: argparse.Namespace) -> dict:
-    """The --text_column ... --format options given (evaluate, predict: the rest come from the checkpoint)."""
-    from ..tasks.plumbing import COLUMN_KEYS
-
-    return {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None}
-
-
-def run_evaluate(args: argparse.Namespace) -> int:
-    from ..finetune_seeds import read_summary, spread_footer, spread_text
-    from ..predict import load_task_predictor
-    from ..tasks import BadRows
-    from ..tasks.plumbing import check_references, evaluate, featurize, inference_stride, qa_options, write_predictions
-
-    predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), threads=args.threads,
-                                                       precision=args.precision, max_length=args.max_length)
-    tokenizer = predictor.tokenizer
-    if task is None:
-        raise BertkitError(f"{args.model}: a {predictor.head} checkpoint has no task to evaluate; give --task")
-    path = task.split_path(args.data, args.split)
-    bad = BadRows(skip=args.skip_bad_rows)
-    examples = task.read(path, bad)
-    check_references(task, examples, labels, str(path))
-    max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
-    stride = inference_stride(task, raw, args.model, max_length, args.windows, args.stride)
-    feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "evaluate")
-    post = qa_options(task, raw, args.model, args.null_threshold)
-    scores, predictions = evaluate(predictor, task, examples, feats, labels, args.batch_size, progress=True, post=post)
-    if args.predictions:
-        write_predictions(predictions, Path(args.predictions))
-    flat = {k: v for k, v in scores.items() if not isinstance(v, dict)}
-    result = {"task": task.name, "data": str(path), "examples": len(examples), **flat}
-    if bad.count:
-        result["skipped_rows"] = bad.count
-    seeds = read_summary(args.model)            # a `finetune --seeds` folder: the spread beside the score
-    if seeds is not None:
-        result["seeds"] = {k: v for k, v in seeds.items() if k != "runs"}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"{task.name} on {path} ({len(examples)} examples" +
-              (f", {bad.count} bad rows skipped" if bad.count else "") + ")")
-        for k, v in flat.items():
-            print((f"  {k:16s} {v:.4f}" if isinstance(v, float) else f"  {k:16s} {v}") +
-                  (spread_text(seeds, k) if seeds else ""))
-        if seeds:
-            print(spread_footer(seeds))
-    return 0
-
-
-# ---- predict ------------------------------------------------------------------------------------
-def setup_predict(p: argparse.ArgumentParser) -> None:
-    p.epilog = ('input lines: classification {"text": .., "text_pair": ..}; NER {"tokens": [..]} or {"text": ..}; '
-                'QA {"question": .., "context": ..}; masked LM {"text": "paris is the [MASK] of france."}')
-    p.add_argument("input", help="JSONL file, one input per line ('-' = stdin)")
-    p.add_argument("--model", required=True, help="checkpoint folder (any head)")
-    p.add_argument("--task", help="task whose input format and post-processing to use (default: the checkpoint's)")
-    p.add_argument("--out", help="output JSONL (default stdout)")
-    p.add_argument("--max-length", dest="max_length", type=checked(int, ">=1"))
-    p.add_argument("--stride", type=checked(int, ">=1"), help="default: the stride the model was fine-tuned with")
-    _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
-    p.add_argument("--batch-size", dest="batch_size", type=checked(int, ">=1"), default=64)
-    p.add_argument("--top-k", dest="top_k", type=checked(int, ">=1"), default=5, help="masked LM: candidates per [MASK]")
-    _null_threshold_option(p)
-    p.add_argument("--threads", type=checked(int, "threads"))
-    add_precision(p, "fp32 for a fine-tuned task model, as fine-tuning evaluated; a masked LM as fill-mask")
-    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
-                   help="run the model on PyTorch or on onnxruntime (a file from `bertkit export onnx`)")
-    p.add_argument("--onnx", default=None, metavar="FILE", help="ONNX file for --backend onnx (default DIR/model.onnx)")
-    _column_options(p)
-    p.set_defaults(run=run_predict)
-
-
-def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
-    from ..errors import DataError
-    from ..sources import jsonl_objects
-
-    with sys.stdin if path == "-" else open(path, encoding="utf-8-sig") as f:
-        rows = [(f"{path}:{lineno}", obj) for lineno, obj in jsonl_objects(f, path)]
-    if not rows:
-        raise DataError(f"{path}: no input lines (empty file)")
-    return rows
-
-
-def run_predict(args: argparse.Namespace) -> int:
-    from ..predict import predict
-
-    rows = read_jsonl_inputs(args.input)
-    records = predict(args.model, rows, args.task, _columns(args), max_length=args.max_length, stride=args.stride,
-                      windows=getattr(args, "windows", None),
-                      batch_size=args.batch_size, top_k=args.top_k, null_threshold=args.null_threshold,
-                      threads=args.threads, backend=args.backend, onnx_file=args.onnx, where=args.input,
-                      precision=args.precision)
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
-    try:
-        for record in records:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-    finally:
-        if args.out:
-            out.close()
     return 0

@@ -12,18 +12,40 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 from ..errors import BertkitError
 from . import Task, check_labels, get_task
 
 log = logging.getLogger("bertkit")
 
-# Tasks over your own files, and the options that say which columns hold what (FinetuneConfig's
-# field names, the command-line flags and custom_task's keywords alike).
+# Tasks over your own files
 CUSTOM = ("classify", "regress", "tokens")
-COLUMN_KEYS = ("text_column", "pair_column", "label_column", "id_column", "tokens_column", "tags_column", "format")
+
+
+@dataclass
+class Columns:
+    """Which columns of your own data hold what (`--task classify / regress / tokens`): fields of
+    FinetuneConfig, flags of finetune, evaluate and predict, and custom_task's keywords alike."""
+    text_column: str = "text"
+    """classify/regress: the column (CSV/TSV header name or JSONL key) holding the text."""
+    pair_column: str | None = None
+    """classify/regress: the second text of a pair (None = single texts)."""
+    label_column: str = "label"
+    """classify/regress: the class name or score."""
+    id_column: str | None = None
+    """Your data's id column (None = the 0-based row index)."""
+    tokens_column: str = "tokens"
+    """tokens (JSONL): the list of words."""
+    tags_column: str = "tags"
+    """tokens (JSONL): the list of tags, one per word."""
+    format: Literal["csv", "tsv", "jsonl", "conll"] | None = None
+    """Your data's format: csv, tsv, jsonl or conll (None = from the file name)."""
+
+
+COLUMN_KEYS = tuple(f.name for f in fields(Columns))
 
 
 # ---- which task --------------------------------------------------------------------------------
