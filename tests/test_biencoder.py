@@ -156,7 +156,7 @@ def test_scored_pairs_train_with_cosent_and_bad_options(minilm, tmp_path, capsys
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["loss"] == "cosent" and metrics["main_metric"] == "spearman" and "pearson" in metrics["dev"]
     assert main(base + ["--out", str(tmp_path / "x"), "--embedding_loss", "mnrl", "--embedding_scale", "0"]) == 1
-    assert "embedding_scale must be > 0" in capsys.readouterr().err
+    assert "embedding_scale must be a finite number > 0" in capsys.readouterr().err
     g = tmp_path / "pairs.jsonl"
     g.write_text("".join(json.dumps({"anchor": a, "positive": p}) + "\n" for a, p in PAIRS))
     assert main(base[:6] + [str(g)] + base[7:] + ["--out", str(tmp_path / "y"), "--embedding_loss", "cosine"]) == 1

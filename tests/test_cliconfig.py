@@ -11,7 +11,7 @@ import pytest
 from bertkit.cli import build_parser, main
 from bertkit.cliconfig import add_options, field_docs, given, suggest_unknown
 from bertkit.commands.finetune import finetune_config
-from bertkit.finetune import FinetuneConfig
+from bertkit.finetune_config import FinetuneConfig
 
 
 def finetune_parser() -> argparse.ArgumentParser:

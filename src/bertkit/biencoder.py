@@ -304,8 +304,6 @@ def finetune_embedding(cfg, command: str = "") -> dict:
 
     if cfg.freeze:
         raise BertkitError("task embedding trains the whole encoder; --freeze does not apply")
-    if not cfg.embedding_scale > 0:
-        raise BertkitError(f"embedding_scale must be > 0, got {cfg.embedding_scale}")
     with staged_dir(cfg.out, lambda p: (p / "finetune.yaml").is_file(), "fine-tuning run") as out:
         result = _train(cfg, command, out)
     best = (result["dev"] or {}).get(result["main_metric"])

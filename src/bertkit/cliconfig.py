@@ -26,7 +26,7 @@ import types
 import typing
 from typing import Any, Iterable
 
-from .runconfig import RunConfigError, _coerce
+from .runconfig import RULES, Rule, RunConfigError, _coerce
 
 
 @functools.cache
@@ -83,19 +83,18 @@ def _converter(kind: Any, flag: str):
     return convert
 
 
-def checked(kind: type, rule: str):
+def checked(kind: type, rule: Rule):
     """An argparse `type` for an option that is no config field: the text as `kind` (int or float),
-    within `rule` (`runconfig.range_problem`: '>=1', '>=0', '>0', 'threads', 'seed', ...); a bad
-    value is argparse's one-line error naming the option."""
-    from .runconfig import range_problem
+    within `rule` (`runconfig.AT_LEAST_1`, `THREADS`, ...); a bad value is argparse's one-line error
+    naming the option."""
+    rule = RULES[rule] if isinstance(rule, str) else rule        # a name: export's options, until generated
 
     def convert(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
-        problem = range_problem(value, rule)
-        if problem:
+        if problem := rule.problem(value):
             raise argparse.ArgumentTypeError(problem)
         return value
     convert.__name__ = kind.__name__

@@ -31,10 +31,12 @@ import os
 import shutil
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .errors import BertkitError
+from .sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
 
@@ -59,13 +61,12 @@ def parse_seeds(text: str) -> list[int]:
 
 def check_seeds(seeds: Sequence[int]) -> list[int]:
     """The seeds as a list, each a valid seed and given once; else one error line."""
-    from .runconfig import range_problem
+    from .runconfig import SEED
 
     if not seeds:
         raise BertkitError("--seeds: no seeds given; write them comma-separated, e.g. --seeds 0,1,2,3,4")
     for i, seed in enumerate(seeds):
-        problem = range_problem(seed, "seed")
-        if problem:
+        if problem := SEED.problem(seed):
             raise BertkitError(f"--seeds: each seed {problem}")
         if seed in seeds[:i]:
             raise BertkitError(f"--seeds: seed {seed} is given twice")
@@ -192,24 +193,31 @@ def collapsed(task, predictions: Path) -> bool | None:
     rule, _ = collapse_rule(task)
     if rule is None or not predictions.is_file():
         return None
-    values = [json.loads(line)["prediction"] for line in predictions.read_text(encoding="utf-8").splitlines()
-              if line.strip()]
+    with predictions.open(encoding="utf-8") as f:
+        values = [obj["prediction"] for _, obj in jsonl_objects(f, predictions)]
     return is_collapsed(task, values)
 
 
 def is_collapsed(task, values: list) -> bool | None:
+    """Whether dev predictions (`values`: one per example; a list of tags per sentence for tagging)
+    collapsed by `collapse_rule`; None for no predictions."""
     if not values:
         return None
-    if task.head == "token_classification":
-        tags = {t for tags in values for t in tags}
-        return tags <= {"O"} or len(tags) <= 1
     if task.head == "question_answering":
         return all(v == "" for v in values)
     if task.head == "sequence_classification" and task.problem == "regression":
         nums = [float(v) for v in values]
         mean = statistics.fmean(nums)
         return max(nums) - min(nums) <= 1e-3 * max(1.0, abs(mean))
-    return len({json.dumps(v) for v in values}) == 1
+    if task.head == "token_classification":
+        values = [tag for tags in values for tag in tags]
+    return one_answer(Counter(json.dumps(v) for v in values))
+
+
+def one_answer(counts: Mapping[str, int]) -> bool:
+    """The collapse of a classifier, a tagger (every tag O, or one tag everywhere) or a multiple-choice
+    model: at most one answer predicted, from how often each was (`finetune.predicted_counts`)."""
+    return sum(1 for n in counts.values() if n) <= 1
 
 
 # ---- the summary --------------------------------------------------------------------------------

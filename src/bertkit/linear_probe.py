@@ -42,7 +42,7 @@ from torch import Tensor
 from .errors import BertkitError
 
 if TYPE_CHECKING:
-    from .finetune import FinetuneConfig
+    from .finetune_config import FinetuneConfig
     from .tasks import Task
 
 log = logging.getLogger("bertkit")

@@ -117,16 +117,15 @@ MIN_MINUTES = 0.5     # the vocabulary, the data and the final evaluation alone 
 def check_options(root: Path, minutes: float, seed: int, threads: int, updates: int | None) -> None:
     """The quickstart's options, each checked before anything is written (one line naming it)."""
     from .errors import BertkitError
-    from .runconfig import range_problem
+    from .runconfig import AT_LEAST_1, SEED, THREADS
 
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not math.isfinite(minutes) \
             or minutes < MIN_MINUTES:
         raise BertkitError(f"--minutes must be a number >= {MIN_MINUTES} (the vocabulary, the data and the final "
                            f"evaluation alone take about half a minute), got {minutes!r}")
-    for option, value, rule in (("--seed", seed, "seed"), ("--threads", threads, "threads"),
-                                ("--updates", updates, "opt>=1")):
-        problem = range_problem(value, rule)
-        if problem:
+    for option, value, rule in (("--seed", seed, SEED), ("--threads", threads, THREADS),
+                                ("--updates", updates, AT_LEAST_1)):
+        if value is not None and (problem := rule.problem(value)):
             raise BertkitError(f"{option} {problem}")
     if root.exists() and not root.is_dir():
         raise BertkitError(f"--out {root}: a file, not a folder")

@@ -290,26 +290,9 @@ class PretrainConfig:
                                  "next tokens; set train.objective=clm (the paper's LTR baseline)")
 
 
-# The rules by the names commands that are not dataclasses use (`range_problem`; 'opt' in front: None passes)
+# The rules by name, for options still written by hand with a name (`cliconfig.checked`).
 RULES = {">=1": AT_LEAST_1, ">=0": NON_NEGATIVE, ">0": POSITIVE, "prob": PROBABILITY, "unit": UNIT,
          "threads": THREADS, "seed": SEED}
-
-
-def range_problem(value: Any, rule: str) -> str | None:
-    """What is wrong with `value` under `rule` (a key of the rules above; 'opt' in front: None is
-    fine too), e.g. 'must be at least 1, got 0'; None when nothing is."""
-    if value is None and rule.startswith("opt"):
-        return None
-    return RULES[rule.removeprefix("opt")].problem(value)
-
-
-def check_ranges(obj: Any, ranges: dict[str, str], prefix: str = "") -> None:
-    """Every attribute named in `ranges` ({name: rule}) obeys its rule, else one error naming it
-    (`prefix` + name): the checks of a config dataclass's __post_init__."""
-    for name, rule in ranges.items():
-        problem = range_problem(getattr(obj, name), rule)
-        if problem:
-            raise RunConfigError(f"{prefix}{name} {problem}")
 
 
 def _check_values(cfg: "PretrainConfig") -> None:

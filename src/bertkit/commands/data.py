@@ -28,19 +28,20 @@ def _load_tokenizer(path: str):
 # ---- tokenizer ----------------------------------------------------------------------------------
 def setup_tokenizer(parser: argparse.ArgumentParser) -> None:
     from ..cliconfig import checked
+    from ..runconfig import AT_LEAST_1, NON_NEGATIVE
 
     p = _sub(parser, "train", "learn a WordPiece vocabulary (vocab.txt, tokenizer.json, tokenizer_config.json)")
     p.add_argument("files", nargs="+", help=".txt / .txt.gz files, globs or folders")
-    p.add_argument("--vocab-size", type=checked(int, ">=1"), default=30522)
+    p.add_argument("--vocab-size", type=checked(int, AT_LEAST_1), default=30522)
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased, like bert-base-uncased)")
-    p.add_argument("--min-frequency", type=checked(int, ">=0"), default=2)
+    p.add_argument("--min-frequency", type=checked(int, NON_NEGATIVE), default=2)
     p.add_argument("--out", required=True, help="folder to write the tokenizer to")
     p.set_defaults(run=run_tokenizer_train)
     p = _sub(parser, "stats", "measure a tokenizer on your text: pieces per word, [UNK] rate, truncation")
     p.add_argument("files", nargs="+", help=".txt / .txt.gz files, globs or folders")
     p.add_argument("--model", required=True, help="tokenizer or checkpoint folder")
-    p.add_argument("--max-length", type=checked(int, ">=1"), default=512)
-    p.add_argument("--max-sentences", type=checked(int, ">=1"), default=200_000, help="measure on the first N sentences")
+    p.add_argument("--max-length", type=checked(int, AT_LEAST_1), default=512)
+    p.add_argument("--max-sentences", type=checked(int, AT_LEAST_1), default=200_000, help="measure on the first N sentences")
     p.add_argument("--sentence-split", action="store_true", help="lines are paragraphs: split into sentences")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_tokenizer_stats)

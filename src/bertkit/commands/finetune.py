@@ -16,7 +16,7 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     """Every option is a FinetuneConfig field of the same name (`bertkit.cliconfig`): the flag, the
     YAML key and the attribute are one name; --batch-size is accepted for --batch_size."""
     from ..cliconfig import add_options, suggest_unknown
-    from ..finetune import FinetuneConfig
+    from ..finetune_config import FinetuneConfig
     from ..tasks.plumbing import COLUMN_KEYS
 
     p.epilog = ("example: bertkit finetune --task sst2 --data ../shared/data/glue/SST-2 --model MODEL_DIR "
@@ -48,7 +48,7 @@ def _seeds(text: str) -> list[int]:
 def finetune_config(args: argparse.Namespace):
     """FinetuneConfig from the YAML file (if any), then the options given (same names, checked alike)."""
     from ..cliconfig import given
-    from ..finetune import FinetuneConfig
+    from ..finetune_config import FinetuneConfig
     from ..runconfig import RunConfigError, from_dict, read_yaml_mapping
 
     data: dict = {}

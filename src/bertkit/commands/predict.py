@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..cliconfig import add_options, checked
 from ..errors import BertkitError
+from ..runconfig import AT_LEAST_1, THREADS
 from ..tasks.plumbing import Columns
 from .basic import add_precision
 
@@ -40,15 +41,15 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a data file with references (also Parquet / Arrow / JSONL), a "
                                                 "task folder (see --split), or a dataset name NAME:CONFIG[:SPLIT]")
     p.add_argument("--split", default="dev", help="split to read when --data is a folder (default dev)")
-    p.add_argument("--max-length", dest="max_length", type=checked(int, ">=1"), help="default: the fine-tuning length")
-    p.add_argument("--stride", type=checked(int, ">=1"), help="default: the stride the model was fine-tuned with")
+    p.add_argument("--max-length", dest="max_length", type=checked(int, AT_LEAST_1), help="default: the fine-tuning length")
+    p.add_argument("--stride", type=checked(int, AT_LEAST_1), help="default: the stride the model was fine-tuned with")
     _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
-    p.add_argument("--batch-size", dest="batch_size", type=checked(int, ">=1"), default=64)
+    p.add_argument("--batch-size", dest="batch_size", type=checked(int, AT_LEAST_1), default=64)
     p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_true")
     p.add_argument("--predictions", help="also write {id, prediction} JSONL here (input to `bertkit score`)")
     _null_threshold_option(p)
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.add_argument("--threads", type=checked(int, "threads"))
+    p.add_argument("--threads", type=checked(int, THREADS))
     add_precision(p, "fp32, the precision fine-tuning evaluated in")
     column_options(p)
     p.set_defaults(run=run_evaluate)
@@ -111,13 +112,13 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="checkpoint folder (any head)")
     p.add_argument("--task", help="task whose input format and post-processing to use (default: the checkpoint's)")
     p.add_argument("--out", help="output JSONL (default stdout)")
-    p.add_argument("--max-length", dest="max_length", type=checked(int, ">=1"))
-    p.add_argument("--stride", type=checked(int, ">=1"), help="default: the stride the model was fine-tuned with")
+    p.add_argument("--max-length", dest="max_length", type=checked(int, AT_LEAST_1))
+    p.add_argument("--stride", type=checked(int, AT_LEAST_1), help="default: the stride the model was fine-tuned with")
     _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
-    p.add_argument("--batch-size", dest="batch_size", type=checked(int, ">=1"), default=64)
-    p.add_argument("--top-k", dest="top_k", type=checked(int, ">=1"), default=5, help="masked LM: candidates per [MASK]")
+    p.add_argument("--batch-size", dest="batch_size", type=checked(int, AT_LEAST_1), default=64)
+    p.add_argument("--top-k", dest="top_k", type=checked(int, AT_LEAST_1), default=5, help="masked LM: candidates per [MASK]")
     _null_threshold_option(p)
-    p.add_argument("--threads", type=checked(int, "threads"))
+    p.add_argument("--threads", type=checked(int, THREADS))
     add_precision(p, "fp32 for a fine-tuned task model, as fine-tuning evaluated; a masked LM as fill-mask")
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="run the model on PyTorch or on onnxruntime (a file from `bertkit export onnx`)")

@@ -18,6 +18,7 @@ log = logging.getLogger("bertkit")
 
 def setup_probe(p) -> None:
     from ..cliconfig import checked
+    from ..runconfig import AT_LEAST_1, POSITIVE, THREADS
     from ..linear_probe import GRID_C, TABLE7
 
     p.epilog = ("Each feature (x pooling, sentence tasks) is a logistic regression on the standardised frozen "
@@ -37,26 +38,26 @@ def setup_probe(p) -> None:
                    "(default: cls,mean; last,mean on a causal model); tagging reads each word's first piece")
     p.add_argument("--C", dest="C", default=",".join(f"{c:g}" for c in GRID_C),
                    help="inverse L2 strengths to choose from by cross-validation (default: %(default)s)")
-    p.add_argument("--folds", type=checked(int, ">=1"), default=5, help="cross-validation folds, 2 or more (default 5)")
-    p.add_argument("--tol", type=checked(float, ">0"), default=1e-6,
+    p.add_argument("--folds", type=checked(int, AT_LEAST_1), default=5, help="cross-validation folds, 2 or more (default 5)")
+    p.add_argument("--tol", type=checked(float, POSITIVE), default=1e-6,
                    help="converged when the largest gradient entry is at most this (default 1e-6)")
-    p.add_argument("--max-iter", dest="max_iter", type=checked(int, ">=1"), default=1000,
+    p.add_argument("--max-iter", dest="max_iter", type=checked(int, AT_LEAST_1), default=1000,
                    help="L-BFGS iterations at most per fit (default 1000; the count is reported)")
-    p.add_argument("--train-limit", dest="train_limit", type=checked(int, ">=1"), default=None, metavar="N",
+    p.add_argument("--train-limit", dest="train_limit", type=checked(int, AT_LEAST_1), default=None, metavar="N",
                    help="only the first N training examples")
-    p.add_argument("--dev-limit", dest="dev_limit", type=checked(int, ">=1"), default=None, metavar="N",
+    p.add_argument("--dev-limit", dest="dev_limit", type=checked(int, AT_LEAST_1), default=None, metavar="N",
                    help="only the first N dev examples")
-    p.add_argument("--max-length", dest="max_length", type=checked(int, ">=1"), default=None,
+    p.add_argument("--max-length", dest="max_length", type=checked(int, AT_LEAST_1), default=None,
                    help="tokens per input window (default: the task's, within the model's positions)")
     p.add_argument("--out", metavar="DIR", help="folder for results.json and fits.jsonl (default runs/probe-TASK)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
-    p.add_argument("--threads", type=checked(int, "threads"), default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=checked(int, THREADS), default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1 ...")
     p.set_defaults(run=run_probe)
 
 
 def run_probe(args) -> int:
-    from ..finetune import FinetuneConfig
+    from ..finetune_config import FinetuneConfig
     from ..tasks.plumbing import CUSTOM
     from ..linear_probe import ProbeSpec, probe, write_results
     from .basic import check_device
