@@ -86,7 +86,7 @@ def build_pair(size: str, tmp: Path, dropout: float | None = None):
 def step_fn(kind: str, model, opt, dtype=torch.float32):
     from contextlib import nullcontext
 
-    from bertkit.train import forward
+    from bertkit.train.model import forward
 
     def step(b):
         device = next(model.parameters()).device

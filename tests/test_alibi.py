@@ -93,10 +93,10 @@ def test_alibi_checkpoint_round_trip_and_inference(tmp_path):
 
 def test_alibi_reaches_the_model_or_is_refused():
     from bertkit.runconfig import PretrainConfig, RunConfigError, load_config
-    from bertkit.train import _build_model
+    from bertkit.train.model import build_model
 
     cfg = load_config(PretrainConfig, None, ["--model.preset=tiny", "--model.position_embedding_type=alibi"])
-    model = _build_model(cfg, 200, None)
+    model = build_model(cfg, 200, None)
     assert model.bert.embeddings.position is None and model.config.position_embedding_type == "alibi"
     for bad, says in ((["--model.position_init=sinusoidal"], "no position table"),
                       (["--model.attention_init=neighbours"], "no position table")):

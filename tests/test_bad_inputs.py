@@ -242,7 +242,7 @@ def test_the_memory_check_counts_the_parameters_without_allocating_them():
     from bertkit.checkpoint import build
     from bertkit.config import preset
     from bertkit.model import num_parameters
-    from bertkit.train import parameter_count
+    from bertkit.train.model import parameter_count
 
     for kw in ({}, {"num_layers": 3, "norm_position": "pre", "position_embedding_type": "alibi"}, {"num_layers": 1}):
         cfg = preset("tiny", vocab_size=500, **kw)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bertkit.checkpoint import load_model
 from bertkit.runconfig import PretrainConfig, RunConfigError, load_config, save_config, to_dict
 
 
@@ -77,7 +78,7 @@ def test_shipped_configs_load():
 def test_the_avx2_hour_is_the_hour_on_a_narrower_model():
     """cpu-60m-avx2.yaml is cpu-60m.yaml's recipe with only the shape and its learning rate changed
     (docs/pretrain-measurements.md, "One hour on a CPU with AVX2 only"): a lever added to one reaches the other."""
-    from bertkit.train import _build_model
+    from bertkit.train.model import build_model
 
     root = Path(__file__).resolve().parents[1] / "configs" / "pretrain"
     hour, avx2 = (to_dict(load_config(PretrainConfig, root / f"{n}.yaml")) for n in ("cpu-60m", "cpu-60m-avx2"))
@@ -86,7 +87,7 @@ def test_the_avx2_hour_is_the_hour_on_a_narrower_model():
     assert ("resume", None) in flat[0]                        # the top-level keys are compared too (not `out`)
     assert {key for key in flat[0] if flat[0][key] != flat[1][key]} == {
         ("model", "preset"), ("model", "num_layers"), ("optim", "lr")}
-    model = _build_model(load_config(PretrainConfig, root / "cpu-60m-avx2.yaml"), 8000, None)
+    model = build_model(load_config(PretrainConfig, root / "cpu-60m-avx2.yaml"), 8000, None)
     c = model.config
     assert (c.num_layers, c.hidden_size, c.num_heads, c.intermediate_size) == (4, 128, 2, 512)
     assert c.position_embedding_type == "alibi" and c.norm_position == "pre"
@@ -98,7 +99,7 @@ def test_packed_step_equals_padded(data):
     from bertkit.data.masking import Collator
     from bertkit.data.pretraining import open_dataset
     from bertkit.model import BertForPreTraining, init_weights
-    from bertkit.train import forward
+    from bertkit.train.model import forward
 
     ds = open_dataset(data[64])
     order = ds.lengths().argsort()
@@ -193,7 +194,7 @@ def test_nan_steps_are_skipped_then_the_run_stops(data, tmp_path, monkeypatch):
     metrics = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert all(math.isfinite(m["mlm_loss"]) for m in metrics if m["step"] not in (3, 4))
     assert metrics[2]["loss"] is None and metrics[2]["skipped"] == 1 and metrics[3]["skipped"] == 2
-    for p in T.load_model(tmp_path / "a" / "final", head="pretraining").parameters():
+    for p in load_model(tmp_path / "a" / "final", head="pretraining").parameters():
         assert torch.isfinite(p).all()
 
     calls["n"] = 0
@@ -266,10 +267,10 @@ def test_position_init_reaches_the_model_or_is_refused(tmp_path):
     import torch
 
     from bertkit.model import sinusoidal_positions_
-    from bertkit.train import _build_model
+    from bertkit.train.model import build_model
 
     cfg = load_config(PretrainConfig, None, ["--model.preset=tiny", "--model.position_init=sinusoidal"])
-    table = _build_model(cfg, 100, None).bert.embeddings.position.weight
+    table = build_model(cfg, 100, None).bert.embeddings.position.weight
     expected = sinusoidal_positions_(torch.empty_like(table), 0.02)
     assert torch.equal(table, expected) and abs(table.std().item() - 0.02) < 1e-4
     with pytest.raises(RunConfigError, match="model.position_init 'sinusoidal' starts a new model"):
@@ -284,12 +285,12 @@ def test_neighbour_attention_init_points_each_head_at_its_neighbour(norm):
     import torch
 
     from bertkit.model import BertModel
-    from bertkit.train import _build_model
+    from bertkit.train.model import build_model
 
     cfg = load_config(PretrainConfig, None, ["--model.preset=tiny", "--model.num_heads=4", "--model.num_layers=2",
                                              f"--model.norm_position={norm}", "--model.attention_init=neighbours"])
-    model = _build_model(cfg, 500, None).eval()
-    plain = _build_model(load_config(PretrainConfig, None, ["--model.preset=tiny", "--model.num_heads=4",
+    model = build_model(cfg, 500, None).eval()
+    plain = build_model(load_config(PretrainConfig, None, ["--model.preset=tiny", "--model.num_heads=4",
                                                             "--model.num_layers=2", f"--model.norm_position={norm}"]),
                          500, None)
     assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}

@@ -49,10 +49,10 @@ def prepared(tmp_path_factory, minilm) -> dict[str, Path]:
 
 
 def training_batch(data: Path, tmp_path: Path, **keys) -> tuple[dict, dict]:
-    """64 instances through the collator that train.py's `_phases` builds for this data and config."""
-    from bertkit.train import _phases
+    """64 instances through the collator that train.phases.build_phases builds for this data and config."""
+    from bertkit.train.phases import build_phases
 
-    phases, tok = _phases(tiny_config(data, tmp_path / "run", **keys), World())
+    phases, tok = build_phases(tiny_config(data, tmp_path / "run", **keys), World())
     ph = phases[0]
     batch = ph.collator([ph.data[int(i)] for i in ph.indices[:64]], epoch=0)
     return {k: v.numpy() for k, v in batch.items()}, {"mask_id": tok.mask_id, "subword": ph.collator.info.subword}

@@ -147,7 +147,7 @@ def test_a_causal_model_pools_its_last_real_token():
 def test_data_fill_is_real_tokens_per_position_of_the_longest_training_instance():
     from types import SimpleNamespace
 
-    from bertkit.train import data_fill
+    from bertkit.train.phases import data_fill
 
     data = SimpleNamespace(lengths=lambda: np.array([128, 64, 96, 128, 32]))
     assert data_fill(SimpleNamespace(data=data, indices=np.arange(4))) == pytest.approx(416 / 4 / 128)

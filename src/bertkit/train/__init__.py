@@ -1,13 +1,17 @@
 """Pre-training with MLM (+ NSP): an explicit loop you can read top to bottom.
 
-Why one file: setup, the update and evaluation share the run state (`runstate.Run`, a dataclass;
-`runstate.State` is the part a checkpoint saves) and read best together; the run card is assembled
-in runlog.py, checkpoints and the loop's state in runstate.py.
+This file is the loop: setup, one update, the end; the run state (`runstate.Run`, a dataclass;
+`runstate.State` is the part a checkpoint saves) is shared by all of them. Around it, in this package:
 
-    setup()      model, optimizer, data, device, precision; resume from the latest valid checkpoint
-    train_step() one update: micro-batches (gradient accumulation), clipping, a non-finite guard
-    evaluate()   MLM loss / accuracy / perplexity and NSP accuracy on a held-out slice
-    save_checkpoint() / find_checkpoint()   atomic, last K kept, HF model folder inside
+    pretrain() / _loop()   the loop: update, log, evaluate, checkpoint, stop (signal, budget, non-finite)
+    setup()        model, optimizer, data, device, precision; resume from the latest valid checkpoint
+    train_step()   one update: micro-batches (gradient accumulation), clipping, a non-finite guard
+    finish()       the final model folder, run card and curves
+    phases.py      the data: phases, their masking and held-out set; which instances a micro-batch takes
+    model.py       the model a run starts from (new, model.init_from's, a checkpoint's) and `forward`
+    evaluation.py  MLM loss / accuracy / perplexity and NSP accuracy on the held-out set
+    runstate.save_checkpoint() / find_checkpoint()   atomic, last K kept, HF model folder inside
+    runlog.py      metrics JSONL, the run card, the plot
 
 Determinism is by construction, so a resumed run and a run on more processes see the same
 numbers: the order of instances is a permutation drawn from (seed, epoch); the masks are a pure
@@ -30,22 +34,23 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 
-from . import distributed as D
-from .checkpoint import build, load_model
-from .config import preset
-from .hardware import PRECISION_NAMES, attention_kernel, choose_precision
-from .model import init_weights, neighbour_attention_, num_parameters, set_attention_kernel, sinusoidal_positions_
-from .packing import pack, varlen_runs
-from .optim import build_optimizer, lr_at
-from .runconfig import ModelSection, PretrainConfig, RunConfigError, parse_duration, save_config
-from .runlog import (MetricsLog, Window, bar_update, plot_curves, pretrain_card, progress_bar, read_jsonl,
-                     step_flops, tensorboard_writer, write_run_card)
-from .runstate import Phase, Run, State, Step, export_model, find_checkpoint, load_checkpoint, save_checkpoint, saved_state
+from .. import distributed as D
+from ..hardware import PRECISION_NAMES, attention_kernel, choose_precision
+from ..model import num_parameters, set_attention_kernel
+from ..optim import build_optimizer, lr_at
+from ..packing import varlen_runs
+from ..runconfig import PretrainConfig, RunConfigError, parse_duration, save_config
+from ..runlog import (MetricsLog, Window, bar_update, plot_curves, pretrain_card, progress_bar, read_jsonl,
+                      step_flops, tensorboard_writer, write_run_card)
+from ..runstate import Phase, Run, State, Step, export_model, find_checkpoint, load_checkpoint, save_checkpoint, saved_state
+from .evaluation import eval_and_log, eval_batches, timed_eval
+from .model import build_model, forward
+from .phases import build_phases, data_fill, micro_batches
 
 log = logging.getLogger("bertkit")
 
@@ -67,18 +72,6 @@ class StepSums:
     @classmethod
     def size(cls) -> int:
         return len(fields(cls))
-
-
-@dataclass
-class EvalSums:
-    """Sums over the held-out batches (all ranks)."""
-    mlm_loss: float = 0.0        # MLM (next-token) loss x predictions: a sum over predicted tokens
-    mlm_correct: float = 0.0
-    mlm_count: float = 0.0       # predicted tokens
-    mask_correct: float = 0.0    # ... of them, those whose input was [MASK] (80%: no copy of the answer in view)
-    mask_count: float = 0.0
-    nsp_correct: float = 0.0
-    nsp_count: float = 0.0
 
 
 def pretrain(cfg: PretrainConfig, command: str = "", on_step: Callable[[State], None] | None = None) -> dict:
@@ -112,7 +105,7 @@ def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> di
     evals = MetricsLog(out / "eval.jsonl", keep_until_step=st.step if run.resumed else None) if world.main else None
     board = tensorboard_writer(out) if tc.tensorboard and world.main else None
     if not run.resumed:
-        _eval_and_log(run, evals, board, None)          # the untrained model, for "before / after"
+        eval_and_log(run, evals, board, None)          # the untrained model, for "before / after"
     if run.budget and not st.planned_steps:
         st.planned_steps = plan_budget(run)
     total = total_steps(run)
@@ -148,7 +141,7 @@ def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> di
                 window = Window()
             if (tc.eval_every and st.step % tc.eval_every == 0) or \
                     (tc.eval_minutes and st.elapsed - run.last_eval_elapsed >= 60 * tc.eval_minutes):
-                start += _timed_eval(run, evals, board, bar)      # evaluation time is not training time
+                start += timed_eval(run, evals, board, bar)      # evaluation time is not training time
             due = (tc.checkpoint_every and st.step % tc.checkpoint_every == 0) or \
                 D.all_ranks_agree(bool(tc.checkpoint_minutes) and time.perf_counter() - last_ckpt
                                   >= 60 * tc.checkpoint_minutes, world)
@@ -166,7 +159,7 @@ def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> di
     if run.saved_step != st.step:
         save_checkpoint(run, world)
     last = run.last_eval
-    final_eval = last if last is not None and last.get("step") == st.step else _eval_and_log(run, evals, board, None)
+    final_eval = last if last is not None and last.get("step") == st.step else eval_and_log(run, evals, board, None)
     card = finish(run, world, stop_reason, final_eval, command)
     if board is not None:
         board.close()
@@ -182,11 +175,11 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     if out.exists() and not out.is_dir():
         raise RunConfigError(f"out {cfg.out}: a file, not a folder")
     budget = parse_duration(tc.budget, "train.budget") if tc.budget else 0.0
-    phases, tokenizer = _phases(cfg, world)
+    phases, tokenizer = build_phases(cfg, world)
     ckpt = find_checkpoint(out / "checkpoints") if cfg.resume else None
     if cfg.resume and ckpt is None:
         log.warning("--resume: no valid checkpoint in %s; starting from scratch", out / "checkpoints")
-    model = _build_model(cfg, tokenizer.vocab_size, ckpt, world).to(world.device)   # (init_from: cfg.model says what it is)
+    model = build_model(cfg, tokenizer.vocab_size, ckpt, world).to(world.device)   # (init_from: cfg.model says what it is)
     longest = max(ph.max_len for ph in phases)
     if longest > model.config.max_position_embeddings:
         raise RunConfigError(f"model.max_position_embeddings is {model.config.max_position_embeddings}, shorter than the "
@@ -219,7 +212,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
               state=state, phases=phases, tokenizer=tokenizer, precision=precision,
               precision_reason=precision_reason, packed=packed, packed_reason=packed_reason,
               attention_kernel=kernel, attention_kernel_reason=kernel_reason,
-              budget=budget, resumed=ckpt is not None, eval_batches=_eval_batches(cfg, phases[0], world),
+              budget=budget, resumed=ckpt is not None, eval_batches=eval_batches(cfg, phases[0], world),
               pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"))
     if ckpt is not None:
         load_checkpoint(run, ckpt, world)
@@ -352,269 +345,7 @@ def resolve_packed(name: str, device: torch.device, precision: torch.dtype, mode
     return True, "auto: packed (varlen flash attention)"
 
 
-def data_fill(phase: "Phase", sample: int = 100_000) -> float | None:
-    """Real tokens per position of the longest instance, over the first `sample` training instances
-    of a phase (None for no data). Read from the shards' offsets only: what CPU 'auto' packing needs."""
-    lengths = phase.data.lengths()[phase.indices[:sample]]
-    return float(lengths.mean() / lengths.max()) if lengths.size and lengths.max() > 0 else None
-
-
-def _phases(cfg: PretrainConfig, world: D.World) -> tuple[list[Phase], Any]:
-    from .data.heldout import choose_held_out
-    from .data.masking import Collator
-    from .data.pretraining import open_dataset
-
-    tc, dc = cfg.train, cfg.data
-    if not dc.path:
-        raise RunConfigError("data.path is not set: give the folder written by `bertkit prepare` "
-                             "(--data.path=DIR)")
-    first = open_dataset(dc.path)
-    tokenizer = first.tokenizer()
-    if tc.nsp and tc.objective == "clm":
-        log.info("train.objective=clm: no NSP head (the paper's LTR & No NSP baseline; train.nsp=false)")
-        tc.nsp = False
-    if tc.nsp and not first.meta.get("nsp", True):
-        log.warning("%s was prepared without NSP pairs: training MLM only (train.nsp=false)", dc.path)
-        tc.nsp = False
-    if tc.objective == "clm" and dc.masking_overrides():
-        raise RunConfigError(f"train.objective=clm masks nothing: drop the data.* masking keys "
-                             f"({', '.join(dc.masking_overrides())})")
-    if tc.objective == "clm" and first.meta.get("nsp"):
-        log.info("%s holds NSP pairs: half of the B segments come from another document (prepare --no-nsp for "
-                 "contiguous text)", dc.path)
-    held = choose_held_out(first, dc.eval_path, dc.eval_instances)
-    phases = [Phase("short", dc.path, first, None, np.arange(held.train_stop), tc.batch_size, tc.grad_accum,
-                    int(first.meta.get("max_length", 0)), held)]
-    if dc.long_path:
-        long = open_dataset(dc.long_path)
-        if long.tokenizer().fingerprint() != tokenizer.fingerprint():
-            raise RunConfigError(f"data.long_path {dc.long_path} was prepared with another vocabulary than data.path")
-        lb = tc.long_batch_size or max(1, tc.batch_size // 4)
-        if (tc.batch_size * tc.grad_accum) % lb:
-            raise RunConfigError(f"train.long_batch_size {lb} must divide batch_size x grad_accum "
-                                 f"({tc.batch_size * tc.grad_accum}) so the global batch stays the same")
-        phases.append(Phase("long", dc.long_path, long, None, np.arange(len(long)), lb,
-                            tc.batch_size * tc.grad_accum // lb, int(long.meta.get("max_length", 0))))
-    for i, ph in enumerate(phases):
-        ph.collator = Collator(ph.data, _masking(ph, dc.masking_overrides(long=i == 1), i == 1), seed=tc.seed,
-                               objective=tc.objective)
-        G = ph.batch_size * ph.grad_accum * world.world_size
-        if len(ph.indices) < G:
-            raise RunConfigError(f"{ph.path}: {len(ph.indices)} training instances, fewer than one global batch "
-                                 f"({G}); lower train.batch_size or prepare more data")
-    _check_held_out(held, phases, dc.max_eval_overlap)
-    return phases, tokenizer
-
-
-def _check_held_out(held, phases: list[Phase], limit: float) -> None:
-    """Measure how much of the held-out text the training data holds ("mask leakage"): a held-out
-    set over `data.max_eval_overlap` is refused, over 5% warned about; data prepared without a
-    held-out split falls back on its last instances with a loud warning (and the figure)."""
-    from .data.heldout import WARN_OVERLAP, ngram_overlap
-
-    held.report.update(ngram_overlap(held, [(p.data, len(p.data) if i else held.train_stop)
-                                            for i, p in enumerate(phases)]))
-    share, src = held.report.get("overlap"), held.report.get("path")
-    if share is None:
-        return
-    said = f"{share:.1%} of the held-out set's 12-grams also occur in the training data"
-    if held.source == "last_instances":
-        log.warning("NO HELD-OUT DOCUMENTS: %s was prepared without an evaluation split, so evaluation uses its last "
-                    "%d instances, which share documents with training: %s (mask leakage). Prepare again (it holds "
-                    "out 1%% of the documents by default) or set data.eval_path", src, len(held.indices), said)
-    elif share > limit:
-        raise RunConfigError(f"held-out set {src} ({held.source}): {said} (mask leakage: the evaluation would "
-                             "reward memorised text). Hold out other documents (bertkit prepare --eval-fraction F) "
-                             f"or set data.eval_path; data.max_eval_overlap={limit} is the limit (1 accepts it)")
-    elif share > WARN_OVERLAP:
-        log.warning("held-out set %s: %s (mask leakage: held-out scores will be optimistic)", src, said)
-    else:
-        log.info("held-out set %s (%s, %d instances): %s", src, held.source, len(held.indices), said)
-
-
-def _masking(ph: Phase, overrides: dict, long: bool):
-    """Exactly the masking `prepare` recorded for the phase's data, with the config's data.* keys
-    over it (dynamic masking only: static data carries its masks, so an override is an error)."""
-    from .data.masking import MaskingConfig, MaskingError, with_overrides
-
-    key = {"mode": "data.mask_mode", "max_predictions": "data.long_max_predictions" if long else "data.max_predictions"}
-    prepared = MaskingConfig(**ph.data.meta.get("masking_config", {}))
-    try:
-        masking, changed = with_overrides(prepared, overrides)
-    except MaskingError as e:
-        raise RunConfigError(f"data.* masking keys over {ph.path}'s prepared masking: {e}") from None
-    names = ", ".join(f"{key.get(k, 'data.' + k)}={v['trained']} (prepared: {v['prepared']})" for k, v in changed.items())
-    if changed and ph.data.static:
-        raise RunConfigError(f"{ph.path} was prepared with static masks, which training uses as stored: {names} "
-                             "cannot apply (prepare with --masking dynamic, or drop these keys)")
-    if changed:
-        log.info("%s: masking overridden by the config: %s", ph.path, names)
-    want = round((ph.max_len - 3) * masking.mask_prob)      # what the probability selects in a full sequence
-    if not ph.data.static and masking.max_predictions < 0.9 * want:
-        log.warning("%s: the cap of %d predictions per sequence binds: %.0f%% of %d tokens would select %d "
-                    "(set %s, or prepare with --masking_config.max_predictions)", ph.path, masking.max_predictions,
-                    100 * masking.mask_prob, ph.max_len, want, key["max_predictions"])
-    return masking
-
-
-def _or(value, default):
-    return default if value is None else value
-
-
-def _continued_model(cfg: PretrainConfig, vocab_size: int, head_args: dict):
-    """model.init_from's model: its own architecture (a model key that says otherwise is refused,
-    naming it), the dropout and pooling asked for applied, and cfg.model rewritten to what it is,
-    so config.yaml and the run card say what trained."""
-    from .config import PRESETS
-
-    mc, defaults = cfg.model, ModelSection()
-    changes = {k: getattr(mc, k) for k in ("hidden_dropout", "attention_dropout", "classifier_pooling")
-               if getattr(mc, k) is not None}
-    model = load_model(mc.init_from, head="pretraining", new_head_ok=True, config_changes=changes or None, **head_args)
-    have = model.config
-    if have.vocab_size != vocab_size:
-        raise RunConfigError(f"model.init_from {mc.init_from} has vocab_size {have.vocab_size}, "
-                             f"the data's tokenizer {vocab_size}")
-    shape = {k: getattr(have, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")}
-    asked = {k: getattr(mc, k) for k in shape if getattr(mc, k) is not None}
-    if mc.preset != defaults.preset:
-        asked = {**PRESETS[mc.preset], **asked}
-    asked.update({k: getattr(mc, k) for k in ("hidden_act", "norm_position", "max_position_embeddings",
-                                               "position_embedding_type") if getattr(mc, k) != getattr(defaults, k)})
-    wrong = [f"model.{k}={v!r} (it has {getattr(have, k)!r})" for k, v in asked.items() if getattr(have, k) != v]
-    if wrong:
-        raise RunConfigError(f"model.init_from {mc.init_from} brings its own architecture: " + ", ".join(wrong)
-                             + " (drop the key, or start a new model)")
-    for k in (*shape, "hidden_act", "norm_position", "max_position_embeddings", "position_embedding_type",
-              "hidden_dropout", "attention_dropout", "classifier_pooling"):
-        setattr(mc, k, getattr(have, k))
-    mc.preset = next((name for name, p in PRESETS.items() if p == shape), mc.preset)
-    return model
-
-
-def _build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None, world: D.World | None = None):
-    mc = cfg.model
-    head_args = {"nsp": cfg.train.nsp}
-    if ckpt is not None:                     # weights come from the checkpoint's HF folder
-        return _attention(load_model(ckpt / "model", head="pretraining", **head_args), mc.causal)
-    if mc.init_from:
-        return _attention(_continued_model(cfg, vocab_size, head_args), mc.causal)
-    overrides = {k: getattr(mc, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
-                 if getattr(mc, k) is not None}
-    bert_cfg = preset(mc.preset, vocab_size=vocab_size, max_position_embeddings=mc.max_position_embeddings,
-                      hidden_act=mc.hidden_act, hidden_dropout=_or(mc.hidden_dropout, 0.1),
-                      attention_dropout=_or(mc.attention_dropout, 0.1), norm_position=mc.norm_position, causal=mc.causal,
-                      position_embedding_type=mc.position_embedding_type,
-                      classifier_pooling=mc.classifier_pooling or "cls", **overrides)
-    if world is not None:
-        check_memory(bert_cfg, head_args, world, cfg.train.distributed == "fsdp")
-    torch.manual_seed(cfg.train.seed)
-    model = init_weights(build("pretraining", bert_cfg, **head_args), bert_cfg)
-    if mc.position_init == "sinusoidal":
-        sinusoidal_positions_(model.bert.embeddings.position.weight, bert_cfg.initializer_range)
-    if mc.attention_init == "neighbours":
-        neighbour_attention_(model.bert)
-    return model
-
-
-def check_memory(bert_cfg, head_args: dict, world: D.World, sharded: bool = False) -> None:
-    """A new model whose weights, gradients and AdamW's two moments (16 bytes a parameter; FSDP: shared
-    over the processes) do not fit in the device's free memory is refused before it is allocated: a
-    config asking for 800 GB is one line, not minutes of swapping until the kernel kills the run."""
-    n = parameter_count(bert_cfg, head_args)
-    need, free = 16 * n / (world.world_size if sharded else 1), _free_memory(world.device)
-    if free is not None and need > free:
-        raise RunConfigError(f"the model has {n / 1e9:,.2f} B parameters: ~{need / 2 ** 30:,.1f} GiB for its weights, "
-                             f"gradients and AdamW moments, more than the {free / 2 ** 30:,.1f} GiB free on "
-                             f"{world.device.type}; choose a smaller model.preset or model.* shape")
-
-
-def parameter_count(bert_cfg, head_args: dict) -> int:
-    """The parameters of the pre-training model `bert_cfg` describes, counted without allocating them."""
-    with torch.device("meta"):          # shapes only; every block is the same size: count one, two
-        one, two = (num_parameters(build("pretraining", bert_cfg.replace(num_layers=k), **head_args)) for k in (1, 2))
-    return one + (bert_cfg.num_layers - 1) * (two - one)
-
-
-def _free_memory(device: torch.device) -> int | None:
-    """Bytes free for a new model on `device` (a GPU: what CUDA reports; the CPU: MemAvailable), None
-    where unknown."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return None
-
-
-def _attention(model, causal: bool):
-    """The attention direction the config asks for (model.causal / train.objective), also on a loaded
-    model; config.json records it (bertkit_causal), so fine-tuning the checkpoint keeps it."""
-    if bool(model.config.causal) != bool(causal):
-        log.info("attention switched to %s for this run", "causal" if causal else "bidirectional")
-        model.config.causal = bool(causal)
-        for m in model.modules():
-            if hasattr(m, "causal"):
-                m.causal = bool(causal)
-    return model
-
-
 # ---- one update ----------------------------------------------------------------------------------
-def forward(model, batch: dict, packed: bool) -> dict:
-    """The model on one micro-batch, padded or padding-free (numerically the same)."""
-    if packed:
-        flat, layout = pack(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                            labels=batch["mlm_labels"])
-        return model(flat["input_ids"], flat["token_type_ids"], None, mlm_labels=flat["labels"],
-                     nsp_labels=batch.get("nsp_labels"), packed=layout, position_ids=flat["position_ids"])
-    return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                 mlm_labels=batch["mlm_labels"], nsp_labels=batch.get("nsp_labels"))
-
-
-def micro_batches(run: Run) -> list[dict]:
-    """This rank's micro-batches of the next update, and advance the data position.
-
-    The batches of the following update are collated in a background thread meanwhile (they
-    depend only on the position, so this changes no number)."""
-    st, world = run.state, run.world
-    p = st.phase
-    st.epoch[p], st.offset[p] = _roll(run, p, st.epoch[p], st.offset[p])
-    key = (p, st.epoch[p], st.offset[p])
-    ahead = run.prefetch
-    batches = ahead[1].result() if ahead and ahead[0] == key else _collate(run, *key)
-    following = (p, *_roll(run, p, key[1], key[2] + 1))
-    run.prefetch = (following, run.pool.submit(_collate, run, *following))
-    st.offset[p] += 1
-    return [{k: (v.to(world.device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in b.items()}
-            for b in batches]
-
-
-def _roll(run: Run, phase: int, epoch: int, offset: int) -> tuple[int, int]:
-    """(epoch, update within epoch), moving to the next epoch when this one has no full global batch left."""
-    ph = run.phases[phase]
-    per_epoch = len(ph.indices) // (ph.batch_size * ph.grad_accum * run.world.world_size)
-    return (epoch + 1, 0) if offset >= per_epoch else (epoch, offset)
-
-
-def _collate(run: Run, phase: int, epoch: int, k: int) -> list[dict]:
-    """Micro-batch g = j * world + rank of update k takes instances [g B, (g+1) B) of its slice."""
-    ph, world = run.phases[phase], run.world
-    B, A, W = ph.batch_size, ph.grad_accum, world.world_size
-    G = B * A * W
-    orders = run.orders
-    if (phase, epoch) not in orders:
-        orders.clear()
-        rng = np.random.default_rng([run.cfg.train.seed, phase, epoch])
-        orders[(phase, epoch)] = ph.indices[rng.permutation(len(ph.indices))]
-    chosen = orders[(phase, epoch)][k * G:(k + 1) * G]
-    batches = []
-    for j in range(A):
-        g = j * W + world.rank
-        batch = ph.collator([ph.data[int(i)] for i in chosen[g * B:(g + 1) * B]], epoch=epoch)
-        batch["_g"] = g
-        batches.append(batch)
-    return batches
 
 
 def train_step(run: Run) -> Step:
@@ -710,97 +441,7 @@ def _maybe_switch_phase(run: Run) -> None:
         log.info("update %d: phase 2 (long sequences, %s)", st.step, run.phases[1].path)
 
 
-# ---- evaluation ----------------------------------------------------------------------------------
-def _eval_batches(cfg: PretrainConfig, phase: Phase, world: D.World) -> list[dict]:
-    """The held-out set (`phase.held_out`), masked once (seed + 1, epoch 0) as training masks, split across ranks."""
-    from .data.masking import Collator
-
-    data, idx = phase.held_out.data, phase.held_out.indices
-    if data is None or not len(idx):
-        return []
-    collator = Collator(data, phase.collator.cfg, seed=cfg.train.seed + 1, objective=phase.collator.objective)
-    mine = idx[world.rank::world.world_size]
-    B = cfg.train.batch_size
-    return [collator([data[int(i)] for i in mine[s:s + B]], epoch=0) for s in range(0, len(mine), B)]
-
-
-@torch.no_grad()
-def evaluate(run: Run) -> dict | None:
-    """Held-out MLM loss (per predicted token), accuracy, perplexity and NSP accuracy; for
-    train.objective=clm the next-token loss, accuracy and perplexity (eval_next_token_*)."""
-    if not run.eval_batches and not run.world.distributed:
-        return None
-    model, world = run.wrapped, run.world
-    run.model.eval()
-    s = EvalSums()
-    autocast = torch.autocast(world.device.type, dtype=run.precision) if run.precision != torch.float32 \
-        else nullcontext()
-    mask_id = getattr(getattr(run.phases[0].collator, "info", None), "mask_id", None)
-    for batch in run.eval_batches:
-        batch = {k: v.to(world.device) for k, v in batch.items()}
-        with autocast:
-            out = forward(model, batch, run.packed)
-        m = out["mlm_targets"].numel()
-        right = out["mlm_logits"].argmax(-1) == out["mlm_targets"]
-        s.mlm_loss += out["mlm_loss"].double().item() * m
-        s.mlm_correct += right.sum().item()
-        s.mlm_count += m
-        if mask_id is not None and "mlm_labels" in batch:       # predictions come in the labels' row-major order (select_masked)
-            chosen = batch["mlm_labels"] != -100
-            shown = batch["input_ids"][chosen] == mask_id                   # the input at each prediction
-            if shown.numel() == m and torch.equal(batch["mlm_labels"][chosen], out["mlm_targets"]):
-                s.mask_correct += right[shown].sum().item()
-                s.mask_count += shown.sum().item()
-        if "nsp_logits" in out and "nsp_labels" in batch:
-            s.nsp_correct += (out["nsp_logits"].argmax(-1) == batch["nsp_labels"]).sum().item()
-            s.nsp_count += len(batch["nsp_labels"])
-    totals = torch.tensor([getattr(s, f.name) for f in fields(EvalSums)], dtype=torch.float64, device=world.device)
-    s = EvalSums(*D.all_reduce_sum(totals, world).cpu().tolist())
-    run.model.train()
-    if s.mlm_count == 0:
-        return None
-    loss = s.mlm_loss / s.mlm_count
-    if run.cfg.train.objective == "clm":
-        rec = {"step": run.state.step, "eval_next_token_loss": loss,
-               "eval_next_token_accuracy": s.mlm_correct / s.mlm_count,
-               "eval_next_token_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s.mlm_count)}
-    else:
-        rec = {"step": run.state.step, "eval_mlm_loss": loss, "eval_mlm_accuracy": s.mlm_correct / s.mlm_count,
-               "eval_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s.mlm_count)}
-        if s.mask_count:                # BERT's accuracy counts the 10% left unchanged, which a model copies
-            rec["eval_mask_accuracy"] = s.mask_correct / s.mask_count
-    rec["eval_nsp_accuracy"] = s.nsp_correct / s.nsp_count if s.nsp_count else None
-    return rec
-
-
-def _timed_eval(run: Run, evals, board, bar) -> float:
-    """Evaluate and log; returns the seconds it took (the loop takes them off its training clock)."""
-    t = time.perf_counter()
-    _eval_and_log(run, evals, board, bar)
-    run.last_eval_elapsed = run.state.elapsed
-    return time.perf_counter() - t
-
-
-def _eval_and_log(run: Run, evals, board, bar) -> dict | None:
-    rec = evaluate(run)
-    if rec is not None:      # where on the training clock the point lies: curves against time or tokens
-        rec.update(elapsed_s=round(run.state.elapsed, 3), tokens=run.state.tokens)
-    run.last_eval = rec
-    if rec and run.world.main:
-        evals.write(rec)
-        if board is not None:
-            for k, v in rec.items():
-                if v is not None and k != "step":
-                    board.add_scalar(f"eval/{k[5:]}", v, rec["step"])
-        lm = ("next-token", "eval_next_token") if "eval_next_token_loss" in rec else ("MLM", "eval_mlm")
-        msg = (f"update {rec['step']}: held-out {lm[0]} loss {rec[lm[1] + '_loss']:.4f}, accuracy "
-               f"{rec[lm[1] + '_accuracy']:.4f}"
-               + (f" (at [MASK] {rec['eval_mask_accuracy']:.4f})" if "eval_mask_accuracy" in rec else "")
-               + ", perplexity "
-               f"{rec.get('eval_perplexity', rec.get('eval_next_token_perplexity')):.1f}"
-               + (f", NSP accuracy {rec['eval_nsp_accuracy']:.4f}" if rec["eval_nsp_accuracy"] is not None else ""))
-        (bar.write(msg) if bar is not None else log.info(msg))
-    return rec
+# ---- stopping on a signal ------------------------------------------------------------------------
 
 
 class _StopFlag:
