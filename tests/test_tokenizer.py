@@ -219,13 +219,14 @@ def test_learner_equals_the_obvious_algorithm(seed):
     ('aaaa'), repeats ('abab'), merges that make an existing token, ties, an alphabet limit."""
     import random
 
-    from bertkit.tokenizer import learn_wordpiece
+    from bertkit.tokenizer import SPECIAL_TOKENS
+    from bertkit.wordpiece import learn_wordpiece
 
     rng = random.Random(seed)
     letters = "aab" if seed % 2 else "abcdeé"
     counts = {"".join(rng.choice(letters) for _ in range(rng.randint(1, 7))): rng.randint(1, 5) for _ in range(60)}
     for vocab_size, min_frequency, limit in ((40, 1, 100), (80, 2, 4), (200, 1, 3)):
-        assert learn_wordpiece(counts, vocab_size, min_frequency, limit) == \
+        assert learn_wordpiece(counts, vocab_size, min_frequency, limit, special_tokens=SPECIAL_TOKENS) == \
             _reference_wordpiece(counts, vocab_size, min_frequency, limit), (vocab_size, min_frequency, limit)
 
 
@@ -236,7 +237,7 @@ def test_word_counts_equal_the_normalizer_and_pre_tokenizer(tmp_path):
 
     from tokenizers import normalizers, pre_tokenizers
 
-    from bertkit.tokenizer import count_words
+    from bertkit.wordpiece import count_words
 
     rng = random.Random(0)
     lines = [c["text"] + " " + (c.get("text_pair") or "") for c in HARD]
