@@ -20,37 +20,39 @@ can split one corpus with --num-shards N --shard-index I (machine I does the chu
 Resume: a shard whose shard.json carries the same configuration, tokenizer and input-chunk
 hashes is kept; anything else is rewritten. Data made with another tokenizer is refused. The
 meta file is the completion mark: a rerun deletes it first and writes it last, so an
-interrupted run is visibly incomplete (readers refuse it) until the same command finishes it.
-
-Why ~600 lines: the config, the held-out split, the worker pool and the resumable, atomic shard
-and meta writing are one protocol (each step relies on what the others write); the text and
-instance building live in text.py and instances.py.
+interrupted run is visibly incomplete (readers refuse it) until the same command finishes it
+(the folder's bookkeeping: `folder.py`; the text and instance building: text.py, instances.py).
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
+import multiprocessing as mp
 import os
 import random
-import shlex
 import shutil
 import signal
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from array import array
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
 import numpy as np
+from tokenizers import Tokenizer as RustTokenizer
+from tqdm import tqdm
 
 from ..errors import BertkitError
+from .encode import CachedEncoder
+from .folder import EVAL_DIR, build_meta, check_existing, remove_meta, save_tokenizer, write_meta
 from .instances import BuildCounts, Doc, nsp_instances, packed_instances, sop_instances
 from .masking import MaskingConfig, TokenInfo, mask_many
-from .pretraining import FORMAT_VERSION, read_shard_info, shard_name, write_shard
+from .pretraining import read_shard_info, shard_name, write_shard
 from .text import Chunker, TextCounts, expand_inputs, read_documents
 
 log = logging.getLogger("bertkit")
@@ -175,8 +177,6 @@ def _init_worker(job: _Job, single_thread: bool, parent: int | None = None) -> N
         _die_with_parent(parent)
     if single_thread:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from tokenizers import Tokenizer as RustTokenizer
-    from .encode import CachedEncoder
     _JOB, _BACKEND = job, CachedEncoder(RustTokenizer.from_str(job.tokenizer_json), job.lowercase)
 
 
@@ -185,7 +185,6 @@ def _die_with_parent(parent: int) -> None:
     blocked on the task queue): Linux's PR_SET_PDEATHSIG, else a thread watching the parent."""
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
             if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0:   # PR_SET_PDEATHSIG
                 if os.getppid() != parent:          # the parent died before the call
                     os._exit(1)
@@ -297,9 +296,6 @@ def _run_chunk(split: str, chunk_index: int, docs: list[list[str]], digest: str)
 
 
 # ---- the held-out split ----------------------------------------------------------------------------
-EVAL_DIR = "eval"
-
-
 def document_key(seed: int, doc: list[str]) -> int:
     """64-bit key of a document's text under the seed: the split holds out the smallest keys."""
     h = hashlib.blake2b("\n".join(doc).encode("utf-8", "surrogatepass"), digest_size=8,
@@ -366,7 +362,6 @@ class _InProcess:
         _init_worker(job, single_thread=False)
 
     def submit(self, fn, *args):
-        from concurrent.futures import Future
         f: Future = Future()
         f.set_result(fn(*args))
         return f
@@ -391,7 +386,7 @@ def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, w
     info = TokenInfo.from_vocab(tokenizer.vocab)
     tok_hash = tokenizer.fingerprint()
     created = not out.exists()
-    _check_existing(out, tok_hash, overwrite)
+    check_existing(out, tok_hash, overwrite)
     try:
         return _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_shards, shard_index,
                         progress, command, on_shard)
@@ -406,10 +401,10 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
     out.mkdir(parents=True, exist_ok=True)
     # From here until the new meta file is written the folder is visibly incomplete: the old meta
     # goes first, so a rerun killed midway never leaves it describing a mix of old and new shards.
-    _remove_meta(out, num_shards, shard_index)
+    remove_meta(out, num_shards, shard_index)
     if (out / EVAL_DIR).is_dir():
-        _remove_meta(out / EVAL_DIR, num_shards, shard_index)
-    _save_tokenizer(tokenizer, out, tok_hash)
+        remove_meta(out / EVAL_DIR, num_shards, shard_index)
+    save_tokenizer(tokenizer, out, tok_hash)
     token_dtype = "uint16" if info.vocab_size <= 65536 else "int32"
     eval_cfg = replace(cfg, dupe_factor=1, eval_fraction=0.0, eval_documents=0)
     job = _Job(cfg, eval_cfg, tokenizer.backend.to_str(), info, str(out), tok_hash, token_dtype, tokenizer.lowercase)
@@ -420,7 +415,6 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
         workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(job, True, os.getpid()))
     if workers > 1:       # start the workers now, before the progress bar starts its thread
         executor.submit(os.getpid).result()
-    from tqdm import tqdm
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress, smoothing=0.1)
     try:
         held, held_info = held_out_documents(files, cfg, progress=bar.update)
@@ -428,7 +422,7 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
             shutil.rmtree(out / EVAL_DIR, ignore_errors=True)       # a split of an earlier run
         else:
             (out / EVAL_DIR).mkdir(exist_ok=True)
-            _save_tokenizer(tokenizer, out / EVAL_DIR, tok_hash)
+            save_tokenizer(tokenizer, out / EVAL_DIR, tok_hash)
         results, reused = _build_shards(executor, files, job, counts, held, workers, num_shards, shard_index,
                                         bar, on_shard)
     finally:
@@ -441,19 +435,19 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
         raise BertkitError(f"no chunks for --shard-index {shard_index} of {num_shards} (the corpus has fewer chunks)")
     if cfg.nsp and cfg.pair_mode == "nsp" and counts.documents < 2:
         raise BertkitError("NSP needs at least 2 documents (blank lines separate documents); use --no-nsp")
-    meta = _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results["train"], files, command,
+    meta = build_meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results["train"], files, command,
                  num_shards, shard_index, seconds, reused)
     meta["counts"]["held_out_documents"] = held_info["documents"]
     meta["eval"] = None
     if held is not None:          # the split's own meta first: the parent's, written last, vouches for both
-        ev = _meta(eval_cfg, tokenizer, info, tok_hash, token_dtype, counts, results["eval"], files, command,
+        ev = build_meta(eval_cfg, tokenizer, info, tok_hash, token_dtype, counts, results["eval"], files, command,
                    num_shards, shard_index, seconds, 0)
         ev["split"] = "eval"
         ev["counts"]["documents"] = held_info["documents"]
-        _write_meta(out / EVAL_DIR, ev, num_shards, shard_index)
+        write_meta(out / EVAL_DIR, ev, num_shards, shard_index)
         meta["eval"] = {"path": EVAL_DIR, "config_hash": eval_cfg.hash(), **held_info,
                         "instances": ev["counts"]["instances"], "tokens": ev["counts"]["tokens"]}
-    _write_meta(out, meta, num_shards, shard_index)
+    write_meta(out, meta, num_shards, shard_index)
     log.info("prepared %d instances (%d tokens) in %d shards from %.1f MB in %.1f s (%.2f MB/s)%s -> %s",
              meta["counts"]["instances"], meta["counts"]["tokens"], len(results["train"]), counts.bytes / 1e6, seconds,
              counts.bytes / 1e6 / max(seconds, 1e-9), f", {reused} shards kept from before" if reused else "", out)
@@ -509,107 +503,5 @@ def _build_shards(executor, files, job: _Job, counts: TextCounts, held, workers,
     return results, reused
 
 
-def _write_meta(out: Path, meta: dict, num_shards: int, shard_index: int) -> None:
-    name = "meta.json" if num_shards == 1 else f"meta-{shard_index:05d}-of-{num_shards:05d}.json"
-    tmp = out / f".{name}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, out / name)
-
-
 def _mp_context():
-    import multiprocessing as mp
     return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-
-
-def _check_existing(out: Path, tok_hash: str, overwrite: bool) -> None:
-    """Refuse to replace data made with another tokenizer (unless --overwrite). A tokenizer folder
-    that does not load (left by a run killed while writing it) blocks nothing: shards are only
-    reused when their key names this tokenizer."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise BertkitError(f"--out {out}: exists and is not a folder")
-    if (out / "tokenizer").is_dir() and not overwrite:
-        from ..tokenizer import Tokenizer
-        try:
-            prev = Tokenizer.from_dir(out / "tokenizer")
-            TokenInfo.from_vocab(prev.vocab)
-            prev_hash = prev.fingerprint()
-        except (BertkitError, OSError, KeyError, ValueError) as e:
-            log.warning("%s: unreadable (%s), left by an interrupted run: replacing it", out / "tokenizer",
-                        str(e).splitlines()[0] if str(e) else type(e).__name__)
-        else:
-            if prev_hash != tok_hash:
-                raise BertkitError(f"--out {out}: holds shards made with another tokenizer (hash {prev_hash[:12]}, "
-                                   f"this one {tok_hash[:12]}); use a new --out or --overwrite")
-    if overwrite:
-        for p in list(out.glob("shard-*")) + list(out.glob(".shard-*")) + list(out.glob("meta*.json")):
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-        shutil.rmtree(out / EVAL_DIR, ignore_errors=True)
-
-
-def _remove_meta(out: Path, num_shards: int, shard_index: int) -> None:
-    """Delete the meta files this run replaces (all of them on one machine; on machine I of N its
-    own part and parts of another N), before any shard is touched."""
-    stale = [out / "meta.json"]
-    for p in out.glob("meta-*-of-*.json"):
-        if num_shards == 1 or p.name == f"meta-{shard_index:05d}-of-{num_shards:05d}.json" \
-                or not p.name.endswith(f"-of-{num_shards:05d}.json"):
-            stale.append(p)
-    for p in stale:
-        p.unlink(missing_ok=True)
-    if num_shards == 1:            # shards half-written by a killed run (on a cluster, others may be writing)
-        for p in out.glob(".shard-*.tmp-*"):
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def _save_tokenizer(tokenizer, out: Path, tok_hash: str) -> None:
-    """OUT/tokenizer, written to a temporary sibling and renamed (never half-written)."""
-    final = out / "tokenizer"
-    for p in out.glob(".tokenizer.*"):                 # leftovers of killed runs
-        shutil.rmtree(p, ignore_errors=True)
-    if (final / "vocab.txt").is_file():
-        from ..tokenizer import Tokenizer
-        try:
-            if Tokenizer.from_dir(final).fingerprint() == tok_hash:
-                return
-        except (BertkitError, OSError, KeyError, ValueError):
-            pass
-    tmp = out / f".tokenizer.tmp-{os.getpid()}"
-    tokenizer.save(tmp)
-    if final.exists():
-        old = out / f".tokenizer.old-{os.getpid()}"
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-
-
-def _meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, command, num_shards, shard_index,
-          seconds, reused) -> dict:
-    order = sorted(results)
-    per = [results[c] for c in order]
-    total = {k: sum(r.get(k, 0) for r in per) for k in ("instances", "tokens", "random_next", "short",
-                                                        "one_sentence_documents", "sentences_split", "sentences_cut",
-                                                        "tokens_truncated", "pairs_truncated", "lone_segments_next",
-                                                        "empty_documents_dropped")}
-    n = max(total["instances"], 1)
-    return {
-        "format_version": FORMAT_VERSION,
-        "max_length": cfg.max_length, "nsp": cfg.nsp, "masking": cfg.masking,
-        "masking_config": cfg.masking_config.to_dict(), "dupe_factor": cfg.dupe_factor, "seed": cfg.seed,
-        "vocab_size": info.vocab_size, "lowercase": tokenizer.lowercase,
-        "special_ids": {"pad": info.pad_id, "unk": tokenizer.unk_id, "cls": info.cls_id, "sep": info.sep_id,
-                        "mask": info.mask_id},
-        "tokenizer_hash": tok_hash, "config_hash": cfg.hash(), "token_dtype": token_dtype,
-        "config": cfg.to_dict(),
-        "counts": {**counts.to_dict(), **total, "max_length": max((r["max_length"] for r in per), default=0),
-                   "random_next_fraction": total["random_next"] / n, "short_fraction": total["short"] / n,
-                   "shards_kept_from_before": reused},
-        "shards": [shard_name(c) for c in order], "shard_instances": [results[c]["instances"] for c in order],
-        "num_shards": num_shards, "shard_index": shard_index,
-        "inputs": [str(f) for f in files],
-        "command": command if command is not None else " ".join(shlex.quote(a) for a in sys.argv),
-        "seconds": round(seconds, 3),
-    }
