@@ -132,8 +132,40 @@ def test_heldout_mlm_at_mask_positions_and_the_unigram_baseline(grid):
     report = (out / "REPORT.md").read_text()
     assert f"most common target token `{mlm['unigram']['token']}` scores {mlm['unigram']['share_mask']:.3f}" in report
     base = next(ln for ln in report.splitlines() if ln.startswith("| base |"))
-    assert f"| {mlm['accuracy_mask']:.3f} | {mlm['accuracy']:.3f} |" in base
-    assert "| n/a (causal) | n/a" in next(ln for ln in report.splitlines() if ln.startswith("| ltr_flops |"))
+    assert f"| {mlm['accuracy_mask']:.3f} | base | {mlm['accuracy']:.3f} |" in base
+    assert "| n/a (causal) | n/a | n/a" in next(ln for ln in report.splitlines() if ln.startswith("| ltr_flops |"))
+
+
+def test_heldout_mlm_keeps_per_sequence_outcomes_at_mask(grid):
+    path, _ = grid
+    arm = path.parent / "out" / "arms" / "base"
+    mlm = json.loads((arm / "arm.json").read_text())["mlm"]
+    o = json.loads((arm / ablate_measure.OUTCOMES).read_text())
+    assert len(o["masked"]) == len(o["correct"]) == mlm["instances"]
+    assert sum(o["masked"]) == mlm["mask_predictions"]
+    assert all(0 <= c <= m for c, m in zip(o["correct"], o["masked"]))
+    assert sum(o["correct"]) / sum(o["masked"]) == pytest.approx(mlm["accuracy_mask"])
+    assert ablate_measure.paired_mlm_difference(o, o) == (0.0, 0.0, 0.0)
+
+
+def test_the_paired_mlm_difference_is_clustered_by_sequence():
+    from bertkit.ablate.zeroshot import paired_difference
+    rng = random.Random(0)
+    a = [rng.randint(0, 1) for _ in range(200)]
+    b = [rng.randint(0, 1) for _ in range(200)]
+    one = {"masked": [1] * 200}
+    # one position per sequence: the clustered interval is the plain paired one
+    got = ablate_measure.paired_mlm_difference({**one, "correct": a}, {**one, "correct": b})
+    want = paired_difference("".join(map(str, a)), "".join(map(str, b)))
+    assert got == pytest.approx(want, abs=1e-12)
+    # sequences of 10 positions that move together: the same mean, a wider interval than 2,000 independent ones
+    m = [10] * 200
+    c_a, c_b = [10 * x for x in a], [10 * x for x in b]
+    d, lo, hi = ablate_measure.paired_mlm_difference({"masked": m, "correct": c_a}, {"masked": m, "correct": c_b})
+    assert d == pytest.approx(want[0]) and hi - lo == pytest.approx(want[2] - want[1], rel=1e-9)
+    flat = paired_difference("".join(str(x) * 10 for x in a), "".join(str(x) * 10 for x in b))
+    assert hi - lo > 3 * (flat[2] - flat[1])
+    assert ablate_measure.paired_mlm_difference({"masked": m, "correct": c_a}, {"masked": m[:-1] + [9], "correct": c_b}) is None
 
 
 def test_an_arm_finished_before_gets_the_mask_figure_on_the_next_run(grid, tmp_path):
@@ -146,9 +178,13 @@ def test_an_arm_finished_before_gets_the_mask_figure_on_the_next_run(grid, tmp_p
     want = state["mlm"]
     state["mlm"] = {k: v for k, v in want.items() if k in ("accuracy", "loss", "predictions", "instances", "protocol")}
     arm_json.write_text(json.dumps(state))
+    outcomes = out / "arms" / "base" / ablate_measure.OUTCOMES
+    kept = json.loads(outcomes.read_text())
+    outcomes.unlink()
     cfg = ablate_config.load_ablate_config(path, out=str(out))
     assert ablate.run_grid(cfg, ablate_config.select_arms(cfg, ["base"]))["skipped"] == ["base"]
     assert json.loads(arm_json.read_text())["mlm"] == want
+    assert json.loads(outcomes.read_text()) == kept
     assert {r["mlm_accuracy_mask"] for r in rows_of(out / "arms" / "base" / "results.jsonl")} == {want["accuracy_mask"]}
 
 

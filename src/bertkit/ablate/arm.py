@@ -139,7 +139,7 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
         state["stage"] = "held-out MLM"
         source = _read_json(Path(cfg.out) / "arms" / arm.model_from / "arm.json") if arm.model_from else None
         same_model = source and "mlm" in source and not arm.checkpoint      # a probe reads the source's model
-        state["mlm"] = source["mlm"] if same_model else heldout_mlm(cfg, shared, model)
+        state["mlm"] = source["mlm"] if same_model else heldout_mlm(cfg, shared, model, d)
         if cfg.blimp and not same_model:              # the source's model is scored in the source's row
             state["stage"] = "BLiMP"
             _write_json(d / "arm.json", state)

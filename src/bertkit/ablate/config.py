@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Sequence
 
 from ..errors import BertkitError
 from ..runconfig import AT_LEAST_1, SEED, THREADS, check_fields, parse_duration
+from ..sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
 
@@ -381,3 +382,11 @@ def _read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """The rows of a JSON Lines file such as an arm's results.jsonl ([] where there is none)."""
+    if not path.is_file():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return [row for _, row in jsonl_objects(f, path)]

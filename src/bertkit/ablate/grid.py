@@ -15,8 +15,8 @@ from typing import Sequence
 
 from ..errors import BertkitError
 from .arm import RunOptions, _now, _write_rows, finetune_config, finished, one_line, pretrain_config, run_arm
-from .config import AblateConfig, Arm, _read_json, _write_json, describe, flatten, lr_search_of, merge
-from .measure import budget_info, heldout_mlm
+from .config import AblateConfig, Arm, _read_json, _read_rows, _write_json, describe, flatten, lr_search_of, merge
+from .measure import OUTCOMES, budget_info, heldout_mlm, weights_id
 from .shared import Shared
 
 log = logging.getLogger("bertkit")
@@ -164,19 +164,23 @@ def _run_arms(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
 
 
 def _add_mask_accuracy(d: Path, cfg: AblateConfig, shared: Shared) -> None:
-    """An arm finished before held-out MLM was scored at [MASK] positions gets that figure now (seconds,
-    on the model it holds; nothing else of it changes), so a resumed grid's report has it for every arm."""
+    """An arm finished before held-out MLM was scored at [MASK] positions, or before its per-sequence
+    outcomes were kept (the paired difference from the base needs them), gets them now (a minute, on the
+    model it holds; nothing else of it changes), so a resumed grid's report has them for every arm."""
     state = _read_json(d / "arm.json") or {}
-    model = Path(state.get("model") or "")
-    if not isinstance(state.get("mlm"), dict) or "accuracy_mask" in state["mlm"] or not (model / "config.json").is_file():
+    model, pre = Path(state.get("model") or ""), state.get("pretrain") or {}
+    if pre.get("model_from") and not pre.get("checkpoint"):
+        return                                         # a probe arm: the source's row holds its model's figures
+    if not isinstance(state.get("mlm"), dict) or not (model / "config.json").is_file() or (
+            "accuracy_mask" in state["mlm"]
+            and (_read_json(d / OUTCOMES) or {}).get("weights") == weights_id(model)):
         return
     try:
-        state["mlm"] = heldout_mlm(cfg, shared, model)
+        state["mlm"] = heldout_mlm(cfg, shared, model, d)
     except Exception as e:  # noqa: BLE001 - the arm stays as it was
         log.warning("ablate: arm %s: held-out MLM at [MASK] not added: %s", state.get("name"), one_line(e))
         return
-    rows = [json.loads(x) for x in (d / "results.jsonl").read_text(encoding="utf-8").splitlines() if x] \
-        if (d / "results.jsonl").is_file() else []
+    rows = _read_rows(d / "results.jsonl")
     _write_rows(d / "results.jsonl", [{**r, "mlm_accuracy_mask": state["mlm"]["accuracy_mask"]} for r in rows])
     _write_json(d / "arm.json", state)
     log.info("ablate: arm %s: held-out MLM accuracy at [MASK] %.4f added", state.get("name"),

@@ -17,8 +17,9 @@ import dataclasses
 import math
 from pathlib import Path
 
-from .config import AblateConfig, Arm, _read_json, merge
+from .config import AblateConfig, Arm, _read_json, _write_json, merge
 from ..errors import BertkitError
+from ..finetune_seeds import one_answer
 
 
 # ---- the budget -----------------------------------------------------------------------------------
@@ -85,14 +86,16 @@ def budget_info(cfg: AblateConfig, arm: Arm) -> dict | None:
 
 
 # ---- held-out MLM -----------------------------------------------------------------------------------
-def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path) -> dict | None:
+def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path, arm_dir: Path | None = None) -> dict | None:
     """Held-out MLM accuracy under one protocol for every arm (`shared`: the grid's `ablate.Shared`):
     the base prepare's held-out documents, token masking of 15% with 80/10/10, the same positions
     (seeded) whatever the arm trained with.
     `accuracy_mask` counts the positions shown as [MASK] only; `accuracy` all targets (10% of them
     are shown unchanged, which an arm trained to copy them gets right for free). `unigram`: the most
     common target token and its share (all targets, and at [MASK]): the accuracy of always guessing it.
-    None for a causal (left-to-right) model: it has no masked-LM objective."""
+    None for a causal (left-to-right) model: it has no masked-LM objective. With `arm_dir` (the arm's folder),
+    the per-sequence outcomes at [MASK] go to arm_dir/mlm_outcomes.json (`OUTCOMES`), so two arms are
+    compared on the same positions (`paired_mlm_difference`)."""
     import numpy as np
     import torch
 
@@ -112,7 +115,7 @@ def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path) -> dict | None:
                                             mask_token_fraction=0.8, random_token_fraction=0.1), seed=20190101)
     mask_id = collator.info.mask_id
     model = load_model(model_dir, head="masked_lm").eval()
-    loss, right, targets, shown = 0.0, [], [], []
+    loss, right, targets, shown, rows = 0.0, [], [], [], []
     with torch.no_grad():
         for s in range(0, n, 64):
             batch = collator([data[int(i)] for i in idx[s:s + 64]], epoch=0)
@@ -122,15 +125,46 @@ def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path) -> dict | None:
             right.append(out["mlm_logits"].argmax(-1) == out["mlm_targets"])
             targets.append(out["mlm_targets"])      # in the labels' row-major order (model.select_masked)
             shown.append(batch["input_ids"][batch["mlm_labels"] != -100] == mask_id)
-    right, targets, shown = (torch.cat(x) if x else torch.zeros(0, dtype=torch.long) for x in (right, targets, shown))
+            rows.append((batch["mlm_labels"] != -100).nonzero()[:, 0] + s)      # the sequence of each target
+    right, targets, shown, rows = (torch.cat(x) if x else torch.zeros(0, dtype=torch.long)
+                                   for x in (right, targets, shown, rows))
     count, masked = len(targets), int(shown.sum())
     top = int(torch.bincount(targets).argmax()) if count else None
     token = data.tokenizer().convert_ids_to_tokens([top])[0] if top is not None else None
+    if arm_dir is not None:
+        _write_json(arm_dir / OUTCOMES, {"weights": weights_id(model_dir), "instances": n,
+                                     "correct": torch.bincount(rows[shown], right[shown].long(), n).long().tolist(),
+                                     "masked": torch.bincount(rows[shown], minlength=n).tolist()})
     return {"accuracy": int(right.sum()) / max(count, 1), "loss": loss / max(count, 1), "predictions": count,
             "accuracy_mask": int(right[shown].sum()) / max(masked, 1), "mask_predictions": masked,
             "unigram": {"token": token, "share": int((targets == top).sum()) / max(count, 1),
                         "share_mask": int((targets[shown] == top).sum()) / max(masked, 1)},
             "instances": n, "protocol": "token 15%, 80/10/10, fixed positions, base held-out documents"}
+
+
+OUTCOMES = "mlm_outcomes.json"
+
+
+def paired_mlm_difference(a: dict, b: dict, z: float = 1.959964) -> tuple[float, float, float] | None:
+    """(accuracy at [MASK] of a minus b, 95% low, high) on the same positions (`heldout_mlm`'s outcomes of
+    two arms). The positions of one sequence are not independent, so the interval is the cluster-robust
+    one of a ratio estimator with sequences as clusters: d_i = correct_a,i - correct_b,i, m_i = [MASK]
+    positions of sequence i, D = sum d_i / sum m_i, var D = n/(n-1) sum (d_i - D m_i)^2 / (sum m_i)^2.
+    None when the two were not scored on the same positions."""
+    if not a or not b or a.get("masked") != b.get("masked") or len(a["masked"]) < 2:
+        return None
+    m, d = a["masked"], [x - y for x, y in zip(a["correct"], b["correct"])]
+    total, n = sum(m), len(m)
+    if total == 0:
+        return None
+    diff = sum(d) / total
+    se = math.sqrt(n / (n - 1) * sum((di - diff * mi) ** 2 for di, mi in zip(d, m))) / total
+    return diff, diff - z * se, diff + z * se
+
+
+def delta_cell(d: tuple[float, float, float] | None) -> str:
+    """A report cell for a paired difference with its 95% interval, * when the interval excludes 0."""
+    return "—" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]{' *' if d[1] > 0 or d[2] < 0 else ''}"
 
 
 # ---- fine-tuning: the rate chosen on dev, collapsed seeds -------------------------------------------
@@ -145,13 +179,14 @@ def choose_lr(scores: dict[float, list[float | None]]) -> tuple[float, dict[floa
 def collapse_of(result: dict) -> dict:
     """{predicted, collapsed} of a fine-tuning run's last dev evaluation: how often each class (each
     tag) was predicted, and whether all predictions were one class (for tagging: no entity, all 'O')
-    - a seed that fell to the majority class. None where the run did not record it."""
+    - a seed that fell to the majority class: `finetune --seeds`' rule (`finetune_seeds.one_answer`).
+    None where the run did not record it."""
     metric = result.get("main_metric")
     history = [h for h in result.get("history") or [] if f"dev_{metric}" in h]     # the reported one: the last
     counts = history[-1].get("dev_predicted") if history else None
     if not isinstance(counts, dict):
         return {"predicted": None, "collapsed": None}
-    return {"predicted": counts, "collapsed": len([c for c in counts.values() if c]) <= 1}
+    return {"predicted": counts, "collapsed": one_answer(counts)}
 
 
 # ---- which weights a model folder holds ---------------------------------------------------------------

@@ -12,7 +12,6 @@ Welch's unequal-variance t-test (scipy's when installed, else `welch_t_test` her
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -21,7 +20,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .arm import _write_rows, finetune_dir, finished
-from .config import AblateConfig, _read_json, describe
+from .config import AblateConfig, _read_json, _read_rows, describe
+from .measure import OUTCOMES, delta_cell, paired_mlm_difference
 from .plots import write_plots
 from .zeroshot import blimp_section, nsp_section
 
@@ -29,6 +29,21 @@ log = logging.getLogger("bertkit")
 
 
 # ---- statistics -----------------------------------------------------------------------------------
+def _mlm_outcomes(cfg: AblateConfig, name: str) -> dict:
+    return _read_json(Path(cfg.out) / "arms" / name / OUTCOMES) or {}
+
+
+def _mlm_delta(cfg: AblateConfig, state: dict, base: dict) -> str:
+    """The report's 'Δ at [MASK] vs base' cell: the paired difference on the same held-out positions."""
+    pre = state.get("pretrain") or {}
+    if state["name"] == cfg.base_arm or (pre.get("model_from") == cfg.base_arm and not pre.get("checkpoint")):
+        return "base"
+    if state.get("status") in ("done", "pretrained") and state.get("mlm") is None:
+        return "n/a"                                   # a left-to-right model has no MLM objective
+    own = state["name"] if not pre.get("model_from") or pre.get("checkpoint") else pre["model_from"]
+    return delta_cell(paired_mlm_difference(_mlm_outcomes(cfg, own), base))
+
+
 def mean_std(xs: Sequence[float]) -> tuple[float, float]:
     n = len(xs)
     m = sum(xs) / n
@@ -134,8 +149,8 @@ def collect(cfg: AblateConfig) -> tuple[list[dict], list[dict]]:
             st["status"] = "stale"
             st["error"] = "finished with other settings (or on a model since trained again); rerun the grid to redo it"
         states.append(st)
-        if st["status"] == "done" and (d / "results.jsonl").is_file():
-            rows += [json.loads(x) for x in (d / "results.jsonl").read_text(encoding="utf-8").splitlines() if x]
+        if st["status"] == "done":
+            rows += _read_rows(d / "results.jsonl")
     return states, rows
 
 
@@ -245,9 +260,10 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
              f"({cfg.eval_documents}) for every arm.", "",
              unigram_line(states), "",
              "| arm | setting | pretrain tokens | pretrain FLOPs (updates) | wall: pretrain / arm | "
-             "MLM acc at [MASK] | MLM acc, all targets | "
+             "MLM acc at [MASK] | Δ at [MASK] vs base [95%] | MLM acc, all targets | "
              + " | ".join(f"{t} {metric[t]} | Δ {t} [95% CI]" for t in tasks) + " | status |",
-             "|---|---|---:|---:|---:|---:|---:|" + "---:|---:|" * len(tasks) + "---|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(tasks) + "---|"]
+    base_outcomes = _mlm_outcomes(cfg, cfg.base_arm)
     machines = {s.get("cpu") for s in states if s.get("cpu")}
     for s in states:
         pre = s.get("pretrain") or {}
@@ -266,7 +282,8 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
             wall = f"{_minutes(pre.get('wall_s'))} / {_minutes(s.get('wall_s'))}" if pre else "—"
         budget = s.get("budget") or {}
         flops = f"{budget['flops']:.2e} ({budget['updates']})" if budget.get("flops") else "—"
-        row = [s["name"], s["setting"].replace("|", "/"), tokens, flops, wall, acc_mask, acc]
+        row = [s["name"], s["setting"].replace("|", "/"), tokens, flops, wall, acc_mask,
+               _mlm_delta(cfg, s, base_outcomes), acc]
         for t in tasks:
             row += _task_cells(cells.get((s["name"], t)), s["name"] == cfg.base_arm)
         err = s.get("error") or ""
@@ -292,7 +309,9 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
               "- MLM acc: one protocol for every arm (token masking, 15% of tokens, 80/10/10, the same positions), "
               "on documents no arm trained on. At [MASK]: the positions shown as [MASK] only (the headline: the "
               "10% of targets left visible are free for an arm that learnt to copy them); all targets: BERT's "
-              "figure. n/a for a left-to-right model (no MLM objective).",
+              "figure. n/a for a left-to-right model (no MLM objective). Δ at [MASK]: the arm minus the base on "
+              "the same positions, with the 95% interval clustered by sequence (* = excludes 0): evaluation noise "
+              "only; one pre-training per arm, so pre-training-seed noise is not in it.",
               "- Pretrain tokens: real (non-padding) tokens the arm's pre-training saw; FLOPs: its training FLOPs "
               "counted from its settings (6 x matmul weights x token slots + attention + the output projection "
               "at the positions its objective predicts), with its updates; wall: its pre-training time / the "

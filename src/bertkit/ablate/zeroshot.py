@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from .config import AblateConfig, _key, _read_json, _write_json
-from .measure import weights_id
+from .measure import delta_cell, weights_id
 
 log = logging.getLogger("bertkit")
 
@@ -122,8 +122,7 @@ def blimp_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
         if s["name"] == cfg.base_arm:
             delta = "base"
         else:
-            d = paired_difference(_outcomes(cfg, s["name"]), base)
-            delta = "—" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]{' *' if d[1] > 0 or d[2] < 0 else ''}"
+            delta = delta_cell(paired_difference(_outcomes(cfg, s["name"]), base))
         out.append(f"| {s['name']} | {b['method']} | {b['accuracy']:.3f} [{b['low']:.3f}, {b['high']:.3f}] | "
                    f"{delta} | {b.get('ties', 0)} |")
     try:
