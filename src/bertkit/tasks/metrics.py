@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import BertkitError
+from ..sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
 
@@ -375,15 +376,10 @@ def read_predictions(path: str | Path) -> tuple[dict[str, Any], dict[str, float]
     if isinstance(whole, list):           # a JSON array of the same objects (Hugging Face `evaluate` style)
         records = [(f"{path}: item {n}", obj) for n, obj in enumerate(whole)]
     else:
-        records = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append((f"{path}:{lineno}", json.loads(line)))
-            except (json.JSONDecodeError, RecursionError) as e:
-                raise MetricError(f"{path}:{lineno}: not valid JSON ({getattr(e, 'msg', 'nested too deeply')}); expected one "
-                                  f"{{\"id\": .., \"prediction\": ..}} object per line") from None
+        def bad(lineno: int, message: str):
+            raise MetricError(f"{path}:{lineno}: {message}; expected one {{\"id\": .., \"prediction\": ..}} "
+                              "object per line")
+        records = [(f"{path}:{n}", obj) for n, obj in jsonl_objects(text.splitlines(), path, bad)]
     preds: dict[str, Any] = {}
     odds: dict[str, float] = {}
     for where, obj in records:
