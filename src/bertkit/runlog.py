@@ -8,15 +8,22 @@ same process (`hardware.gemm_peak`).
 """
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from .data.masking import MaskingConfig
 from .hardware import gemm_peak, machine_facts
+from .model import num_parameters
+from .runconfig import to_dict
 from .runstate import Run, Step
 from .sources import jsonl_objects
 
@@ -120,13 +127,10 @@ def progress_bar(cfg, st, world, total: int):
     fmt = "{desc} {percentage:3.0f}%|{bar}| update {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}"
     if not _on_terminal():
         return StatusLine(total, initial)
-    from tqdm import tqdm
-
     return tqdm(total=total, initial=initial, desc="pretrain", bar_format=fmt, dynamic_ncols=True)
 
 
 def _on_terminal() -> bool:
-    import sys
     return sys.stderr.isatty()
 
 
@@ -194,8 +198,6 @@ def pair_mode(phase) -> str:
 
 def masking_card(phases: list) -> list[dict]:
     """Per phase: the masking as trained, as prepared, and the config keys that changed it."""
-    from .data.masking import MaskingConfig
-
     rows = []
     for p in phases:
         prepared = MaskingConfig(**p.data.meta.get("masking_config", {})).to_dict()
@@ -210,11 +212,6 @@ def masking_card(phases: list) -> list[dict]:
 def pretrain_card(run: Run, world, stop_reason: str, final_eval: dict | None, command: str,
                   metrics: list[dict]) -> dict[str, Any]:
     """The pre-training run card: what was trained, how, how fast, what it scored, on what machine."""
-    import sys
-
-    from .model import num_parameters
-    from .runconfig import to_dict
-
     cfg, st, model = run.cfg, run.state, run.model
     out = Path(cfg.out)
     # the peak in the precision the matrix multiplies ran in (a bf16 run against an fp32 peak read
@@ -391,8 +388,6 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path, card: 
 
 def plot_title(card: dict, path: Path, metrics: list[dict]) -> str:
     """Two lines: run, model, parameters, tokens, updates, time; machine and date."""
-    import datetime
-
     name = card.get("name") or path.parent.name
     parts = [f"run {name}"]
     if card.get("model"):

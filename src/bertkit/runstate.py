@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from . import distributed as D
 from .checkpoint import CheckpointError, build, save_model
@@ -185,8 +187,6 @@ def _decode(node, tensors: dict[str, torch.Tensor], where: str):
 
 def save_state(obj, path: Path) -> None:
     """Write a tree of tensors, numbers, strings, lists, tuples and dicts to one safetensors file."""
-    from safetensors.torch import save_file
-
     tensors: dict[str, torch.Tensor] = {}
     tree = _encode(obj, tensors)
     save_file(tensors, str(path), metadata={_TREE_KEY: json.dumps(tree), "format": "pt"})
@@ -194,8 +194,6 @@ def save_state(obj, path: Path) -> None:
 
 def load_state(path: Path):
     """Read what `save_state` wrote; a file that is not one is a CheckpointError (nothing is unpickled)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = f.metadata() or {}
@@ -445,12 +443,10 @@ def _legacy_load(file: Path):
     """A format-1 file (torch.save pickle) through torch's weights-only unpickler: tensors, numbers,
     strings, containers and numpy's uint32 arrays (the numpy RNG state) load; any other object,
     code included, is refused."""
-    import numpy
-
-    core = getattr(numpy, "_core", None) or numpy.core
+    core = getattr(np, "_core", None) or np.core
     allowed = [(core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
                (core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
-               numpy.ndarray, numpy.dtype, type(numpy.dtype("uint32"))]
+               np.ndarray, np.dtype, type(np.dtype("uint32"))]
     if not hasattr(torch.serialization, "safe_globals"):       # torch < 2.5
         raise CheckpointError(f"{file}: an old-format (pickle) checkpoint file; reading it safely needs "
                               f"torch >= 2.5 (this is {torch.__version__})")
