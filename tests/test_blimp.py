@@ -259,7 +259,7 @@ def test_command_errors_are_one_line(tmp_path, mlm_dir, capsys):
     bad.write_text(json.dumps(_pairs(1)[0]) + "\n{not json\n", encoding="utf-8")
     assert main(["blimp", "--model", str(mlm_dir), str(bad)]) == 1
     err = capsys.readouterr().err.strip()
-    assert "bad.jsonl:2: not JSON" in err and "\n" not in err
+    assert "bad.jsonl:2: not valid JSON" in err and "\n" not in err
     good = _write_jsonl(tmp_path / "ok.jsonl", _pairs(1))
     assert main(["blimp", "--model", str(mlm_dir), str(good), "--method", "causal"]) == 1
     assert "attends both ways" in capsys.readouterr().err

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import json
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ from .errors import DataError
 from .infer import Batch, Predictor
 from .model import Block, SelfAttention
 from .packing import alibi_bias, packing
+from .sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
 
@@ -80,10 +80,11 @@ def data_files(paths: Sequence[str | Path]) -> list[Path]:
     return files
 
 
-def _lines(path: Path):
+def _rows(path: Path):
+    """(line number, object) of a BLiMP file's JSON Lines (`sources.jsonl_objects`)."""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
-        yield from enumerate(f, 1)
+        yield from jsonl_objects(f, path)
 
 
 def read_pairs(paths: Sequence[str | Path], limit: int | None = None) -> list[Pair]:
@@ -95,15 +96,9 @@ def read_pairs(paths: Sequence[str | Path], limit: int | None = None) -> list[Pa
     counts: dict[str, int] = {}
     named = {Path(p) for p in paths}
     for path in data_files(paths):
-        for n, line in _lines(path):
-            if not line.strip():
-                continue
+        for n, row in _rows(path):
             where = f"{path}:{n}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not JSON ({e.msg})") from None
-            if n == 1 and path not in named and isinstance(row, dict) and "sentence_good" not in row:
+            if n == 1 and path not in named and "sentence_good" not in row:
                 log.info("%s: no sentence_good in its first row, not a file of pairs: skipped", path)
                 break
             pair = _pair(row, where)
@@ -144,15 +139,12 @@ def published(path: str | Path | None = None) -> dict[str, dict]:
     else:
         text, where = Path(path).read_text(encoding="utf-8"), str(path)
     out = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    for n, row in jsonl_objects(text.splitlines(), where):
         try:
-            row = json.loads(line)
             if row["UID"] != "overall":
                 out[row["UID"]] = {"phenomenon": row["linguistics_term"],
                                    **{k: float(row[k]) for k in PUBLISHED}}
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"{where}:{n}: not a row of per-paradigm accuracies "
                             f"(UID, linguistics_term, {', '.join(PUBLISHED)}): {e}") from None
     return out
