@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import BertkitError
+from ..sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
 
@@ -20,21 +21,13 @@ def read_inputs(source: str, jsonl: bool | None = None) -> tuple[list[str], list
     name = "<stdin>" if source == "-" else source
     if jsonl is None:
         jsonl = source.endswith((".jsonl", ".json", ".ndjson"))
+    lines = [line for _, line in _lines(source, name)]
+    blank = sum(1 for line in lines if not line.strip())
     texts: list[str] = []
     pairs: list[str | None] = []
-    blank = 0
-    for lineno, line in _lines(source, name):
-        if jsonl:
-            if not line.strip():
-                blank += 1
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BertkitError(f"{name}:{lineno}: not valid JSON ({e.msg})") from None
-            except RecursionError:
-                raise BertkitError(f"{name}:{lineno}: not valid JSON (nested too deeply)") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+    if jsonl:
+        for lineno, obj in jsonl_objects(lines, name, error=BertkitError):
+            if not isinstance(obj.get("text"), str):
                 raise BertkitError(f"{name}:{lineno}: expected an object with a string field \"text\"")
             pair = obj.get("text_pair")
             if pair is not None and not isinstance(pair, str):
@@ -45,12 +38,9 @@ def read_inputs(source: str, jsonl: bool | None = None) -> tuple[list[str], list
                                        "not a Unicode character")
             texts.append(obj["text"])
             pairs.append(pair)
-        else:
-            if not line.strip():
-                blank += 1
-                continue
-            texts.append(line)
-            pairs.append(None)
+    else:
+        texts = [line for line in lines if line.strip()]
+        pairs = [None] * len(texts)
     if blank:
         log.warning("%s: skipped %d blank line(s)", name, blank)
     if not texts:
