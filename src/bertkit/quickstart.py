@@ -158,7 +158,6 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
     check_options(root, minutes, seed, threads, updates)           # before anything is loaded or written
     training_config(root, max(minutes * 60 - 15, 10), updates, seed, threads, precision)   # its keys checked now
     from .data.prepare import PrepareConfig, prepare
-    from .infer import Predictor
     from .runlog import read_jsonl
     from .tokenizer import Tokenizer
     from .train import pretrain
@@ -185,17 +184,31 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
         (f" --precision {precision}" if precision != "auto" else "")
     card = pretrain(cfg, command=f"bertkit quickstart --out {out} "
                                  + (f"--minutes {minutes:g}" if updates is None else f"--updates {updates}") + options)
-    evals = read_jsonl(root / "run" / "eval.jsonl")
-    before, after = evals[0], evals[-1]
-    predictor = Predictor.from_dir(root / "run" / "final", small_batches=False)
-    answers = predictor.fill_mask([c[0] for c in CLOZE], top_k=3)
-    cloze, hits = [], 0
+    card["cloze"] = score_cloze(root / "run" / "final")
+    card["summary"] = summary_lines(root, card, read_jsonl(root / "run" / "eval.jsonl"), meta["counts"]["tokens"],
+                                    time.time() - t0)
+    return card
+
+
+def score_cloze(model_dir: Path) -> dict:
+    """The cloze prompts (`CLOZE`) on a masked LM: each prompt's top 3 and whether an expected word is
+    among them."""
+    from .infer import Predictor
+
+    answers = Predictor.from_dir(model_dir, small_batches=False).fill_mask([c[0] for c in CLOZE], top_k=3)
+    cloze = []
     for (prompt, expected), preds in zip(CLOZE, answers):
         top = [p["token"] for p in preds[0]]
-        ok = bool(expected & set(top))
-        hits += ok
-        cloze.append({"prompt": prompt, "expected": sorted(expected), "top3": top, "hit": ok})
-    card["cloze"] = {"hits": hits, "prompts": len(CLOZE), "answers": cloze}
+        cloze.append({"prompt": prompt, "expected": sorted(expected), "top3": top,
+                      "hit": bool(expected & set(top))})
+    return {"hits": sum(c["hit"] for c in cloze), "prompts": len(CLOZE), "answers": cloze}
+
+
+def summary_lines(root: Path, card: dict, evals: list[dict], data_tokens: int, seconds: float) -> list[str]:
+    """The closing text: held-out accuracy before and after, the cloze answers, what to expect, where the
+    files are and what to run next (`seconds`: the whole quickstart's)."""
+    before, after = evals[0], evals[-1]
+    hits, cloze = card["cloze"]["hits"], card["cloze"]["answers"]
     final = root / "run" / "final"
     lines = [
         "",
@@ -210,9 +223,9 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
         lines.append(f"  {'+' if c['hit'] else '-'} {c['prompt']:<76} {', '.join(c['top3'])}")
     lines += [
         "",
-        what_to_expect(card["tokens_seen"] / max(meta["counts"]["tokens"], 1), meta["counts"]["tokens"],
+        what_to_expect(card["tokens_seen"] / max(data_tokens, 1), data_tokens,
                        after.get("eval_mask_accuracy")),
-        pace_note(card, time.time() - t0 - card["wall_time_s"]),
+        pace_note(card, seconds - card["wall_time_s"]),
         "",
         *([f"repeat:    {card['reproduce']}   (the same updates: the same weights)"] if card.get("reproduce") else []),
         f"run card:  {root / 'run' / 'run_card.md'}",
@@ -224,7 +237,6 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
         f"           bertkit pretrain {hour_recipe(card['precision'])} --data.path={root / 'data' / 'train'} "
         f"--data.eval_path={root / 'data' / 'heldout'} --out runs/hour   (an hour of the recipe for this "
         f"CPU; it wants 10-20 MB of text: bertkit prepare --no-nsp)",
-        f"total {time.time() - t0:.0f} s",
+        f"total {seconds:.0f} s",
     ]
-    card["summary"] = lines
-    return card
+    return lines
