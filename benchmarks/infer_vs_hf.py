@@ -96,12 +96,12 @@ def bertkit_runner(pred, sync: bool = False) -> Callable:
 
 
 def _bertkit_pooled(out, n: int) -> np.ndarray:
-    from bertkit.infer import _cpu
+    from bertkit.infer.engines import packed_to
     from bertkit.model import pool_tokens
 
     emb = np.zeros((n, out[0][1].shape[-1]), np.float32)
     for batch, h in out:
-        emb[batch.index] = pool_tokens(h.float().cpu(), "mean", _cpu(batch.packed)).numpy()
+        emb[batch.index] = pool_tokens(h.float().cpu(), "mean", packed_to(batch.packed, torch.device("cpu"))).numpy()
     return emb
 
 
@@ -180,9 +180,9 @@ def build_contenders(path: Path, args, tmp: Path, notes: list[str]) -> dict[str,
     notes.append(f"bertkit default, short batches: {default.small_reason}")
     args.short = {k: v for k, v in default.describe()["small_batches"].items() if k in ("engine", "precision",
                                                                                       "max_tokens", "reason")}
-    variants = {"bertkit fp32": dict(dtype="float32"), "bertkit PyTorch only": dict(small_batches=False),
+    variants = {"bertkit fp32": dict(precision="fp32"), "bertkit PyTorch only": dict(small_batches=False),
                 "bertkit int8": dict(int8=True),
-                "bertkit bf16": dict(dtype="bfloat16"), "bertkit compile": dict(compile=True),
+                "bertkit bf16": dict(precision="bf16"), "bertkit compile": dict(compile=True),
                 "bertkit openvino": dict(backend="openvino", threads=args.threads)}
     try:
         import openvino  # noqa: F401
@@ -211,7 +211,8 @@ def _add_onnxruntime(c: dict, path: Path, args, tmp: Path, notes: list[str]) -> 
     except ImportError:
         notes.append("onnxruntime skipped: not installed (pip install onnxruntime)")
         return
-    from bertkit.onnx_export import export_onnx, load_session
+    from bertkit.infer.engines import load_session
+    from bertkit.infer.export import export_onnx
 
     for name, int8 in (("onnxruntime (bertkit export)", False), ("onnxruntime int8 (bertkit export)", True)):
         f = tmp / f"bertkit_{int8}.onnx"
@@ -397,7 +398,7 @@ def gpu_main(args) -> int:
 
     path, dev = minilm_dir(), torch.device(args.device)
     hf = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float16).to(dev).eval()
-    bk = Predictor.from_dir(path, device=args.device, dtype="float16")
+    bk = Predictor.from_dir(path, device=args.device, precision="fp16")
     spread = np.random.default_rng(0).permutation(np.linspace(8, 128, 32).round().astype(int)).tolist()
     workloads = {"ragged": make_inputs(bk.tokenizer, spread), "fixed": make_inputs(bk.tokenizer, [128] * 32)}
     for b in workloads.values():

@@ -16,10 +16,6 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 # measured faster (AMX, AVX512_BF16), fp32 elsewhere. Tests run fp32 unless they ask otherwise;
 # tests/test_infer.py and tests/test_hardware.py force each path (BERTKIT_BF16=1 / 0) everywhere.
 os.environ.setdefault("BERTKIT_BF16", "0")
-# Likewise a default Predictor runs short batches on onnxruntime where it times faster at load:
-# off unless a test asks (tests/test_onnx_graph.py, the third engine of tests/test_infer.py, and the
-# servers of tests/test_serve.py and tests/test_serve_openai.py turn it on).
-os.environ.setdefault("BERTKIT_SMALL_BATCHES", "0")
 # Machine measurements (bf16 speed, attention kernel) are made once per machine and kept in a file
 # (hardware.measured_once): the suite keeps its own, fresh for each run, shared by its subprocesses.
 os.environ.setdefault("BERTKIT_CACHE_DIR", tempfile.mkdtemp(prefix="bertkit-test-cache-"))
@@ -27,6 +23,14 @@ os.environ.setdefault("BERTKIT_CACHE_DIR", tempfile.mkdtemp(prefix="bertkit-test
 # on the network (bertkit reads names through the `datasets` library when a path does not exist).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+# Likewise a default Predictor runs short batches on onnxruntime where it times faster at load:
+# off unless a test asks (small_batches=True: tests/test_onnx_graph.py, the third engine of
+# tests/test_infer.py, the servers of tests/test_serve.py and tests/test_serve_openai.py).
+import bertkit.infer.predictor  # noqa: E402
+
+bertkit.infer.predictor.DEFAULT_OPTIONS = bertkit.infer.PredictorOptions(small_batches=False)
 
 
 def minilm_dir() -> Path:

@@ -45,7 +45,7 @@ def start_server(model: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     """`bertkit serve --model MODEL` on a free loopback port, one thread; ready when returned."""
     port = free_port()
     cmd = [sys.executable, "-m", "bertkit", "serve", "--model", str(model), "--port", str(port), "--threads", "1",
-           "--log-level", "warning", *extra]
+           "--log-level", "warning", "--no-small-batches", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_ready(port, proc)

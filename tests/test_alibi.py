@@ -81,7 +81,7 @@ def test_alibi_checkpoint_round_trip_and_inference(tmp_path):
         torch.testing.assert_close(back(ids, attention_mask=mask)["mlm_logits"],
                                    m(ids, attention_mask=mask)["mlm_logits"], rtol=1e-5, atol=1e-5)
     texts = ["w1 w2 w3 w4 w5", "w7 w8", "w9 " * 30]
-    pred = Predictor.from_dir(tmp_path, dtype="float32")
+    pred = Predictor.from_dir(tmp_path, precision="fp32")
     got = pred.embed(texts, pooling="mean")
     tok = Tokenizer.from_dir(tmp_path)
     with torch.no_grad():

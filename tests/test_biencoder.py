@@ -127,7 +127,7 @@ def test_trained_folder_gives_the_same_vectors_in_embed_serve_and_sentence_trans
     assert sentence_transformers_pooling(out) == (pooling, False)
     assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 32
     ref = st.SentenceTransformer(str(out), device="cpu").encode(TEXTS)
-    ours = Predictor.from_dir(out, dtype="float32", small_batches=False).embed(TEXTS, pooling=pooling)
+    ours = Predictor.from_dir(out, precision="fp32", small_batches=False).embed(TEXTS, pooling=pooling)
     np.testing.assert_allclose(ours, ref, atol=1e-5)
     (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
     assert main(["embed", "--model", str(out), str(tmp_path / "in.txt")]) == 0   # the pooling of the folder
@@ -136,7 +136,7 @@ def test_trained_folder_gives_the_same_vectors_in_embed_serve_and_sentence_trans
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
     from bertkit.serve import ServeConfig, create_app
-    p = Predictor.from_dir(out, dtype="float32", small_batches=False)
+    p = Predictor.from_dir(out, precision="fp32", small_batches=False)
     cfg = ServeConfig(max_length=p.max_length, embed_pooling=sentence_transformers_pooling(out)[0], warmup=False)
     with TestClient(create_app(p, cfg)) as client:
         r = client.post("/v1/embeddings", json={"input": TEXTS, "model": "m"})

@@ -95,7 +95,7 @@ def test_last_block_at_the_scored_position_equals_the_full_forward(tmp_path, arc
     full (the shortcut is off): the same scores, also for the CPU recipe's pre-LN + ALiBi model."""
     d = _save(tmp_path / "m", **arch)
     fast = blimp.load(d)
-    full = Predictor.from_dir(d, head="masked_lm", dtype="float32", small_batches=False, prepack=True)
+    full = Predictor.from_dir(d, head="masked_lm", precision="fp32", small_batches=False, prepack=True)
     assert blimp._plain(fast.encoder) and not blimp._plain(full.encoder)
     for method in ("pll", "pll-word-l2r"):
         a, _, _ = blimp.score_sentences(fast, SENTENCES, method, max_tokens=100)

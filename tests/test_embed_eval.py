@@ -22,7 +22,7 @@ METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")
 @pytest.fixture(scope="module")
 def predictor(minilm):
     from bertkit.infer import Predictor
-    return Predictor.from_dir(minilm, dtype="float32", small_batches=False)
+    return Predictor.from_dir(minilm, precision="fp32", small_batches=False)
 
 
 @pytest.fixture(scope="module")

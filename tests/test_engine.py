@@ -12,7 +12,7 @@ from bertkit.config import preset
 from bertkit.finetune import evaluating
 from bertkit.tasks.plumbing import evaluate, resolve_task
 from bertkit.infer import Predictor
-from bertkit.onnx_export import Exportable
+from bertkit.infer.export import Exportable
 from bertkit.packing import pack
 from bertkit.probe import ProbeModel
 from bertkit.tokenizer import Tokenizer
@@ -216,7 +216,8 @@ def test_head_metadata_lives_on_the_head_classes():
     """Architecture name, owned weights and output names are class attributes of each head;
     checkpoint and ONNX export read them instead of keeping their own tables. HTTP routes are the
     serving code's (the model knows nothing of serving)."""
-    from bertkit import checkpoint, infer, model, onnx_export, serve_api as serve
+    from bertkit import checkpoint, model, serve_api as serve
+    from bertkit.infer import engines, export, predictor
     from bertkit.model import HEADS, BertModel
 
     for name, cls in {"encoder": BertModel, **HEADS}.items():
@@ -228,7 +229,7 @@ def test_head_metadata_lives_on_the_head_classes():
         assert bool(cls.output_names) == (name != "encoder")
     assert {h for heads in serve.ENDPOINT_HEADS.values() for h in heads} <= set(HEADS)
     assert "/v1/" not in open(model.__file__).read()
-    for src in (checkpoint, serve, onnx_export, infer):   # no second copy of a head's name table
+    for src in (checkpoint, serve, export, engines, predictor):   # no second copy of a head's name table
         text = open(src.__file__).read()
         assert '"BertForQuestionAnswering"' not in text and '"start_logits", "end_logits"' not in text
         assert "span_logits" not in text and "token_logits" not in text

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertkit.prepack import PrepackedLinear, can_prepack, gemm_rows
+from bertkit.infer.prepack import PrepackedLinear, can_prepack, gemm_rows
 
 
 def test_gemm_rows_few_sizes_little_padding():
@@ -35,7 +35,7 @@ def test_warm_gemm_shapes_runs_each_distinct_layer_at_each_size():
     lin = torch.nn.Linear(8, 12)
     if not can_prepack(lin):
         pytest.skip("no oneDNN prepacked Linear in this torch build")
-    from bertkit.prepack import warm_gemm_shapes
+    from bertkit.infer.prepack import warm_gemm_shapes
 
     model = torch.nn.ModuleList([PrepackedLinear(lin), PrepackedLinear(torch.nn.Linear(8, 12)),
                                  PrepackedLinear(torch.nn.Linear(12, 8)), PrepackedLinear(lin, "gelu", "tanh")])

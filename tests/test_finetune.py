@@ -157,7 +157,7 @@ def test_regression_stsb(tiny_model, tmp_path):
 def test_frozen_probe_keeps_encoder_and_concatenates_layers(tiny_model, conll_dir, tmp_path):
     out = tmp_path / "probe"
     result = finetune(cfg(task="conll2003", data=str(conll_dir), model=str(tiny_model), out=str(out), freeze=True,
-                          probe_layers=2, lr=1e-2, epochs=4))
+                          probe_features="concat_last_2", lr=1e-2, epochs=4))
     assert result["dev"]["f1"] > 0.9, result["history"]           # word identity is in the frozen features
     model, raw = load_finetuned(out)
     assert isinstance(model, ProbeModel) and raw["bertkit_probe"] == {"features": "concat_last_2",
@@ -349,11 +349,11 @@ def test_squad2_null_threshold_and_doc_stride_travel_with_the_model(tiny_model, 
     cut = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert all((r["prediction"] == "") == (r["null_odds"] > median) for r in cut)
     assert 0 < sum(r["prediction"] == "" for r in cut) < len(cut)
-    predictor = Predictor.from_dir(out, dtype="float32")
+    predictor = Predictor.from_dir(out, precision="fp32")
     predictor.null_threshold = median                      # what `serve --null-threshold` sets
     assert [a["answer"] for a in predictor.qa([r["question"] for r in rows], [r["context"] for r in rows])] == \
         [r["prediction"] for r in cut]
-    answers = Predictor.from_dir(out, dtype="float32").qa([r["question"] for r in rows], [r["context"] for r in rows])
+    answers = Predictor.from_dir(out, precision="fp32").qa([r["question"] for r in rows], [r["context"] for r in rows])
     assert [a["answer"] for a in answers] == [r["prediction"] for r in got]
     assert main(["predict", "--model", str(out), str(inp), "--null-threshold", "nan"]) == 1
     assert "finite" in capsys.readouterr().err

@@ -1,9 +1,8 @@
 """Predictor: every task against transformers on the same weights, batching invariance, int8 agreement.
 
 The parity tests run three times, on prepacked (oneDNN) and on plain Linear layers and with every
-batch on the onnxruntime graph of the encoder (onnx_graph.py), and compare with
-the fp32 reordering bound below instead of a fixed atol; `BERTKIT_PREPACK=0` runs the rest of the
-suite on plain layers too."""
+batch on the onnxruntime graph of the encoder (infer/graph.py), and compare with
+the fp32 reordering bound below instead of a fixed atol."""
 from __future__ import annotations
 
 import math
@@ -15,7 +14,6 @@ import torch
 
 from bertkit import Tokenizer, preset
 from bertkit.checkpoint import build, save_model
-from bertkit.prepack import prepack_disabled
 from bertkit.infer import Predictor, PredictorError, agreement, length_buckets
 
 transformers = pytest.importorskip("transformers")
@@ -61,15 +59,13 @@ def minilm_dir() -> str:
 ENGINES = {"prepacked": {"prepack": True, "small_batches": False},
            "plain": {"prepack": False, "small_batches": False},
            # every batch of the tests (at most a few hundred tokens) on the onnxruntime graph
-           "onnxruntime": {"prepack": True, "small_batches": 1 << 20}}
+           "onnxruntime": {"prepack": True, "small_batches": True, "small_batch_tokens": 1 << 20}}
 
 
 @pytest.fixture(scope="module", params=list(ENGINES))
 def engine(request) -> dict:
     """Parity tests run on oneDNN-prepacked Linear layers, on plain ones, and with every batch on
-    the onnxruntime graph of the encoder (onnx_graph.py): Predictor.from_dir keyword arguments."""
-    if request.param == "prepacked" and prepack_disabled():
-        pytest.skip("BERTKIT_PREPACK=0")
+    the onnxruntime graph of the encoder (infer/graph.py): Predictor.from_dir keyword arguments."""
     if request.param == "onnxruntime":
         pytest.importorskip("onnxruntime")
     return ENGINES[request.param]
@@ -84,12 +80,12 @@ def _check_engine(p: Predictor, engine: dict) -> Predictor:
 
 @pytest.fixture(scope="module")
 def minilm(engine) -> Predictor:
-    return _check_engine(Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", **engine), engine)
+    return _check_engine(Predictor.from_dir(minilm_dir(), device="cpu", precision="fp32", **engine), engine)
 
 
 @pytest.fixture(scope="module")
 def minilm_default() -> Predictor:
-    return Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32")
+    return Predictor.from_dir(minilm_dir(), device="cpu", precision="fp32")
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +137,7 @@ def test_fp32_bound_covers_fp32_rounding(tmp_path_factory, tok):
         m64 = cls.from_pretrained(path).double().eval()
         with torch.no_grad():
             a, b = getattr(m32(**enc), out)[real], getattr(m64(**enc), out)[real]
-        cfg = Predictor.from_dir(path, device="cpu", dtype="float32", prepack=False).config
+        cfg = Predictor.from_dir(path, device="cpu", precision="fp32", prepack=False).config
         diff = float((a.double() - b).abs().max())
         assert 0 < diff <= fp32_bound(b.numpy(), cfg) / 2, (path, diff, fp32_bound(b.numpy(), cfg))
 
@@ -150,7 +146,7 @@ def test_fp32_bound_catches_real_bugs(tmp_path_factory, tok, engine):
     """The parity tests would fail on a real bug: bertkit against a transformers model with the
     tanh GELU instead of erf, one LayerNorm missing or positions shifted by one is far over the bound."""
     path = _tiny_token_classifier(tmp_path_factory, tok)
-    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", precision="fp32", **engine), engine)
     enc = tok(TEXTS)
     real = enc["attention_mask"].bool()
     got = np.concatenate(p.outputs([{"input_ids": e.input_ids, "token_type_ids": e.token_type_ids}
@@ -169,7 +165,7 @@ def test_fp32_bound_catches_real_bugs(tmp_path_factory, tok, engine):
         diff = float(np.abs(got - out[real].numpy()).max())
         assert diff > 5 * fp32_bound(ref, p.config), (bug, diff, fp32_bound(ref, p.config))
     minilm_tanh = transformers.AutoModel.from_pretrained(minilm_dir(), hidden_act="gelu_new").eval()
-    m = _check_engine(Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", **engine), engine)
+    m = _check_engine(Predictor.from_dir(minilm_dir(), device="cpu", precision="fp32", **engine), engine)
     got = np.concatenate(m.embed(TEXTS, pooling="none"))
     with torch.no_grad():
         bad = minilm_tanh(**m.tokenizer(TEXTS)).last_hidden_state[real].numpy()
@@ -227,7 +223,7 @@ def test_truncation_limit(minilm_default):
 
 def test_fill_mask_matches_transformers(tmp_path_factory, tok, engine):
     path = tiny_checkpoint(tmp_path_factory, tok, "masked_lm", "mlm")
-    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", precision="fp32", **engine), engine)
     texts = ["paris is the [MASK] of [MASK].", "hello [MASK] world", "[MASK]"]
     got = p.fill_mask(texts, top_k=4, batch_size=2)
     hf = transformers.BertForMaskedLM.from_pretrained(path).eval()
@@ -252,7 +248,7 @@ def test_fill_mask_matches_transformers(tmp_path_factory, tok, engine):
 def test_classify_matches_transformers(tmp_path_factory, tok, engine):
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "cls", num_labels=3,
                            names=["neg", "neu", "pos"])
-    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", precision="fp32", **engine), engine)
     pairs = ["second segment", None, "x", "y z", None, "w"]
     got = p.classify(TEXTS, pairs=pairs, batch_size=4, raw=True)
     hf = transformers.BertForSequenceClassification.from_pretrained(path).eval()
@@ -272,7 +268,7 @@ def test_classify_matches_transformers(tmp_path_factory, tok, engine):
 def test_regression_head(tmp_path_factory, tok, engine):
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "reg", num_labels=1,
                            problem="regression", names=["score"])
-    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", precision="fp32", **engine), engine)
     got = p.classify(TEXTS[:2])
     hf = transformers.BertForSequenceClassification.from_pretrained(path).eval()
     with torch.no_grad():
@@ -283,7 +279,7 @@ def test_regression_head(tmp_path_factory, tok, engine):
 def test_ner_word_level(tmp_path_factory, tok, engine):
     names = ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
     path = tiny_checkpoint(tmp_path_factory, tok, "token_classification", "ner", num_labels=5, names=names)
-    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", precision="fp32", **engine), engine)
     texts = ["Angela Merkel visited New York City yesterday.", ["Jean-Pierre", "lives", "in", "Lyon"]]
     got = p.ner(texts)
     hf = transformers.BertForTokenClassification.from_pretrained(path).eval()
@@ -311,7 +307,7 @@ def test_qa_matches_transformers(tmp_path_factory, tok, engine):
     from bertkit.tasks.squad import QAExample, featurize_qa, postprocess_qa
 
     path = tiny_checkpoint(tmp_path_factory, tok, "question_answering", "qa")
-    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", precision="fp32", **engine), engine)
     qs = ["Where is the fox?", "Who wrote it?"]
     cs = ["The quick brown fox sits in the garden of the old house near the river.",
           " ".join(["Émile Zola wrote novels in Paris."] * 40)]
@@ -353,7 +349,7 @@ def test_outputs_follow_the_task_contract(tmp_path_factory, tok, engine):
 
     names = ["B-LOC", "I-LOC", "O"]
     path = tiny_checkpoint(tmp_path_factory, tok, "token_classification", "ner3", num_labels=3, names=names)
-    p = _check_engine(Predictor.from_dir(path, device="cpu", dtype="float32", **engine), engine)
+    p = _check_engine(Predictor.from_dir(path, device="cpu", precision="fp32", **engine), engine)
     feats = featurize_tokens([TaggedExample("0", ["New", "York", "is", "big"]), TaggedExample("1", ["hi"])],
                              tok, None, max_length=32)
     outs = p.outputs(feats)
@@ -430,7 +426,7 @@ def test_pack_rows_equals_pack_of_the_padded_batch():
 
 def test_agreement_reports_accuracy_on_labels(tmp_path_factory, tok):
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "agree", num_labels=2, names=["no", "yes"])
-    ref = Predictor.from_dir(path, device="cpu", dtype="float32")
+    ref = Predictor.from_dir(path, device="cpu", precision="fp32")
     q = Predictor.from_dir(path, device="cpu", int8=True)
     preds = [r["label"] for r in ref.classify(TEXTS)]
     labels = [preds[0]] * len(TEXTS)                      # a labelled set the fp32 model half gets right
@@ -447,13 +443,13 @@ def test_prepacked_linears_equal_plain_layers(act, causal):
     import copy
 
     from bertkit.packing import pack
-    from bertkit.prepack import FusedSelfAttention, PrepackedLinear, can_prepack, prepack_linears
+    from bertkit.infer.prepack import FusedSelfAttention, PrepackedLinear, can_prepack, prepack_linears
     from bertkit.model import BertModel
 
     torch.manual_seed(0)
     model = BertModel(preset("tiny", vocab_size=500, hidden_act=act, causal=causal)).eval()
-    if not can_prepack(model) or prepack_disabled():
-        pytest.skip("this torch build has no oneDNN prepacked Linear (or BERTKIT_PREPACK=0)")
+    if not can_prepack(model):
+        pytest.skip("this torch build has no oneDNN prepacked Linear")
     fast = copy.deepcopy(model)
     assert prepack_linears(fast)
     assert all(type(b.attn) is FusedSelfAttention and b.attn.causal == causal for b in fast.blocks)
@@ -478,11 +474,11 @@ def test_prepacked_linears_equal_plain_layers(act, causal):
 
 def test_prepack_falls_back_when_the_kernel_disagrees_or_fails(monkeypatch):
     from bertkit.model import BertModel
-    from bertkit.prepack import PrepackedLinear, can_prepack, prepack_linears
+    from bertkit.infer.prepack import PrepackedLinear, can_prepack, prepack_linears
 
     model = BertModel(preset("tiny", vocab_size=500)).eval()
-    if not can_prepack(model) or prepack_disabled():
-        pytest.skip("this torch build has no oneDNN prepacked Linear (or BERTKIT_PREPACK=0)")
+    if not can_prepack(model):
+        pytest.skip("this torch build has no oneDNN prepacked Linear")
     plain = [type(m) for m in model.modules()]
     monkeypatch.setattr(PrepackedLinear, "forward", lambda self, x: torch.zeros(len(x), self.out_features))
     assert not prepack_linears(model)
@@ -493,18 +489,16 @@ def test_prepack_falls_back_when_the_kernel_disagrees_or_fails(monkeypatch):
 
 
 def test_predictor_prepacks_on_cpu_only_when_it_applies(minilm_default, monkeypatch):
-    from bertkit.prepack import can_prepack
+    from bertkit.infer.prepack import can_prepack
 
-    plain = Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32", prepack=False)
-    if not can_prepack(plain.model) or prepack_disabled():
-        pytest.skip("this torch build has no oneDNN prepacked Linear (or BERTKIT_PREPACK=0)")
+    plain = Predictor.from_dir(minilm_dir(), device="cpu", precision="fp32", prepack=False)
+    if not can_prepack(plain.model):
+        pytest.skip("this torch build has no oneDNN prepacked Linear")
     assert minilm_default.prepacked and not plain.prepacked
     assert_fp32_close(minilm_default.embed(TEXTS), plain.embed(TEXTS), plain.config, "prepacked vs plain")
     assert not Predictor.from_dir(minilm_dir(), device="cpu", int8=True).prepacked
     with pytest.raises(PredictorError, match="prepack=False"):
         minilm_default.compile()
-    monkeypatch.setenv("BERTKIT_PREPACK", "0")                  # the switch that runs a suite on plain layers
-    assert not Predictor.from_dir(minilm_dir(), device="cpu", dtype="float32").prepacked
 
 
 # ---- precision: bf16 where it is faster and accurate, fp32 elsewhere --------------------------
@@ -539,15 +533,15 @@ def test_auto_precision_runs_fp32_where_bf16_is_slow(monkeypatch):
 
 
 def test_auto_precision_falls_back_to_fp32_when_bf16_is_inaccurate(monkeypatch, tmp_path_factory, tok):
-    import bertkit.infer as infer
+    from bertkit.infer import choose
 
     monkeypatch.setenv("BERTKIT_BF16", "1")
-    monkeypatch.setattr(infer, "BF16_MIN_COSINE", 1.01)           # no bf16 run can reach it
+    monkeypatch.setattr(choose, "BF16_MIN_COSINE", 1.01)           # no bf16 run can reach it
     path = tiny_checkpoint(tmp_path_factory, tok, "sequence_classification", "fallback", num_labels=3)
     p = Predictor.from_dir(path, device="cpu")
     assert p.precision == "float32" and "but bf16 cosine 0." in p.precision_reason
     assert {t.dtype for t in p.model.parameters()} == {torch.float32}
-    ref = Predictor.from_dir(path, device="cpu", dtype="float32")
+    ref = Predictor.from_dir(path, device="cpu", precision="fp32")
     got, want = p.classify(TEXTS, raw=True), ref.classify(TEXTS, raw=True)
     assert_fp32_close([r["logits"] for r in got], [r["logits"] for r in want], p.config, "fallback logits")
 
@@ -573,7 +567,7 @@ def test_bf16_tasks_follow_fp32_by_cosine(monkeypatch, minilm_heads, head):
     """Every head runs in bf16 (outputs come back float32); agreement with fp32 as cosines."""
     monkeypatch.setenv("BERTKIT_BF16", "1")
     path = minilm_heads[head]
-    p, ref = Predictor.from_dir(path, device="cpu"), Predictor.from_dir(path, device="cpu", dtype="float32")
+    p, ref = Predictor.from_dir(path, device="cpu"), Predictor.from_dir(path, device="cpu", precision="fp32")
     assert p.precision == "bfloat16" and p.precision_check["head_cosine_min"] >= 0.999, p.precision_reason
     feats = [{"input_ids": e.input_ids, "token_type_ids": e.token_type_ids} for e in p.encode(TEXTS, TEXTS[::-1])]
     for a, b in zip(p.outputs(feats), ref.outputs(feats)):
@@ -586,10 +580,10 @@ def test_explicit_dtype_is_not_measured(monkeypatch):
     from bertkit import hardware
 
     monkeypatch.setattr(hardware, "capabilities", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
-    p = Predictor.from_dir(minilm_dir(), device="cpu", dtype="bfloat16")
-    assert p.precision == "bfloat16" and p.precision_reason == "dtype=bfloat16 asked for"
-    assert Predictor.from_dir(minilm_dir(), device="cpu", dtype=torch.float32).precision == "float32"
-    with pytest.raises(PredictorError, match="precision must be auto, fp32, bf16 or fp16, not 'int4'"):
-        Predictor.from_dir(minilm_dir(), device="cpu", dtype="int4")
+    p = Predictor.from_dir(minilm_dir(), device="cpu", precision="bf16")
+    assert p.precision == "bfloat16" and p.precision_reason == "precision bfloat16 asked for"
+    assert Predictor.from_dir(minilm_dir(), device="cpu", precision="fp32").precision == "float32"
+    with pytest.raises(PredictorError, match="precision must be one of auto, fp32, bf16, fp16, not 'int4'"):
+        Predictor.from_dir(minilm_dir(), device="cpu", precision="int4")
     with pytest.raises(PredictorError, match="exclusive"):
-        Predictor.from_dir(minilm_dir(), device="cpu", dtype="bfloat16", int8=True)
+        Predictor.from_dir(minilm_dir(), device="cpu", precision="bf16", int8=True)

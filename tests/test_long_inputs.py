@@ -85,7 +85,7 @@ def test_predictor_reads_past_positions_as_a_direct_forward(alibi, caplog, one_t
     from bertkit.infer import Predictor
 
     text = long_text(1100)
-    p = Predictor.from_dir(alibi, head="encoder", device="cpu", max_length=1024, dtype="fp32", small_batches=False)
+    p = Predictor.from_dir(alibi, head="encoder", device="cpu", max_length=1024, precision="fp32", small_batches=False)
     assert p.max_length == 1024
     assert "--max-length 1024 is past the training length 64" in caplog.text and "accuracy may drop" in caplog.text
     states = p.embed([text, "the cat"], pooling="none")
@@ -180,7 +180,7 @@ def test_serve_says_what_it_cut_and_reads_past_positions(alibi, caplog, one_thre
     from bertkit.infer import Predictor
     from bertkit.serve import ServeConfig, create_app
 
-    p = Predictor.from_dir(alibi, head="encoder", device="cpu", max_length=1024, dtype="fp32", small_batches=False)
+    p = Predictor.from_dir(alibi, head="encoder", device="cpu", max_length=1024, precision="fp32", small_batches=False)
     with TestClient(create_app(p, ServeConfig(max_length=p.max_length, warmup=False))) as c:
         text = long_text(1100)
         r = c.post("/v1/embed", json={"texts": [text, "the cat"], "truncate": True, "pooling": "mean"})
@@ -201,7 +201,7 @@ def test_serve_says_what_it_cut_and_reads_past_positions(alibi, caplog, one_thre
 @pytest.mark.slow          # (the export itself: ~40 s on 2 busy cores)
 def test_onnx_export_of_an_alibi_model_reads_past_positions(tmp_path_factory, minilm, one_thread):
     ort = pytest.importorskip("onnxruntime")
-    from bertkit.onnx_export import INPUTS, export_onnx
+    from bertkit.infer.export import INPUTS, export_onnx
 
     folder = tiny(tmp_path_factory.mktemp("onnx"), minilm, "alibi", head="encoder")
     export_onnx(folder, folder / "model.onnx")

@@ -14,7 +14,8 @@ from bertkit import Tokenizer, preset  # noqa: E402
 from bertkit.checkpoint import build, save_model  # noqa: E402
 from bertkit.cli import main  # noqa: E402
 from bertkit.infer import Predictor  # noqa: E402
-from bertkit.onnx_export import ExportError, export_onnx, load_session  # noqa: E402
+from bertkit.infer.engines import load_session  # noqa: E402
+from bertkit.infer.export import ExportError, export_onnx  # noqa: E402
 from test_infer import assert_fp32_close  # noqa: E402  (the fp32 reordering bound, explained there)
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hi", "Paris is the capital of France, they say.",
@@ -53,7 +54,7 @@ def test_export_parity_and_dynamic_axes(exported):
 
 
 def test_onnx_backend_equals_torch(classifier, exported):
-    torch_p = Predictor.from_dir(classifier, device="cpu", dtype="float32")
+    torch_p = Predictor.from_dir(classifier, device="cpu", precision="fp32")
     onnx_p = Predictor.from_dir(classifier, device="cpu", backend="onnx")
     assert onnx_p.backend == "onnx"
     pairs = [None, "second", None, "x y", None]
@@ -132,10 +133,10 @@ def test_openvino_backend_follows_torch(classifier):
     pytest.importorskip("openvino")
     from bertkit.infer import PredictorError
 
-    torch_p = Predictor.from_dir(classifier, device="cpu", dtype="float32")
+    torch_p = Predictor.from_dir(classifier, device="cpu", precision="fp32")
     pairs = [None, "second", None, "x y", None]
     want = torch_p.classify(TEXTS, pairs, raw=True)
-    f32 = Predictor.from_dir(classifier, backend="openvino", dtype="float32", threads=1)
+    f32 = Predictor.from_dir(classifier, backend="openvino", precision="fp32", threads=1)
     assert f32.backend == "openvino" and f32.precision == "float32" and f32.describe()["backend"] == "openvino"
     got = f32.classify(TEXTS, pairs, raw=True)
     assert_fp32_close([r["logits"] for r in got], [r["logits"] for r in want], torch_p.config, "openvino logits")

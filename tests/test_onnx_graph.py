@@ -1,4 +1,4 @@
-"""onnx_graph.py: the encoder written out as an ONNX graph computes what model.py computes, and the
+"""infer/graph.py and engines.GraphEngine: the encoder written out as an ONNX graph computes what model.py computes, and the
 Predictor sends short batches there only when it is installed, agrees and (by default) measures faster."""
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import torch
 
 from bertkit import Tokenizer, hardware, preset
 from bertkit.checkpoint import build, save_model
-from bertkit.infer import Predictor, PredictorError
+from bertkit.infer import Predictor, PredictorError, PredictorOptions
 from bertkit.model import BertModel
 from bertkit.packing import pack
 
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from bertkit import onnx_graph  # noqa: E402
+from bertkit.infer import choose, engines, graph  # noqa: E402
 from test_infer import assert_fp32_close, minilm_dir  # noqa: E402  (the fp32 reordering bound, explained there)
 
 VARIANTS = [("gelu", "absolute", "post"), ("gelu_new", "alibi", "pre"), ("relu", "absolute", "pre"),
@@ -34,54 +34,54 @@ def _model(act: str, positions: str, norm: str) -> BertModel:
     return model
 
 
-@pytest.mark.parametrize("engine", onnx_graph.ENGINES)
+@pytest.mark.parametrize("engine", engines.ENGINES)
 @pytest.mark.parametrize("act, positions, norm", VARIANTS)
 def test_graph_equals_the_model_padded_and_packed(act, positions, norm, engine):
     pytest.importorskip(engine)
     model = _model(act, positions, norm)
-    small = onnx_graph.SmallBatches(onnx_graph.load_engine(engine, onnx_graph.encoder_graph(model), threads=1),
-                                    engine, max_tokens=1 << 20)
-    if small.engine.precision != "float32":
-        pytest.skip(f"{engine} runs {small.engine.precision} on this CPU (judged by cosine at load)")
+    small = engines.GraphEngine(engines.load_runner(engine, graph.encoder_graph(model), threads=1), engine, model,
+                                max_tokens=1 << 20)
+    if small.precision != "float32":
+        pytest.skip(f"{engine} runs {small.precision} on this CPU (judged by cosine at load)")
     ids = torch.randint(5, 500, (3, 13))
     types = (torch.arange(13) >= 7).long().expand(3, 13)
     mask = torch.tensor([[1] * 13, [1] * 6 + [0] * 7, [1] * 9 + [0] * 4])
     flat, layout = pack(ids, mask, types)
     with torch.inference_mode():
         want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
-        got = small.hidden(model, flat, layout)                           # three sequences, padded inside
+        got = small.hidden(flat, layout)                           # three sequences, padded inside
         assert_fp32_close(got, want, model.config, f"{act}/{positions}/{norm}, a padded batch")
         one, alone = pack(ids[1:2, :6], mask[1:2, :6], types[1:2, :6])    # one sequence: no padding at all
         want = model(one["input_ids"], one["token_type_ids"], position_ids=one["position_ids"], packed=alone)
-        assert_fp32_close(small.hidden(model, one, alone), want, model.config, f"{act}/{positions}/{norm}, alone")
-        assert torch.allclose(small.hidden(model, one, alone), got[13:19], atol=1e-5)   # padding changes nothing
+        assert_fp32_close(small.hidden(one, alone), want, model.config, f"{act}/{positions}/{norm}, alone")
+        assert torch.allclose(small.hidden(one, alone), got[13:19], atol=1e-5)   # padding changes nothing
 
 
 def test_a_wrong_graph_is_caught_by_the_bound():
     """The comparison above fails when the graph differs from the model in one operation."""
     model = _model("gelu", "absolute", "post")
     wrong = _model("gelu_new", "absolute", "post")                     # same weights, tanh GELU
-    small = onnx_graph.SmallBatches(onnx_graph.load_engine("onnxruntime", onnx_graph.encoder_graph(wrong), 1),
-                                    "onnxruntime", 1 << 20)
+    small = engines.GraphEngine(engines.load_runner("onnxruntime", graph.encoder_graph(wrong), 1), "onnxruntime",
+                                model, 1 << 20)
     flat, layout = pack(torch.randint(5, 500, (2, 9)), torch.ones(2, 9, dtype=torch.long))
     with torch.inference_mode():
         want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
         with pytest.raises(AssertionError, match="fp32 reordering bound"):
-            assert_fp32_close(small.hidden(model, flat, layout), want, model.config)
+            assert_fp32_close(small.hidden(flat, layout), want, model.config)
 
 
 def test_what_is_not_written_as_a_graph():
-    assert onnx_graph.supported(_model("gelu", "absolute", "post")) is None
+    assert graph.supported(_model("gelu", "absolute", "post")) is None
     causal = BertModel(preset("tiny", vocab_size=500, causal=True))
-    assert onnx_graph.supported(causal) == "a causal encoder"
-    assert onnx_graph.supported(BertModel(preset("tiny", vocab_size=500, hidden_act="silu"))) == "hidden_act silu"
-    assert onnx_graph.supported(BertModel(preset("tiny", vocab_size=500)).to(torch.bfloat16)) == "weights not in float32"
+    assert graph.supported(causal) == "a causal encoder"
+    assert graph.supported(BertModel(preset("tiny", vocab_size=500, hidden_act="silu"))) == "hidden_act silu"
+    assert graph.supported(BertModel(preset("tiny", vocab_size=500)).to(torch.bfloat16)) == "weights not in float32"
     with pytest.raises(ValueError, match="causal"):
-        onnx_graph.encoder_graph(causal)
+        graph.encoder_graph(causal)
     with pytest.raises(ValueError, match="2 GB"):
         import unittest.mock
-        with unittest.mock.patch.object(onnx_graph, "MAX_GRAPH_BYTES", 1000):
-            onnx_graph.encoder_graph(_model("gelu", "absolute", "post"))
+        with unittest.mock.patch.object(graph, "MAX_GRAPH_BYTES", 1000):
+            graph.encoder_graph(_model("gelu", "absolute", "post"))
 
 
 @pytest.fixture(scope="module")
@@ -98,66 +98,59 @@ def checkpoints(tmp_path_factory) -> dict:
 
 
 def test_predictor_default_measures_and_says_why(checkpoints, monkeypatch):
-    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     info = p.describe()["small_batches"]
     assert info["reason"] == p.small_reason
     if p.small is not None:                          # faster here at 16 tokens: timed lengths and agreement
-        assert info["engine"] in onnx_graph.ENGINES and info["max_tokens"] in (16, 32, 64, 128, 256)
+        assert info["engine"] in engines.ENGINES and info["max_tokens"] in (16, 32, 64, 128, 256)
         assert "16" in {str(k) for k in info["latency_ms"]} and info["agreement"]["ok"]
         assert p.small_reason.startswith(f"{info['engine']} ({info['precision']}) faster up to")
     else:
         assert info["engine"] is None and "not faster than PyTorch" in p.small_reason
-    off = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False)
+    off = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=False)
     assert off.small is None and off.describe()["small_batches"] == {"engine": None, "reason": "off: small_batches=False"}
     texts = ["one", "two words", "a third text of a few more words"]
     np.testing.assert_allclose(p.embed(texts), off.embed(texts), atol=1e-5)
 
 
 def test_predictor_keeps_pytorch_where_no_graph_applies(checkpoints, monkeypatch):
-    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
-    p = Predictor.from_dir(checkpoints["causal"], device="cpu", dtype="float32")
+    p = Predictor.from_dir(checkpoints["causal"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and p.small_reason == "no ONNX graph for a causal encoder"
-    monkeypatch.setattr(onnx_graph, "MAX_GRAPH_BYTES", 1000)
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    monkeypatch.setattr(graph, "MAX_GRAPH_BYTES", 1000)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and "at most 2 GB" in p.small_reason
     monkeypatch.undo()
-    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
-    monkeypatch.setattr(onnx_graph, "installed_engines", lambda: [])
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    monkeypatch.setattr(engines, "installed_engines", lambda: [])
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and "neither onnxruntime nor openvino is installed" in p.small_reason
 
 
-def test_the_environment_setting(checkpoints, monkeypatch):
-    monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "0")
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
-    assert p.small is None and p.small_reason == "off: BERTKIT_SMALL_BATCHES=0"
-    monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "48")
-    assert Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False).small is None
-    assert Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=8).small.max_tokens == 8
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")     # the default: the variable decides
+def test_the_options(checkpoints):
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=False,
+                           small_batch_tokens=48)
+    assert p.small is None and p.small_reason == "off: small_batches=False"
+    assert Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32",
+                              small_batch_tokens=8, small_batches=True).small.max_tokens == 8
+    p = Predictor.from_dir(checkpoints["plain"], PredictorOptions(device="cpu", precision="fp32", small_batch_tokens=48))
     assert p.small is not None and p.small.max_tokens == 48 and "as asked" in p.small_reason
     b = p.batches([([101] + [2000] * 5 + [102], [0] * 7)] * 6)[0]       # 6 x 7 = 42 tokens: onnxruntime
     assert p.small.takes(b.packed) and not p.small.takes(p.batches([([101] * 50, [0] * 50)])[0].packed)
-    monkeypatch.setenv("BERTKIT_SMALL_BATCHES", "fast")
-    with pytest.raises(PredictorError, match="BERTKIT_SMALL_BATCHES"):
-        Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
-    monkeypatch.delenv("BERTKIT_SMALL_BATCHES")
-    with pytest.raises(PredictorError, match="small_batches"):
-        Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=0)
+    with pytest.raises(PredictorError, match="small_batch_tokens must be a number >= 1, not 0"):
+        Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batch_tokens=0)
+    with pytest.raises(PredictorError, match="unexpected keyword argument 'small'"):
+        Predictor.from_dir(checkpoints["plain"], small=True)
 
 
 def test_a_disagreeing_graph_is_discarded(checkpoints, monkeypatch):
     """A graph that computes something else (here: another model's weights) never serves."""
-    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
-    real = onnx_graph.encoder_graph
+    real = graph.encoder_graph
 
     def other_weights(bert):
         torch.manual_seed(1)
         return real(BertModel(bert.config).eval())
 
-    monkeypatch.setattr(onnx_graph, "encoder_graph", other_weights)
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=1 << 20)
+    monkeypatch.setattr(graph, "encoder_graph", other_weights)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batch_tokens=1 << 20, small_batches=True)
     assert p.small is None and "disagrees with PyTorch" in p.small_reason
 
 
@@ -165,7 +158,7 @@ class FakeEngine:
     """onnxruntime under another name, precision and speed, counting its runs."""
 
     def __init__(self, graph: bytes, precision: str = "float32", noise: float = 0.0):
-        self.inner, self.precision, self.noise, self.calls = onnx_graph.OnnxRuntimeEngine(graph, 1), precision, noise, 0
+        self.inner, self.precision, self.noise, self.calls = engines.OnnxRuntimeGraph(graph, 1), precision, noise, 0
 
     def run(self, embeddings, mask):
         self.calls += 1
@@ -174,11 +167,12 @@ class FakeEngine:
 
 
 def _with_fakes(monkeypatch, fakes: dict, ms: dict):
-    """Predictor._small_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch']).
+    """choose.load_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch']).
     Returns the list of the engine sets made, one per Predictor loaded."""
-    def engines(self, encoder):
-        graph = onnx_graph.encoder_graph(encoder)
-        return {name: make(graph) for name, make in fakes.items()}
+    def load(encoder, threads):
+        g = graph.encoder_graph(encoder)
+        engines_made.append({name: make(g) for name, make in fakes.items()})
+        return engines_made[-1], ""
 
     def fake_times(fns, rounds):
         made, out = engines_made[-1], []
@@ -192,43 +186,40 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict):
     engines_made = []
     monkeypatch.setenv(hardware.CACHE_ENV, tempfile.mkdtemp(prefix="bertkit-engines-"))   # nothing timed before
     monkeypatch.setattr(hardware, "_session", {})
-    monkeypatch.setattr(Predictor, "_small_engines", lambda self, enc: engines_made.append(engines(self, enc)) or engines_made[-1])
+    monkeypatch.setattr(choose, "load_engines", load)
     monkeypatch.setattr(hardware, "best_times", fake_times)
     return engines_made
 
 
 def test_the_fastest_agreeing_engine_is_chosen(checkpoints, monkeypatch):
-    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
     _with_fakes(monkeypatch, {"slow": FakeEngine, "fast": FakeEngine, "wrong": lambda g: FakeEngine(g, noise=0.5)},
                 {"torch": 5.0, "slow": 4.0, "fast": 2.0, "wrong": 1.0})
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is not None and p.small.name == "fast", p.small_reason
     assert p.small.max_tokens == 256                         # ahead at every timed length
     assert p.small_reason.startswith("fast (float32) faster up to 256 tokens here (slow 4.00 ms, fast 2.00 ms vs PyTorch 5.00 ms")
     assert p.describe()["small_batches"]["latency_ms"][16] == {"torch": 5.0, "slow": 4.0, "fast": 2.0}
     _with_fakes(monkeypatch, {"slow": FakeEngine}, {"torch": 5.0, "slow": 4.9})   # not 5% ahead
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and p.small_reason == "not faster than PyTorch on 16 tokens here (slow 4.90 ms vs 5.00 ms)"
 
 
 def test_the_engine_is_timed_once_per_machine_and_kept_by_every_later_start(checkpoints, monkeypatch):
-    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
     _with_fakes(monkeypatch, {"slow": FakeEngine, "fast": FakeEngine}, {"torch": 5.0, "slow": 4.0, "fast": 2.0})
-    first = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    first = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     timings = []
     monkeypatch.setattr(hardware, "best_times", lambda fns, rounds: timings.append(1) or [1.0] * len(fns))
     monkeypatch.setattr(hardware, "_session", {})                  # a second process on this machine
-    again = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    again = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert not timings and again.small.name == first.small.name == "fast"
     assert again.small.max_tokens == first.small.max_tokens == 256
     assert again.small_reason == first.small_reason + " (timed once on this machine)"
 
 
 def test_a_number_of_tokens_takes_the_first_agreeing_engine_untimed(checkpoints, monkeypatch):
-    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
     made = _with_fakes(monkeypatch, {"wrong": lambda g: FakeEngine(g, noise=0.5), "first": FakeEngine,
                                      "second": FakeEngine}, {"torch": 5.0, "wrong": 1.0, "first": 4.0, "second": 2.0})
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=40)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True, small_batch_tokens=40)
     assert p.small is not None and p.small.name == "first" and p.small.max_tokens == 40, p.small_reason
     assert p.small_reason == "first for batches of up to 40 tokens, as asked (not timed)" and not p.small.latency_ms
     assert p.small.agreement["ok"] and made[-1]["wrong"].calls > 0         # each checked in turn until one agrees
@@ -238,15 +229,14 @@ def test_a_number_of_tokens_takes_the_first_agreeing_engine_untimed(checkpoints,
 def test_a_bf16_engine_is_judged_by_cosine(checkpoints, monkeypatch):
     """OpenVINO runs bf16 on CPUs that have it: such an engine may differ by more than fp32 rounding,
     as long as every token keeps cosine >= 0.999 to fp32 (the bar of bf16 everywhere in bertkit)."""
-    monkeypatch.delenv("BERTKIT_SMALL_BATCHES", raising=False)
     fakes = {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.002), "fp32": lambda g: FakeEngine(g, noise=0.002)}
     _with_fakes(monkeypatch, fakes, {"torch": 5.0, "bf16": 2.0, "fp32": 1.0})
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is not None and p.small.name == "bf16", p.small_reason
     assert p.small.agreement["max_abs_diff"] > 1e-3 and p.small.agreement["token_cosine_min"] >= 0.999
     assert "fp32 (float32) disagrees with PyTorch" not in p.small_reason      # chosen: the reason is the choice
     _with_fakes(monkeypatch, {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.3)}, {"torch": 5.0, "bf16": 1.0})
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32")
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and p.small_reason.startswith("bf16 (bfloat16) disagrees with PyTorch on the sample")
 
 
@@ -254,21 +244,21 @@ def test_a_bf16_predictor_takes_an_engine_from_the_fp32_weights(checkpoints, mon
     """Where bf16 is chosen at load (forced here), the graph is written from the fp32 weights, the
     engine is held to bf16's bar against the fp32 model, and its states come back in bf16."""
     monkeypatch.setenv("BERTKIT_BF16", "1")
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", small_batches=64)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", small_batches=True, small_batch_tokens=64)
     assert p.precision == "bfloat16" and p.small is not None, (p.precision_reason, p.small_reason)
     assert p.small.agreement["ok"] and p.small.agreement["token_cosine_min"] >= 0.999
     b = p.batches([([101, 2023, 2003, 1037, 3231, 102], [0] * 6)])[0]
     assert p.small.takes(b.packed) and p.hidden(b).dtype == torch.bfloat16
     monkeypatch.setenv("BERTKIT_BF16", "0")
-    ref = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False)
+    ref = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=False)
     texts = ["a short text", "another one of a few more words"]
     a, r = p.embed(texts), ref.embed(texts)
     assert (np.sum(a * r, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(r, axis=1)).min() >= 0.999
 
 
 def test_an_engine_that_fails_at_run_time_hands_back_to_pytorch(checkpoints, caplog):
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=64)
-    want = Predictor.from_dir(checkpoints["plain"], device="cpu", dtype="float32", small_batches=False).embed(["a b c"])
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True, small_batch_tokens=64)
+    want = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=False).embed(["a b c"])
 
     class Broken:
         precision = "float32"
@@ -276,7 +266,7 @@ def test_an_engine_that_fails_at_run_time_hands_back_to_pytorch(checkpoints, cap
         def run(self, embeddings, mask):
             raise RuntimeError("out of memory")
 
-    p.small.engine = Broken()
+    p.small.runner = Broken()
     np.testing.assert_allclose(p.embed(["a b c"]), want, atol=1e-5)      # answered, by PyTorch
     assert p.small is None and p.small_reason == "off: onnxruntime failed at run time (RuntimeError)"
     assert "PyTorch runs them from now on" in caplog.text

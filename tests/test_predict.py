@@ -139,7 +139,7 @@ def test_the_walk_of_a_batch_from_predict_to_the_head(tmp_path, capsys):
     said = "the walk:\n" + "\n".join(f"{r:22s} {', '.join(names)}" for r, names in walk)
     assert rooms[:4] == ["cli.py", "commands/predict.py", "sources.py", "predict.py"] and rooms[-1] == "model.py", said
     assert "finetune.py" not in rooms and "tasks/plumbing.py" in rooms, said
-    assert [r for i, r in enumerate(rooms) if r in rooms[:i]] == ["infer.py"], said     # from_dir, then outputs
+    assert [r for i, r in enumerate(rooms) if r in rooms[:i]] == ["infer/predictor.py"], said   # from_dir, then outputs
     assert len(set(rooms)) <= 9, said
 
 
@@ -156,10 +156,8 @@ def test_predict_and_evaluate_options_import_no_fine_tuning():
 
 
 if __name__ == "__main__":          # python tests/test_predict.py: the walk, room by room
-    import os
     import tempfile
 
-    os.environ.setdefault("BERTKIT_SMALL_BATCHES", "0")
     folder = Path(tempfile.mkdtemp())
     model = checkpoint(folder / "m", "sequence_classification", id2label={"0": "neg", "1": "pos"},
                        bertkit_task={"name": "sst2"}, bertkit_max_length=32)

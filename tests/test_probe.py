@@ -47,12 +47,10 @@ def test_feature_choices_name_the_paper_layers():
 def test_config_checks_probe_options():
     with pytest.raises(BertkitError, match="freeze"):
         FinetuneConfig(probe_features="last")
-    with pytest.raises(BertkitError, match="not both"):
-        FinetuneConfig(freeze=True, probe_features="last", probe_layers=2)
     with pytest.raises(BertkitError, match="choose from"):
         FinetuneConfig(freeze=True, probe_features="cls")
     assert FinetuneConfig(freeze=True).features == "concat_last_four"
-    assert FinetuneConfig(freeze=True, probe_layers=1).features == "last"
+    assert FinetuneConfig(freeze=True, probe_features="last").features == "last"
     assert FinetuneConfig().features is None
 
 
@@ -125,7 +123,7 @@ def test_sentence_probe_round_trips(tiny_model, sst_dir, tmp_path, capsys, featu
     ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert ev["accuracy"] == pytest.approx(result["dev"]["accuracy"])
     from bertkit.infer import Predictor
-    p = Predictor.from_dir(out, dtype="float32")
+    p = Predictor.from_dir(out, precision="fp32")
     got = np.array([r["logits"] for r in p.classify(["the movie was good", "a bad plot and it is very poor"],
                                                      raw=True)])
     np.testing.assert_allclose(got, logits.numpy(), atol=1e-4, rtol=1e-4)
@@ -142,7 +140,7 @@ def test_token_probe_loads_in_predict_and_predictor(tiny_model, conll_dir, tmp_p
     assert main(["predict", "--model", str(out), str(inp)]) == 0
     row = json.loads(capsys.readouterr().out)
     from bertkit.infer import Predictor
-    tags = Predictor.from_dir(out, dtype="float32").ner([["mary", "lives", "in", "rome", "."]])[0]["tags"]
+    tags = Predictor.from_dir(out, precision="fp32").ner([["mary", "lives", "in", "rome", "."]])[0]["tags"]
     assert tags == row["prediction"] == ["B-PER", "O", "O", "B-LOC", "O"]
 
 
@@ -173,7 +171,7 @@ def test_probe_exports_to_onnx(minilm, sst_dir, tmp_path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from bertkit.infer import Predictor
-    from bertkit.onnx_export import export_onnx
+    from bertkit.infer.export import export_onnx
 
     src = tmp_path / "tiny"                  # a small random encoder with the real vocabulary
     torch.manual_seed(0)
@@ -185,7 +183,7 @@ def test_probe_exports_to_onnx(minilm, sst_dir, tmp_path):
     export_onnx(out, out / "model.onnx")
     texts = ["the movie was good", "a bad plot and it is very poor", "fine"]
     got = [r["logits"] for r in Predictor.from_dir(out, backend="onnx").classify(texts, raw=True)]
-    want = [r["logits"] for r in Predictor.from_dir(out, dtype="float32").classify(texts, raw=True)]
+    want = [r["logits"] for r in Predictor.from_dir(out, precision="fp32").classify(texts, raw=True)]
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 

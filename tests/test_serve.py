@@ -59,8 +59,8 @@ def encoder_dir(root) -> Path:
     return checkpoint(root, "encoder")
 
 
-def client_for(path: Path, small_batches: bool | int = True, **cfg) -> tuple[TestClient, Predictor]:
-    p = Predictor.from_dir(path, device="cpu", small_batches=small_batches)
+def client_for(path: Path, small_batch_tokens: int | None = None, **cfg) -> tuple[TestClient, Predictor]:
+    p = Predictor.from_dir(path, device="cpu", small_batches=bool(small_batch_tokens), small_batch_tokens=small_batch_tokens)
     cfg.setdefault("warmup", False)     # every GEMM shape up to max_batch_tokens: 11 s at 100k tokens, tested apart
     settings = ServeConfig(max_length=p.max_length, **cfg)
     return TestClient(create_app(p, settings)), p
@@ -163,7 +163,7 @@ def test_batched_requests_equal_alone(encoder_dir, short):
     """Alone, a request's texts are a short batch (onnxruntime's engine when on); batched, PyTorch."""
     if short == "onnxruntime":
         pytest.importorskip("onnxruntime")
-    c, p = client_for(encoder_dir, small_batches=40 if short == "onnxruntime" else False,
+    c, p = client_for(encoder_dir, small_batch_tokens=40 if short == "onnxruntime" else None,
                       max_wait_ms=300, max_batch_tokens=100000)
     assert (p.small is not None) == (short == "onnxruntime"), p.small_reason
     reqs = [{"texts": [t, TEXTS[(i + 1) % len(TEXTS)]], "normalize": True} for i, t in enumerate(TEXTS * 2)]
@@ -234,7 +234,7 @@ def test_sigterm_finishes_in_flight_and_exits_0(encoder_dir):
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "bertkit", "serve", "--model", str(encoder_dir), "--port", str(port),
-                             "--max-wait-ms", "1500", "--threads", "1"], env=env,
+                             "--max-wait-ms", "1500", "--threads", "1", "--no-small-batches"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -30,7 +30,7 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "hi", "A man is playing
 @pytest.fixture(scope="module")
 def minilm_app(minilm):
     pytest.importorskip("onnxruntime")
-    p = Predictor.from_dir(minilm, device="cpu", small_batches=64)   # short inputs on the onnxruntime engine
+    p = Predictor.from_dir(minilm, device="cpu", small_batches=True, small_batch_tokens=64)   # short inputs on the onnxruntime engine
     assert p.small is not None, p.small_reason
     pooling, normalize = sentence_transformers_pooling(minilm)
     assert (pooling, normalize) == ("mean", True)          # modules.json: Pooling (mean) + Normalize

@@ -151,17 +151,17 @@ def published(path: str | Path | None = None) -> dict[str, dict]:
 
 
 # ---- scoring ------------------------------------------------------------------------------------
-def load(path: str | Path, dtype: str | None = "float32", device: str | None = None,
+def load(path: str | Path, precision: str = "fp32", device: str | None = None,
          threads: int | None = None) -> Predictor:
-    """A checkpoint's encoder and MLM head as scoring runs it: fp32 by default (dtype None: bf16 where the
-    CPU measures it faster and it follows fp32, see infer.py), plain Linear layers (prepacking pads each
+    """A checkpoint's encoder and MLM head as scoring runs it: fp32 by default (precision auto: bf16 where the
+    CPU measures it faster and it follows fp32, see infer/choose.py), plain Linear layers (prepacking pads each
     GEMM's rows and measured slower on these large uniform batches; and the last block can then run at
     the scored positions only), no engine of short batches. A pre-training checkpoint folder
     (checkpoints/step-N) is read from its model/ folder."""
     path = Path(path)
     if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
         path = path / "model"
-    return Predictor.from_dir(path, head="masked_lm", device=device, threads=threads, dtype=dtype,
+    return Predictor.from_dir(path, head="masked_lm", device=device, threads=threads, precision=precision,
                               prepack=False, small_batches=False)
 
 
@@ -219,14 +219,14 @@ def log_probs(pred: Predictor, rows: torch.Tensor, at: torch.Tensor, targets: to
     layout = packing(torch.ones(R, L, dtype=torch.bool, device=dev))
     enc, at = pred.encoder, at.to(dev)
     with torch.inference_mode():
-        if len(at) == R and pred.session is None and pred.small is None and _plain(enc):
+        if len(at) == R and pred.backend == "torch" and pred.small is None and _plain(enc):
             x = enc.embeddings(tensors["input_ids"], tensors["token_type_ids"], tensors["position_ids"])
             for block in enc.blocks[:-1]:
                 x = block(x, layout)
             h = _last_block_at(enc.blocks[-1], x, R, L, at - torch.arange(R, device=dev) * L)   # (R, C)
             h = enc.final_norm(h) if enc.final_norm is not None else h
         else:
-            h = pred.hidden(Batch(list(range(R)), None, layout, tensors))[at]           # (M, C)
+            h = pred.hidden(Batch(list(range(R)), layout, tensors))[at]           # (M, C)
         out = []
         for s in range(0, len(at), HEAD_ROWS):                                      # (HEAD_ROWS, V) at a time
             logits = pred.model.mlm(h[s:s + HEAD_ROWS]).float()

@@ -1,7 +1,7 @@
 """Are a checkpoint's sentence embeddings any good? Semantic similarity and retrieval, measured as
 sentence-transformers' own evaluators measure them (`bertkit embed-eval`; tested equal to 1e-4).
 
-    p = Predictor.from_dir(DIR, dtype="float32")
+    p = Predictor.from_dir(DIR, precision="fp32")
     evaluate_similarity(p, read_scored_pairs("STS-B/"), "mean")      # {"pairs", "spearman", "pearson"}
     evaluate_retrieval(p, read_retrieval("squad/dev.json"), "cls")   # {"queries", "corpus", "recall@1", ...}
 
@@ -168,7 +168,7 @@ def own_pooling(path: str | Path) -> str | None:
 
 def available_poolings(predictor, own: str | None = None) -> list[str]:
     """The poolings a loaded checkpoint offers, `own` first; 'pooler' only where it has pooler weights."""
-    has_pooler = predictor.session is None and predictor.encoder.pooler is not None
+    has_pooler = not predictor.engine.heads and predictor.encoder.pooler is not None
     offered = [p for p in POOLINGS if p != "pooler" or has_pooler]
     return sorted(offered, key=lambda p: p != own)
 

@@ -37,8 +37,8 @@ def load_task_predictor(model_dir: str | Path, task_name: str | None = None, col
     if backend != "torch" and precision not in ("auto", "fp32"):
         raise BertkitError(f"--precision {precision}: backend {backend} runs the exported fp32 graph")
     predictor = Predictor.from_dir(model_dir, backend=backend, onnx_file=onnx_file, threads=threads,
-                                   dtype=("fp32" if precision == "auto" else precision) if backend == "torch"
-                                   else None, small_batches=False, config_json=config_json)
+                                   precision=("fp32" if precision == "auto" else precision) if backend == "torch"
+                                   else "auto", small_batches=False, config_json=config_json)
     if backend == "torch" and precision == "auto":
         predictor.precision_reason = "auto: fp32, the precision fine-tuning evaluated in"
     model, head = predictor.model, predictor.head
@@ -108,7 +108,7 @@ def fill_mask_rows(model_dir: str | Path, rows: list[tuple[str, dict]], top_k: i
             raise DataError(f"{at}: needs a \"text\" field with a [MASK]")
         texts.append(obj["text"])
     predictor = Predictor.from_dir(model_dir, head="masked_lm", threads=threads, max_length=max_length,
-                                   backend=backend, onnx_file=onnx_file, small_batches=False, dtype=precision,
+                                   backend=backend, onnx_file=onnx_file, small_batches=False, precision=precision,
                                    config_json=config_json)
     results = predictor.fill_mask(texts, top_k=top_k, batch_size=batch_size)
     predictor.tokenizer.stats.report()

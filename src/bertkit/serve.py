@@ -213,7 +213,7 @@ def warm_up(predictor: Predictor, cfg: ServeConfig) -> None:
     """One request's worth of work, then (cfg.warmup, prepacked weights) every GEMM shape."""
     predictor.embed(["warm up"])
     if cfg.warmup and predictor.prepacked:
-        from .prepack import warm_gemm_shapes
+        from .infer.prepack import warm_gemm_shapes
 
         t0, before = time.perf_counter(), Heap.rss_mb()
         n = warm_gemm_shapes(predictor.model, cfg.max_batch_tokens)

@@ -236,7 +236,7 @@ def _measurements() -> str:
 
 def _short_inputs(info: dict) -> str:
     """What a Predictor (bertkit serve, the Python API) will run short batches on, before loading it."""
-    from ..onnx_graph import installed_engines
+    from ..infer.engines import installed_engines
 
     if info["config"].get("bertkit_causal"):
         return "PyTorch (no ONNX graph for a causal encoder)"
@@ -320,7 +320,7 @@ def run_embed(args) -> int:
         if not out.parent.is_dir():
             raise BertkitError(f"--output {args.output}: the folder {out.parent} does not exist")
     pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads,
-                              small_batches=False, dtype=args.precision,   # one pass over a file: no start-up timing
+                              small_batches=False, precision=args.precision,   # one pass over a file: no start-up timing
                               max_length=args.max_length)
     check_fits(pred, args.max_length)
     texts, pairs = read_inputs(args.input, args.jsonl)
@@ -410,7 +410,7 @@ def run_fill_mask(args) -> int:
             raise BertkitError(f"text {i + 1}: not valid UTF-8 (undecodable bytes)")
     # the masked-LM head of a BertForMaskedLM or BertForPreTraining checkpoint (NSP weights unused)
     pred = Predictor.from_dir(args.model, head="masked_lm", device=args.device, small_batches=False,
-                              dtype=args.precision, max_length=args.max_length)
+                              precision=args.precision, max_length=args.max_length)
     check_fits(pred, args.max_length)
     results = pred.fill_mask(args.texts, top_k=args.top_k)
     report_truncation(pred.tokenizer)

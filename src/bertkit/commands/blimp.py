@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import BertkitError
 
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "auto": None}
+PRECISIONS = ("fp32", "bf16", "auto")
 COLUMNS = {"ngram": "5-gram", "lstm": "LSTM", "txl": "TXL", "gpt2": "GPT-2"}     # the paper's models, short
 
 
@@ -33,7 +33,7 @@ def setup_blimp(p) -> None:
     p.add_argument("--out", metavar="PATH",
                    help="a folder (results.json + pairs.jsonl) or FILE.json (pairs in FILE.pairs.jsonl)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the tables")
-    p.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32",
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (default: exact scores), bf16, or auto (bf16 where this CPU measures it faster "
                         "and it keeps cosine 0.999 to fp32)")
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=4096,
@@ -61,7 +61,7 @@ def run_blimp(args) -> int:
     out = _out_paths(args.out) if args.out else None
     reference = published(args.published)
     pairs = read_pairs(args.files, args.limit)
-    pred = load(args.model, PRECISIONS[args.precision], args.device, args.threads)
+    pred = load(args.model, args.precision, args.device, args.threads)
     method = method_for(pred, args.method)
     t0 = time.perf_counter()
     with tqdm(total=2 * len(pairs), desc=f"blimp {method}", unit="sentence", disable=None, leave=False) as bar:

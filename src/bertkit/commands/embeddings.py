@@ -12,7 +12,7 @@ import json
 
 from ..errors import BertkitError
 
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "auto": None}
+PRECISIONS = ("fp32", "bf16", "auto")
 
 
 def setup_embed_eval(p) -> None:
@@ -35,7 +35,7 @@ def setup_embed_eval(p) -> None:
     p.add_argument("--max-length", dest="max_length", type=int, default=None,
                    help="truncate texts to N tokens (default: the checkpoint's limit)")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=32)
-    p.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32",
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (default: the same figures on every CPU), bf16, or auto (bf16 where this CPU "
                         "measures it faster and it keeps cosine 0.999 to fp32)")
     p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_true")
@@ -69,7 +69,7 @@ def run_embed_eval(args) -> int:
     sets = [("similarity", read_scored_pairs(s, args.split, columns, args.skip_bad_rows, args.limit)) for s in args.sts]
     sets += [("retrieval", read_retrieval(s, args.split, args.skip_bad_rows, args.limit)) for s in args.retrieval]
     pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads,
-                              dtype=PRECISIONS[args.precision], max_length=args.max_length, small_batches=False)
+                              precision=args.precision, max_length=args.max_length, small_batches=False)
     check_fits(pred, args.max_length)
     own = own_pooling(args.model)
     offered = available_poolings(pred, own)

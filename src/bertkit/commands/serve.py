@@ -1,4 +1,4 @@
-"""`bertkit serve` and `bertkit export onnx`: thin layers over bertkit.serve and bertkit.onnx_export."""
+"""`bertkit serve` and `bertkit export onnx`: thin layers over bertkit.serve and bertkit.infer.export."""
 from __future__ import annotations
 
 import argparse
@@ -41,7 +41,7 @@ def load_predictor(args, max_length: int | None = None):
                            "`bertkit export onnx --int8`")
     return Predictor.from_dir(args.model, head=args.head, device=args.device, threads=args.threads,
                               int8=args.int8, compile=args.compile, backend=args.backend,
-                              max_length=max_length, onnx_file=args.onnx, dtype=getattr(args, "precision", None),
+                              max_length=max_length, onnx_file=args.onnx, precision=getattr(args, "precision", "auto"),
                               prepack=getattr(args, "prepack", True), small_batches=getattr(args, "small_batches", True))
 
 
@@ -51,7 +51,7 @@ def report_int8(args, predictor) -> dict:
 
     from ..infer import Predictor, agreement
 
-    reference = Predictor.from_dir(args.model, head=args.head, device="cpu", dtype="float32",
+    reference = Predictor.from_dir(args.model, head=args.head, device="cpu", precision="fp32",
                                    max_length=predictor.max_length, small_batches=False)
     sample = Path(__file__).resolve().parents[1] / "sample" / "sample.txt"
     texts = [l for l in sample.read_text(encoding="utf-8").splitlines() if l.strip()]
@@ -186,7 +186,7 @@ def run_export(args) -> int:
     import torch
 
     try:
-        from ..onnx_export import export_onnx
+        from ..infer.export import export_onnx
     except ImportError as e:
         raise BertkitError(f"ONNX export needs onnx, onnxscript and onnxruntime: pip install 'bertkit[onnx]' ({e})") from None
     if args.threads:

@@ -1,4 +1,4 @@
-"""ONNX export (`bertkit export onnx`) and the onnxruntime backend of the Predictor.
+"""ONNX export (`bertkit export onnx`): a file the Predictor runs with `backend="onnx"` (`engines.ExportedEngine`).
 
 The graph takes padded (B, T) int64 `input_ids`, `attention_mask`, `token_type_ids` with both
 axes dynamic and returns `last_hidden_state` (B, T, C) plus the head's outputs: `logits`
@@ -13,10 +13,6 @@ and the export fails.
 
 `--int8` quantises the MatMul weights with onnxruntime's dynamic quantisation, per output
 channel: its default (one scale per tensor) drops all-MiniLM-L6-v2 to cosine 0.92.
-
-The same graph also runs on OpenVINO, converted in memory from the loaded model
-(`load_openvino`, `Predictor.from_dir(..., backend="openvino")`): its CPU plugin fuses attention
-and runs bf16 where the CPU has it, cheaper on short requests than the eager bf16 path (docs/serve-measurements.md).
 """
 from __future__ import annotations
 
@@ -30,12 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .errors import BertkitError
-from .packing import Packed
+from ..errors import BertkitError
+from .engines import INPUTS, load_session
 
 log = logging.getLogger("bertkit")
-
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class ExportError(BertkitError):
@@ -87,7 +81,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimiz
                 head: str | None = None) -> Parity:
     """Export a checkpoint folder to `out`; returns the parity report (raises ExportError over
     tolerance: default max abs diff 1e-3 and cosine 0.9999 for fp32, cosine 0.98 for int8)."""
-    from .checkpoint import check_inputs_fit, load_model
+    from ..checkpoint import check_inputs_fit, load_model
 
     out = Path(out)
     if out.suffix != ".onnx":
@@ -160,7 +154,7 @@ def _example_batch(vocab: int, lengths: Sequence[int], seed: int, pairs: bool = 
 
 def _tokenizer_of(model_dir: Path | None):
     """The folder's tokenizer, or None (a folder of weights only: parity is checked on random ids)."""
-    from .tokenizer import Tokenizer
+    from ..tokenizer import Tokenizer
 
     try:
         return Tokenizer.from_dir(model_dir)
@@ -173,7 +167,7 @@ def _text_batches(model_dir: Path | None, max_length: int = 128) -> list[dict[st
     tok = _tokenizer_of(model_dir)
     if tok is None:
         return []
-    lines = [l for l in (Path(__file__).parent / "sample" / "sample.txt").read_text().splitlines() if l.strip()]
+    lines = [l for l in (Path(__file__).parents[1] / "sample" / "sample.txt").read_text().splitlines() if l.strip()]
     return [tok(lines[:9], max_length=max_length), tok(lines[9:12], pairs=lines[:3], max_length=max_length)]
 
 
@@ -237,100 +231,3 @@ def _quantize(src: Path, dst: Path) -> Path:
     finally:
         root.setLevel(level)
     return dst
-
-
-def load_session(path: Path, threads: int | None = None, device: str | None = None):
-    """An onnxruntime session for an exported file (CUDA provider when asked for and available)."""
-    import onnxruntime as ort
-
-    path = Path(path)
-    if not path.is_file():
-        raise ExportError(f"{path}: no such ONNX file (export one with `bertkit export onnx --model DIR "
-                          f"--out {path}`)")
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if threads:
-        so.intra_op_num_threads = int(threads)
-        so.inter_op_num_threads = 1
-    providers = ["CPUExecutionProvider"]
-    if device and str(device).startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, "CUDAExecutionProvider")
-    try:
-        session = ort.InferenceSession(str(path), so, providers=providers)
-    except Exception as e:
-        raise ExportError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0][:200]})") from None
-    names = [i.name for i in session.get_inputs()]
-    if sorted(names) != sorted(INPUTS):
-        raise ExportError(f"{path}: expected inputs {', '.join(INPUTS)}, found {', '.join(names)}")
-    return session
-
-
-class _Named:
-    def __init__(self, name: str):
-        self.name = name
-
-
-def openvino_precision(compiled) -> str:
-    """The precision an OpenVINO compiled model runs in, as torch names it ('bfloat16', ...)."""
-    hint = str(compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
-    name = hint.split("'")[1] if "'" in hint else hint
-    return {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
-
-
-class OpenVINOSession:
-    """A model compiled by OpenVINO that answers like an onnxruntime session (`run_session`)."""
-
-    backend = "openvino"
-
-    def __init__(self, compiled, output_names: list[str]):
-        self.compiled, self.output_names = compiled, output_names
-        self.request = compiled.create_infer_request()
-        self.precision = openvino_precision(compiled)
-
-    def get_inputs(self) -> list[_Named]:
-        return [_Named(n) for n in INPUTS]
-
-    def get_outputs(self) -> list[_Named]:
-        return [_Named(n) for n in self.output_names]
-
-    def run(self, names, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        res = self.request.infer([feed[n] for n in INPUTS])
-        return [np.array(res[o]) for o in self.compiled.outputs]     # copies: the request reuses its buffers
-
-
-def load_openvino(model: nn.Module, threads: int | None = None, precision: str | None = None) -> OpenVINOSession:
-    """The loaded bertkit model converted by OpenVINO (in memory, dynamic batch and sequence) and
-    compiled for the CPU, for latency; `precision` 'float32' or 'bfloat16' (default: OpenVINO's
-    own choice, bf16 on CPUs that have it)."""
-    import warnings
-
-    try:
-        import openvino as ov
-    except ImportError:
-        raise ExportError("backend openvino needs the openvino package (pip install openvino)") from None
-    wrapper = Exportable(model).eval()
-    sample = _example_batch(model.config.vocab_size, [16, 9], seed=0)
-    try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            converted = ov.convert_model(wrapper, example_input=tuple(sample[n] for n in INPUTS))
-        config: dict = {"PERFORMANCE_HINT": "LATENCY"}
-        if threads:
-            config["INFERENCE_NUM_THREADS"] = int(threads)
-        if precision:
-            config["INFERENCE_PRECISION_HINT"] = {"float32": "f32", "bfloat16": "bf16"}[precision]
-        compiled = ov.Core().compile_model(converted, "CPU", config)
-    except Exception as e:
-        raise ExportError(f"OpenVINO could not convert the model: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:200]}") from None
-    return OpenVINOSession(compiled, wrapper.output_names())
-
-
-def run_session(session, padded: dict[str, Tensor], packed: Packed, per_token: bool) -> dict[str, Tensor]:
-    """Run a padded batch; outputs by name, the states and a `per_token` head's outputs packed
-    (N, ...) like the torch path, a per-sequence head's (B, ...)."""
-    feed = {n: padded[n].numpy() for n in INPUTS}
-    names = [o.name for o in session.get_outputs()]
-    flat = lambda a: torch.from_numpy(a).flatten(0, 1)[packed.indices]   # (B, T, ...) -> (N, ...)
-    return {name: flat(a) if per_token or name == "last_hidden_state" else torch.from_numpy(a)
-            for name, a in zip(names, session.run(None, feed))}

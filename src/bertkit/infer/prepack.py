@@ -3,20 +3,19 @@
 The encoder's Linear weights are reordered once into oneDNN's blocked layout, and the FFN's
 GELU runs inside the first FFN GEMM, as inductor does when it freezes a model. The model code is
 unchanged; the same numbers come out (checked when the weights are packed). Also here: the few
-GEMM row counts that bound oneDNN's kernel cache (`gemm_rows`, `warm_gemm_shapes`), the switch
-`BERTKIT_PREPACK=0`, and `CastLinear` (a Linear in another precision than its activations).
+GEMM row counts that bound oneDNN's kernel cache (`gemm_rows`, `warm_gemm_shapes`) and `CastLinear`
+(a Linear in another precision than its activations). `PredictorOptions.prepack=False` keeps the plain layers.
 """
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .model import Block, SelfAttention, attention_bias
-from .packing import Packed, packed_attention
+from ..model import Block, SelfAttention, attention_bias
+from ..packing import Packed, packed_attention
 
 log = logging.getLogger("bertkit")
 
@@ -99,12 +98,6 @@ def can_prepack(model: nn.Module) -> bool:
     return all(t.device.type == "cpu" for t in params)
 
 
-def prepack_disabled() -> bool:
-    """`BERTKIT_PREPACK=0` (or false/no/off) turns prepacking off everywhere: a switch to run the
-    same code (the test suite, a server, an evaluation) on the plain Linear layers."""
-    return os.environ.get("BERTKIT_PREPACK", "1").strip().lower() in ("0", "false", "no", "off")
-
-
 class CastLinear(nn.Module):
     """A Linear in another precision than the activations around it: x cast to the weights'
     dtype, the result cast back (the int8 model's bf16 FFN down projection)."""
@@ -117,11 +110,11 @@ class CastLinear(nn.Module):
         return self.linear(x.to(self.dtype)).to(x.dtype)
 
 
-def prepack_linear(linear: nn.Linear, cast: bool = False) -> nn.Module:
-    """One Linear prepacked for oneDNN where that applies and agrees with F.linear, else as it
-    is; cast=True: wrapped to take and return fp32 activations whatever its own dtype."""
+def prepack_linear(linear: nn.Linear, cast: bool = False, prepack: bool = True) -> nn.Module:
+    """One Linear prepacked for oneDNN where that applies (and `prepack`) and agrees with F.linear,
+    else as it is; cast=True: wrapped to take and return fp32 activations whatever its own dtype."""
     out: nn.Module = linear
-    if not prepack_disabled() and can_prepack(linear):
+    if prepack and can_prepack(linear):
         dtype = linear.weight.dtype
         try:
             with torch.no_grad():
@@ -160,8 +153,8 @@ def prepack_linears(model: nn.Module, rtol: float | None = None) -> bool:
     V as one GEMM (`FusedSelfAttention`), GELU fused into the FFN's first GEMM. Each packed
     GEMM is checked against F.linear on a random input (rtol: 1e-4 in fp32, 2e-2 in bf16, about
     5 bf16 ulps); on any error or disagreement the model is left as it was. Returns whether the
-    swap happened (never under BERTKIT_PREPACK=0)."""
-    if prepack_disabled() or not can_prepack(model):
+    swap happened."""
+    if not can_prepack(model):
         return False
     fused = _FUSED_GELU.get(getattr(getattr(model, "config", None), "hidden_act", None))
     dtype = next(model.parameters()).dtype

@@ -1,0 +1,356 @@
+"""What a Predictor runs, decided at load and checked against fp32 on a fixed sample.
+
+Precision (`choose_precision`): on a CPU whose bf16 matrix multiplies are measurably faster than
+fp32 (`hardware.capabilities`: AMX, AVX512_BF16; not AVX2-only CPUs, where bf16 is emulated and
+10-40x slower) the model runs in bf16 if, on the sample, its sentence embeddings, token states and
+head outputs keep cosine >= 0.999 to fp32; otherwise, and on GPUs, fp32. int8 (`quantize_int8`) and
+OpenVINO's bf16 (`openvino`) are measured against fp32 the same way.
+
+The engine of short batches (`choose_engine`): every installed engine of the encoder's graph
+(`engines.GraphEngine`) must follow the fp32 model on the sample; of those the fastest on one
+sequence of 16 tokens, if 5% ahead of PyTorch, takes batches up to the longest length (16, 32, ...
+256 tokens) at which it stays ahead, timed once per machine (`hardware.decided_once`).
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .. import hardware
+from ..model import BertModel
+from ..tokenizer import Tokenizer
+from . import engines, graph
+from .engines import Batch, GraphEngine, OpenVINOGraph, TorchEngine, encoder_of, split_packed
+from .options import PredictorError
+from .prepack import prepack_linear, prepack_linears
+
+BF16_MIN_COSINE = 0.999     # bf16 keeps every sample sentence, token state and head output this close to fp32
+SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
+TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, small: bool | int) -> None:
+    """Set p.model to the int8 / bf16 / fp32 model that will run, and say why (and, on the CPU
+    when `small`, the engine of short batches)."""
+    fp32, cfg = p.model, p.config
+    if int8:
+        down = torch.bfloat16 if hardware.bf16_fast(cfg.hidden_size, cfg.intermediate_size) else torch.float32
+        p.model, p.int8, p.precision = quantize_int8(fp32, down, prepack), True, "int8"
+        p.precision_check = check_against(p, fp32)
+        p.precision_reason = (f"int8=True (dynamic, per output channel; FFN down projection in {dtype_name(down)}); "
+                              f"cosine {p.precision_check['cosine_min']:.4f} to fp32 on the sample")
+        return
+    if dtype is not None:
+        p.model, p.precision = fp32.to(dtype), dtype_name(dtype)
+        p.precision_reason = f"precision {p.precision} asked for"
+    elif p.device.type != "cpu":
+        p.precision, p.precision_reason = "float32", f"default on {p.device.type} (bf16 or fp16 for the tensor cores)"
+    else:
+        caps = hardware.capabilities(cfg.hidden_size, cfg.intermediate_size)
+        p.precision, p.precision_reason = "float32", caps.reason
+        if caps.bf16_fast:
+            bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+            packed = prepack and prepack_linears(bf16)
+            p.model = bf16
+            check = check_against(p, fp32)
+            cos = _worst(check)
+            if cos >= BF16_MIN_COSINE:
+                p.precision, p.prepacked, p.precision_check = "bfloat16", packed, check
+                p.precision_reason = f"{caps.reason}; cosine {cos:.5f} to fp32 on the sample"
+                if small:
+                    _short_batches(p, small, encoder_of(fp32))
+                return
+            p.model = fp32
+            p.precision_reason = f"{caps.reason}, but bf16 cosine {cos:.5f} < {BF16_MIN_COSINE} to fp32 on the sample"
+    found = load_engines(p.encoder, torch.get_num_threads()) if small else None   # the plain weights, before prepacking
+    if prepack and p.device.type == "cpu":
+        p.prepacked = prepack_linears(p.model)
+    if found is not None:
+        _short_batches(p, small, None, found)
+
+
+def _short_batches(p, small: bool | int, reference: BertModel | None, found=None) -> None:
+    found = found or load_engines(reference if reference is not None else p.encoder, torch.get_num_threads())
+    runners, why = found
+    if not runners:
+        p.small_reason = why
+        return
+    p.small, p.small_reason = choose_engine(p, runners, small, sample_rows(p.tokenizer, p.max_length), reference)
+
+
+def _worst(check: dict) -> float:
+    return min(check["cosine_min"], check["token_cosine_min"], check.get("head_cosine_min", 1.0))
+
+
+def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
+    """backend openvino: the encoder's graph on OpenVINO for every batch, the embeddings and the
+    head in PyTorch. dtype None: OpenVINO's own precision (bf16 where the CPU has it) if the sample
+    keeps cosine >= 0.999 to fp32, else fp32."""
+    if dtype not in (None, torch.float32, torch.bfloat16):
+        raise PredictorError("backend openvino runs fp32 or bf16")
+    if "openvino" not in engines.installed_engines():
+        raise PredictorError("backend openvino needs the openvino package (pip install openvino)")
+    why = graph.supported(p.encoder)
+    if why:
+        raise PredictorError(f"backend openvino runs the encoder as an ONNX graph; there is none for {why}")
+    g, fp32 = graph.encoder_graph(p.encoder), p.model
+    name = dtype_name(dtype) if dtype is not None else None
+    run = lambda precision: GraphEngine(OpenVINOGraph(g, threads or torch.get_num_threads(), precision),  # noqa: E731
+                                        "openvino", p.encoder, sys.maxsize)
+    p.engine = run(name)
+    p.precision, p.precision_reason = p.engine.precision, "OpenVINO " + ("asked for" if name else "default")
+    if p.precision != "float32":
+        p.precision_check = check_against(p, fp32)
+        cos = _worst(p.precision_check)
+        p.precision_reason += f"; cosine {cos:.5f} to fp32 on the sample"
+        if cos < BF16_MIN_COSINE and name is None:
+            p.engine, p.precision, p.precision_check = run("float32"), "float32", None
+            p.precision_reason = f"OpenVINO's default lost too much (cosine {cos:.5f} < {BF16_MIN_COSINE}): float32"
+
+
+def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, prepack: bool = True) -> nn.Module:
+    """Dynamic int8 quantisation of the encoder blocks' nn.Linear layers: weights int8 with one
+    scale per output channel, activations quantised per batch at run time to the full 8-bit range.
+
+    torch's default (one weight scale per tensor, activations on 7 bits: `reduce_range`) drops
+    all-MiniLM-L6-v2's sentence embeddings to cosine ~0.97 against fp32; per-channel weights and
+    8-bit activations give min 0.982 on the benchmark's 64 sequences. The FFN's down projection,
+    whose input (GELU outputs, heavy-tailed) loses most to one activation scale per batch, stays
+    in `down_dtype` (bf16 where it is fast, else fp32; prepacked): min cosine 0.994 there (0.98
+    on one-word texts), for a third of the GEMM work taken out of int8. The embeddings, the
+    pooler and the task head stay fp32."""
+    import warnings
+
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+    from torch.ao.quantization import quantize_dynamic
+    from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
+
+    from ..model import Block
+
+    class Int8Linear(DynamicLinear):
+        def forward(self, x: Tensor) -> Tensor:
+            return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False)
+
+    spec = {name: per_channel_dynamic_qconfig for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and ".blocks." in f".{name}" and not name.endswith("mlp.down")}
+    with warnings.catch_warnings():        # torch.ao.quantization is deprecated in favour of torchao
+        warnings.simplefilter("ignore")
+        model = quantize_dynamic(model, spec, inplace=False)
+    for m in model.modules():
+        if type(m) is DynamicLinear:
+            m.__class__ = Int8Linear
+        if isinstance(m, Block):
+            m.mlp.down = prepack_linear(m.mlp.down.to(down_dtype), cast=True, prepack=prepack)
+    return model
+
+
+def sample_rows(tokenizer: Tokenizer, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """The fixed sample a precision is checked on: the 13 bundled sample sentences, 4 passages of
+    three of them and 6 short queries (their first 1 to 8 words): 23 texts of 3 to ~100 word
+    pieces, as [CLS] ... [SEP] rows cut to max_length."""
+    lines = [l for l in (Path(__file__).parents[1] / "sample" / "sample.txt").read_text(encoding="utf-8").splitlines()
+             if l.strip()]
+    texts = (lines + [" ".join(lines[i:i + 3]) for i in range(0, len(lines) - 1, 3)][:4]
+             + [" ".join(l.split()[:n]) for l, n in zip(lines, (1, 2, 3, 4, 6, 8))])
+    rows = []
+    for ids in tokenizer.encode_ids(texts):
+        ids = [tokenizer.cls_id, *ids[:max(max_length - 2, 0)], tokenizer.sep_id]
+        rows.append((ids, [0] * len(ids)))
+    return rows
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine along the last axis."""
+    return (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
+
+
+def check_against(p, reference: nn.Module) -> dict[str, float]:
+    """How closely Predictor `p` follows `reference` (fp32) on the sample texts: cosine of the last
+    hidden states per sentence (mean-pooled: `cosine_min`, `cosine_mean`) and per token, and for a
+    task head the cosine of each text's outputs (logits, token logits or span logits, flattened:
+    `head_cosine_min`; a masked-LM head's vocabulary logits are left out, the states they are
+    computed from are compared)."""
+    rows = sample_rows(p.tokenizer, p.max_length)
+    task = bool(p.output_names) and "mlm_logits" not in p.output_names
+
+    def run(q) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        def fn(b: Batch) -> list:
+            h = split_packed(q.hidden(b).float().cpu(), engines.packed_to(b.packed, torch.device("cpu")))
+            if not task:
+                return [(x.numpy(), None) for x in h]
+            return [(x.numpy(), np.concatenate([y.flatten() for y in ys]))
+                    for x, ys in zip(h, q.per_input(b, q.head_outputs(b)))]
+        return q._run(rows, fn)
+
+    a, b = run(p), run(type(p)(reference, p.tokenizer, p.device, p.max_length))
+    sent = np.array([_cosine(x.mean(0), y.mean(0)) for (x, _), (y, _) in zip(a, b)])
+    tok = np.concatenate([_cosine(x, y) for (x, _), (y, _) in zip(a, b)])
+    report = {"texts": len(rows), "tokens": int(tok.size), "cosine_min": float(sent.min()),
+              "cosine_mean": float(sent.mean()), "token_cosine_min": float(tok.min()),
+              "max_abs_diff": float(max(np.abs(x - y).max() for (x, _), (y, _) in zip(a, b)))}
+    if task:
+        report["head_cosine_min"] = float(min(_cosine(x, y) for (_, x), (_, y) in zip(a, b)))
+    return report
+
+
+def agreement(candidate, reference, texts: Sequence[str], pairs: Sequence[str | None] | None = None,
+              labels: Sequence[Any] | None = None, batch_size: int = 32) -> dict[str, float]:
+    """How closely Predictor `candidate` (int8, ONNX, compiled...) follows `reference` (fp32) on
+    `texts`: cosine (mean and min over texts) and max abs diff of the mean-pooled embeddings - or of
+    the logits for a classification head - and, when `labels` (names) are given, both accuracies
+    and how often the two predict the same label."""
+    def outputs(p) -> np.ndarray:
+        if p.head == "sequence_classification":
+            return np.array([r["logits"] for r in p.classify(texts, pairs, raw=True, batch_size=batch_size)])
+        return p.embed(texts, pairs, pooling="mean", batch_size=batch_size)
+
+    a, b = outputs(candidate), outputs(reference)
+    cos = _cosine(a, b)
+    report = {"n": len(texts), "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
+              "max_abs_diff": float(np.abs(a - b).max())}
+    if reference.head == "sequence_classification" and getattr(reference.model, "problem", "") == "single_label":
+        names = reference.label_names()
+        pa, pb = [names[i] for i in a.argmax(-1)], [names[i] for i in b.argmax(-1)]
+        report["same_label"] = float(np.mean([x == y for x, y in zip(pa, pb)]))
+        if labels is not None:
+            report["accuracy"] = float(np.mean([x == str(y) for x, y in zip(pa, labels)]))
+            report["accuracy_reference"] = float(np.mean([x == str(y) for x, y in zip(pb, labels)]))
+    return report
+
+
+# ---- the engine of short batches ------------------------------------------------------------------
+def load_engines(fp32_encoder: BertModel, threads: int) -> tuple[dict[str, Any], str]:
+    """Every installed engine's runner on the encoder's graph, by name, and a reason when there is
+    none (no engine installed, no graph for this encoder, or none could load it)."""
+    why = graph.supported(fp32_encoder)
+    installed = engines.installed_engines()
+    if why or not installed:
+        return {}, (f"no ONNX graph for {why}" if why else
+                    "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
+    try:
+        g = graph.encoder_graph(fp32_encoder)
+    except ValueError as e:                      # over protobuf's 2 GB
+        return {}, str(e)
+    runners, failed = {}, []
+    for name in installed:
+        try:
+            runners[name] = engines.load_runner(name, g, threads)
+        except Exception as e:            # a build that cannot take the graph: say so, keep the others
+            failed.append(f"{name} could not load the graph ({type(e).__name__}: {str(e)[:100]})")
+    return runners, "; ".join(failed)
+
+
+def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
+                  reference: BertModel | None = None) -> tuple[GraphEngine | None, str]:
+    """The engine Predictor `p` keeps for short batches, and why (or why none). Each must follow
+    the fp32 model on the sample `rows` (`reference`, default p's own encoder: an fp32 engine of an
+    fp32 Predictor within max abs diff 1e-3 and token cosine 0.9999; with bf16 in either, token
+    cosine BF16_MIN_COSINE); of those the fastest (`_fastest_once`). `small` a number: the first
+    engine that agrees, up to that many tokens, untimed."""
+    notes, agreeing = [], {}
+    with torch.inference_mode():
+        for name, runner in runners.items():
+            candidate = GraphEngine(runner, name, p.encoder)
+            candidate.agreement = _agreement(p, candidate, rows, reference)
+            if candidate.agreement["ok"]:
+                agreeing[name] = candidate
+                if small is not True:            # a number of tokens: the first that agrees, untimed
+                    break
+            else:
+                notes.append(f"{name} ({runner.precision}) disagrees with PyTorch on the sample (token cosine "
+                             f"{candidate.agreement['token_cosine_min']:.5f}, max abs diff "
+                             f"{candidate.agreement['max_abs_diff']:.3g})")
+        if agreeing and small is not True:
+            chosen = next(iter(agreeing.values()))
+            chosen.max_tokens = int(small)
+            return chosen, f"{chosen.name} for batches of up to {small} tokens, as asked (not timed)"
+        if agreeing:
+            chosen, note = _fastest_once(p, agreeing, rows)
+            if chosen is not None:
+                return chosen, note
+            notes.append(note)
+    return None, "; ".join(notes)
+
+
+def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngine | None, str]:
+    """`_fastest`, timed once per machine for a model of this shape and precision and these engines
+    (`hardware.decided_once`): every later start on the machine keeps the same engine, so two
+    servers of one model answer short requests alike."""
+    c = p.config
+    name = (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
+            f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {p.precision} "
+            f"[{' '.join(f'{k}:{v.precision}' for k, v in agreeing.items())}]")
+    timed: dict = {}
+
+    def decide() -> dict:
+        chosen, note = _fastest(p, agreeing, rows)
+        timed["chosen"] = chosen
+        return {"engine": chosen.name if chosen else None, "max_tokens": chosen.max_tokens if chosen else 0,
+                "note": note}
+    d = hardware.decided_once(name, decide, lambda v: isinstance(v, dict) and (v.get("engine") in agreeing or
+                                                                               v.get("engine") is None))
+    if "chosen" in timed:                                # timed in this process
+        return timed["chosen"], d["note"]
+    if d["engine"] is None:
+        return None, d["note"] + " (timed once on this machine)"
+    chosen = agreeing[d["engine"]]
+    chosen.max_tokens = int(d["max_tokens"])
+    return chosen, d["note"] + " (timed once on this machine)"
+
+
+def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngine | None, str]:
+    """Time PyTorch and each engine, interleaved (`hardware.best_times`), on one sequence of each
+    SMALL_LENGTHS; the fastest engine if it wins at the first length, with its reason, else None and
+    why not."""
+    tok = p.tokenizer
+    stream = [i for r in rows for i in r[0][1:-1]]
+    lengths = [n for n in SMALL_LENGTHS if n <= min(p.max_length, len(stream) + 2)]
+    if not lengths:
+        return None, f"the model takes fewer than {SMALL_LENGTHS[0]} tokens: nothing to time"
+    batch = {n: p.batches([([tok.cls_id, *stream[:n - 2], tok.sep_id], [0] * n)])[0] for n in lengths}
+    run = lambda c, b: (lambda: c.run(b))    # noqa: E731
+
+    def ms(fns: list) -> list[float]:
+        return [1e3 * t for t in hardware.best_times(fns, TIMING_ROUNDS)]
+
+    b = batch[lengths[0]]
+    ms_torch, *ms_engines = ms([run(p.engine, b), *(run(c, b) for c in agreeing.values())])
+    timed = dict(zip(agreeing, ms_engines))
+    times = ", ".join(f"{k} {v:.2f} ms" for k, v in timed.items())
+    best = min(timed, key=timed.get)
+    if timed[best] > 0.95 * ms_torch:
+        return None, f"not faster than PyTorch on {lengths[0]} tokens here ({times} vs {ms_torch:.2f} ms)"
+    chosen = agreeing[best]
+    chosen.latency_ms[lengths[0]] = {"torch": round(ms_torch, 3), **{k: round(v, 3) for k, v in timed.items()}}
+    chosen.max_tokens = lengths[0]
+    for n in lengths[1:]:
+        t_torch, t = ms([run(p.engine, batch[n]), run(chosen, batch[n])])
+        chosen.latency_ms[n] = {"torch": round(t_torch, 3), best: round(t, 3)}
+        if t > 0.95 * t_torch:
+            break
+        chosen.max_tokens = n
+    return chosen, (f"{best} ({chosen.precision}) faster up to {chosen.max_tokens} tokens here "
+                    f"({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]})")
+
+
+def _agreement(p, candidate: GraphEngine, rows: list, reference: BertModel | None) -> dict:
+    """How closely an engine follows the fp32 model on the sample rows."""
+    ref = TorchEngine(reference if reference is not None else p.model)
+    diff, cos = 0.0, 1.0
+    for b in p.batches(rows, batch_size=8):
+        want, got = ref.run(b)["last_hidden_state"].float(), candidate.run(b)["last_hidden_state"].float()
+        diff = max(diff, float((want - got).abs().max()))
+        cos = min(cos, float(torch.nn.functional.cosine_similarity(want, got, dim=-1).min()))
+    fp32 = candidate.precision == "float32" and p.precision == "float32"   # bf16 anywhere: bf16's bar
+    ok = (diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= BF16_MIN_COSINE
+    return {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos, "ok": ok}

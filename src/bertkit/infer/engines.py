@@ -1,0 +1,255 @@
+"""What runs a batch: one interface (`Engine.run(batch) -> dict[str, Tensor]`), three engines.
+
+- `TorchEngine`: model.py's padding-free path (`packed=`), in the precision and form the Predictor
+  chose at load (fp32, bf16, int8, prepacked, compiled);
+- `ExportedEngine`: a file from `bertkit export onnx` on onnxruntime (padded inputs, the head's
+  outputs computed in the file);
+- `GraphEngine`: the encoder's blocks written out as an ONNX graph from the weights (`graph.py`) on
+  onnxruntime or OpenVINO; the embedding layer (a table lookup) and the head stay in PyTorch. It is
+  the engine of short batches (`max_tokens`, chosen at load by `choose.py`) and, on OpenVINO, the
+  whole `backend="openvino"`.
+
+Every engine returns `last_hidden_state` packed (N, C) like model.py; an engine with `heads` also
+returns the head's outputs by name, per token (N, ...) or per sequence (B, ...).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..errors import BertkitError
+from ..model import BertModel
+from ..packing import Packed, pack_rows, unpack
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")     # an exported file's inputs, (B, T) int64
+ENGINES = ("onnxruntime", "openvino")                           # what runs the encoder's graph
+
+
+@dataclass
+class Batch:
+    """One length bucket: which inputs it holds, packed."""
+    index: list[int]              # positions of these inputs in the caller's list
+    packed: Packed
+    tensors: dict[str, Tensor]    # packed (N,) input_ids, position_ids, token_type_ids
+
+
+class Engine(Protocol):
+    name: str                     # torch, onnx, onnxruntime, openvino
+    precision: str                # float32, bfloat16, int8 ...
+    heads: bool                   # whether `run` returns the head's outputs too
+
+    def run(self, b: Batch) -> dict[str, Tensor]:
+        """`last_hidden_state` (N, C) of the packed batch (and the head's outputs where `heads`)."""
+
+
+def encoder_of(model: nn.Module) -> BertModel:
+    return model if isinstance(model, BertModel) else model.bert
+
+
+class TorchEngine:
+    """The PyTorch model as loaded (and quantised, cast, prepacked or compiled at load)."""
+    name, heads = "torch", False
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    @property
+    def precision(self) -> str:
+        return str(next(self.model.parameters()).dtype).replace("torch.", "")
+
+    def run(self, b: Batch) -> dict[str, Tensor]:
+        t = b.tensors
+        h = encoder_of(self.model)(t["input_ids"], t["token_type_ids"], None, t["position_ids"], packed=b.packed)
+        return {"last_hidden_state": h}
+
+
+class ExportedEngine:
+    """An exported file on onnxruntime: the batch padded to (B, T), its outputs by name, the
+    states and a per-token head's outputs packed back to (N, ...)."""
+    name, heads, precision = "onnx", True, "float32"
+
+    def __init__(self, session, per_token: bool):
+        self.session, self.per_token = session, per_token
+        self.outputs = [o.name for o in session.get_outputs()]
+
+    def run(self, b: Batch) -> dict[str, Tensor]:
+        p, t = b.packed, b.tensors
+        feed = {"input_ids": unpack(t["input_ids"], p), "token_type_ids": unpack(t["token_type_ids"], p),
+                "attention_mask": unpack(torch.ones_like(t["input_ids"]), p)}
+        flat = lambda a: torch.from_numpy(a).flatten(0, 1)[p.indices]       # (B, T, ...) -> (N, ...)
+        res = self.session.run(None, {n: feed[n].numpy() for n in INPUTS})
+        return {name: flat(a) if self.per_token or name == "last_hidden_state" else torch.from_numpy(a)
+                for name, a in zip(self.outputs, res)}
+
+
+def load_session(path: Path, threads: int | None = None, device: str | None = None):
+    """An onnxruntime session for an exported file (CUDA provider when asked for and available)."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise BertkitError(f"{path}: no such ONNX file (export one with `bertkit export onnx --model DIR "
+                           f"--out {path}`)")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+    providers = ["CPUExecutionProvider"]
+    if device and str(device).startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, "CUDAExecutionProvider")
+    try:
+        session = ort.InferenceSession(str(path), so, providers=providers)
+    except Exception as e:
+        raise BertkitError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0][:200]})") from None
+    names = [i.name for i in session.get_inputs()]
+    if sorted(names) != sorted(INPUTS):
+        raise BertkitError(f"{path}: expected inputs {', '.join(INPUTS)}, found {', '.join(names)}")
+    return session
+
+
+@dataclass
+class GraphEngine:
+    """The encoder's graph on a `runner` (onnxruntime or OpenVINO) for batches of at most
+    `max_tokens` padded positions (B x T). `latency_ms` holds what was timed at load (per sequence
+    length: PyTorch and the engines), `agreement` how closely it follows the fp32 model on the sample."""
+    runner: Any
+    name: str
+    bert: BertModel                  # whose embedding layer runs in PyTorch
+    max_tokens: int = 0
+    latency_ms: dict = field(default_factory=dict)
+    agreement: dict = field(default_factory=dict)
+    heads = False
+
+    @property
+    def precision(self) -> str:
+        return self.runner.precision
+
+    def takes(self, p: Packed) -> bool:
+        return p.batch_size * p.max_seqlen <= self.max_tokens
+
+    def run(self, b: Batch) -> dict[str, Tensor]:
+        return {"last_hidden_state": self.hidden(b.tensors, b.packed)}
+
+    def hidden(self, tensors: dict[str, Tensor], p: Packed) -> Tensor:
+        """(N, C) last hidden states of a packed batch, in the embedding layer's dtype."""
+        x = self.bert.embeddings(tensors["input_ids"], tensors["token_type_ids"], tensors["position_ids"])   # (N, C)
+        dtype, x = x.dtype, x.detach().float()
+        if p.batch_size == 1:                                             # one sequence: nothing to pad
+            h = self.runner.run(x[None].numpy(), np.ones((1, x.shape[0]), np.int64))[0]
+            return torch.from_numpy(h).to(dtype)
+        buf = x.new_zeros(p.batch_size * p.max_seqlen, x.shape[-1])
+        buf[p.pad_indices] = x                                            # (B * T, C), T the longest here
+        h = self.runner.run(buf.view(p.batch_size, p.max_seqlen, -1).numpy(), p.key_mask.long().numpy())
+        return torch.from_numpy(h).flatten(0, 1)[p.pad_indices].to(dtype)                  # (B, T, C) -> (N, C)
+
+    def describe(self) -> dict:
+        return {"engine": self.name, "precision": self.precision, "max_tokens": self.max_tokens,
+                "latency_ms": self.latency_ms, "agreement": self.agreement}
+
+
+def installed_engines() -> list[str]:
+    """Which of ENGINES import here."""
+    from importlib.util import find_spec
+
+    return [name for name in ENGINES if find_spec(name) is not None]
+
+
+class OnnxRuntimeGraph:
+    """The graph on onnxruntime's CPU provider, fp32: all graph optimisations, `threads` intra-op
+    threads, no spinning between runs (spinning threads would take the cores from the PyTorch
+    batches that follow)."""
+
+    precision = "float32"
+
+    def __init__(self, graph: bytes, threads: int):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads, so.inter_op_num_threads = max(1, threads), 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+
+    def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"embeddings": embeddings, "attention_mask": mask})[0]
+
+
+class OpenVINOGraph:
+    """The graph compiled by OpenVINO for the CPU with its latency hint, in `precision` ('float32'
+    or 'bfloat16'; default OpenVINO's own: bf16 where the CPU has AMX or AVX512_BF16, and the
+    agreement check at load decides whether it may serve)."""
+
+    def __init__(self, graph: bytes, threads: int, precision: str | None = None):
+        import io
+
+        import openvino as ov
+
+        core = ov.Core()
+        config: dict = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": max(1, threads)}
+        if precision:
+            config["INFERENCE_PRECISION_HINT"] = {"float32": "f32", "bfloat16": "bf16"}[precision]
+        self.compiled = core.compile_model(core.read_model(io.BytesIO(graph)), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+        self.lock = threading.Lock()                     # one request object: one call at a time
+        hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
+        name = hint.split("'")[1] if "'" in hint else hint
+        self.precision = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
+
+    def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with self.lock:
+            out = self.request.infer([embeddings, mask])
+            return np.array(out[self.compiled.outputs[0]])      # a copy: the request reuses its buffers
+
+
+def load_runner(name: str, graph: bytes, threads: int, precision: str | None = None):
+    """One of ENGINES on the graph (`precision`: OpenVINO's, see OpenVINOGraph)."""
+    if name == "openvino":
+        return OpenVINOGraph(graph, threads, precision)
+    return OnnxRuntimeGraph(graph, threads)
+
+
+def length_buckets(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Indices sorted by length (longest first), cut into batches of <= batch_size items and,
+    when given, <= max_tokens real tokens (a single longer input still gets its own batch)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, cur, tokens = [], [], 0
+    for i in order:
+        if cur and (len(cur) >= batch_size or (max_tokens and tokens + lengths[i] > max_tokens)):
+            batches.append(cur)
+            cur, tokens = [], 0
+        cur.append(i)
+        tokens += lengths[i]
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def make_batches(rows: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int, max_tokens: int | None,
+                 device: torch.device) -> list[Batch]:
+    """Length-sorted, packed batches of (input_ids, token_type_ids) rows on `device` (not yet run)."""
+    out = []
+    for idx in length_buckets([len(r[0]) for r in rows], batch_size, max_tokens):
+        tensors, p = pack_rows([rows[i] for i in idx])
+        if device.type != "cpu":
+            tensors, p = {k: v.to(device) for k, v in tensors.items()}, packed_to(p, device)
+        out.append(Batch(idx, p, tensors))
+    return out
+
+
+def split_packed(x: Tensor, p: Packed) -> list[Tensor]:
+    """(N, ...) -> one (T_b, ...) tensor per sequence."""
+    return list(torch.split(x, (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).tolist()))
+
+
+def packed_to(p: Packed, device: torch.device) -> Packed:
+    if p.cu_seqlens.device == device:
+        return p
+    return Packed(p.cu_seqlens.to(device), p.max_seqlen, p.indices.to(device), p.batch_size, p.padded_len,
+                  p.pad_indices.to(device), p.key_mask.to(device))
