@@ -45,9 +45,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
+from .checkpoint import build, load_model, read_config, save_model
 from .errors import BertkitError
-from .tasks import BadRows, DataError
+from .hardware import attention_kernel, choose_precision, machine_facts
+from .model import pool_tokens, set_attention_kernel
+from .optim import build_optimizer, lr_at
+from .outdir import INCOMPLETE_KEY, staged_dir
+from .packing import pack
+from .runconfig import save_config
+from .runlog import MetricsLog, write_run_card
+from .sources import dataset_name
+from .st_files import write_sentence_transformers
+from .tasks import BadRows, DataError, get_task
+from .tasks.custom import data_rows
+from .tasks.tables import is_table_source
+from .tokenizer import Tokenizer
 
 log = logging.getLogger("bertkit")
 
@@ -76,9 +90,6 @@ class Pairs:
 # ---- data ---------------------------------------------------------------------------------------
 def is_squad_file(path: str | Path) -> bool:
     """A SQuAD JSON document (not JSON Lines)."""
-    from .tasks import get_task
-    from .tasks.tables import is_table_source
-
     p = Path(path)
     return p.is_file() and p.name.endswith((".json", ".json.gz")) and not is_table_source(get_task("squad"), p)
 
@@ -87,9 +98,6 @@ def read_pairs(source: str | Path, columns: str | None = None, skip_bad_rows: bo
                limit: int | None = None) -> Pairs:
     """Pairs (or triplets, or scored pairs) from a table, file or dataset name; a SQuAD file gives
     (question, paragraph) pairs."""
-    from .tasks import get_task
-    from .tasks.custom import data_rows
-
     bad = BadRows(skip=skip_bad_rows)
     if is_squad_file(source):
         ex = get_task("squad").read(Path(source), bad)[:limit]
@@ -165,8 +173,6 @@ def _number(value) -> float | None:
 
 def split_source(cfg, split: str) -> str | None:
     """The file (or dataset name) of `split`: train_file / dev_file, else found in `data`."""
-    from .sources import dataset_name
-
     explicit = cfg.train_file if split == "train" else cfg.dev_file
     if explicit is not None:
         return explicit
@@ -250,9 +256,6 @@ def epoch_batches(pairs: Pairs, batch_size: int, rng: random.Random, distinct: b
 def embed_rows(model: nn.Module, rows: Sequence[list[int]], pooling: str, packed: bool, pad_id: int = 0) -> Tensor:
     """(n, C) pooled vectors of token-id rows in one forward: packed (padding-free, longest first
     so attention runs in length groups) or padded to the longest."""
-    from .model import pool_tokens
-    from .packing import pack
-
     device = next(model.parameters()).device
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
     T = len(rows[order[0]])
@@ -300,8 +303,6 @@ def choose_loss(asked: str | None, pairs: Pairs) -> str:
 def finetune_embedding(cfg, command: str = "") -> dict:
     """Train `cfg.model` as a bi-encoder (`bertkit finetune --task embedding`); returns the metrics
     written to out/metrics.json. Staged as every fine-tuning run (`bertkit.outdir`)."""
-    from .outdir import staged_dir
-
     if cfg.freeze:
         raise BertkitError("task embedding trains the whole encoder; --freeze does not apply")
     with staged_dir(cfg.out, lambda p: (p / "finetune.yaml").is_file(), "fine-tuning run") as out:
@@ -314,8 +315,6 @@ def finetune_embedding(cfg, command: str = "") -> dict:
 
 def load_encoder(cfg) -> nn.Module:
     """The checkpoint's encoder (its pooler too, where it has one), or random weights of its shape."""
-    from .checkpoint import build, load_model, read_config
-
     changes = {} if cfg.dropout is None else {"hidden_dropout": cfg.dropout, "attention_dropout": cfg.dropout}
     if cfg.init == "random":
         return build("encoder", read_config(Path(cfg.model))[0].replace(**changes), add_pooler=False)
@@ -330,28 +329,63 @@ def default_max_length(path: str | Path, positions: int) -> int:
         return min(DEFAULT_MAX_LENGTH, positions)
 
 
+@dataclass
+class _EmbeddingRun:
+    """What the loop of `finetune --task embedding` works on, made by `_setup`."""
+    cfg: object
+    out: Path
+    train: object                     # Pairs (anchors, positives, negatives or scores)
+    train_path: object
+    dev: object                       # ScoredPairs / retrieval set, or None
+    dev_path: object
+    loss_name: str
+    pooling: str
+    main_metric: str | None
+    tokenizer: Tokenizer
+    model: nn.Module
+    max_length: int
+    ids: dict                         # text -> token ids, each distinct text tokenized once
+    precision: torch.dtype
+    precision_reason: str
+    kernel: str
+    kernel_reason: str
+    optimizer: torch.optim.Optimizer
+    steps_per_epoch: int
+    total: int
+    warmup: float
+    metrics_log: MetricsLog
+    facts: dict
+
+
 def _train(cfg, command: str, out: Path) -> dict:
-    """The run, written into `out` (the staging folder): setup, step, evaluate, checkpoint.
-
-    One long function on purpose, as fine-tuning's: the phases read top to bottom."""
-    from tqdm.auto import tqdm
-
-    from .hardware import attention_kernel, choose_precision
-    from .model import set_attention_kernel
-    from .optim import build_optimizer, lr_at
-    from .outdir import INCOMPLETE_KEY
-    from .runconfig import save_config
-    from .runlog import MetricsLog
-    from .tokenizer import Tokenizer
-
+    """The run, written into `out` (the staging folder): setup, then the loop (step, evaluate,
+    checkpoint), then the metrics and the run card."""
     t_start = time.time()
+    run = _setup(cfg, out)
+    t_train = time.time()
+    best_metrics, best_step, history, tokens = _loop(run, t_train)
+    train_time = time.time() - t_train
+    result = {"task": "embedding", "main_metric": run.main_metric, "best_step": best_step, "updates": run.total,
+              "epochs": cfg.epochs, "train_examples": len(run.train.anchors), "loss": run.loss_name,
+              "scale": cfg.embedding_scale, "pooling": run.pooling, "max_length": run.max_length, "dev": best_metrics,
+              "history": history, "train_time_s": round(train_time, 1), "wall_time_s": round(time.time() - t_start, 1),
+              "tokens_per_s": round(tokens / max(train_time, 1e-9), 1), "tokens_seen": tokens, "init": cfg.init,
+              "precision": str(run.precision).replace("torch.", ""), "precision_reason": run.precision_reason,
+              "attention_kernel": run.kernel, "attention_kernel_reason": run.kernel_reason,
+              "train_file": str(run.train_path), "dev_file": str(run.dev_path) if run.dev_path else None}
+    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    _write_card(out, cfg, command, run.model, result)
+    return result
+
+
+def _setup(cfg, out: Path) -> _EmbeddingRun:
+    """Seeds, data (each distinct text tokenized once), model, precision and attention kernel,
+    optimizer and schedule, finetune.yaml and the metrics log."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-
-    # setup
     train_path = split_source(cfg, "train")
     train = read_pairs(train_path, cfg.embedding_columns, cfg.skip_bad_rows, cfg.train_limit)
     dev_path = split_source(cfg, "dev")
@@ -373,75 +407,70 @@ def _train(cfg, command: str, out: Path) -> dict:
     precision, precision_reason = choose_precision(cfg.precision, device, model.config)
     kernel, kernel_reason = attention_kernel(device, precision, model.config, max_length)
     set_attention_kernel(model, kernel)
-    autocast = torch.autocast(device.type, dtype=precision) if precision != torch.float32 else nullcontext()
     optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                 fused=cfg.optimizer == "adamw", layer_decay=cfg.layer_lr_decay)
     steps_per_epoch = math.ceil(len(train.anchors) / cfg.batch_size)
     total = max(1, round(steps_per_epoch * cfg.epochs))
-    warmup = cfg.warmup * total if cfg.warmup < 1 else cfg.warmup
     save_config(cfg, out / "finetune.yaml")
-    metrics_log = MetricsLog(out / "metrics.jsonl")
     facts = {"bertkit_embedding": {"pooling": pooling, "loss": loss_name, "scale": cfg.embedding_scale},
              "bertkit_max_length": max_length, INCOMPLETE_KEY: "fine-tuning in progress"}
+    return _EmbeddingRun(cfg, out, train, train_path, dev, dev_path, loss_name, pooling, main_metric, tokenizer,
+                         model, max_length, ids, precision, precision_reason, kernel, kernel_reason, optimizer,
+                         steps_per_epoch, total, cfg.warmup * total if cfg.warmup < 1 else cfg.warmup,
+                         MetricsLog(out / "metrics.jsonl"), facts)
 
-    # step / evaluate / checkpoint
+
+def _loop(run: _EmbeddingRun, t_train: float) -> tuple[dict | None, int | None, list[dict], int]:
+    """The updates, logged every cfg.log_every; on dev at each epoch's end (and every cfg.eval_every),
+    the best model saved. Returns (best dev scores, their update, every dev record, tokens seen)."""
+    cfg, model, tokenizer, train = run.cfg, run.model, run.tokenizer, run.train
+    device = next(model.parameters()).device
+    autocast = torch.autocast(device.type, dtype=run.precision) if run.precision != torch.float32 else nullcontext()
     rng = random.Random(cfg.seed)
     step, tokens, best, best_metrics, best_step, history = 0, 0, None, None, None, []
-    t_train = time.time()
-    bar = tqdm(total=total, desc="finetune embedding", disable=not cfg.progress, dynamic_ncols=True)
-    while step < total:
-        batches = epoch_batches(train, cfg.batch_size, rng, distinct=loss_name == "mnrl")
+    bar = tqdm(total=run.total, desc="finetune embedding", disable=not cfg.progress, dynamic_ncols=True)
+    while step < run.total:
+        batches = epoch_batches(train, cfg.batch_size, rng, distinct=run.loss_name == "mnrl")
         for n, batch in enumerate(batches, 1):
-            lr = lr_at(step, total, warmup, cfg.lr)
-            for group in optimizer.param_groups:
+            lr = lr_at(step, run.total, run.warmup, cfg.lr)
+            for group in run.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
             with autocast:
-                loss, real = batch_loss(model, train, batch, ids, loss_name, cfg.embedding_scale, pooling,
+                loss, real = batch_loss(model, train, batch, run.ids, run.loss_name, cfg.embedding_scale, run.pooling,
                                         cfg.packed, tokenizer.pad_id)
-            optimizer.zero_grad(set_to_none=True)
+            run.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-            optimizer.step()
+            run.optimizer.step()
             step, tokens = step + 1, tokens + real
             bar.update(1)
             if not math.isfinite(loss.item()):
                 raise BertkitError(f"loss is {loss.item()} at update {step}; lower the learning rate")
-            if step % cfg.log_every == 0 or step == total:
+            if step % cfg.log_every == 0 or step == run.total:
                 rate = tokens / max(time.time() - t_train, 1e-9)
-                metrics_log.write({"step": step, "epoch": round(step / steps_per_epoch, 3), "loss": loss.item(),
-                                   "lr": lr, "tokens_per_s": round(rate, 1)})
+                run.metrics_log.write({"step": step, "epoch": round(step / run.steps_per_epoch, 3),
+                                       "loss": loss.item(), "lr": lr, "tokens_per_s": round(rate, 1)})
                 bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{rate:.0f}")
-            end = n == len(batches) or step == total
-            if dev is not None and (end or (cfg.eval_every and step % cfg.eval_every == 0)):
-                scores = evaluate_model(model, tokenizer, dev, pooling, max_length, cfg.eval_batch_size)
-                record = {"step": step, "epoch": round(step / steps_per_epoch, 3),
+            end = n == len(batches) or step == run.total
+            if run.dev is not None and (end or (cfg.eval_every and step % cfg.eval_every == 0)):
+                scores = evaluate_model(model, tokenizer, run.dev, run.pooling, run.max_length, cfg.eval_batch_size)
+                record = {"step": step, "epoch": round(step / run.steps_per_epoch, 3),
                           **{f"dev_{k}": v for k, v in scores.items()}}
-                metrics_log.write(record)
+                run.metrics_log.write(record)
                 history.append(record)
                 log.info("update %d: dev %s", step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()
                                                               if isinstance(v, float)))
-                if best is None or scores[main_metric] > best:
-                    best, best_metrics, best_step = scores[main_metric], scores, step
-                    save_embedding_model(model, tokenizer, out, pooling, max_length, facts)
-            if step >= total:
+                if best is None or scores[run.main_metric] > best:
+                    best, best_metrics, best_step = scores[run.main_metric], scores, step
+                    save_embedding_model(model, tokenizer, run.out, run.pooling, run.max_length, run.facts)
+            if step >= run.total:
                 break
     bar.close()
-    if dev is None:
-        save_embedding_model(model, tokenizer, out, pooling, max_length, facts)
+    if run.dev is None:
+        save_embedding_model(model, tokenizer, run.out, run.pooling, run.max_length, run.facts)
         best_step = step
-    train_time = time.time() - t_train
-    result = {"task": "embedding", "main_metric": main_metric, "best_step": best_step, "updates": total,
-              "epochs": cfg.epochs, "train_examples": len(train.anchors), "loss": loss_name,
-              "scale": cfg.embedding_scale, "pooling": pooling, "max_length": max_length, "dev": best_metrics,
-              "history": history, "train_time_s": round(train_time, 1), "wall_time_s": round(time.time() - t_start, 1),
-              "tokens_per_s": round(tokens / max(train_time, 1e-9), 1), "tokens_seen": tokens, "init": cfg.init,
-              "precision": str(precision).replace("torch.", ""), "precision_reason": precision_reason,
-              "attention_kernel": kernel, "attention_kernel_reason": kernel_reason,
-              "train_file": str(train_path), "dev_file": str(dev_path) if dev_path else None}
-    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    _write_card(out, cfg, command, model, result)
-    return result
+    return best_metrics, best_step, history, tokens
 
 
 def evaluate_model(model: nn.Module, tokenizer, dev, pooling: str, max_length: int, batch_size: int) -> dict:
@@ -461,18 +490,12 @@ def evaluate_model(model: nn.Module, tokenizer, dev, pooling: str, max_length: i
 
 def save_embedding_model(model: nn.Module, tokenizer, out: Path, pooling: str, max_length: int, facts: dict) -> None:
     """The encoder as a Hugging Face BertModel folder, its tokenizer and sentence-transformers' files."""
-    from .checkpoint import save_model
-    from .st_files import write_sentence_transformers
-
     save_model(model, out, extra_config=facts)
     tokenizer.save(out)
     write_sentence_transformers(out, pooling, model.config.hidden_size, max_length)
 
 
 def _write_card(out: Path, cfg, command: str, model: nn.Module, result: dict) -> None:
-    from .hardware import machine_facts
-    from .runlog import write_run_card
-
     write_run_card(out, {
         "name": "finetune embedding", "command": command, "model": f"{cfg.model} (init {cfg.init})",
         "parameters": sum(p.numel() for p in model.parameters()),
