@@ -265,58 +265,8 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
              "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(tasks) + "---|"]
     base_outcomes = _mlm_outcomes(cfg, cfg.base_arm)
     machines = {s.get("cpu") for s in states if s.get("cpu")}
-    for s in states:
-        pre = s.get("pretrain") or {}
-        mlm = s.get("mlm")
-        acc, acc_mask = _fmt((mlm or {}).get("accuracy")), _fmt((mlm or {}).get("accuracy_mask"))
-        if s["status"] == "done" and mlm is None:
-            own = (pre.get("own_eval") or {}).get("eval_next_token_accuracy")
-            acc_mask, acc = "n/a (causal)", "n/a" + (f" (next-token acc {own:.3f})" if own is not None else "")
-        if pre.get("checkpoint"):
-            tokens = f"{_tokens(pre.get('tokens'))} ({pre['model_from']} at update {pre['checkpoint']})"
-            wall = f"{_minutes(pre.get('wall_s'))} (in {pre['model_from']}) / {_minutes(s.get('wall_s'))}"
-        elif pre.get("model_from"):
-            tokens, wall = f"{_tokens(pre.get('tokens'))} ({pre['model_from']}'s)", f"0 / {_minutes(s.get('wall_s'))}"
-        else:
-            tokens = _tokens(pre.get("tokens")) if pre else "—"
-            wall = f"{_minutes(pre.get('wall_s'))} / {_minutes(s.get('wall_s'))}" if pre else "—"
-        budget = s.get("budget") or {}
-        flops = f"{budget['flops']:.2e} ({budget['updates']})" if budget.get("flops") else "—"
-        row = [s["name"], s["setting"].replace("|", "/"), tokens, flops, wall, acc_mask,
-               _mlm_delta(cfg, s, base_outcomes), acc]
-        for t in tasks:
-            row += _task_cells(cells.get((s["name"], t)), s["name"] == cfg.base_arm)
-        err = s.get("error") or ""
-        err = err if len(err) <= 160 else err[:157] + "..."
-        status = s["status"] if s["status"] in ("done", "not run") else f"{s['status']}: {err}"
-        if s["status"] == "pretrained":
-            status = "pre-trained and scored; not fine-tuned yet (--pretrain-only)"
-        if s["status"] == "running":
-            status = f"running on {s.get('host')} since {s.get('started')}"
-        if s["status"] == "failed" and s.get("stage"):
-            status += f" (at {s['stage']})"
-        row.append(status.replace("|", "/"))
-        lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "How to read it:", "",
-              f"- Each task cell: dev {', '.join(f'{t} {metric[t]}' for t in tasks)} after the last fine-tuning "
-              "epoch (no checkpoint chosen on dev), mean ± sample standard deviation, min–max over the seeds "
-              "(n; with an lr search the rate chosen on dev; 'k of n collapsed': seeds whose dev predictions "
-              "were all one class - for tagging, no entity - counted in the mean).",
-              f"- Δ: difference of means against the base arm `{cfg.base_arm}` with Welch's 95% confidence "
-              "interval (t distribution, Welch-Satterthwaite degrees of freedom); * = the interval excludes 0 "
-              f"(Welch's t-test p < 0.05): the difference is beyond seed noise. With {len(cfg.seeds)} seeds only "
-              "large effects are detectable: no * means 'within seed noise', not 'no effect'.",
-              "- MLM acc: one protocol for every arm (token masking, 15% of tokens, 80/10/10, the same positions), "
-              "on documents no arm trained on. At [MASK]: the positions shown as [MASK] only (the headline: the "
-              "10% of targets left visible are free for an arm that learnt to copy them); all targets: BERT's "
-              "figure. n/a for a left-to-right model (no MLM objective). Δ at [MASK]: the arm minus the base on "
-              "the same positions, with the 95% interval clustered by sequence (* = excludes 0): evaluation noise "
-              "only; one pre-training per arm, so pre-training-seed noise is not in it.",
-              "- Pretrain tokens: real (non-padding) tokens the arm's pre-training saw; FLOPs: its training FLOPs "
-              "counted from its settings (6 x matmul weights x token slots + attention + the output projection "
-              "at the positions its objective predicts), with its updates; wall: its pre-training time / the "
-              "whole arm's (pre-training, held-out MLM and every fine-tuning run).",
-              ""]
+    lines += [_arm_row(cfg, s, tasks, cells, base_outcomes) for s in states]
+    lines += _how_to_read(cfg, tasks, metric)
     lines += blimp_section(cfg, states) + nsp_section(states) + probe_section(cfg, rows)
     lines += _variance_section(cfg, cells, tasks, metric)
     lines += lr_section(cfg, rows, tasks)
@@ -329,6 +279,65 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
               "`results.jsonl` (the lr search's candidate runs: status `lr_candidate`)."]
     lines += [""] + [f"![{p.stem}](plots/{p.name})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def _arm_row(cfg: AblateConfig, s: dict, tasks: list[str], cells: dict, base_outcomes) -> str:
+    """One arm's row of the main table: its pre-training, held-out MLM, each task's cells, its status."""
+    pre = s.get("pretrain") or {}
+    mlm = s.get("mlm")
+    acc, acc_mask = _fmt((mlm or {}).get("accuracy")), _fmt((mlm or {}).get("accuracy_mask"))
+    if s["status"] == "done" and mlm is None:
+        own = (pre.get("own_eval") or {}).get("eval_next_token_accuracy")
+        acc_mask, acc = "n/a (causal)", "n/a" + (f" (next-token acc {own:.3f})" if own is not None else "")
+    if pre.get("checkpoint"):
+        tokens = f"{_tokens(pre.get('tokens'))} ({pre['model_from']} at update {pre['checkpoint']})"
+        wall = f"{_minutes(pre.get('wall_s'))} (in {pre['model_from']}) / {_minutes(s.get('wall_s'))}"
+    elif pre.get("model_from"):
+        tokens, wall = f"{_tokens(pre.get('tokens'))} ({pre['model_from']}'s)", f"0 / {_minutes(s.get('wall_s'))}"
+    else:
+        tokens = _tokens(pre.get("tokens")) if pre else "—"
+        wall = f"{_minutes(pre.get('wall_s'))} / {_minutes(s.get('wall_s'))}" if pre else "—"
+    budget = s.get("budget") or {}
+    flops = f"{budget['flops']:.2e} ({budget['updates']})" if budget.get("flops") else "—"
+    row = [s["name"], s["setting"].replace("|", "/"), tokens, flops, wall, acc_mask,
+           _mlm_delta(cfg, s, base_outcomes), acc]
+    for t in tasks:
+        row += _task_cells(cells.get((s["name"], t)), s["name"] == cfg.base_arm)
+    err = s.get("error") or ""
+    err = err if len(err) <= 160 else err[:157] + "..."
+    status = s["status"] if s["status"] in ("done", "not run") else f"{s['status']}: {err}"
+    if s["status"] == "pretrained":
+        status = "pre-trained and scored; not fine-tuned yet (--pretrain-only)"
+    if s["status"] == "running":
+        status = f"running on {s.get('host')} since {s.get('started')}"
+    if s["status"] == "failed" and s.get("stage"):
+        status += f" (at {s['stage']})"
+    row.append(status.replace("|", "/"))
+    return "| " + " | ".join(row) + " |"
+
+
+def _how_to_read(cfg: AblateConfig, tasks: list[str], metric: dict) -> list[str]:
+    """What the main table's columns mean, under it."""
+    return ["", "How to read it:", "",
+            f"- Each task cell: dev {', '.join(f'{t} {metric[t]}' for t in tasks)} after the last fine-tuning "
+            "epoch (no checkpoint chosen on dev), mean ± sample standard deviation, min–max over the seeds "
+            "(n; with an lr search the rate chosen on dev; 'k of n collapsed': seeds whose dev predictions "
+            "were all one class - for tagging, no entity - counted in the mean).",
+            f"- Δ: difference of means against the base arm `{cfg.base_arm}` with Welch's 95% confidence "
+            "interval (t distribution, Welch-Satterthwaite degrees of freedom); * = the interval excludes 0 "
+            f"(Welch's t-test p < 0.05): the difference is beyond seed noise. With {len(cfg.seeds)} seeds only "
+            "large effects are detectable: no * means 'within seed noise', not 'no effect'.",
+            "- MLM acc: one protocol for every arm (token masking, 15% of tokens, 80/10/10, the same positions), "
+            "on documents no arm trained on. At [MASK]: the positions shown as [MASK] only (the headline: the "
+            "10% of targets left visible are free for an arm that learnt to copy them); all targets: BERT's "
+            "figure. n/a for a left-to-right model (no MLM objective). Δ at [MASK]: the arm minus the base on "
+            "the same positions, with the 95% interval clustered by sequence (* = excludes 0): evaluation noise "
+            "only; one pre-training per arm, so pre-training-seed noise is not in it.",
+            "- Pretrain tokens: real (non-padding) tokens the arm's pre-training saw; FLOPs: its training FLOPs "
+            "counted from its settings (6 x matmul weights x token slots + attention + the output projection "
+            "at the positions its objective predicts), with its updates; wall: its pre-training time / the "
+            "whole arm's (pre-training, held-out MLM and every fine-tuning run).",
+            ""]
 
 
 def _task_cells(c: dict | None, is_base: bool) -> list[str]:
