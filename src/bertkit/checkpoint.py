@@ -9,10 +9,13 @@ from .errors import BertkitError
 import functools
 import json
 import logging
+import math
+import pickle
 import re
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file, save_file
 import torch
 from torch import nn
 
@@ -124,8 +127,6 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             sd.update(_read_safetensors(path / f))
         return sd
     if binf.is_file():
-        import pickle
-
         try:
             sd = torch.load(str(binf), map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
@@ -146,8 +147,6 @@ def _first_line(e: BaseException) -> str:
 
 
 def _read_safetensors(f: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(f))
     except Exception as e:  # not a safetensors file, truncated, unknown dtype, ...
@@ -187,8 +186,6 @@ _PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_clas
 def check_config_json(raw: Any, cj: Path) -> None:
     """Every config.json field bertkit uses has the type and range it needs; else one CheckpointError
     naming the field (a string '768' or a NaN dropout would otherwise fail deep inside the model)."""
-    import math
-
     def bad(key: str, want: str) -> CheckpointError:
         return CheckpointError(f"{cj}: {key} must be {want}, got {raw[key]!r:.60}")
 
@@ -433,8 +430,6 @@ def _untie_decoder(model: nn.Module, weight: torch.Tensor) -> None:
 
 def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] | None = None) -> None:
     """Write config.json + model.safetensors that transformers loads for the matching BertFor* class."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     head = getattr(model, "head", "encoder")

@@ -36,11 +36,14 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from .blimp import wilson
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, check_inputs_fit, load_model
 from .data.stats import roc_auc, tfidf_cosine, threshold_baseline
+from .data.text import TextCounts, expand_inputs, read_documents
 from .errors import DataError
+from .tokenizer import Tokenizer
 
 log = logging.getLogger("bertkit")
 
@@ -51,8 +54,6 @@ NEGATIVES = KINDS[1:]
 def read_documents_ids(paths: Sequence[str | Path], tokenizer) -> list[list[np.ndarray]]:
     """The documents of text files as lists of sentences' word-piece ids (no specials); sentences
     without a token are left out, documents without a sentence too."""
-    from .data.text import TextCounts, expand_inputs, read_documents
-
     docs = list(read_documents(expand_inputs([str(p) for p in paths]), TextCounts()))
     flat = tokenizer.encode_ids([s for d in docs for s in d])
     out, k = [], 0
@@ -132,8 +133,6 @@ class NoNSPHead(CheckpointError):
 
 def load_nsp_model(path: Path):
     """A pre-training checkpoint with its NSP head, in eval mode (NoNSPHead when it has none)."""
-    from .checkpoint import load_model
-
     model = load_model(path, head="pretraining")
     if model.nsp is None:
         raise NoNSPHead(f"{path}: has no NSP head (pre-trained without NSP, or an MLM-only checkpoint); "
@@ -145,7 +144,6 @@ def load_nsp_model(path: Path):
 def nsp_is_next(model, pairs: list[tuple[str, np.ndarray, np.ndarray]], cls_id: int, sep_id: int, pad_id: int,
                 batch_size: int = 64, progress: bool = False) -> np.ndarray:
     """The NSP head's P(IsNext) of each `[CLS] A [SEP] B [SEP]`, fp32, padded batches of similar length."""
-    from tqdm.auto import tqdm
 
     lengths = np.asarray([len(a) + len(b) + 3 for _, a, b in pairs])
     order = np.argsort(lengths, kind="stable")
@@ -200,8 +198,6 @@ def nsp_shortcut(model_dir: str | Path, heldout_text_path: str | Path | Sequence
     `model_dir` on is_next / random_document / same_document pairs (`probe_pairs`), beside the
     bag-of-words baseline on the same pairs. `topic_only`: the baseline alone, no model run
     (`model_dir` may then be a tokenizer folder). Returns `summarize`'s dict with the settings."""
-    from .checkpoint import check_inputs_fit
-    from .tokenizer import Tokenizer
 
     check_settings(anchors, max_length, min_distance)
     paths = [heldout_text_path] if isinstance(heldout_text_path, (str, Path)) else list(heldout_text_path)

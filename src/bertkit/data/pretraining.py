@@ -47,6 +47,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import DataError
+from ..tokenizer import Tokenizer
+from .masking import MaskingConfig, TokenInfo
 
 ARRAYS = ("input_ids", "offsets", "b_start", "nsp_labels", "short")
 STATIC_ARRAYS = ("masked_lm_offsets", "masked_lm_positions", "masked_lm_ids")
@@ -156,7 +158,6 @@ def _checked_meta(f: Path) -> dict:
     if meta.get("masking", "dynamic") not in ("dynamic", "static"):
         raise DataError(f"{f}: 'masking' must be dynamic or static, got {meta.get('masking')!r}")
     if "masking_config" in meta:
-        from .masking import MaskingConfig
         try:
             MaskingConfig(**meta["masking_config"])
         except (TypeError, ValueError) as e:
@@ -240,7 +241,6 @@ class PretrainingData:
 
     def token_info(self):
         """Ids the masker needs, from the tokenizer saved with the data (falls back on meta.json)."""
-        from .masking import TokenInfo
         vocab = self.path / "tokenizer" / "vocab.txt"
         if vocab.is_file():
             tokens = vocab.read_text(encoding="utf-8").split("\n")
@@ -249,7 +249,6 @@ class PretrainingData:
 
     def tokenizer(self):
         """The bertkit Tokenizer the data was made with."""
-        from ..tokenizer import Tokenizer
         return Tokenizer.from_dir(self.path / "tokenizer")
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import DataError
+from .heldout import choose_held_out, ngram_overlap
 from .masking import Collator, MaskingConfig, TokenInfo
 from .pretraining import PretrainingData
 from .text import TextCounts, expand_inputs, read_documents
@@ -21,7 +23,6 @@ def tokenizer_stats(tokenizer, inputs: list[str], max_length: int = 512, max_sen
             break
     sents = [s for d in docs for s in d]
     if not sents:
-        from ..errors import DataError
         raise DataError(f"{', '.join(map(str, inputs))}: no text to measure (empty, or only blank lines)")
     words = pieces = unk = split3 = 0
     lengths = []
@@ -209,8 +210,6 @@ def _mask_breakdown(ids: np.ndarray, labels: np.ndarray, info: TokenInfo) -> tup
 def held_out_stats(ds: PretrainingData, eval_instances: int = 256) -> dict:
     """What `pretrain` would evaluate on with this data (its held-out split, else its last instances)
     and the share of that set's 12-grams found in the training instances (mask leakage)."""
-    from .heldout import choose_held_out, ngram_overlap
-
     if ds.meta.get("split") == "eval":
         return {"source": "this folder is a held-out split"}
     held = choose_held_out(ds, None, eval_instances)
