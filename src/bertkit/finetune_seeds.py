@@ -35,7 +35,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import yaml
+from tqdm.auto import tqdm
+
 from .errors import BertkitError
+from .outdir import INCOMPLETE_KEY, _check_out
+from .runconfig import SEED, to_dict
 from .sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
@@ -61,8 +66,6 @@ def parse_seeds(text: str) -> list[int]:
 
 def check_seeds(seeds: Sequence[int]) -> list[int]:
     """The seeds as a list, each a valid seed and given once; else one error line."""
-    from .runconfig import SEED
-
     if not seeds:
         raise BertkitError("--seeds: no seeds given; write them comma-separated, e.g. --seeds 0,1,2,3,4")
     for i, seed in enumerate(seeds):
@@ -81,11 +84,8 @@ def is_seeds_output(path: Path) -> bool:
 def finetune_seeds(cfg, seeds: Sequence[int], command: str = "") -> dict:
     """Fine-tune `cfg` once per seed into cfg.out/seed-N, keep the best on dev as cfg.out's model;
     returns the summary (also cfg.out/seeds.json)."""
-    from tqdm.auto import tqdm
-
     from .finetune import columns_of, finetune, is_finetune_output
     from .tasks.plumbing import resolve_task
-    from .outdir import _check_out
 
     if cfg.task == "embedding":
         raise BertkitError("--seeds: task embedding is not supported; run each --seed into its own --out")
@@ -148,10 +148,7 @@ def check_dev(task, cfg) -> None:
 def finished_seed(folder: Path, cfg) -> dict | None:
     """A finished seed's metrics.json (None when it is not finished); an error when it was trained
     with other settings than `cfg` (fields in IGNORED aside)."""
-    import yaml
 
-    from .outdir import INCOMPLETE_KEY
-    from .runconfig import to_dict
 
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))

@@ -27,6 +27,8 @@ are fine-tuning's); `bertkit probe` and the probe arms of `bertkit ablate` (`pro
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import logging
 import math
 import time
@@ -38,8 +40,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm.auto import tqdm
 
+from .checkpoint import load_model, read_config
 from .errors import BertkitError
+from .model import pool_tokens
+from .packing import pack
+from .probe import POOLINGS, check_pooling, probe_layers
+from .tasks import DataError, collate
+from .tasks.plumbing import check_references, featurize, input_stride, resolve_task
+from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from .finetune_config import FinetuneConfig
@@ -68,8 +78,6 @@ class ProbeSpec:
     """L-BFGS iterations at most, per fit."""
 
     def __post_init__(self) -> None:
-        from .probe import POOLINGS, probe_layers
-
         for name in ("features", "pooling", "C"):
             value = getattr(self, name)
             if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -201,11 +209,7 @@ class Encoded:
 def encode(encoder, head: str, feats: Sequence[dict], layers: Sequence[int], poolings: Sequence[str | None],
            batch_tokens: int = 8192, desc: str | None = None) -> Encoded:
     """Run the frozen encoder over `feats` (longest batches first, padding-free) and keep the asked states."""
-    from tqdm.auto import tqdm
 
-    from .model import pool_tokens
-    from .packing import pack
-    from .tasks import collate
 
     order = sorted(range(len(feats)), key=lambda i: -len(feats[i]["input_ids"]))
     batches, start = [], 0
@@ -248,8 +252,6 @@ def encode(encoder, head: str, feats: Sequence[dict], layers: Sequence[int], poo
 
 def feature_matrix(enc: Encoded, features: str, pooling: str | None, num_layers: int) -> Tensor:
     """(rows, C) or (rows, K C): the chosen states concatenated, or summed (sum_*: a plain sum)."""
-    from .probe import probe_layers
-
     combine, layers = probe_layers(features, num_layers)
     chosen = [enc.states[(l, pooling)] for l in layers]
     return torch.cat(chosen, 1) if combine == "concat" else torch.stack(chosen).sum(0)
@@ -281,8 +283,6 @@ def task_scores(task: "Task", labels: Sequence[str], examples: Sequence, feats: 
 def combinations(head: str, spec: ProbeSpec, config) -> tuple[list[tuple[str, str | None]], list[str]]:
     """(features, pooling) pairs to fit and why the others are left out (tagging reads every word;
     an embeddings [CLS] is one vector for every input; a causal [CLS] sees only itself)."""
-    from .probe import check_pooling, probe_layers
-
     for f in spec.features:
         probe_layers(f, config.num_layers)                    # depth against this model: one line if too deep
     if head == "token_classification":
@@ -339,11 +339,7 @@ class Split:
 def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
     """The task, its labels and the train / dev splits featurized as fine-tuning does (limits,
     max_length, windows), every problem one line before the encoder runs."""
-    from .checkpoint import read_config
     from .finetune import check_checkpoint, columns_of, read_split
-    from .tasks.plumbing import check_references, featurize, input_stride, resolve_task
-    from .tasks import DataError
-    from .tokenizer import Tokenizer
 
     task = resolve_task(cfg.task, columns_of(cfg))
     if task.head not in ("sequence_classification", "token_classification") or task.problem == "regression":
@@ -376,10 +372,7 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
     majority: {label, <dev metrics>}, skipped, spec, encode_wall_s, wall_s, probes: [{features,
     pooling, metric, value, dev: {<metrics>}, C, cv: {C: mean score}, iterations, converged,
     grad_max, width, fit_wall_s}]}. `fits_log`: one JSONL line per fit (fold, C, score, iterations)."""
-    from tqdm.auto import tqdm
 
-    from .checkpoint import load_model
-    from .probe import probe_layers
 
     spec = spec or ProbeSpec()
     t0 = time.perf_counter()
@@ -425,8 +418,6 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
 
 
 def _fit_done(bar, log_file, features: str, pooling: str | None, rec: dict) -> None:
-    import json
-
     bar.update(1)
     if log_file:
         log_file.write(json.dumps({"features": features, "pooling": pooling, **rec}) + "\n")
@@ -478,9 +469,6 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
     (cross-validation and refit of this row), encode_wall_s and finetune_cpu_s (the task's whole probe
     run), train_examples, dev_examples, pretrain_tokens, pretrain_updates, pretrain_wall_s, run_card
     (results.json) and status ('ok')."""
-    import hashlib
-    import json
-
     out = Path(fcfg.out)
     spec = probe_spec(arm.probe, f"arm {arm.name} probe")
     given = {k: getattr(fcfg, k) for k in DATA_KEYS}
@@ -512,8 +500,6 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
 
 def write_results(path: Path, result: dict) -> None:
     """results.json, written whole (a temporary file renamed over it)."""
-    import json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
