@@ -14,32 +14,31 @@ from pathlib import Path
 
 from .config import BertConfig
 from .errors import BertkitError
+from .infer import Predictor, PredictorOptions
 from .tasks import DataError
 from .tasks.plumbing import checkpoint_task, featurize, inference_stride, parse_rows, qa_options
 
 
 def load_task_predictor(model_dir: str | Path, task_name: str | None = None, columns: dict | None = None,
-                        backend: str = "torch", onnx_file: str | Path | None = None, threads: int | None = None,
-                        precision: str = "auto", max_length: int | None = None,
+                        options: PredictorOptions | None = None, max_length: int | None = None,
                         config_json: tuple[BertConfig, dict] | None = None):
     """(predictor, task, labels, config.json) of a fine-tuned checkpoint, for `bertkit evaluate` and
-    `predict`: a `Predictor` (backend torch: prepacked on the CPU; backend onnx: the exported file on
-    onnxruntime) in `precision`, 'auto' being fp32, the precision fine-tuning evaluated in (so
-    `evaluate` repeats its dev figures on any machine), the task it was trained on (or `task_name`),
+    `predict`: a `Predictor` run as `options` say (default: no engine of short batches), precision
+    'auto' being fp32, the precision fine-tuning evaluated in (so `evaluate` repeats its dev figures
+    on any machine), the task it was trained on (or `task_name`),
     its label names. `max_length` is checked against the positions before the weights load;
     `config_json`: the folder's (BertConfig, raw dict) when the caller has read it (else read here, once)."""
     from .checkpoint import check_inputs_fit, read_config
-    from .infer import Predictor
 
+    o = options or PredictorOptions(small_batches=False)
     config_json = config_json or read_config(Path(model_dir))
     config, raw = config_json
     check_inputs_fit(config, max_length=max_length)
-    if backend != "torch" and precision not in ("auto", "fp32"):
-        raise BertkitError(f"--precision {precision}: backend {backend} runs the exported fp32 graph")
-    predictor = Predictor.from_dir(model_dir, backend=backend, onnx_file=onnx_file, threads=threads,
-                                   precision=("fp32" if precision == "auto" else precision) if backend == "torch"
-                                   else "auto", small_batches=False, config_json=config_json)
-    if backend == "torch" and precision == "auto":
+    if o.backend == "onnx" and o.precision not in ("auto", "fp32"):
+        raise BertkitError(f"--precision {o.precision}: backend onnx runs the exported fp32 graph")
+    auto = o.backend == "torch" and o.precision == "auto"
+    predictor = Predictor.from_dir(model_dir, o, precision="fp32" if auto else o.precision, config_json=config_json)
+    if auto:
         predictor.precision_reason = "auto: fp32, the precision fine-tuning evaluated in"
     model, head = predictor.model, predictor.head
     task = checkpoint_task(raw, head, str(model_dir), task_name, columns)
@@ -54,8 +53,8 @@ def load_task_predictor(model_dir: str | Path, task_name: str | None = None, col
 def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str | None = None,
             columns: dict | None = None, max_length: int | None = None, stride: int | None = None,
             windows: bool | None = None, batch_size: int = 64, top_k: int = 5,
-            null_threshold: float | None = None, threads: int | None = None, backend: str = "torch",
-            onnx_file: str | Path | None = None, where: str = "input", precision: str = "auto") -> list[dict]:
+            null_threshold: float | None = None, options: PredictorOptions | None = None,
+            where: str = "input") -> list[dict]:
     """`bertkit predict`: one {id, prediction, ...} record per (where, JSON object) row, in order.
     A masked-LM checkpoint answers each [MASK] with its top-k words; a task checkpoint runs the
     task's own input parsing and post-processing (classification adds class scores, NER the words,
@@ -66,11 +65,8 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
     raw = config_json[1]
     archs = raw.get("architectures") or ["BertModel"]
     if archs[0] in ("BertForMaskedLM", "BertForPreTraining"):
-        return fill_mask_rows(model_dir, rows, top_k, batch_size, max_length, threads, backend, onnx_file, precision,
-                              config_json)
-    predictor, task, labels, _ = load_task_predictor(model_dir, task_name, columns, backend=backend,
-                                                     onnx_file=onnx_file, threads=threads, precision=precision,
-                                                     max_length=max_length, config_json=config_json)
+        return fill_mask_rows(model_dir, rows, top_k, batch_size, max_length, options, config_json)
+    predictor, task, labels, _ = load_task_predictor(model_dir, task_name, columns, options, max_length, config_json)
     head, tokenizer = predictor.head, predictor.tokenizer
     if task is None or task.parse is None:
         raise BertkitError(f"{model_dir}: `predict` needs a task head (got {head}); "
@@ -94,22 +90,18 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
 
 
 def fill_mask_rows(model_dir: str | Path, rows: list[tuple[str, dict]], top_k: int = 5, batch_size: int = 64,
-                   max_length: int | None = None, threads: int | None = None, backend: str = "torch",
-                   onnx_file: str | Path | None = None, precision: str = "auto",
+                   max_length: int | None = None, options: PredictorOptions | None = None,
                    config_json: tuple[BertConfig, dict] | None = None) -> list[dict]:
     """Masked-LM checkpoints: the top-k words for each [MASK] (via `bertkit.infer.Predictor`; 'auto':
     bf16 where measured faster on this machine and accurate on the sample, as `fill-mask`);
     `config_json` as `load_task_predictor` takes it."""
-    from .infer import Predictor
-
     texts = []
     for at, obj in rows:
         if not isinstance(obj.get("text"), str):
             raise DataError(f"{at}: needs a \"text\" field with a [MASK]")
         texts.append(obj["text"])
-    predictor = Predictor.from_dir(model_dir, head="masked_lm", threads=threads, max_length=max_length,
-                                   backend=backend, onnx_file=onnx_file, small_batches=False, precision=precision,
-                                   config_json=config_json)
+    predictor = Predictor.from_dir(model_dir, options or PredictorOptions(small_batches=False), head="masked_lm",
+                                   max_length=max_length, config_json=config_json)
     results = predictor.fill_mask(texts, top_k=top_k, batch_size=batch_size)
     predictor.tokenizer.stats.report()
     return [{"id": str(obj.get("id", i)), "prediction": [c[0]["token"] for c in res], "candidates": res}

@@ -1,6 +1,7 @@
 """`bertkit info / tokenize / embed / fill-mask`: thin layers over Tokenizer, load_model and Predictor."""
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -90,6 +91,28 @@ def add_precision(p: argparse.ArgumentParser, auto: str) -> None:
     p.add_argument("--precision", default="auto", choices=PRECISIONS,
                    help=f"auto ({auto}), fp32, bf16 or fp16 (GPU); fp32 gives the same numbers on every machine "
                         "up to fp32 rounding")
+
+
+def add_predictor_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
+                          help: dict[str, str] | None = None, **defaults) -> None:
+    """One flag per `PredictorOptions` field (`bertkit.cliconfig`): --device, --threads, --precision,
+    --int8, --compile, --backend, --onnx_file, --[no-]prepack, --[no-]small_batches,
+    --small_batch_tokens, --max_length (kebab spellings too); `defaults` are this command's own
+    (a one-shot command times no engine of short batches: small_batches=False)."""
+    from ..cliconfig import add_options
+    from ..infer import PredictorOptions
+
+    add_options(p.add_argument_group("how the model runs (bertkit.infer.PredictorOptions)"), PredictorOptions,
+                exclude=exclude, help=help, defaults=True, old={"--onnx": "onnx_file"})
+    p.set_defaults(**defaults)
+
+
+def predictor_options(args: argparse.Namespace, exclude: tuple[str, ...] = (), **values):
+    """The `PredictorOptions` of a command's flags (`add_predictor_options`, the same `exclude`) and `values`."""
+    from ..cliconfig import given
+    from ..infer import PredictorOptions
+
+    return PredictorOptions(**{k: v for k, v in given(args, PredictorOptions).items() if k not in exclude}, **values)
 
 
 def check_threads(threads: int | None) -> None:
@@ -288,13 +311,10 @@ def setup_embed(p) -> None:
                    help="mean over tokens, the [CLS] state, the pre-trained pooler over it, or per token "
                         "(default: the checkpoint's sentence-transformers pooling, else mean)")
     p.add_argument("--normalize", action="store_true", help="unit-length vectors")
-    p.add_argument("--max-length", type=int, default=None, help="truncate to N tokens (default: the model's)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--output", metavar="FILE", help="FILE.jsonl or FILE.npy (default: JSONL on stdout)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model")
     p.add_argument("--jsonl", action="store_true", default=None, help="read INPUT as JSONL whatever its name")
-    add_precision(p, AUTO_INFERENCE)
+    add_predictor_options(p, small_batches=False)           # one pass over a file: no start-up timing
     p.set_defaults(run=run_embed)
 
 
@@ -319,9 +339,7 @@ def run_embed(args) -> int:
             raise BertkitError(f"--output {args.output}: is a directory")
         if not out.parent.is_dir():
             raise BertkitError(f"--output {args.output}: the folder {out.parent} does not exist")
-    pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads,
-                              small_batches=False, precision=args.precision,   # one pass over a file: no start-up timing
-                              max_length=args.max_length)
+    pred = Predictor.from_dir(args.model, predictor_options(args), head="encoder")
     check_fits(pred, args.max_length)
     texts, pairs = read_inputs(args.input, args.jsonl)
     to_npy = bool(args.output and args.output.endswith(".npy"))
@@ -390,11 +408,9 @@ def setup_fill_mask(p) -> None:
     p.add_argument("texts", nargs="+", metavar="TEXT", help="texts with one or more [MASK] tokens")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint with a masked-LM head")
     p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--max-length", type=int, default=None, help="truncate to N tokens (default: the model's)")
     p.add_argument("--json", action="store_true",
                    help="print JSON: a list per text of lists per [MASK] of {token, id, score}")
-    p.add_argument("--device", default=None)
-    add_precision(p, AUTO_INFERENCE)
+    add_predictor_options(p, small_batches=False)
     p.set_defaults(run=run_fill_mask)
 
 
@@ -409,8 +425,7 @@ def run_fill_mask(args) -> int:
         if not _is_unicode(text):
             raise BertkitError(f"text {i + 1}: not valid UTF-8 (undecodable bytes)")
     # the masked-LM head of a BertForMaskedLM or BertForPreTraining checkpoint (NSP weights unused)
-    pred = Predictor.from_dir(args.model, head="masked_lm", device=args.device, small_batches=False,
-                              precision=args.precision, max_length=args.max_length)
+    pred = Predictor.from_dir(args.model, predictor_options(args), head="masked_lm")
     check_fits(pred, args.max_length)
     results = pred.fill_mask(args.texts, top_k=args.top_k)
     report_truncation(pred.tokenizer)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from ..cliconfig import add_options, checked
 from ..errors import BertkitError
-from ..runconfig import AT_LEAST_1, THREADS
+from ..runconfig import AT_LEAST_1
 from ..tasks.plumbing import Columns
-from .basic import add_precision
+from .basic import add_predictor_options, predictor_options
 
 
 def column_options(p: argparse.ArgumentParser, show_defaults: bool = False) -> None:
@@ -49,8 +49,8 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predictions", help="also write {id, prediction} JSONL here (input to `bertkit score`)")
     _null_threshold_option(p)
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.add_argument("--threads", type=checked(int, THREADS))
-    add_precision(p, "fp32, the precision fine-tuning evaluated in")
+    add_predictor_options(p, exclude=("max_length",), small_batches=False, help={
+        "precision": "auto (fp32, the precision fine-tuning evaluated in), fp32, bf16 or fp16 (GPU)"})
     column_options(p)
     p.set_defaults(run=run_evaluate)
 
@@ -68,8 +68,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from ..tasks import BadRows
     from ..tasks.plumbing import check_references, evaluate, featurize, inference_stride, qa_options, write_predictions
 
-    predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), threads=args.threads,
-                                                       precision=args.precision, max_length=args.max_length)
+    predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), predictor_options(args, ("max_length",)),
+                                                       max_length=args.max_length)
     tokenizer = predictor.tokenizer
     if task is None:
         raise BertkitError(f"{args.model}: a {predictor.head} checkpoint has no task to evaluate; give --task")
@@ -118,11 +118,9 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", dest="batch_size", type=checked(int, AT_LEAST_1), default=64)
     p.add_argument("--top-k", dest="top_k", type=checked(int, AT_LEAST_1), default=5, help="masked LM: candidates per [MASK]")
     _null_threshold_option(p)
-    p.add_argument("--threads", type=checked(int, THREADS))
-    add_precision(p, "fp32 for a fine-tuned task model, as fine-tuning evaluated; a masked LM as fill-mask")
-    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
-                   help="run the model on PyTorch or on onnxruntime (a file from `bertkit export onnx`)")
-    p.add_argument("--onnx", default=None, metavar="FILE", help="ONNX file for --backend onnx (default DIR/model.onnx)")
+    add_predictor_options(p, exclude=("max_length",), small_batches=False, help={
+        "precision": "auto (fp32 for a fine-tuned task model, as fine-tuning evaluated; a masked LM as fill-mask), "
+                     "fp32, bf16 or fp16 (GPU)"})
     column_options(p)
     p.set_defaults(run=run_predict)
 
@@ -145,8 +143,7 @@ def run_predict(args: argparse.Namespace) -> int:
     records = predict(args.model, rows, args.task, _columns(args), max_length=args.max_length, stride=args.stride,
                       windows=getattr(args, "windows", None),
                       batch_size=args.batch_size, top_k=args.top_k, null_threshold=args.null_threshold,
-                      threads=args.threads, backend=args.backend, onnx_file=args.onnx, where=args.input,
-                      precision=args.precision)
+                      options=predictor_options(args, ("max_length",)), where=args.input)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         for record in records:
