@@ -49,7 +49,7 @@ def test_tokenizer_stats_json(minilm, small_corpus, capsys):
 def test_prepare_stats_show_and_collate(minilm, small_corpus, tmp_path, capsys):
     out = tmp_path / "data"
     assert main(["prepare", "--model", str(minilm), "--input", str(small_corpus), "--out", str(out),
-                 "--max-seq-length", "128", "--no-progress", "--workers", "2"]) == 0
+                 "--max-length", "128", "--no-progress", "--workers", "2"]) == 0
     assert main(["data", "stats", str(out), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     for k in ("instances", "tokens", "max_length", "random_next_fraction", "short_fraction"):
@@ -72,9 +72,9 @@ def test_prepare_stats_show_and_collate(minilm, small_corpus, tmp_path, capsys):
     assert ((batch["mlm_labels"] != -100).sum(1) >= 1).all()
 
 
-def test_prepare_options_are_prepare_config_fields_with_googles_spellings_kept():
-    """Every data option is a PrepareConfig field (masking ones as masking_config.KEY); Google's
-    create_pretraining_data.py names are aliases; the cap follows length and rate unless given."""
+def test_prepare_options_are_prepare_config_fields():
+    """Every data option is a PrepareConfig field (masking ones as masking_config.KEY); the cap
+    follows length and rate unless given."""
     from bertkit.cli import build_parser
     from bertkit.commands.data import command_line, prepare_config
 
@@ -82,7 +82,8 @@ def test_prepare_options_are_prepare_config_fields_with_googles_spellings_kept()
         args = build_parser("prepare").parse_args(["prepare", "--model", "M", "--input", "a.txt", "--out", "O", *extra])
         return args, prepare_config(args)
 
-    args, cfg = parse("--max-seq-length", "512", "--masked-lm-prob", "0.15", "--whole-word", "--no-nsp")
+    args, cfg = parse("--max-length", "512", "--masking-config.mask-prob", "0.15", "--masking_config.mode=whole_word",
+                      "--no-nsp")
     assert (cfg.max_length, cfg.nsp, cfg.masking_config.mode) == (512, False, "whole_word")
     assert cfg.masking_config.max_predictions == 80                   # Google's 512 x 0.15 -> 80
     assert command_line(args) == ("bertkit prepare --model M --input a.txt --out O --max_length 512 --no-nsp "
@@ -90,13 +91,17 @@ def test_prepare_options_are_prepare_config_fields_with_googles_spellings_kept()
     _, same = parse("--max-length", "512", "--masking_config.mask_prob", "0.15", "--masking_config.mode",
                     "whole_word", "--nsp=false")
     assert same == cfg
-    _, cfg = parse("--max-seq-length", "64", "--max-predictions-per-seq", "7", "--span", "--masking", "static")
+    _, cfg = parse("--max_length", "64", "--masking_config.max_predictions", "7", "--masking_config.mode", "span",
+                   "--masking", "static")
     assert (cfg.masking_config.max_predictions, cfg.masking_config.mode, cfg.dupe_factor) == (7, "span", 10)
     assert parse()[1].masking_config.max_predictions == 20                   # 128 x 0.15 -> 20
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--masking", "stat"], "did you mean 'static'"), (["--whole-word", "--span"], "not allowed with"),
+    (["--masking", "stat"], "did you mean 'static'"),
+    (["--whole-word"], "--whole-word is now --masking_config.mode=whole_word"),     # former spellings: one line
+    (["--masked-lm-prob", "0.2"], "--masked-lm-prob is now --masking_config.mask_prob"),
+    (["--max_seq_length=64"], "--max_seq_length is now --max_length"),
     (["--max_lenght", "64"], "did you mean --max_length"), (["--nsp=maybe"], "--nsp")])
 def test_prepare_usage_errors_name_the_option(minilm, small_corpus, tmp_path, capsys, extra, says):
     with pytest.raises(SystemExit) as e:
@@ -119,11 +124,11 @@ def test_cli_errors_are_one_line(minilm, tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, says", [
     (["--chunk-mb", "nan"], "chunk_mb nan"), (["--chunk_mb", "inf"], "chunk_mb inf"),
-    (["--num-shards", "0"], "num_shards 0"), (["--mask-token-fraction", "nan"], "mask_token_fraction nan"),
-    (["--seed", "-1", "--masking", "static"], "seed -1"), (["--random-token-fraction", "-0.1"], "-0.1"),
-    (["--masked-lm-prob", "1.5"], "mask_prob 1.5"), (["--masking_config.mask_prob", "0"], "mask_prob 0"),
+    (["--num-shards", "0"], "num_shards 0"), (["--masking_config.mask_token_fraction", "nan"], "mask_token_fraction nan"),
+    (["--seed", "-1", "--masking", "static"], "seed -1"), (["--masking-config.random-token-fraction", "-0.1"], "-0.1"),
+    (["--masking_config.mask_prob", "1.5"], "mask_prob 1.5"), (["--masking_config.mask_prob", "0"], "mask_prob 0"),
     (["--eval-fraction", "nan"], "eval_fraction nan"), (["--eval-documents", "1"], "eval_documents 1"),
-    (["--max-predictions-per-seq", "0"], "max_predictions 0")])
+    (["--masking_config.max_predictions", "0"], "max_predictions 0")])
 def test_bad_prepare_options_are_one_line_and_leave_nothing(minilm, small_corpus, tmp_path, capsys, extra, says):
     out = tmp_path / "o"
     assert main(["prepare", "--model", str(minilm), "--input", str(small_corpus), "--out", str(out),

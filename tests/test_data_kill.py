@@ -31,7 +31,7 @@ def corpus(tmp_path_factory) -> Path:
 
 def _prepare_cmd(minilm: Path, corpus: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "bertkit", "prepare", "--model", str(minilm), "--input", str(corpus),
-            "--out", str(out), "--max-seq-length", "64", "--chunk-mb", "0.015", "--no-progress", *extra]
+            "--out", str(out), "--max-length", "64", "--chunk-mb", "0.015", "--no-progress", *extra]
 
 
 # `bertkit prepare ARGS` that SIGKILLs itself right after its N-th new shard (no cleanup runs), through

@@ -53,8 +53,10 @@ def test_config_unknown_key_hint_types_and_round_trip(tmp_path):
         load_config(PretrainConfig, None, ["--max_steps=3"])
     with pytest.raises(RunConfigError, match="train.batch_size: expected int"):
         load_config(PretrainConfig, None, ["--train.batch_size=big"])
-    with pytest.raises(RunConfigError, match="optim.name"):
-        load_config(PretrainConfig, None, ["--optim.name=sgd"])
+    with pytest.raises(RunConfigError, match="optim.optimizer: 'sgd' is not one of"):
+        load_config(PretrainConfig, None, ["--optim.optimizer=sgd"])
+    with pytest.raises(RunConfigError, match="optim.name is now optim.optimizer"):     # fine-tuning's name
+        load_config(PretrainConfig, None, ["--optim.name=lamb"])
     yml = tmp_path / "c.yaml"
     yml.write_text("train:\n  max_steps: 7\n  budgett: 3m\n")
     with pytest.raises(RunConfigError, match=r"c.yaml.*'train.budgett'.*did you mean 'train.budget'"):

@@ -6,7 +6,7 @@ are one name.
     values = given(args, FinetuneConfig)         # only the options on the command line
     cfg = from_dict(FinetuneConfig, {**yaml_mapping, **values}, source)     # bertkit.runconfig
 
-One option per field, named like the attribute; the kebab spelling (`--batch-size`) is an alias.
+One option per field, named like the attribute; the kebab spelling (`--batch-size`) works too.
 Help is the field's docstring (the string literal right after it in the class body), choices come
 from `Literal[...]` annotations, bool fields are `--x/--no-x`, values are checked as `from_dict`
 checks YAML values (`runconfig._coerce`). An option that is not given is absent from the namespace,
@@ -26,7 +26,7 @@ import types
 import typing
 from typing import Any, Iterable
 
-from .runconfig import RULES, Rule, RunConfigError, _coerce
+from .runconfig import Rule, RunConfigError, _coerce, moved
 
 
 @functools.cache
@@ -87,7 +87,6 @@ def checked(kind: type, rule: Rule):
     """An argparse `type` for an option that is no config field: the text as `kind` (int or float),
     within `rule` (`runconfig.AT_LEAST_1`, `THREADS`, ...); a bad value is argparse's one-line error
     naming the option."""
-    rule = RULES[rule] if isinstance(rule, str) else rule        # a name: export's options, until generated
 
     def convert(text: str):
         try:
@@ -121,15 +120,14 @@ def _help(doc: str, default: Any, show_default: bool) -> str:
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
                 names: Iterable[str] | None = None, exclude: Iterable[str] = (), show_defaults: bool = True,
                 help: dict[str, str] | None = None, defaults: bool = False,
-                old: dict[str, str] | None = None, prefix: str = "",
-                aliases: dict[str, str] | None = None) -> list[str]:
+                old: dict[str, str] | None = None, prefix: str = "") -> list[str]:
     """One option per field of `cls` (those in `names`, else all but `exclude`); returns their names.
     A field that is itself a dataclass is a section: its fields become `--section.key` options (an
     argument group in --help). `help` replaces a field's docstring (by option name, 'section.key' in
-    a section) where the command means something more specific. An option not given is absent from the namespace, or with `defaults` holds the
-    field's default. `old` maps former flags to fields ('--train.num_threads': 'train.threads'):
-    still accepted, with a one-line hint naming the new spelling. `aliases` maps other spellings kept
-    for good ('--masked-lm-prob': 'masking_config.mask_prob', the original tool's name) to fields."""
+    a section) where the command means something more specific. An option not given is absent from
+    the namespace, or with `defaults` holds the field's default. A former flag - a key renamed in
+    `runconfig.MOVED`, or one of `old`: '--masked_lm_prob': 'masking_config.mask_prob' (a field) or
+    '--span': '--masking_config.mode=span' - is the one-line error "X is now Y", never taken silently."""
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
@@ -139,12 +137,11 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
         if dataclasses.is_dataclass(_strip_optional(kind)):
             group = parser.add_argument_group(f"{key}.* ({docs[name]})" if docs.get(name) else f"{key}.*") \
                 if isinstance(parser, argparse.ArgumentParser) else parser
-            add_options(group, _strip_optional(kind), show_defaults=show_defaults, defaults=defaults, old=old,
-                        prefix=key + ".", aliases=aliases, help=help)
+            add_options(group, _strip_optional(kind), show_defaults=show_defaults, defaults=defaults,
+                        prefix=key + ".", help=help)
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         flags = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
-        flags += [a for a, k in (aliases or {}).items() if k == key]
         own = (help or {}).get(key)               # the command's own text says its default itself
         text = _help(own or docs.get(name, ""), default, show_defaults and own is None)
         common = {"dest": key, "default": default if defaults else argparse.SUPPRESS}
@@ -153,21 +150,29 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
             parser.add_argument(*flags, action=_Switch, help=text, **common)
             continue
         choices = literal_choices(kind)
-        typed = {"type": _converter(kind, f"--{key}"), "choices": choices,
-                 "metavar": "{" + ",".join(map(str, choices)) + "}" if choices else name.upper()}
-        parser.add_argument(*flags, help=text, **typed, **common)
-        for former in [k for k, v in (old or {}).items() if v == key]:
-            parser.add_argument(former, action=_Renamed, help=argparse.SUPPRESS, **typed, **common)
+        parser.add_argument(*flags, help=text, type=_converter(kind, f"--{key}"), choices=choices,
+                            metavar="{" + ",".join(map(str, choices)) + "}" if choices else name.upper(), **common)
+    if not prefix:                                      # runconfig.MOVED's renamed keys, and `old`
+        add_moved(parser, {f"--{k}": v for k, v in moved(cls).items()} | (old or {}))
     return chosen
 
 
-class _Renamed(argparse.Action):
-    """A former flag: its value is taken, with a one-line hint naming the new spelling."""
+def add_moved(parser: argparse.ArgumentParser | argparse._ArgumentGroup, old: dict[str, str]) -> None:
+    """Former flags ({'--whole_word': '--mask_mode=whole_word'}, or a field's key as the value), in
+    both spellings: given, each is the one-line error "X is now Y"."""
+    for former, new in old.items():
+        spellings = [former] + ([former.replace("_", "-")] if "_" in former else [])
+        if any(sp in parser._option_string_actions for sp in spellings):   # named by another config of the command
+            continue
+        parser.add_argument(*spellings, action=_Moved, nargs="?", help=argparse.SUPPRESS,
+                            default=argparse.SUPPRESS, dest=new if new.startswith("--") else "--" + new)
+
+
+class _Moved(argparse.Action):
+    """A former flag (its value, if any, is not read): the one-line error naming what replaced it."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"{parser.prog}: warning: {option_string} is now --{self.dest}; the old spelling will go",
-              file=sys.stderr)
-        setattr(namespace, self.dest, values)
+        parser.error(f"{option_string} is now {self.dest}")
 
 
 class _Switch(argparse.Action):
@@ -202,6 +207,21 @@ def _switch_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str
     return out
 
 
+def _spellings(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """'--report_only' -> '--report-only', '--batch-size' -> '--batch_size': an option is taken in
+    either spelling whoever wrote it (a field's, or an `add_argument` of a command); '--' ends options."""
+    known, out = parser._option_string_actions, []
+    for i, a in enumerate(args):
+        if a == "--":
+            return out + args[i:]
+        flag, eq, value = a.partition("=")
+        if a.startswith("--") and flag not in known:
+            others = ("--" + flag[2:].replace("_", "-"), "--" + flag[2:].replace("-", "_"))
+            a = next((other + eq + value for other in others if other in known), a)
+        out.append(a)
+    return out
+
+
 def given(args: argparse.Namespace, cls: type, prefix: str = "") -> dict:
     """{field: value} of the options of `cls` given on the command line; a section's as a nested dict."""
     hints, out = typing.get_type_hints(cls), {}
@@ -217,17 +237,18 @@ def given(args: argparse.Namespace, cls: type, prefix: str = "") -> dict:
 
 def suggest_unknown(parser: argparse.ArgumentParser) -> None:
     """An unknown option is argparse's one-line error plus the closest known option; `--x=false`
-    works for a switch. Abbreviations are off: '--train.max_step' is a typo to name, not a prefix
-    of --train.max_steps to guess."""
+    works for a switch, and `--a_b` / `--a-b` are one option. Abbreviations are off: '--train.max_step'
+    is a typo to name, not a prefix of --train.max_steps to guess."""
     parser.allow_abbrev = False
     plain = parser.parse_known_args
 
     def parse_known_args(args=None, namespace=None):
-        args = _switch_values(parser, list(sys.argv[1:] if args is None else args))
+        args = _switch_values(parser, _spellings(parser, list(sys.argv[1:] if args is None else args)))
         ns, extras = plain(args, namespace)
         unknown = [a.split("=", 1)[0] for a in extras if a.startswith("-") and a not in ("-", "--")]
         if unknown:
-            known = [s for s in parser._option_string_actions if s.startswith("--")]
+            known = [s for s, a in parser._option_string_actions.items() if s.startswith("--")
+                     and not isinstance(a, _Moved)]
             close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
             parser.error(f"unrecognized arguments: {' '.join(extras)}"
                          + (f" (did you mean {close[0]}?)" if close else ""))

@@ -83,8 +83,6 @@ class FinetuneConfig(Columns):
     """With freeze, sentence tasks: read the features at [CLS] ('cls', the default), at the last
     real token ('last', the default on a causal model) or averaged over the tokens ('mean', the
     default for embeddings, whose [CLS] vector is constant)."""
-    probe_layers: Annotated[int | None, AT_LEAST_1] = None
-    """Older spelling: with freeze, concatenate the last K layers (= probe_features concat_last_K)."""
     dropout: Annotated[float | None, PROBABILITY] = None
     """Dropout while fine-tuning, on the embeddings, each residual branch, the attention
     probabilities and before the head (the paper: 0.1). None = the checkpoint's (config.json's
@@ -135,11 +133,9 @@ class FinetuneConfig(Columns):
         if self.freeze and self.pooling is not None:
             raise BertkitError("pooling chooses what a fine-tuned head's pooler reads; a frozen probe "
                                "takes probe_pooling")
-        if (self.probe_features, self.probe_layers, self.probe_pooling) != (None, None, None) and not self.freeze:
-            raise BertkitError("probe_features / probe_pooling / probe_layers choose a frozen probe's features: "
-                               "give freeze too (--freeze)")
-        if self.probe_features is not None and self.probe_layers is not None:
-            raise BertkitError("give probe_features or probe_layers (its older spelling), not both")
+        if (self.probe_features, self.probe_pooling) != (None, None) and not self.freeze:
+            raise BertkitError("probe_features / probe_pooling choose a frozen probe's features: give freeze too "
+                               "(--freeze)")
         if self.probe_features is not None:
             probe_layers(self.probe_features, 10 ** 6)          # the name only; depth is checked on the model
 
@@ -148,11 +144,7 @@ class FinetuneConfig(Columns):
         """The probe's feature choice (None: full fine-tuning)."""
         if not self.freeze:
             return None
-        if self.probe_features is not None:
-            return self.probe_features
-        if self.probe_layers is not None:
-            return "last" if self.probe_layers == 1 else f"concat_last_{self.probe_layers}"
-        return DEFAULT_FEATURES
+        return self.probe_features if self.probe_features is not None else DEFAULT_FEATURES
 
 
 def check_device_name(device: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import logging
 import re
 import types
 import typing
@@ -21,7 +20,6 @@ from typing import Annotated, Any, Callable, Literal
 
 from .errors import BertkitError
 
-log = logging.getLogger("bertkit")
 
 
 class RunConfigError(BertkitError, ValueError):
@@ -241,8 +239,8 @@ class TrainSection:
 
 @dataclass
 class OptimSection:
-    name: Literal["adamw", "adamw_google", "lamb"] = "adamw"
-    """'adamw', 'adamw_google' (no bias correction, eps 1e-6) or 'lamb'."""
+    optimizer: Literal["adamw", "adamw_google", "lamb"] = "adamw"
+    """'adamw', 'adamw_google' (no bias correction, eps 1e-6) or 'lamb' (fine-tuning's `optimizer` too)."""
     lr: Annotated[float, POSITIVE] = 1e-4
     weight_decay: Annotated[float, NON_NEGATIVE] = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
@@ -288,11 +286,6 @@ class PretrainConfig:
         if objective == "mlm" and causal:
             raise RunConfigError("model.causal=true with train.objective=mlm: a left-to-right model is trained on "
                                  "next tokens; set train.objective=clm (the paper's LTR baseline)")
-
-
-# The rules by name, for options still written by hand with a name (`cliconfig.checked`).
-RULES = {">=1": AT_LEAST_1, ">=0": NON_NEGATIVE, ">0": POSITIVE, "prob": PROBABILITY, "unit": UNIT,
-         "threads": THREADS, "seed": SEED}
 
 
 def _check_values(cfg: "PretrainConfig") -> None:
@@ -409,9 +402,24 @@ def parse_override(item: str) -> tuple[str, Any]:
     return m.group(1), value
 
 
-# Keys renamed for one name per concept: the old spelling still works, with a one-line warning.
-RENAMED = {"train.num_threads": "train.threads", "max_seq_length": "max_length",     # Google's name, HF run_glue's
-           "prepare.max_seq_length": "prepare.max_length"}
+# Keys renamed for one name per setting: the old spelling is the one-line error "X is now Y".
+MOVED = {"train.num_threads": "train.threads", "max_seq_length": "max_length",     # Google's name, HF run_glue's
+         "prepare.max_seq_length": "prepare.max_length", "optim.name": "optim.optimizer",
+         "probe_layers": "probe_features (concat_last_K)"}
+
+
+def moved(cls: type, prefix: str = "") -> dict[str, str]:
+    """The entries of MOVED whose replacement is a field of `cls` (keys below `prefix`, without it)."""
+    out = {}
+    for old, new in MOVED.items():
+        if not (old.startswith(prefix) and new.startswith(prefix)):
+            continue
+        kind, *path, leaf = [cls, *new.split()[0].removeprefix(prefix).split(".")]
+        for part in path:
+            kind = typing.get_type_hints(kind).get(part) if dataclasses.is_dataclass(kind) else None
+        if dataclasses.is_dataclass(kind) and leaf in {f.name for f in fields(kind)}:
+            out[old.removeprefix(prefix)] = new
+    return out
 
 
 def from_dict(cls: type, data: dict, source: str = "config", prefix: str = ""):
@@ -420,10 +428,8 @@ def from_dict(cls: type, data: dict, source: str = "config", prefix: str = ""):
     known = {f.name: f for f in fields(cls)}
     kwargs = {}
     for key, value in data.items():
-        new = RENAMED.get(f"{prefix}{key}")
-        if key not in known and new is not None and new.rsplit(".", 1)[-1] in known:
-            log.warning("%s: %s%s is now %s", source, prefix, key, new)
-            key = new.rsplit(".", 1)[-1]
+        if key not in known and key in moved(cls, prefix):
+            raise RunConfigError(f"{source}: {prefix}{key} is now {MOVED[prefix + key]}")
         if key not in known:
             where = f"{prefix}{key}"
             close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)

@@ -240,7 +240,7 @@ def pretrain_card(run: Run, world, stop_reason: str, final_eval: dict | None, co
         "planned_updates": st.planned_steps or None,
         "reproduce": reproduce_line(command, cfg, st),
         "choices_changed": [f"update {u}: {k} {a} -> {b}" for u, k, a, b in st.changes] or None,
-        "optimizer": cfg.optim.name, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
+        "optimizer": cfg.optim.optimizer, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
         "precision": str(run.precision).replace("torch.", ""), "precision_reason": run.precision_reason,
         "packed": run.packed, "packed_reason": run.packed_reason,
         "attention_kernel": run.attention_kernel, "attention_kernel_reason": run.attention_kernel_reason,

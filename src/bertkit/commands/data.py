@@ -81,18 +81,18 @@ def run_tokenizer_stats(args) -> int:
 
 
 # ---- prepare ------------------------------------------------------------------------------------
-# Google's create_pretraining_data.py spellings, kept as aliases.
-GOOGLE_FLAGS = {"--max-seq-length": "max_length", "--max_seq_length": "max_length",
-                "--masked-lm-prob": "masking_config.mask_prob",
-                "--max-predictions-per-seq": "masking_config.max_predictions",
-                "--mask-token-fraction": "masking_config.mask_token_fraction",
-                "--random-token-fraction": "masking_config.random_token_fraction"}
+# Former spellings (Google's create_pretraining_data.py names, shortcuts): the one-line error "X is now Y".
+MOVED_FLAGS = {"--max_seq_length": "max_length", "--masked_lm_prob": "masking_config.mask_prob",
+               "--max_predictions_per_seq": "masking_config.max_predictions",
+               "--mask_token_fraction": "masking_config.mask_token_fraction",
+               "--random_token_fraction": "masking_config.random_token_fraction",
+               "--whole_word": "--masking_config.mode=whole_word", "--span": "--masking_config.mode=span"}
 PREPARE_RUN_OPTIONS = ("model", "input", "out", "workers", "num_shards", "shard_index", "overwrite")
 
 
 def setup_prepare(parser: argparse.ArgumentParser) -> None:
     """Every data option is a PrepareConfig field of the same name (`bertkit.cliconfig`), masking ones
-    as `--masking_config.KEY`; Google's spellings (--masked-lm-prob, --whole-word, ...) are aliases."""
+    as `--masking_config.KEY`; Google's spellings (--masked-lm-prob, ...) say what replaced them."""
     from ..cliconfig import add_options, suggest_unknown
     from ..data.prepare import PrepareConfig
 
@@ -108,14 +108,9 @@ def setup_prepare(parser: argparse.ArgumentParser) -> None:
                    help="... and do part I of N here")
     p.add_argument("--overwrite", action="store_true", help="delete shards already in --out")
     p.add_argument("--no-progress", action="store_true")
-    add_options(p, PrepareConfig, aliases=GOOGLE_FLAGS, help={
+    add_options(p, PrepareConfig, old=MOVED_FLAGS, help={
         "masking_config.max_predictions": "Cap on predictions per sequence (default: max_length x mask_prob "
                                           "rounded up to a multiple of 10: 20 at 128, 80 at 512, as Google's scripts)"})
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--whole-word", dest="masking_config.mode", action="store_const", const="whole_word",
-                   default=argparse.SUPPRESS, help="= --masking_config.mode whole_word (Google's --do_whole_word_mask)")
-    g.add_argument("--span", dest="masking_config.mode", action="store_const", const="span",
-                   default=argparse.SUPPRESS, help="= --masking_config.mode span (SpanBERT)")
     suggest_unknown(p)
     p.set_defaults(run=run_prepare, _parser=p)
 
@@ -184,11 +179,15 @@ def run_prepare(args) -> int:
 
 # ---- data ---------------------------------------------------------------------------------------
 def setup_data(parser: argparse.ArgumentParser) -> None:
+    from ..cliconfig import add_moved
+    from ..data.masking import MODES
+
     p = _sub(parser, "stats", "instances, tokens, lengths, NSP and masking fractions of prepared data")
     p.add_argument("dir", help="prepared data folder")
     p.add_argument("--sample", type=int, default=20000, help="instances to measure masking on")
-    p.add_argument("--whole-word", action="store_true", help="dynamic data: measure whole-word masking")
-    p.add_argument("--span", action="store_true", help="dynamic data: measure span masking")
+    p.add_argument("--mask_mode", choices=MODES, help="dynamic data: measure this masking (pretrain's "
+                   "data.mask_mode; default: as prepared)")
+    add_moved(p, {"--whole_word": "--mask_mode=whole_word", "--span": "--mask_mode=span"})
     p.add_argument("--seed", type=int, default=0, help="dynamic data: the collator seed (pretrain's train.seed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_data_stats)
@@ -220,8 +219,8 @@ def setup_data(parser: argparse.ArgumentParser) -> None:
 def _dynamic_cfg(args, ds):
     from ..data.masking import MaskingConfig
     cfg = MaskingConfig(**ds.meta.get("masking_config", {}))
-    if getattr(args, "whole_word", False) or getattr(args, "span", False):
-        cfg.mode = "span" if args.span else "whole_word"
+    if getattr(args, "mask_mode", None):
+        cfg.mode = args.mask_mode
     return cfg
 
 

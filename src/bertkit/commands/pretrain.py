@@ -11,7 +11,7 @@ log = logging.getLogger("bertkit")
 
 def setup_pretrain(parser: argparse.ArgumentParser) -> None:
     from ..cliconfig import add_options, suggest_unknown
-    from ..runconfig import RENAMED, PretrainConfig
+    from ..runconfig import PretrainConfig
 
     parser.usage = "bertkit pretrain [CONFIG.yaml] [--resume] [--section.key=value ...]"
     parser.description = (
@@ -21,8 +21,7 @@ def setup_pretrain(parser: argparse.ArgumentParser) -> None:
         "--train.batch_size=32 --optim.lr=5e-4. Several processes: "
         "torchrun --nproc_per_node N -m bertkit pretrain CONFIG.yaml ...")
     parser.add_argument("config", nargs="?", help="YAML config (configs/pretrain/mini.yaml, ...)")
-    add_options(parser, PretrainConfig, old={f"--{k}": v for k, v in RENAMED.items()},
-                aliases={"--precision": "train.precision"})      # the name every command uses
+    add_options(parser, PretrainConfig, old={"--precision": "train.precision"})
     suggest_unknown(parser)
     parser.set_defaults(run=run_pretrain)
 

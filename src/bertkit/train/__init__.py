@@ -203,9 +203,9 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     wrapped = D.parallelize(model, world, tc.distributed, tc.compile)
     # torch's fused AdamW: the same update in one pass over the weights (timed in docs/pretrain.md);
     # not under FSDP, whose sharded parameters take the per-tensor loop
-    optimizer = build_optimizer(model, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay,
+    optimizer = build_optimizer(model, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay,
                                 cfg.optim.betas, cfg.optim.eps,
-                                fused=cfg.optim.name == "adamw" and not (world.distributed and tc.distributed == "fsdp"))
+                                fused=cfg.optim.optimizer == "adamw" and not (world.distributed and tc.distributed == "fsdp"))
     scaler = torch.amp.GradScaler("cuda") if precision == torch.float16 else None
     state = State()
     run = Run(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,

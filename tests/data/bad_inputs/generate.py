@@ -584,7 +584,7 @@ def cases_pretrain() -> list[dict]:
         case("optim.decay_fraction-negative", ["--optim.decay_fraction=-0.1"], r"optim\.decay_fraction"),
         case("optim.decay_fraction-nan", ["--optim.decay_fraction=nan"], r"optim\.decay_fraction"),
         case("optim.end_lr-above-lr", ["--optim.lr=1e-4", "--optim.end_lr=1e-3"], r"optim\.end_lr"),
-        case("optim.name-bogus", ["--optim.name=sgd"], r"optim\.name"),
+        case("optim.optimizer-bogus", ["--optim.optimizer=sgd"], r"optim\.optimizer"),
         case("optim.schedule-bogus", ["--optim.schedule=step"], r"optim\.schedule"),
         case("optim.warmup-steps-beyond-run", ["--optim.warmup=5000", "--train.max_steps=100"], r"optim\.warmup"),
         case("model.preset-bogus", ["--model.preset=gigantic"], r"model\.preset|gigantic"),
