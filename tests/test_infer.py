@@ -583,7 +583,7 @@ def test_explicit_dtype_is_not_measured(monkeypatch):
     p = Predictor.from_dir(minilm_dir(), device="cpu", precision="bf16")
     assert p.precision == "bfloat16" and p.precision_reason == "precision bfloat16 asked for"
     assert Predictor.from_dir(minilm_dir(), device="cpu", precision="fp32").precision == "float32"
-    with pytest.raises(PredictorError, match="precision must be one of auto, fp32, bf16, fp16, not 'int4'"):
+    with pytest.raises(PredictorError, match="precision: 'int4' is not one of auto, fp32, bf16, fp16"):
         Predictor.from_dir(minilm_dir(), device="cpu", precision="int4")
     with pytest.raises(PredictorError, match="exclusive"):
         Predictor.from_dir(minilm_dir(), device="cpu", precision="bf16", int8=True)

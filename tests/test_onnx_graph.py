@@ -135,7 +135,7 @@ def test_the_options(checkpoints):
     assert p.small is not None and p.small.max_tokens == 48 and "as asked" in p.small_reason
     b = p.batches([([101] + [2000] * 5 + [102], [0] * 7)] * 6)[0]       # 6 x 7 = 42 tokens: onnxruntime
     assert p.small.takes(b.packed) and not p.small.takes(p.batches([([101] * 50, [0] * 50)])[0].packed)
-    with pytest.raises(PredictorError, match="small_batch_tokens must be a number >= 1, not 0"):
+    with pytest.raises(PredictorError, match="small_batch_tokens must be at least 1, got 0"):
         Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batch_tokens=0)
     with pytest.raises(PredictorError, match="unexpected keyword argument 'small'"):
         Predictor.from_dir(checkpoints["plain"], small=True)

@@ -9,11 +9,11 @@ The commands that load a Predictor (`predict`, `evaluate`, `embed`, `fill-mask`,
 """
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from ..errors import BertkitError
+from ..runconfig import AT_LEAST_1, THREADS, RunConfigError, check_fields
 
 
 class PredictorError(BertkitError, ValueError):
@@ -24,7 +24,7 @@ class PredictorError(BertkitError, ValueError):
 class PredictorOptions:
     device: str | None = None
     """cpu, cuda, cuda:1 ... (default: cuda when available)."""
-    threads: int | None = None
+    threads: Annotated[int | None, THREADS] = None
     """CPU threads for the model (default: torch's choice)."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """auto: bf16 on a CPU measured faster in bf16 (once per machine) where the model keeps cosine
@@ -46,23 +46,17 @@ class PredictorOptions:
     small_batches: bool = True
     """On the CPU, run batches of few tokens on onnxruntime or OpenVINO where one follows the fp32
     model and times faster than PyTorch at load (1-3 s more at load, a second copy of the weights)."""
-    small_batch_tokens: int | None = None
+    small_batch_tokens: Annotated[int | None, AT_LEAST_1] = None
     """Send every batch of at most this many padded tokens (B x T) to the first installed engine
     that agrees with fp32, untimed (default: the engine and the size timed at load)."""
-    max_length: int | None = None
+    max_length: Annotated[int | None, AT_LEAST_1] = None
     """Most tokens of one input (default: the checkpoint's limit)."""
 
     def __post_init__(self):
-        if self.threads is not None and not 0 <= self.threads <= 4096:
-            raise PredictorError(f"threads must be 0 (torch's default) or a number of CPU threads, not {self.threads}")
-        for name in ("small_batch_tokens", "max_length"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise PredictorError(f"{name} must be a number >= 1, not {value!r}")
-        for name in ("precision", "backend"):
-            choices = typing.get_args(typing.get_type_hints(PredictorOptions)[name])
-            if getattr(self, name) not in choices:
-                raise PredictorError(f"{name} must be one of {', '.join(choices)}, not {getattr(self, name)!r}")
+        try:
+            check_fields(self)                          # the choices and ranges on the fields
+        except RunConfigError as e:
+            raise PredictorError(str(e)) from None
         if self.backend != "torch" and (self.int8 or self.compile):
             raise PredictorError(f"int8 and compile apply to backend torch, not {self.backend}")
         if self.int8 and self.precision not in ("auto", "fp32"):
