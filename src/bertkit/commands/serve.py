@@ -8,41 +8,22 @@ import os
 from pathlib import Path
 
 from ..errors import BertkitError
-from .basic import AUTO_INFERENCE, add_precision
+from .basic import add_predictor_options, predictor_options
 
 log = logging.getLogger("bertkit")
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
-    """--model/--head/--device/--threads/--int8/--compile/--backend/--onnx: how a Predictor loads."""
+    """--model, --head and one flag per PredictorOptions field but max_length (ServeConfig's)."""
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder (config.json, weights, vocab)")
     p.add_argument("--head", default=None, help="head to load (default: the one config.json names)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model (default: torch's choice)")
-    p.add_argument("--int8", action="store_true",
-                   help="dynamic int8 quantisation of the encoder's Linear layers (CPU; ~0.99 cosine to fp32)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the encoder (slow start)")
-    p.add_argument("--no-prepack", dest="prepack", action="store_false",
-                   help="keep plain Linear layers on the CPU (default: weights prepacked for oneDNN, GELU fused)")
-    p.add_argument("--no-small-batches", dest="small_batches", action="store_false",
-                   help="keep short batches on PyTorch too (default on the CPU in fp32: onnxruntime runs them "
-                        "where it measures faster at start-up)")
-    add_precision(p, AUTO_INFERENCE + "; bf16/fp16 on a GPU run varlen flash attention")
-    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
-                   help="run the model on PyTorch or on onnxruntime (an exported file, see `bertkit export onnx`)")
-    p.add_argument("--onnx", default=None, metavar="FILE", help="ONNX file for --backend onnx (default DIR/model.onnx)")
+    add_predictor_options(p, exclude=("max_length",))
 
 
 def load_predictor(args, max_length: int | None = None):
     from ..infer import Predictor
 
-    if args.backend == "onnx" and (args.int8 or args.compile):
-        raise BertkitError("--int8 and --compile apply to --backend torch; for onnx export with "
-                           "`bertkit export onnx --int8`")
-    return Predictor.from_dir(args.model, head=args.head, device=args.device, threads=args.threads,
-                              int8=args.int8, compile=args.compile, backend=args.backend,
-                              max_length=max_length, onnx_file=args.onnx, precision=getattr(args, "precision", "auto"),
-                              prepack=getattr(args, "prepack", True), small_batches=getattr(args, "small_batches", True))
+    return Predictor.from_dir(args.model, predictor_options(args, ("max_length",), max_length=max_length), head=args.head)
 
 
 def report_int8(args, predictor) -> dict:
