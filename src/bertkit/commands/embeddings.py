@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BertkitError
-
-PRECISIONS = ("fp32", "bf16", "auto")
+from .basic import add_predictor_options, predictor_options
 
 
 def setup_embed_eval(p) -> None:
@@ -32,16 +31,12 @@ def setup_embed_eval(p) -> None:
                    help="comma-separated poolings among mean, cls, pooler (default: every one the checkpoint has, "
                         "its own first: sentence-transformers' config, else mean)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N pairs / queries of each source")
-    p.add_argument("--max-length", dest="max_length", type=int, default=None,
-                   help="truncate texts to N tokens (default: the checkpoint's limit)")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=32)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32 (default: the same figures on every CPU), bf16, or auto (bf16 where this CPU "
-                        "measures it faster and it keeps cosine 0.999 to fp32)")
     p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_true")
     p.add_argument("--json", action="store_true", help="one JSON object per source and pooling")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the model")
+    add_predictor_options(p, precision="fp32", small_batches=False, help={
+        "precision": "fp32 (default: the same figures on every CPU), bf16, or auto (bf16 where this CPU measures "
+                     "it faster and it keeps cosine 0.999 to fp32)"})
     p.set_defaults(run=run_embed_eval)
 
 
@@ -68,8 +63,7 @@ def run_embed_eval(args) -> int:
     # the data first: a bad file fails before the model loads
     sets = [("similarity", read_scored_pairs(s, args.split, columns, args.skip_bad_rows, args.limit)) for s in args.sts]
     sets += [("retrieval", read_retrieval(s, args.split, args.skip_bad_rows, args.limit)) for s in args.retrieval]
-    pred = Predictor.from_dir(args.model, head="encoder", device=args.device, threads=args.threads,
-                              precision=args.precision, max_length=args.max_length, small_batches=False)
+    pred = Predictor.from_dir(args.model, predictor_options(args), head="encoder")
     check_fits(pred, args.max_length)
     own = own_pooling(args.model)
     offered = available_poolings(pred, own)
