@@ -14,7 +14,7 @@ the only operation that needs to know where sequences start and end:
 Both are numerically the padded path: tests compare them.
 
 `model.py` imports this file; nothing here knows the model. The CPU inference speed-up
-(prepacked oneDNN weights) is in `prepack.py`.
+(prepacked oneDNN weights) is in `infer/prepack.py`.
 """
 from __future__ import annotations
 

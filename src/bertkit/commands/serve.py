@@ -28,15 +28,12 @@ def load_predictor(args, max_length: int | None = None):
 
 def report_int8(args, predictor) -> dict:
     """Log how closely the int8 model follows fp32 on the bundled sample sentences."""
-    from pathlib import Path
-
     from ..infer import Predictor, agreement
+    from ..infer.choose import sample_lines
 
     reference = Predictor.from_dir(args.model, head=args.head, device="cpu", precision="fp32",
                                    max_length=predictor.max_length, small_batches=False)
-    sample = Path(__file__).resolve().parents[1] / "sample" / "sample.txt"
-    texts = [l for l in sample.read_text(encoding="utf-8").splitlines() if l.strip()]
-    rep = agreement(predictor, reference, texts)
+    rep = agreement(predictor, reference, sample_lines())
     log.info("int8 vs fp32 on %d sample sentences: cosine mean %.4f, min %.4f, max abs diff %.3g",
              rep["n"], rep["cosine_mean"], rep["cosine_min"], rep["max_abs_diff"])
     predictor.int8_agreement = rep

@@ -154,12 +154,17 @@ def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, pre
     return model
 
 
+def sample_lines() -> list[str]:
+    """The bundled sample sentences (`sample/sample.txt`), blank lines left out."""
+    text = (Path(__file__).parents[1] / "sample" / "sample.txt").read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line.strip()]
+
+
 def sample_rows(tokenizer: Tokenizer, max_length: int) -> list[tuple[list[int], list[int]]]:
     """The fixed sample a precision is checked on: the 13 bundled sample sentences, 4 passages of
     three of them and 6 short queries (their first 1 to 8 words): 23 texts of 3 to ~100 word
     pieces, as [CLS] ... [SEP] rows cut to max_length."""
-    lines = [l for l in (Path(__file__).parents[1] / "sample" / "sample.txt").read_text(encoding="utf-8").splitlines()
-             if l.strip()]
+    lines = sample_lines()
     texts = (lines + [" ".join(lines[i:i + 3]) for i in range(0, len(lines) - 1, 3)][:4]
              + [" ".join(l.split()[:n]) for l, n in zip(lines, (1, 2, 3, 4, 6, 8))])
     rows = []

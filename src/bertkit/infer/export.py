@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import BertkitError
+from .choose import sample_lines
 from .engines import INPUTS, load_session
 
 log = logging.getLogger("bertkit")
@@ -167,7 +168,7 @@ def _text_batches(model_dir: Path | None, max_length: int = 128) -> list[dict[st
     tok = _tokenizer_of(model_dir)
     if tok is None:
         return []
-    lines = [l for l in (Path(__file__).parents[1] / "sample" / "sample.txt").read_text().splitlines() if l.strip()]
+    lines = sample_lines()
     return [tok(lines[:9], max_length=max_length), tok(lines[9:12], pairs=lines[:3], max_length=max_length)]
 
 
