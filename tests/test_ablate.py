@@ -130,7 +130,7 @@ def test_micro_grid_end_to_end(grid):
     assert (out / "arms" / "bad" / "error.txt").is_file()
     report = (out / "REPORT.md").read_text()
     assert ("| arm | setting | pretrain tokens | pretrain FLOPs (updates) | wall: pretrain / arm | MLM acc at [MASK] "
-            "| MLM acc, all targets | sst2 accuracy | Δ sst2 [95% CI] |") in report
+            "| Δ at [MASK] vs base [95%] | MLM acc, all targets | sst2 accuracy | Δ sst2 [95% CI] |") in report
     main_table = report.split("How to read it")[0]
     lines = {ln.split(" | ")[0].strip("| "): ln for ln in main_table.splitlines() if ln.startswith("| ")}
     assert "base" in lines["base"] and " ± " in lines["base"] and "| done |" in lines["base"]
