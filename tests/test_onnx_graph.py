@@ -169,7 +169,7 @@ class FakeEngine:
 def _with_fakes(monkeypatch, fakes: dict, ms: dict):
     """choose.load_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch']).
     Returns the list of the engine sets made, one per Predictor loaded."""
-    def load(encoder, threads):
+    def load(encoder, threads, precision=None):
         g = graph.encoder_graph(encoder)
         engines_made.append({name: make(g) for name, make in fakes.items()})
         return engines_made[-1], ""
@@ -228,16 +228,30 @@ def test_a_number_of_tokens_takes_the_first_agreeing_engine_untimed(checkpoints,
 
 def test_a_bf16_engine_is_judged_by_cosine(checkpoints, monkeypatch):
     """OpenVINO runs bf16 on CPUs that have it: such an engine may differ by more than fp32 rounding,
-    as long as every token keeps cosine >= 0.999 to fp32 (the bar of bf16 everywhere in bertkit)."""
+    as long as every token keeps cosine >= 0.999 to fp32 (the bar of bf16 everywhere in bertkit).
+    That holds where the precision is chosen (auto, fp32 here); fp32 asked for takes fp32 engines only."""
+    monkeypatch.setenv("BERTKIT_BF16", "0")                  # auto: fp32 on any CPU
     fakes = {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.002), "fp32": lambda g: FakeEngine(g, noise=0.002)}
     _with_fakes(monkeypatch, fakes, {"torch": 5.0, "bf16": 2.0, "fp32": 1.0})
-    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
-    assert p.small is not None and p.small.name == "bf16", p.small_reason
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", small_batches=True)
+    assert p.precision == "float32" and p.small is not None and p.small.name == "bf16", p.small_reason
     assert p.small.agreement["max_abs_diff"] > 1e-3 and p.small.agreement["token_cosine_min"] >= 0.999
     assert "fp32 (float32) disagrees with PyTorch" not in p.small_reason      # chosen: the reason is the choice
-    _with_fakes(monkeypatch, {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.3)}, {"torch": 5.0, "bf16": 1.0})
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+    assert p.small is None and "bf16 runs bfloat16, and fp32 was asked for" in p.small_reason
+    _with_fakes(monkeypatch, {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.3)}, {"torch": 5.0, "bf16": 1.0})
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", small_batches=True)
     assert p.small is None and p.small_reason.startswith("bf16 (bfloat16) disagrees with PyTorch on the sample")
+
+
+def test_fp32_asked_for_runs_short_batches_in_fp32(checkpoints):
+    """Exact fp32 on request: whatever engine takes short batches runs fp32 (OpenVINO is compiled
+    with its f32 hint, where it would pick bf16 by itself on AMX or AVX512_BF16 CPUs)."""
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True,
+                           small_batch_tokens=64)
+    if p.small is None:
+        pytest.skip(f"no engine for short batches here: {p.small_reason}")
+    assert p.small.precision == "float32" and p.small.agreement["max_abs_diff"] <= 1e-3
 
 
 def test_a_bf16_predictor_takes_an_engine_from_the_fp32_weights(checkpoints, monkeypatch):

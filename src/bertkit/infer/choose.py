@@ -72,20 +72,22 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
                 return
             p.model = fp32
             p.precision_reason = f"{caps.reason}, but bf16 cosine {cos:.5f} < {BF16_MIN_COSINE} to fp32 on the sample"
-    found = load_engines(p.encoder, torch.get_num_threads()) if small else None   # the plain weights, before prepacking
-    if prepack and p.device.type == "cpu":
+    exact = dtype == torch.float32            # fp32 asked for: short batches exact too (engines in fp32, fp32's bar)
+    found = load_engines(p.encoder, torch.get_num_threads(), "float32" if exact else None) if small else None
+    if prepack and p.device.type == "cpu":    # (the engines take the plain weights, before prepacking)
         p.prepacked = prepack_linears(p.model)
     if found is not None:
-        _short_batches(p, small, None, found)
+        _short_batches(p, small, None, found, exact)
 
 
-def _short_batches(p, small: bool | int, reference: BertModel | None, found=None) -> None:
+def _short_batches(p, small: bool | int, reference: BertModel | None, found=None, exact: bool = False) -> None:
     found = found or load_engines(reference if reference is not None else p.encoder, torch.get_num_threads())
     runners, why = found
     if not runners:
         p.small_reason = why
         return
-    p.small, p.small_reason = choose_engine(p, runners, small, sample_rows(p.tokenizer, p.max_length), reference)
+    p.small, p.small_reason = choose_engine(p, runners, small, sample_rows(p.tokenizer, p.max_length), reference,
+                                            exact)
 
 
 def _worst(check: dict) -> float:
@@ -234,9 +236,10 @@ def agreement(candidate, reference, texts: Sequence[str], pairs: Sequence[str | 
 
 
 # ---- the engine of short batches ------------------------------------------------------------------
-def load_engines(fp32_encoder: BertModel, threads: int) -> tuple[dict[str, Any], str]:
+def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = None) -> tuple[dict[str, Any], str]:
     """Every installed engine's runner on the encoder's graph, by name, and a reason when there is
-    none (no engine installed, no graph for this encoder, or none could load it)."""
+    none (no engine installed, no graph for this encoder, or none could load it). `precision`:
+    OpenVINO's ('float32' when fp32 was asked for; None: its own, bf16 where the CPU has it)."""
     why = graph.supported(fp32_encoder)
     installed = engines.installed_engines()
     if why or not installed:
@@ -249,28 +252,30 @@ def load_engines(fp32_encoder: BertModel, threads: int) -> tuple[dict[str, Any],
     runners, failed = {}, []
     for name in installed:
         try:
-            runners[name] = engines.load_runner(name, g, threads)
+            runners[name] = engines.load_runner(name, g, threads, precision)
         except Exception as e:            # a build that cannot take the graph: say so, keep the others
             failed.append(f"{name} could not load the graph ({type(e).__name__}: {str(e)[:100]})")
     return runners, "; ".join(failed)
 
 
 def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
-                  reference: BertModel | None = None) -> tuple[GraphEngine | None, str]:
+                  reference: BertModel | None = None, exact: bool = False) -> tuple[GraphEngine | None, str]:
     """The engine Predictor `p` keeps for short batches, and why (or why none). Each must follow
     the fp32 model on the sample `rows` (`reference`, default p's own encoder: an fp32 engine of an
     fp32 Predictor within max abs diff 1e-3 and token cosine 0.9999; with bf16 in either, token
-    cosine BF16_MIN_COSINE); of those the fastest (`_fastest_once`). `small` a number: the first
+    cosine BF16_MIN_COSINE; `exact`, fp32 asked for: fp32 engines only, at fp32's bar); of those the fastest (`_fastest_once`). `small` a number: the first
     engine that agrees, up to that many tokens, untimed."""
     notes, agreeing = [], {}
     with torch.inference_mode():
         for name, runner in runners.items():
             candidate = GraphEngine(runner, name, p.encoder)
-            candidate.agreement = _agreement(p, candidate, rows, reference)
+            candidate.agreement = _agreement(p, candidate, rows, reference, exact)
             if candidate.agreement["ok"]:
                 agreeing[name] = candidate
                 if small is not True:            # a number of tokens: the first that agrees, untimed
                     break
+            elif exact and runner.precision != "float32":
+                notes.append(f"{name} runs {runner.precision}, and fp32 was asked for")
             else:
                 notes.append(f"{name} ({runner.precision}) disagrees with PyTorch on the sample (token cosine "
                              f"{candidate.agreement['token_cosine_min']:.5f}, max abs diff "
@@ -348,14 +353,16 @@ def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngi
                     f"({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]})")
 
 
-def _agreement(p, candidate: GraphEngine, rows: list, reference: BertModel | None) -> dict:
-    """How closely an engine follows the fp32 model on the sample rows."""
+def _agreement(p, candidate: GraphEngine, rows: list, reference: BertModel | None, exact: bool = False) -> dict:
+    """How closely an engine follows the fp32 model on the sample rows: an fp32 Predictor and engine
+    within fp32 rounding, bf16 in either within BF16_MIN_COSINE; with `exact` (fp32 asked for) only an
+    fp32 engine within fp32 rounding."""
     ref = TorchEngine(reference if reference is not None else p.model)
     diff, cos = 0.0, 1.0
     for b in p.batches(rows, batch_size=8):
         want, got = ref.run(b)["last_hidden_state"].float(), candidate.run(b)["last_hidden_state"].float()
         diff = max(diff, float((want - got).abs().max()))
         cos = min(cos, float(torch.nn.functional.cosine_similarity(want, got, dim=-1).min()))
-    fp32 = candidate.precision == "float32" and p.precision == "float32"   # bf16 anywhere: bf16's bar
-    ok = (diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= BF16_MIN_COSINE
+    fp32 = p.precision == "float32" and (exact or candidate.precision == "float32")   # bf16 anywhere: bf16's bar
+    ok = (candidate.precision == "float32" and diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= BF16_MIN_COSINE
     return {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos, "ok": ok}
