@@ -49,7 +49,7 @@ CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 2048, 8192
 
 # ServeConfig fields a checkpoint decides (sentence-transformers pooling), not options
 _FROM_CHECKPOINT = ("embed_pooling", "embed_normalize")
-# former flags -> ServeConfig fields (still accepted, with a hint naming the new spelling)
+# former flags -> ServeConfig fields: each a one-line "is now" error naming the new spelling
 _FORMER = {"--header-timeout": "header_timeout_s", "--body-timeout": "body_timeout_s",
            "--send-timeout": "send_timeout_s", "--keep-alive-timeout": "keep_alive_s",
            "--shutdown-timeout": "shutdown_timeout_s"}
