@@ -162,8 +162,8 @@ def test_precision_is_one_option_on_every_command_that_runs_a_model(minilm, tmp_
         with caplog.at_level(logging.INFO, logger="bertkit"):
             assert main(["embed", "--model", str(minilm), "--precision", precision, "--normalize",
                          "--output", str(tmp_path / f"{precision}.npy"), str(sample)]) == 0
-        said = {"fp32": "precision float32: dtype=float32 asked for",
-                "bf16": "precision bfloat16: dtype=bfloat16 asked for"}[precision]
+        said = {"fp32": "precision float32: precision float32 asked for",
+                "bf16": "precision bfloat16: precision bfloat16 asked for"}[precision]
         assert said in caplog.text                     # what ran is said
         vecs[precision] = np.load(tmp_path / f"{precision}.npy")
     assert (vecs["bf16"] * vecs["fp32"]).sum(-1).min() > 0.99
@@ -173,5 +173,6 @@ def test_precision_is_one_option_on_every_command_that_runs_a_model(minilm, tmp_
     for command in ("pretrain", "finetune", "evaluate", "predict", "embed", "fill-mask", "serve", "quickstart"):
         parser = build_parser(only=command)
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-        option = next(a for a in sub._actions if "--precision" in a.option_strings)
+        flag = "--train.precision" if command == "pretrain" else "--precision"   # pretrain: flag = YAML key
+        option = next(a for a in sub._actions if flag in a.option_strings)
         assert set(option.choices) <= {"auto", "fp32", "bf16", "fp16"} and "auto" in option.choices, command
