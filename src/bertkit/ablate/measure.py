@@ -133,7 +133,7 @@ def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path, arm_dir: Path | None
     token = data.tokenizer().convert_ids_to_tokens([top])[0] if top is not None else None
     if arm_dir is not None:
         _write_json(arm_dir / OUTCOMES, {"weights": weights_id(model_dir), "instances": n,
-                                     "correct": torch.bincount(rows[shown], right[shown].long(), n).long().tolist(),
+                                     "correct": torch.bincount(rows[shown & right], minlength=n).tolist(),
                                      "masked": torch.bincount(rows[shown], minlength=n).tolist()})
     return {"accuracy": int(right.sum()) / max(count, 1), "loss": loss / max(count, 1), "predictions": count,
             "accuracy_mask": int(right[shown].sum()) / max(masked, 1), "mask_predictions": masked,
