@@ -448,8 +448,8 @@ def from_dict(cls: type, data: dict, source: str = "config", prefix: str = ""):
             kwargs[key] = _coerce(value, kind, f"{source}: {prefix}{key}")
     try:
         return cls(**kwargs)
-    except RunConfigError as e:
-        raise RunConfigError(f"{source}: {e}") from None
+    except RunConfigError as e:                 # a section's own check names the key below its section
+        raise RunConfigError(f"{source}: {prefix}{e}") from None
 
 
 def _coerce(value: Any, kind: Any, where: str) -> Any:

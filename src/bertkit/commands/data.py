@@ -93,19 +93,19 @@ PREPARE_RUN_OPTIONS = ("model", "input", "out", "workers", "num_shards", "shard_
 def setup_prepare(parser: argparse.ArgumentParser) -> None:
     """Every data option is a PrepareConfig field of the same name (`bertkit.cliconfig`), masking ones
     as `--masking_config.KEY`; Google's spellings (--masked-lm-prob, ...) say what replaced them."""
-    from ..cliconfig import add_options, suggest_unknown
+    from ..cliconfig import add_options, checked, suggest_unknown
     from ..data.prepare import PrepareConfig
+    from ..runconfig import AT_LEAST_1, NON_NEGATIVE
 
     p = parser
     p.add_argument("--model", required=True, help="tokenizer or checkpoint folder (vocab.txt / tokenizer.json)")
     p.add_argument("--input", nargs="+", required=True, help=".txt / .txt.gz files, globs or folders: one sentence "
                    "per line, blank line between documents")
     p.add_argument("--out", required=True, help="output folder (meta.json + shard-*/)")
-    p.add_argument("--workers", type=int, default=1, help="processes (output is identical for any number)")
-    p.add_argument("--num-shards", "--num_shards", dest="num_shards", type=int, default=1,
-                   help="split the corpus over N machines ...")
-    p.add_argument("--shard-index", "--shard_index", dest="shard_index", type=int, default=0,
-                   help="... and do part I of N here")
+    p.add_argument("--workers", type=checked(int, AT_LEAST_1), default=1,
+                   help="processes (output is identical for any number)")
+    p.add_argument("--num_shards", type=checked(int, AT_LEAST_1), default=1, help="split the corpus over N machines ...")
+    p.add_argument("--shard_index", type=checked(int, NON_NEGATIVE), default=0, help="... and do part I of N here")
     p.add_argument("--overwrite", action="store_true", help="delete shards already in --out")
     p.add_argument("--no-progress", action="store_true")
     add_options(p, PrepareConfig, old=MOVED_FLAGS, help={
@@ -162,8 +162,6 @@ def command_line(args: argparse.Namespace) -> str:
 def run_prepare(args) -> int:
     from ..data.prepare import prepare
     cfg = prepare_config(args)
-    if args.workers < 1:
-        raise BertkitError(f"--workers {args.workers}: expected >= 1")
     command = command_line(args)
     meta = prepare(args.input, _load_tokenizer(args.model), args.out, cfg, workers=args.workers,
                    num_shards=args.num_shards, shard_index=args.shard_index, overwrite=args.overwrite,

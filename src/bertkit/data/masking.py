@@ -34,53 +34,45 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, asdict
-from typing import Any, Iterable, Literal, Sequence
+from typing import Annotated, Any, Iterable, Literal, Sequence, get_args
 
 import numpy as np
 
-from ..errors import BertkitError
+from ..runconfig import AT_LEAST_1, HALF_OPEN_UNIT, OPEN_UNIT, UNIT, RunConfigError, check_fields
 
-MODES = ("token", "whole_word", "span")
+Mode = Literal["token", "whole_word", "span"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 
-class MaskingError(BertkitError, ValueError):
+class MaskingError(RunConfigError):
     """A masking setting is out of range; the message names it."""
 
 
 @dataclass
 class MaskingConfig:
-    mode: Literal["token", "whole_word", "span"] = "token"
+    mode: Mode = "token"
     """'token' (BERT), 'whole_word' (all pieces of a word together) or 'span' (SpanBERT)."""
-    mask_prob: float = 0.15
+    mask_prob: Annotated[float, OPEN_UNIT] = 0.15
     """Share of the candidate tokens to predict."""
-    max_predictions: int = 20
+    max_predictions: Annotated[int, AT_LEAST_1] = 20
     """Cap on predictions per sequence (Google's max_predictions_per_seq)."""
-    mask_token_fraction: float = 0.8
+    mask_token_fraction: Annotated[float, UNIT] = 0.8
     """Of the selected positions: share replaced by [MASK]."""
-    random_token_fraction: float = 0.1
+    random_token_fraction: Annotated[float, UNIT] = 0.1
     """Of the selected positions: share replaced by a random vocabulary id (the rest keep their id)."""
-    span_p: float = 0.2
+    span_p: Annotated[float, HALF_OPEN_UNIT] = 0.2
     """Span mode: parameter of the geometric distribution of span lengths (in words)."""
-    max_span: int = 10
+    max_span: Annotated[int, AT_LEAST_1] = 10
     """Span mode: longest span, in words."""
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise MaskingError(f"masking mode {self.mode!r}: expected one of {', '.join(MODES)}")
-        if not 0.0 < self.mask_prob < 1.0:                  # (NaN fails every comparison: refused too)
-            raise MaskingError(f"mask_prob {self.mask_prob}: expected 0 < p < 1")
-        if self.max_predictions < 1:
-            raise MaskingError(f"max_predictions {self.max_predictions}: expected >= 1")
-        for name in ("mask_token_fraction", "random_token_fraction"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise MaskingError(f"{name} {getattr(self, name)}: expected 0..1")
+        try:
+            check_fields(self)                          # the choices and ranges on the fields
+        except RunConfigError as e:
+            raise MaskingError(str(e)) from None
         if self.mask_token_fraction + self.random_token_fraction > 1.0 + 1e-9:
             raise MaskingError(f"mask_token_fraction + random_token_fraction = "
                                f"{self.mask_token_fraction + self.random_token_fraction:g}: must be at most 1")
-        if not 0.0 < self.span_p <= 1.0:
-            raise MaskingError(f"span_p {self.span_p}: expected 0 < p <= 1")
-        if self.max_span < 1:
-            raise MaskingError(f"max_span {self.max_span}: expected >= 1")
 
     @property
     def keep_fraction(self) -> float:

@@ -41,13 +41,14 @@ from array import array
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Annotated, Callable, Iterator, Literal
 
 import numpy as np
 from tokenizers import Tokenizer as RustTokenizer
 from tqdm import tqdm
 
 from ..errors import BertkitError
+from ..runconfig import AT_LEAST_1, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, UNIT, Rule, check_fields
 from .encode import CachedEncoder
 from .folder import EVAL_DIR, build_meta, check_existing, remove_meta, save_tokenizer, write_meta
 from .instances import BuildCounts, Doc, nsp_instances, packed_instances, sop_instances
@@ -56,11 +57,12 @@ from .pretraining import read_shard_info, shard_name, write_shard
 from .text import Chunker, TextCounts, expand_inputs, read_documents
 
 log = logging.getLogger("bertkit")
+LENGTH = Rule("in [8, 65535]", lambda v: 8 <= v <= 65535)
 
 
 @dataclass
 class PrepareConfig:
-    max_length: int = 128
+    max_length: Annotated[int, LENGTH] = 128
     """Longest instance in tokens, [CLS] and [SEP]s included (Google's max_seq_length)."""
     nsp: bool = True
     """Google's sentence pairs with next-sentence labels; False packs full sentences (RoBERTa)."""
@@ -68,7 +70,7 @@ class PrepareConfig:
     """With nsp false: cut the sentence that does not fit and carry its rest into the next
     instance, so every instance is max_length tokens but the last (no padding to compute on;
     whole sentences leave ~17% of a 128-token instance empty on the shared corpus)."""
-    short_seq_prob: float = 0.1
+    short_seq_prob: Annotated[float, UNIT] = 0.1
     """NSP: probability of a random shorter target length for a document."""
     lone_segment: Literal["next", "random"] = "next"
     """NSP, when one sentence fills the target: 'next' keeps random-next at 50% (B = the next
@@ -79,58 +81,39 @@ class PrepareConfig:
     pair label, read by the NSP head, is 1 = swapped). See `instances.sop_instances`."""
     masking: Literal["dynamic", "static"] = "dynamic"
     """'dynamic' (masks drawn by the collator every epoch) or 'static' (Google: stored with the data)."""
-    dupe_factor: int | None = None
+    dupe_factor: Annotated[int | None, AT_LEAST_1] = None
     """Passes over the corpus with different splits (and masks); default 10 static, 1 dynamic."""
     masking_config: MaskingConfig = field(default_factory=MaskingConfig)
     """Masking used for static data, and recorded as the default for dynamic data."""
-    seed: int = 12345
+    seed: Annotated[int, SEED] = 12345
     """Everything random in chunk C is drawn from generators seeded with (seed, C)."""
-    chunk_mb: float = 4.0
+    chunk_mb: Annotated[float, POSITIVE] = 4.0
     """Text per chunk (= per shard and per random-next pool), in MB."""
     sentence_split: bool = False
     """Input lines are paragraphs: split them into sentences."""
     strict: bool = False
     """Fail on invalid UTF-8 (file:line) instead of replacing and counting it."""
-    max_line_bytes: int = 65536
+    max_line_bytes: Annotated[int, AT_LEAST_1] = 65536
     """Longer lines are cut at a space into several sentences (counted)."""
-    eval_fraction: float = 0.01
+    eval_fraction: Annotated[float, PROBABILITY] = 0.01
     """Share of the documents held out as the evaluation split (OUT/eval/, a prepared folder of
     its own), chosen before any instance is built: the documents with the smallest keys
     blake2b(seed, text), so the choice is deterministic and an exact duplicate of a held-out
     document is held out with it. At least 2 documents when the input has 20 or more; none below."""
-    eval_documents: int | None = None
+    eval_documents: Annotated[int | None, NON_NEGATIVE] = None
     """Hold out exactly this many documents instead (0 = no evaluation split)."""
 
     def __post_init__(self):
         if isinstance(self.masking_config, dict):
             self.masking_config = MaskingConfig(**self.masking_config)
-        if self.max_length < 8 or self.max_length > 65535:
-            raise BertkitError(f"max_length {self.max_length}: expected 8..65535")
-        if self.masking not in ("dynamic", "static"):
-            raise BertkitError(f"masking {self.masking!r}: expected dynamic or static")
+        check_fields(self)                              # the choices and ranges on the fields
         if self.dupe_factor is None:
             self.dupe_factor = 10 if self.masking == "static" else 1
-        if self.dupe_factor < 1:
-            raise BertkitError(f"dupe_factor {self.dupe_factor}: expected >= 1")
-        if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise BertkitError(f"short_seq_prob {self.short_seq_prob}: expected 0..1")
-        if self.lone_segment not in ("next", "random"):
-            raise BertkitError(f"lone_segment {self.lone_segment!r}: expected next or random")
-        if self.pair_mode not in ("nsp", "sop"):
-            raise BertkitError(f"pair_mode {self.pair_mode!r}: expected nsp or sop")
         if self.pair_mode == "sop" and not self.nsp:
             raise BertkitError("pair_mode sop builds sentence pairs: it needs nsp (pairs), not nsp false (--no-nsp) packing")
         if self.fill and self.nsp:
             raise BertkitError("fill packs full-length instances of running text: it needs nsp false (--no-nsp); "
                                "sentence pairs keep Google's target lengths")
-        if not 0 < self.chunk_mb < 1e6:
-            raise BertkitError(f"chunk_mb {self.chunk_mb}: expected a size in MB, > 0")
-        if self.seed < 0:
-            raise BertkitError(f"seed {self.seed}: expected >= 0")
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise BertkitError(f"eval_fraction {self.eval_fraction}: expected 0 <= F < 1")
-        if self.eval_documents is not None and self.eval_documents < 0:
-            raise BertkitError(f"eval_documents {self.eval_documents}: expected >= 0")
         if self.nsp and self.eval_documents == 1:
             raise BertkitError("eval_documents 1: NSP pairs need at least 2 held-out documents (or nsp false: --no-nsp)")
 
