@@ -216,9 +216,10 @@ def test_head_metadata_lives_on_the_head_classes():
     """Architecture name, owned weights and output names are class attributes of each head;
     checkpoint and ONNX export read them instead of keeping their own tables. HTTP routes are the
     serving code's (the model knows nothing of serving)."""
-    from bertkit import checkpoint, model, serve_api as serve
+    from bertkit import checkpoint, model
     from bertkit.infer import engines, export, predictor
     from bertkit.model import HEADS, BertModel
+    from bertkit.serve import api
 
     for name, cls in {"encoder": BertModel, **HEADS}.items():
         assert cls.head == name
@@ -227,9 +228,9 @@ def test_head_metadata_lives_on_the_head_classes():
         assert all(p.endswith(".") for p in cls.weight_prefixes)
         assert not hasattr(cls, "endpoints")
         assert bool(cls.output_names) == (name != "encoder")
-    assert {h for heads in serve.ENDPOINT_HEADS.values() for h in heads} <= set(HEADS)
+    assert {h for heads in api.ENDPOINT_HEADS.values() for h in heads} <= set(HEADS)
     assert "/v1/" not in open(model.__file__).read()
-    for src in (checkpoint, serve, export, engines, predictor):   # no second copy of a head's name table
+    for src in (checkpoint, api, export, engines, predictor):   # no second copy of a head's name table
         text = open(src.__file__).read()
         assert '"BertForQuestionAnswering"' not in text and '"start_logits", "end_logits"' not in text
         assert "span_logits" not in text and "token_logits" not in text

@@ -236,7 +236,7 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
 
 
 def test_prediction_and_serving_never_import_fine_tuning():
-    """Running a checkpoint (predict.py, infer/, serve*.py) imports no training module,
+    """Running a checkpoint (predict.py, infer/, serve/) imports no training module,
     directly or through another, counting imports inside functions and under TYPE_CHECKING: what
     prediction shares with fine-tuning about a task (which task, strides, features, reference checks,
     scores, the predictions file) is tasks/plumbing.py; the tasks package sits below both and
@@ -245,7 +245,7 @@ def test_prediction_and_serving_never_import_fine_tuning():
     graph = import_graph(modules, call_time=True, typing=True)
     top = lambda m: m.split(".")[1] if "." in m else ""          # bertkit.ablate.config -> ablate
     running = [m for m in modules if top(m).startswith(("predict", "infer", "serve", "onnx"))]
-    assert {"bertkit.predict", "bertkit.infer", "bertkit.serve", "bertkit.serve_api", "bertkit.infer.export"} <= set(running)
+    assert {"bertkit.predict", "bertkit.infer", "bertkit.serve", "bertkit.serve.api", "bertkit.infer.export"} <= set(running)
     training = {m for m in modules if top(m).startswith(("finetune", "train", "biencoder", "ablate"))}
     assert {"bertkit.finetune", "bertkit.train"} <= training
     assert "bertkit.tasks.plumbing" in graph["bertkit.predict"]           # the graph is not empty by accident

@@ -21,8 +21,8 @@ from serve_helpers import server_thread, tiny_checkpoint  # noqa: E402
 from bertkit.errors import BertkitError  # noqa: E402
 from bertkit.infer import Predictor  # noqa: E402
 from bertkit.serve import ServeConfig, create_app  # noqa: E402
-from bertkit.serve_compat import sentence_transformers_pooling  # noqa: E402
-from bertkit.serve_http import check_bind, is_loopback, key_matches  # noqa: E402
+from bertkit.serve.http import check_bind, is_loopback, key_matches  # noqa: E402
+from bertkit.st_files import sentence_transformers_pooling  # noqa: E402
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hi", "A man is playing a guitar on stage."]
 

@@ -19,7 +19,7 @@ from serve_helpers import chromium, chromium_binary, server_thread, tiny_checkpo
 
 from bertkit.infer import Predictor  # noqa: E402
 from bertkit.serve import ServeConfig, create_app  # noqa: E402
-from bertkit.serve_compat import sentence_transformers_pooling  # noqa: E402
+from bertkit.st_files import sentence_transformers_pooling  # noqa: E402
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 needs_chromium = pytest.mark.skipif(chromium_binary() is None,

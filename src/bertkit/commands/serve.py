@@ -1,4 +1,4 @@
-"""`bertkit serve` and `bertkit export onnx`: thin layers over bertkit.serve and bertkit.infer.export."""
+"""`bertkit serve`: a thin layer over bertkit.serve."""
 from __future__ import annotations
 
 import argparse
@@ -59,7 +59,7 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
     """Model options (how a Predictor loads), then one option per ServeConfig field (`bertkit.cliconfig`):
     the flag and the attribute are one name (--max_batch_tokens, also --max-batch-tokens)."""
     from ..cliconfig import add_options, suggest_unknown
-    from ..serve_http import ServeConfig
+    from ..serve import ServeConfig
 
     add_model_options(p)
     add_options(p, ServeConfig, exclude=_FROM_CHECKPOINT, defaults=True, old=_FORMER, help={
@@ -87,8 +87,8 @@ def run_serve(args) -> int:
     try:
         from ..cliconfig import given
         from ..serve import ServeConfig, serve
-        from ..serve_compat import sentence_transformers_pooling
-        from ..serve_http import check_bind, is_loopback
+        from ..serve.http import check_bind, is_loopback
+        from ..st_files import sentence_transformers_pooling
         from .basic import check_device
     except ImportError as e:
         raise BertkitError(f"bertkit serve needs FastAPI and uvicorn: pip install 'bertkit[serve]' ({e})") from None
@@ -135,43 +135,3 @@ def check_serve_options(args) -> None:
             raise BertkitError(f"--{name} must be a finite number of seconds > 0, not {value}")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise BertkitError("--served_model_name is empty")
-
-
-# ---- export --------------------------------------------------------------------------------------
-def setup_export(p: argparse.ArgumentParser) -> None:
-    from ..cliconfig import checked
-    from ..runconfig import NON_NEGATIVE, THREADS, UNIT
-
-    sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
-    o = sub.add_parser("onnx", help="ONNX with dynamic batch and sequence axes, checked against PyTorch",
-                       description="Export a checkpoint to ONNX (dynamo exporter), then check it on "
-                                   "onnxruntime against PyTorch on new batch sizes, lengths and padding.")
-    o.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder")
-    o.add_argument("--out", required=True, metavar="FILE.onnx", help="output file (DIR/model.onnx is what "
-                   "--backend onnx looks for by default)")
-    o.add_argument("--head", default=None, help="head to export (default: the one config.json names)")
-    o.add_argument("--opset", type=int, default=18, help="ONNX opset, 17 to 22 (default %(default)s)")
-    o.add_argument("--optimize", action="store_true", help="save onnxruntime's fused graph (LayerNorm, GELU, ...)")
-    o.add_argument("--int8", action="store_true", help="dynamic int8 MatMul weights, per output channel")
-    o.add_argument("--max-abs-diff", type=checked(float, NON_NEGATIVE), default=None,
-                   help="tolerance on the largest output difference (default 1e-3; none for --int8)")
-    o.add_argument("--min-cosine", type=checked(float, UNIT), default=None,
-                   help="tolerance on the sentence-embedding cosine (default 0.9999; 0.98 for --int8)")
-    o.add_argument("--threads", type=checked(int, THREADS), default=None, help="CPU threads")
-    p.set_defaults(run=run_export)
-
-
-def run_export(args) -> int:
-    import torch
-
-    try:
-        from ..infer.export import export_onnx
-    except ImportError as e:
-        raise BertkitError(f"ONNX export needs onnx, onnxscript and onnxruntime: pip install 'bertkit[onnx]' ({e})") from None
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    report = export_onnx(args.model, args.out, opset=args.opset, optimize=args.optimize, int8=args.int8,
-                         max_abs_diff=args.max_abs_diff, min_cosine=args.min_cosine, head=args.head)
-    print(f"wrote {args.out}")
-    print(report.line())
-    return 0

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .errors import BertkitError
+from ..errors import BertkitError
 
 log = logging.getLogger("bertkit")
 

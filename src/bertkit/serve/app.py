@@ -1,29 +1,4 @@
-"""`bertkit serve`: an HTTP API over one Predictor, with dynamic micro-batching and hard limits.
-
-The route table and the server; the pipeline behind the routes (request models, queue, batcher,
-`Api`) is serve_api.py, the HTTP edge serve_http.py and the OpenAI / TEI routes serve_compat.py.
-
-    request -> serve_http: API key, body read under --max-body-bytes and --body-timeout-s
-            -> handler: JSON parsed, validated and tokenised (limits: items, tokens) on a worker
-               thread when the body is large, never on the event loop
-            -> queue (bounded: full = 503)
-            -> batcher: when the model is free, takes the requests queued meanwhile (waiting up
-               to --max-wait-ms for more, 0 by default) up to --max-batch-tokens real tokens,
-               runs each kind as ONE Predictor call on the model thread, and hands each
-               request its own slice of the results (rendered to JSON off the event loop).
-
-Routes: bertkit's own (/v1/embed, /v1/classify, /v1/fill-mask, /v1/ner, /v1/qa), OpenAI's
-(/v1/embeddings, /v1/models), text-embeddings-inference's (/embed, /predict, /rerank), a page to
-try the model (/), and /healthz, /readyz, /metrics, /v1/model, /docs.
-
-The Predictor's padding-free batches make every input's result independent of what it is
-batched with, so a batched request answers what the request alone would (to float rounding).
-A failing batch is retried request by request, so one bad request cannot fail its neighbours;
-a model error answers 500 and the server keeps serving; every client fault answers 4xx. SIGTERM
-stops accepting connections, lets in-flight requests finish (at most --shutdown-timeout-s), exits 0.
-
-FastAPI and uvicorn are imported only here (`pip install 'bertkit[serve]'`).
-"""
+"""`bertkit serve`'s app: the route table over one Predictor, the page, warm-up, graceful shutdown."""
 from __future__ import annotations
 
 import asyncio
@@ -35,19 +10,19 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
-from .infer import Predictor, PredictorError
-from .serve_api import (Api, Batcher, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, FillMaskRequest,
+from ..infer import Predictor, PredictorError
+from .api import (Api, Batcher, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, FillMaskRequest,
                         FillMaskResponse, LimitError, NerRequest, NerResponse, Plan, QaRequest, QaResponse, body_schema,
                         validate, vectors)
-from .serve_compat import add_compat_routes
-from .serve_inspect import add_inspect_route
-from .serve_http import Guard, GuardConfig, Heap, Metrics, ServeConfig, error_payload, guarded_protocol
+from .compat import add_compat_routes
+from .inspect import add_inspect_route
+from .http import Guard, GuardConfig, Heap, Metrics, ServeConfig, error_payload, guarded_protocol
 
 log = logging.getLogger("bertkit")
 
 
 def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
-    """The ASGI app: FastAPI routes inside `serve_http.Guard` (run it with `serve`, or test it
+    """The ASGI app: FastAPI routes inside `http.Guard` (run it with `serve`, or test it
     with fastapi.testclient.TestClient). `app.fastapi` is the FastAPI object.
 
     Handlers return JSON bytes, rendered off the event loop when large: skipping FastAPI's
@@ -213,7 +188,7 @@ def warm_up(predictor: Predictor, cfg: ServeConfig) -> None:
     """One request's worth of work, then (cfg.warmup, prepacked weights) every GEMM shape."""
     predictor.embed(["warm up"])
     if cfg.warmup and predictor.prepacked:
-        from .infer.prepack import warm_gemm_shapes
+        from ..infer.prepack import warm_gemm_shapes
 
         t0, before = time.perf_counter(), Heap.rss_mb()
         n = warm_gemm_shapes(predictor.model, cfg.max_batch_tokens)
@@ -228,7 +203,7 @@ def _page() -> str:
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
     return __version__
 
 

@@ -1,6 +1,6 @@
 """The serving pipeline behind `bertkit serve`'s routes: request and response bodies, the bounded
 queue and the micro-batcher that runs each kind of request as one Predictor call, and `Api`, which
-turns a request body into work for it. serve.py assembles the routes; serve_compat.py adds the
+turns a request body into work for it. app.py assembles the routes; compat.py adds the
 OpenAI / text-embeddings-inference ones over the same `Api`."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import numpy as np
 from fastapi import Request, Response
 from pydantic import BaseModel, Field, ValidationError
 
-from .infer import Predictor, PredictorError
-from .serve_http import BodyError, Heap, Metrics, ServeConfig, dump_json, parse_json
+from ..infer import Predictor, PredictorError
+from .http import BodyError, Heap, Metrics, ServeConfig, dump_json, parse_json
 
 log = logging.getLogger("bertkit")
 

@@ -14,8 +14,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field
 
-from .serve_api import Api, LimitError, Plan, body_schema, parse_body, validate, vectors
-from .st_files import sentence_transformers_pooling  # noqa: F401  (served checkpoints' pooling; imported from here)
+from .api import Api, LimitError, Plan, body_schema, parse_body, validate, vectors
 
 
 class EmbeddingsRequest(BaseModel):

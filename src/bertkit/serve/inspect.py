@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from .serve_api import Api, LimitError, body_schema, validate
+from .api import Api, LimitError, body_schema, validate
 
 
 class InspectRequest(BaseModel):
@@ -32,7 +32,7 @@ def add_inspect_route(app: FastAPI, api: Api) -> None:
     loaded: list = []
 
     def work(body: bytes) -> dict:
-        from .inspect import InspectError, encode, inspect, load
+        from ..inspect import InspectError, encode, inspect, load
 
         req = validate(InspectRequest, body)
         with lock:
