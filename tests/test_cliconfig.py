@@ -196,3 +196,15 @@ def test_every_command_takes_both_spellings_of_an_option():
     assert (args.vocab_size, args.min_frequency) == (100, 1)
     args = build_parser("predict").parse_args(["predict", "--model", "m", "--", "--batch_size"])
     assert args.input == "--batch_size"
+
+
+def test_export_options_are_export_options_fields(capsys):
+    """`bertkit export onnx`: one flag per ExportOptions field (`--max_abs_diff`, also `--max-abs-diff`);
+    a range on a field is a one-line error naming it (no export run)."""
+    from bertkit.infer.export import ExportOptions
+
+    args = build_parser("export").parse_args(["export", "onnx", "--model", "m", "--out", "o.onnx", "--opset", "17",
+                                              "--int8", "--max-abs-diff", "0.01", "--min_cosine=0.99"])
+    assert given(args, ExportOptions) == {"opset": 17, "int8": True, "max_abs_diff": 0.01, "min_cosine": 0.99}
+    assert main(["export", "onnx", "--model", "m", "--out", "o.onnx", "--min_cosine", "2"]) == 1
+    assert capsys.readouterr().err == "bertkit export: error: min_cosine must be in [0, 1], got 2.0\n"

@@ -33,7 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict":    ("predict",  "run any head on JSONL input, JSONL out"),
     "score":      ("score",    "official metrics from prediction and reference files"),
     "serve":      ("serve",    "HTTP API with dynamic batching (embed, classify, fill-mask, ner, qa)"),
-    "export":     ("serve",    "export to ONNX (parity-checked, optional int8)"),
+    "export":     ("export",   "export to ONNX (parity-checked, optional int8)"),
     "convert":    ("convert",  "Google's original TensorFlow checkpoint (bert_model.ckpt.*) to a bertkit / HF folder"),
     "ablate":     ("ablate",   "a grid of pre-training + fine-tuning arms that differ in one setting each; a table"),
 }

@@ -7,7 +7,7 @@
     choose.py      what runs, decided at load and checked against fp32: precision, int8, the engine of short batches
     graph.py       the encoder written out as an ONNX graph from its weights
     prepack.py     the encoder's Linear weights prepacked for oneDNN (CPU)
-    export.py      `bertkit export onnx`, parity-checked
+    export.py      `bertkit export onnx` (ExportOptions: its flags), parity-checked
 """
 from .choose import agreement
 from .engines import Batch, length_buckets

@@ -16,17 +16,19 @@ channel: its default (one scale per tensor) drops all-MiniLM-L6-v2 to cosine 0.9
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..errors import BertkitError
+from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Rule, check_fields
 from .choose import sample_lines
 from .engines import INPUTS, load_session
 
@@ -40,6 +42,28 @@ class ExportError(BertkitError):
 # The opsets written as asked: below 17 torch's exporter writes 18 whatever was asked; from 23 on it
 # writes attention as ONNX's Attention op, which onnxruntime (1.32) fails to run on these inputs.
 OPSETS = range(17, 23)
+OPSET = Rule(f"{OPSETS[0]} to {OPSETS[-1]} (below {OPSETS[0]} torch writes 18 anyway; {OPSETS[-1] + 1} and later run "
+             "attention as an op onnxruntime does not run here)", lambda v: v in OPSETS)
+
+
+@dataclass
+class ExportOptions:
+    """How `bertkit export onnx` writes and checks the file (its flags: `cliconfig.add_options`)."""
+    opset: Annotated[int, OPSET] = 18
+    """ONNX opset, 17 to 22."""
+    optimize: bool = False
+    """Save onnxruntime's fused graph (LayerNorm, GELU, ...)."""
+    int8: bool = False
+    """Dynamic int8 MatMul weights, per output channel."""
+    max_abs_diff: Annotated[float | None, NON_NEGATIVE] = None
+    """Tolerance on the largest output difference (default 1e-3; none for int8)."""
+    min_cosine: Annotated[float | None, UNIT] = None
+    """Tolerance on the sentence-embedding cosine (default 0.9999; 0.98 for int8)."""
+    threads: Annotated[int | None, THREADS] = None
+    """CPU threads for the export and the parity check (default: torch's choice)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the ranges on the fields
 
 
 class Exportable(nn.Module):
@@ -77,20 +101,19 @@ class Parity:
                 f"cosine min {self.cosine_min:.6f} (mean {self.cosine_mean:.6f})")
 
 
-def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimize: bool = False,
-                int8: bool = False, max_abs_diff: float | None = None, min_cosine: float | None = None,
-                head: str | None = None) -> Parity:
-    """Export a checkpoint folder to `out`; returns the parity report (raises ExportError over
-    tolerance: default max abs diff 1e-3 and cosine 0.9999 for fp32, cosine 0.98 for int8)."""
+def export_onnx(model_dir: str | Path, out: str | Path, options: ExportOptions | None = None, *,
+                head: str | None = None, **changes) -> Parity:
+    """Export a checkpoint folder to `out` as `options` say (`ExportOptions`; keyword arguments of its
+    fields change single options); returns the parity report (raises ExportError over tolerance:
+    default max abs diff 1e-3 and cosine 0.9999 for fp32, cosine 0.98 for int8)."""
     from ..checkpoint import check_inputs_fit, load_model
 
+    o = dataclasses.replace(options or ExportOptions(), **changes)
     out = Path(out)
     if out.suffix != ".onnx":
         raise ExportError(f"{out}: the output file must end in .onnx")
-    if opset not in OPSETS:
-        raise ExportError(f"--opset {opset}: bertkit exports opsets {OPSETS[0]} to {OPSETS[-1]} (below {OPSETS[0]} "
-                          f"torch writes 18 anyway; {OPSETS[-1] + 1} and later run attention as an op onnxruntime "
-                          f"does not run here)")
+    if o.threads:
+        torch.set_num_threads(o.threads)
     model = load_model(model_dir, head=head).eval()
     tokenizer = _tokenizer_of(Path(model_dir))
     if tokenizer is not None:              # its ids must index the embeddings (the parity sentences, and users)
@@ -112,7 +135,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimiz
             warnings.simplefilter("ignore")
             program = torch.onnx.export(wrapper, tuple(sample[n] for n in INPUTS), dynamo=True,
                                         input_names=list(INPUTS), output_names=wrapper.output_names(),
-                                        dynamic_shapes=shapes, opset_version=opset, verbose=False)
+                                        dynamic_shapes=shapes, opset_version=o.opset, verbose=False)
             program.save(str(tmp), external_data=False)
     except Exception as e:
         tmp.unlink(missing_ok=True)
@@ -120,13 +143,13 @@ def export_onnx(model_dir: str | Path, out: str | Path, opset: int = 18, optimiz
     temps = [tmp, out.with_name(out.stem + ".opt.tmp.onnx"), out.with_name(out.stem + ".int8.tmp.onnx")]
     try:
         current = tmp
-        if optimize:
+        if o.optimize:
             current = _optimize(current, temps[1])
-        if int8:
+        if o.int8:
             current = _quantize(current, temps[2])
-        report = check_parity(wrapper, current, Path(model_dir))      # checked before it is `out`
-        tol_abs = max_abs_diff if max_abs_diff is not None else (None if int8 else 1e-3)
-        tol_cos = min_cosine if min_cosine is not None else (0.98 if int8 else 0.9999)
+        report = check_parity(wrapper, current, Path(model_dir), o.threads)      # checked before it is `out`
+        tol_abs = o.max_abs_diff if o.max_abs_diff is not None else (None if o.int8 else 1e-3)
+        tol_cos = o.min_cosine if o.min_cosine is not None else (0.98 if o.int8 else 0.9999)
         if (tol_abs is not None and report.max_abs_diff > tol_abs) or report.cosine_min < tol_cos:
             raise ExportError(f"{report.line()}; over tolerance (max abs diff {tol_abs}, cosine {tol_cos}): "
                               f"{out} not written")

@@ -1,0 +1,35 @@
+"""`bertkit export onnx`: a thin layer over bertkit.infer.export (its options: ExportOptions' fields)."""
+from __future__ import annotations
+
+import argparse
+
+from ..errors import BertkitError
+
+
+def setup_export(p: argparse.ArgumentParser) -> None:
+    from ..cliconfig import add_options
+    from ..infer.export import ExportOptions
+
+    sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
+    o = sub.add_parser("onnx", help="ONNX with dynamic batch and sequence axes, checked against PyTorch",
+                       description="Export a checkpoint to ONNX (dynamo exporter), then check it on "
+                                   "onnxruntime against PyTorch on new batch sizes, lengths and padding.")
+    o.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder")
+    o.add_argument("--out", required=True, metavar="FILE.onnx", help="output file (DIR/model.onnx is what "
+                   "--backend onnx looks for by default)")
+    o.add_argument("--head", default=None, help="head to export (default: the one config.json names)")
+    add_options(o, ExportOptions)
+    p.set_defaults(run=run_export)
+
+
+def run_export(args) -> int:
+    from ..cliconfig import given
+    from ..infer.export import ExportOptions, export_onnx
+    try:
+        import onnx, onnxruntime, onnxscript  # noqa: F401,E401 - the exporter's and the parity check's, imported late
+    except ImportError as e:
+        raise BertkitError(f"ONNX export needs onnx, onnxscript and onnxruntime: pip install 'bertkit[onnx]' ({e})") from None
+    report = export_onnx(args.model, args.out, ExportOptions(**given(args, ExportOptions)), head=args.head)
+    print(f"wrote {args.out}")
+    print(report.line())
+    return 0
