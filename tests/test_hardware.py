@@ -145,3 +145,16 @@ def test_machine_facts_name_the_cpu_and_threads():
     facts = hardware.machine_facts()
     assert facts["cpu"] == hardware.cpu_model() and facts["torch_threads"] == torch.get_num_threads()
     assert set(facts["cpu_bf16"]) <= {"amx_bf16", "avx512_bf16"} and facts["torch"] == torch.__version__
+
+
+def test_best_times_settles_before_each_timed_run_when_asked(monkeypatch):
+    """Runtimes' worker threads spin after a call: with `settle`, every timed run (not the warm-ups)
+    starts after a sleep, so one function's spinning threads do not slow the next one's timing."""
+    events = []
+    monkeypatch.setattr(hardware.time, "sleep", lambda s: events.append(("sleep", s)))
+    fns = [lambda: events.append("a"), lambda: events.append("b")]
+    assert len(hardware.best_times(fns, 2, settle=0.25)) == 2
+    assert events == ["a", "b"] + [("sleep", 0.25), "a", ("sleep", 0.25), "b"] * 2
+    events.clear()
+    hardware.best_times(fns, 1)
+    assert events == ["a", "b", "a", "b"]

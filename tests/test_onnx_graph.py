@@ -174,7 +174,7 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict):
         engines_made.append({name: make(g) for name, make in fakes.items()})
         return engines_made[-1], ""
 
-    def fake_times(fns, rounds):
+    def fake_times(fns, rounds, settle=0.0):
         made, out = engines_made[-1], []
         for fn in fns:
             before = {n: e.calls for n, e in made.items()}
@@ -208,7 +208,7 @@ def test_the_engine_is_timed_once_per_machine_and_kept_by_every_later_start(chec
     _with_fakes(monkeypatch, {"slow": FakeEngine, "fast": FakeEngine}, {"torch": 5.0, "slow": 4.0, "fast": 2.0})
     first = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     timings = []
-    monkeypatch.setattr(hardware, "best_times", lambda fns, rounds: timings.append(1) or [1.0] * len(fns))
+    monkeypatch.setattr(hardware, "best_times", lambda fns, rounds, **kw: timings.append(1) or [1.0] * len(fns))
     monkeypatch.setattr(hardware, "_session", {})                  # a second process on this machine
     again = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert not timings and again.small.name == first.small.name == "fast"

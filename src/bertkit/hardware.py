@@ -110,14 +110,18 @@ def _cpuinfo() -> dict[str, str]:
     return out
 
 
-def best_times(fns, rounds: int) -> list[float]:
+def best_times(fns, rounds: int, settle: float = 0.0) -> list[float]:
     """Fastest of `rounds` interleaved runs of each function (after one warm-up run each):
-    interleaving and the minimum keep a noisy, shared machine from favouring either."""
+    interleaving and the minimum keep a noisy, shared machine from favouring either. `settle`:
+    seconds of sleep before each run, for functions on different runtimes, whose worker threads
+    spin-wait after a call and would take the cores from the function timed next."""
     for f in fns:
         f()
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
         for i, f in enumerate(fns):
+            if settle:
+                time.sleep(settle)
             t0 = time.perf_counter()
             f()
             best[i] = min(best[i], time.perf_counter() - t0)

@@ -33,6 +33,7 @@ from .prepack import prepack_linear, prepack_linears
 BF16_MIN_COSINE = 0.999     # bf16 keeps every sample sentence, token state and head output this close to fp32
 SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
 TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts
+SETTLE_S = 0.1                           # sleep before each timed run: the last runtime's threads go idle
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -299,8 +300,8 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
     c = p.config
     name = (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
             f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {p.precision} "
-            f"[{' '.join(f'{k}:{v.precision}' for k, v in agreeing.items())}]")
-    timed: dict = {}
+            f"[{' '.join(f'{k}:{v.precision}' for k, v in agreeing.items())}] settled")   # settled: the timing
+    timed: dict = {}                     # with SETTLE_S (decisions timed without it are not reused)
 
     def decide() -> dict:
         chosen, note = _fastest(p, agreeing, rows)
@@ -331,7 +332,7 @@ def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngi
     run = lambda c, b: (lambda: c.run(b))    # noqa: E731
 
     def ms(fns: list) -> list[float]:
-        return [1e3 * t for t in hardware.best_times(fns, TIMING_ROUNDS)]
+        return [1e3 * t for t in hardware.best_times(fns, TIMING_ROUNDS, settle=SETTLE_S)]
 
     b = batch[lengths[0]]
     ms_torch, *ms_engines = ms([run(p.engine, b), *(run(c, b) for c in agreeing.values())])
