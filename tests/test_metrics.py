@@ -356,6 +356,48 @@ def test_conll_f1_counts_entities_as_expected():
         M.conll_f1([["O", "O"]], [["O"]])
 
 
+# ---- per-example outcomes: metrics that are ratios of sums -----------------------------------------
+def test_example_counts_of_accuracy_and_binary_f1_add_up_to_the_metric():
+    rng = random.Random(0)
+    ref = [rng.choice("0011") for _ in range(408)]                    # MRPC-sized, two thirds positive
+    pred = [r if rng.random() < 0.7 else rng.choice("01") for r in ref]
+    num, den = M.example_counts("accuracy", ref, pred)
+    assert den == [1] * 408 and set(num) <= {0, 1} and sum(num) / sum(den) == M.accuracy(ref, pred)
+    num, den = M.example_counts("f1", ref, pred)                      # 2 TP / (predicted + true positives)
+    assert set(num) <= {0, 2} and set(den) <= {0, 1, 2}
+    assert sum(num) / sum(den) == pytest.approx(M.f1_binary(ref, pred, pos_label="1"), rel=1e-12)
+    assert (num[0], den[0]) == ((2, 2) if ref[0] == pred[0] == "1" else (0, (ref[0] == "1") + (pred[0] == "1")))
+    for metric in ("mcc", "spearman", "corr", "exact"):                # not ratios of sums
+        assert M.example_counts(metric, ref, pred) is None
+    with pytest.raises(M.MetricError, match="3 references but 2 predictions"):
+        M.example_counts("accuracy", ["1", "0", "1"], ["1", "0"])
+
+
+def test_example_counts_of_entity_f1_per_sentence():
+    true = [["B-PER", "I-PER", "O", "B-LOC", "I-LOC", "I-LOC"],      # a person, a three-word place
+            ["B-ORG", "I-ORG", "O", "B-MISC"],
+            ["O", "O"],
+            ["I-PER", "I-PER", "B-PER"]]                               # IOB1: two people
+    pred = [["B-PER", "I-PER", "O", "B-LOC", "I-LOC", "O"],            # the person right, the place cut short
+            ["B-LOC", "I-LOC", "O", "B-MISC"],                         # the ORG typed LOC, MISC right
+            ["B-PER", "O"],                                            # a spurious entity
+            ["I-PER", "I-PER", "I-PER"]]                               # two people read as one
+    num, den = M.example_counts("conll_f1", true, pred)
+    assert num == [2, 2, 0, 0] and den == [4, 4, 1, 3]
+    assert sum(num) / sum(den) == pytest.approx(M.conll_f1(true, pred)["f1"], rel=1e-12) == 1 / 3
+    for seed in range(10):                                              # and on random tags of every scheme
+        rng = random.Random(seed)
+        prefixes = rng.choice([("B", "I"), ("I",), ("B", "I", "E", "S")])
+        y_true = [random_tags(rng, rng.randrange(0, 15), prefixes) for _ in range(rng.randrange(1, 30))]
+        y_pred = [[t if rng.random() < 0.7 else rng.choice(["O", f"{rng.choice(prefixes)}-{rng.choice(TYPES)}"])
+                   for t in sent] for sent in y_true]
+        num, den = M.example_counts("conll_f1", y_true, y_pred)
+        assert len(num) == len(den) == len(y_true)
+        assert (sum(num) / sum(den) if sum(den) else 0.0) == pytest.approx(M.conll_f1(y_true, y_pred)["f1"], abs=1e-12)
+    with pytest.raises(M.MetricError, match="sentence 0: 2 reference tags but 1 predicted"):
+        M.example_counts("conll_f1", [["O", "O"]], [["O"]])
+
+
 # ---- SQuAD ----------------------------------------------------------------------------------------
 ANSWER_BITS = ["the", "a", "An", "Denver Broncos", "broncos", "1,000", "1000", "Santa Clara, California",
                "Levi's Stadium", "  ", "", "!", "THE end.", "end", "über café", "Über Café", "an apple", "x-ray",

@@ -9,6 +9,7 @@ copies of the official SQuAD scripts):
   matthews_corrcoef  sklearn's matthews_corrcoef (multi-class form) (CoLA)
   pearson_spearman   scipy's pearsonr and spearmanr (average ranks) (STS-B)
   conll_f1           entity-level micro F1 = seqeval's default (conlleval) mode, per-type scores too
+  example_counts     each example's share of accuracy, binary F1 or entity F1 (ratios of sums)
   squad_v1           evaluate-v1.1.py: EM and token F1 (0-100), max over the gold answers
   squad_v2           evaluate-v2.0.py: exact/f1, HasAns_*/NoAns_*, best_exact/best_f1 and thresholds
 
@@ -164,11 +165,7 @@ def conll_f1(y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]]) -
     entity counts when type, first and last word all match. Returns ``{"precision", "recall",
     "f1", "accuracy" (token level), "per_type": {type: {"precision", "recall", "f1", "support"}}}``.
     """
-    if len(y_true) != len(y_pred):
-        raise MetricError(f"{len(y_true)} reference sentences but {len(y_pred)} predicted")
-    for i, (t, p) in enumerate(zip(y_true, y_pred)):
-        if len(t) != len(p):
-            raise MetricError(f"sentence {i}: {len(t)} reference tags but {len(p)} predicted")
+    _check_sentences(y_true, y_pred)
     flat_true = [tag for sent in y_true for tag in [*sent, "O"]]
     flat_pred = [tag for sent in y_pred for tag in [*sent, "O"]]
     true_ents: dict[str, set] = collections.defaultdict(set)
@@ -189,6 +186,51 @@ def conll_f1(y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]]) -
     correct = sum(a == b for t, q in zip(y_true, y_pred) for a, b in zip(t, q))
     return {"precision": p, "recall": r, "f1": f, "accuracy": correct / n_tokens if n_tokens else 0.0,
             "per_type": per_type}
+
+
+def _check_sentences(y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]]) -> None:
+    if len(y_true) != len(y_pred):
+        raise MetricError(f"{len(y_true)} reference sentences but {len(y_pred)} predicted")
+    for i, (t, p) in enumerate(zip(y_true, y_pred)):
+        if len(t) != len(p):
+            raise MetricError(f"sentence {i}: {len(t)} reference tags but {len(p)} predicted")
+
+
+# ---- per-example outcomes of the metrics that are ratios of sums --------------------------------
+def example_counts(metric: str, y_true: Sequence, y_pred: Sequence,
+                   pos_label: Any = "1") -> tuple[list[int], list[int]] | None:
+    """Each example's (num_i, den_i) of a metric that is a ratio of sums: sum(num) / sum(den) is the
+    metric itself, so two systems scored on the same examples can be compared pairwise
+    (`bertkit.ablate.measure.paired_ratio_difference`).
+
+      accuracy   num = 1 if right else 0, den = 1
+      f1         F1 of `pos_label` = 2 TP / (n predicted + n true): num = 2 [both are pos_label],
+                 den = [predicted pos_label] + [reference pos_label]
+      conll_f1   entity F1 (sentences of tags, `conll_f1`'s entities): num = 2 x the sentence's entities
+                 predicted exactly (type, first and last word), den = its predicted + its true entities
+
+    None for any other metric (Matthews correlation, Pearson / Spearman, ...: not ratios of sums)."""
+    if metric == "conll_f1":
+        _check_sentences(y_true, y_pred)
+        true, pred = _entities_by_sentence(y_true), _entities_by_sentence(y_pred)
+        return ([2 * len(t & p) for t, p in zip(true, pred)], [len(t) + len(p) for t, p in zip(true, pred)])
+    if metric not in ("accuracy", "f1"):
+        return None
+    _check_lengths(y_true, y_pred)
+    if metric == "accuracy":
+        return [int(t == p) for t, p in zip(y_true, y_pred)], [1] * len(y_true)
+    return ([2 * int(t == pos_label and p == pos_label) for t, p in zip(y_true, y_pred)],
+            [int(p == pos_label) + int(t == pos_label) for t, p in zip(y_true, y_pred)])
+
+
+def _entities_by_sentence(sentences: Sequence[Sequence[str]]) -> list[set]:
+    """Each sentence's entities, read as `conll_f1` reads them (the sentences joined with an O between
+    them; an entity belongs to the sentence it starts in), so the counts add up to its totals exactly."""
+    starts = np.cumsum([0] + [len(s) + 1 for s in sentences])
+    out: list[set] = [set() for _ in sentences]
+    for entity in get_entities([tag for sent in sentences for tag in [*sent, "O"]]):
+        out[int(np.searchsorted(starts, entity[1], side="right")) - 1].add(entity)
+    return out
 
 
 # ---- SQuAD (the official evaluate-v1.1.py / evaluate-v2.0.py) -------------------------------------
