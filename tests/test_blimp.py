@@ -269,6 +269,9 @@ def test_command_errors_are_one_line(tmp_path, mlm_dir, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("bertkit blimp: error:") and "\n" not in err
     assert main(["blimp", "--model", str(mlm_dir), str(good), "--limit", "0"]) == 1
+    assert capsys.readouterr().err == "bertkit blimp: error: limit must be at least 1, got 0\n"   # BlimpOptions' rule
+    assert main(["blimp", "--model", str(mlm_dir), str(good), "--max-tokens", "8"]) == 1
+    assert "max_tokens must be at least 16" in capsys.readouterr().err
 
 
 def test_the_dev_file_and_the_bundled_sample(shared_data):

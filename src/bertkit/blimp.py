@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Annotated, Callable, Literal, Sequence, get_args
 
 import numpy as np
 import torch
@@ -42,16 +42,41 @@ from .errors import DataError
 from .infer import Batch, Predictor
 from .model import Block, SelfAttention
 from .packing import alibi_bias, packing
+from .runconfig import AT_LEAST_1, THREADS, Rule, check_fields
 from .sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
 
-METHODS = ("pll", "pll-word-l2r", "causal")
+Method = Literal["auto", "pll", "pll-word-l2r", "causal"]
+METHODS: tuple[str, ...] = get_args(Method)[1:]
 PUBLISHED = {"ngram": "5-gram", "lstm": "LSTM", "txl": "Transformer-XL", "gpt2": "GPT-2"}
 """The models of the BLiMP paper (their per-paradigm accuracies ship in sample/blimp_published.jsonl)."""
 SAMPLE = Path(__file__).parent / "sample" / "blimp_sample.jsonl.gz"
 """The first 2 pairs of each of the 67 paradigms (BLiMP, CC BY 4.0): a file to try the command on."""
 HEAD_ROWS = 512          # scored positions per vocabulary projection: (512, V) logits at a time
+
+
+@dataclass
+class BlimpOptions:
+    """How `bertkit blimp` scores (its flags: `cliconfig.add_options`)."""
+    method: Method = "auto"
+    """auto: causal for a train.objective=clm checkpoint, else pll; pll: mask each piece in turn (Salazar
+    et al. 2020); pll-word-l2r: also mask the later pieces of its word (Kauf and Ivanova 2023); causal:
+    the left-to-right log-likelihood."""
+    limit: Annotated[int | None, AT_LEAST_1] = None
+    """Only the first N pairs of each paradigm."""
+    max_tokens: Annotated[int, Rule("at least 16", lambda v: v >= 16)] = 4096
+    """Tokens per batch of masked copies."""
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    """fp32 (exact scores), bf16, or auto (bf16 where this CPU measures it faster and it keeps cosine
+    0.999 to fp32)."""
+    device: str | None = None
+    """cpu, cuda, cuda:1 ... (default: cuda if available)."""
+    threads: Annotated[int | None, THREADS] = None
+    """CPU threads: that many batches at a time, one thread each (default: torch's count)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the choices and ranges on the fields
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,14 @@ from pathlib import Path
 
 from ..errors import BertkitError
 
-PRECISIONS = ("fp32", "bf16", "auto")
 COLUMNS = {"ngram": "5-gram", "lstm": "LSTM", "txl": "TXL", "gpt2": "GPT-2"}     # the paper's models, short
 
 
 def setup_blimp(p) -> None:
+    """Positional files, --model, the outputs; one flag per BlimpOptions field (`bertkit.cliconfig`)."""
+    from ..blimp import BlimpOptions
+    from ..cliconfig import add_options
+
     p.epilog = ("BLiMP files: github.com/alexwarstadt/blimp, data/*.jsonl (CC BY 4.0): one JSON object per pair "
                 "with UID, linguistics_term, pairID, sentence_good, sentence_bad. A pair counts when the good "
                 "sentence scores strictly higher; ties fail.")
@@ -25,52 +28,37 @@ def setup_blimp(p) -> None:
     p.add_argument("--model", required=True, metavar="DIR",
                    help="checkpoint folder with an MLM head (bertkit pretrain's final/ or a checkpoint, a Hugging "
                         "Face BERT folder) and its tokenizer")
-    p.add_argument("--method", choices=("auto", "pll", "pll-word-l2r", "causal"), default="auto",
-                   help="auto (default): causal for a train.objective=clm checkpoint, else pll; pll: mask each "
-                        "piece in turn (Salazar et al. 2020); pll-word-l2r: also mask the later pieces of its "
-                        "word (Kauf and Ivanova 2023); causal: the left-to-right log-likelihood")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N pairs of each paradigm")
+    add_options(p, BlimpOptions)
     p.add_argument("--out", metavar="PATH",
                    help="a folder (results.json + pairs.jsonl) or FILE.json (pairs in FILE.pairs.jsonl)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the tables")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32 (default: exact scores), bf16, or auto (bf16 where this CPU measures it faster "
-                        "and it keeps cosine 0.999 to fp32)")
-    p.add_argument("--max-tokens", dest="max_tokens", type=int, default=4096,
-                   help="tokens per batch of masked copies (default 4096)")
     p.add_argument("--published", metavar="FILE",
                    help="per-paradigm accuracies to show beside (default: the BLiMP paper's, bundled)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads: that many batches at a time, one thread each (default: torch's count)")
     p.set_defaults(run=run_blimp)
 
 
 def run_blimp(args) -> int:
     from tqdm.auto import tqdm
 
-    from ..blimp import load, method_for, published, read_pairs, score_pairs, summarize
-    from .basic import check_device, check_threads
+    from ..blimp import BlimpOptions, load, method_for, published, read_pairs, score_pairs, summarize
+    from ..cliconfig import given
+    from .basic import check_device
 
-    if args.limit is not None and args.limit < 1:
-        raise BertkitError(f"--limit must be >= 1, got {args.limit}")
-    if args.max_tokens < 16:
-        raise BertkitError(f"--max-tokens must be >= 16, got {args.max_tokens}")
-    check_threads(args.threads)
-    check_device(args.device)
+    o = BlimpOptions(**given(args, BlimpOptions))
+    check_device(o.device)
     out = _out_paths(args.out) if args.out else None
     reference = published(args.published)
-    pairs = read_pairs(args.files, args.limit)
-    pred = load(args.model, args.precision, args.device, args.threads)
-    method = method_for(pred, args.method)
+    pairs = read_pairs(args.files, o.limit)
+    pred = load(args.model, o.precision, o.device, o.threads)
+    method = method_for(pred, o.method)
     t0 = time.perf_counter()
     with tqdm(total=2 * len(pairs), desc=f"blimp {method}", unit="sentence", disable=None, leave=False) as bar:
-        scored = score_pairs(pred, pairs, method, args.max_tokens, bar.update, args.threads)
+        scored = score_pairs(pred, pairs, method, o.max_tokens, bar.update, o.threads)
     wall = time.perf_counter() - t0
     summary = summarize(pairs, scored["good"], scored["bad"], reference)
     correct = summary.pop("correct")
     result = {"model": str(args.model), "method": method, "files": [str(f) for f in args.files],
-              "limit": args.limit, **summary, "run": _run_facts(pred, wall, len(pairs), scored["tokens_read"])}
+              "limit": o.limit, **summary, "run": _run_facts(pred, wall, len(pairs), scored["tokens_read"])}
     if out:
         _write(out, result, pairs, scored, correct)
     if args.json:
