@@ -168,6 +168,101 @@ def test_the_paired_mlm_difference_is_clustered_by_sequence():
     assert ablate_measure.paired_mlm_difference({"masked": m, "correct": c_a}, {"masked": m[:-1] + [9], "correct": c_b}) is None
 
 
+def test_the_paired_ratio_difference_of_accuracies_is_the_plain_paired_interval():
+    from bertkit.ablate.zeroshot import paired_difference
+    rng = random.Random(1)
+    a = [rng.randint(0, 1) for _ in range(300)]
+    b = [x if rng.random() < 0.8 else 1 - x for x in a]               # paired: mostly the same answers
+    ones = [1] * 300
+    got = ablate_measure.paired_ratio_difference(a, ones, b, ones)
+    want = paired_difference("".join(map(str, a)), "".join(map(str, b)))
+    assert got == pytest.approx(want, abs=1e-12)
+    d = [x - y for x, y in zip(a, b)]                                   # mean of d, se = sd(d) / sqrt(n)
+    mean = sum(d) / 300
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / 299 / 300)
+    assert got == pytest.approx((mean, mean - 1.959964 * se, mean + 1.959964 * se), abs=1e-12)
+    assert ablate_measure.paired_ratio_difference(a, ones, b[:-1], ones[:-1]) is None     # not the same examples
+    assert ablate_measure.paired_ratio_difference([1], [1], [0], [1]) is None              # n < 2
+    assert ablate_measure.paired_ratio_difference([0, 0], [0, 0], [1, 0], [1, 1]) is None  # nothing to divide by
+
+
+def test_the_paired_f1_difference_covers_the_true_difference():
+    """Two correlated classifiers of a 40%-positive population, binary F1 as a ratio of sums: over 400 dev
+    sets of 300 examples the 95% interval holds the population's difference about 95% of the time, and
+    the * of `delta_cell` is there when the interval excludes 0."""
+    from bertkit.tasks.metrics import example_counts
+
+    def sample(rng, n):
+        ref = ["1" if rng.random() < 0.4 else "0" for _ in range(n)]
+        u = [rng.random() for _ in range(n)]                            # shared difficulty: paired errors
+        a = [r if x < 0.85 else "01"[r == "0"] for r, x in zip(ref, u)]
+        b = [r if x < 0.75 or rng.random() < 0.2 else "01"[r == "0"] for r, x in zip(ref, u)]
+        return example_counts("f1", ref, a), example_counts("f1", ref, b)
+
+    (an, ad), (bn, bd) = sample(random.Random(0), 200_000)
+    truth = sum(an) / sum(ad) - sum(bn) / sum(bd)
+    rng, hits, starred = random.Random(1), 0, 0
+    for _ in range(400):
+        (an, ad), (bn, bd) = sample(rng, 300)
+        diff, low, high = ablate_measure.paired_ratio_difference(an, ad, bn, bd)
+        assert low < diff < high and diff == pytest.approx(sum(an) / sum(ad) - sum(bn) / sum(bd))
+        hits += low <= truth <= high
+        starred += ablate_measure.delta_cell((diff, low, high)).endswith(" *") == (low > 0 or high < 0)
+    assert 0.92 <= hits / 400 <= 0.98 and starred == 400
+    assert ablate_measure.delta_cell((0.05, 0.01, 0.09)) == "+0.050 [+0.010, +0.090] *"
+    assert ablate_measure.delta_cell((0.05, -0.01, 0.11)) == "+0.050 [-0.010, +0.110]"
+    assert ablate_measure.delta_cell((-0.05, -0.09, -0.01)).endswith(" *")
+
+
+def test_the_probe_table_has_paired_deltas_against_the_base_models_probes(tmp_path):
+    """Tiny fake probe results: each probe arm's cell has its Δ against the base model's probe arm on the
+    same dev examples (that one against the random model's), n/a for MCC, — where outcomes are missing."""
+    from bertkit.ablate.report import probe_section
+    from bertkit.linear_probe import write_results
+
+    spec = {"features": ["last"]}
+    arms = [ablate.Arm("base"), ablate.Arm("no_pretraining", pretrained=False), ablate.Arm("mlm_only"),
+            ablate.Arm("probe_base", model_from="base", probe=spec),
+            ablate.Arm("probe_random", model_from="no_pretraining", probe=spec),
+            ablate.Arm("probe_mlm_only", model_from="mlm_only", probe=spec)]
+    cfg = ablate_config.AblateConfig(out=str(tmp_path), tasks={"sst2": {}, "cola": {}}, source="g.yaml", arms=arms)
+    right = {"probe_base": [1] * 18 + [0, 0], "probe_random": [1] * 10 + [0] * 10, "probe_mlm_only": [1] * 17 + [0] * 3}
+    rows = []
+    for arm, num in right.items():
+        for task in ("sst2", "cola"):
+            outcomes = {"num": num, "den": [1] * 20} if task == "sst2" else None
+            ids = [str(i) for i in range(20 - (arm == "probe_mlm_only" and task == "cola"))]
+            write_results(tmp_path / "arms" / arm / "probe" / task / "results.json",
+                          {"dev_ids": ids, "probes": [{"features": "last", "pooling": "mean", "outcomes": outcomes}]})
+            rows.append({"arm": arm, "task": task, "variant": "last/mean", "probe": "lbfgs", "status": "ok",
+                         "value": sum(num) / 20, "C": 1.0, "converged": True, "majority": 0.5,
+                         "probe_features": "last", "probe_pooling": "mean"})
+    text = "\n".join(probe_section(cfg, rows))
+    assert ("| task | features | probe_base (base) | Δ vs probe_random [95%] | probe_random (no_pretraining) | "
+            "Δ vs probe_base [95%] | probe_mlm_only (mlm_only) | Δ vs probe_base [95%] | majority |") in text
+    ones = [1] * 20
+    vs_random = ablate_measure.delta_cell(ablate_measure.paired_ratio_difference(right["probe_base"], ones,
+                                                                                 right["probe_random"], ones))
+    vs_base = ablate_measure.delta_cell(ablate_measure.paired_ratio_difference(right["probe_mlm_only"], ones,
+                                                                               right["probe_base"], ones))
+    assert vs_random.startswith("+0.400 [") and vs_random.endswith(" *") and vs_base.startswith("-0.050 [")
+    sst2 = next(x for x in text.splitlines() if x.startswith("| sst2 | last/mean |"))
+    cells = sst2.split(" | ")
+    assert cells[2:4] == ["0.900 (C 1)", vs_random] and cells[6:8] == ["0.850 (C 1)", vs_base]
+    assert cells[5].startswith("-0.400 [") and cells[5].endswith(" *")
+    cola = next(x for x in text.splitlines() if x.startswith("| cola | last/mean |")).split(" | ")
+    assert cola[3] == cola[5] == "n/a" and cola[7] == "—"              # MCC: no interval; other dev examples
+    assert "delta method" in text and "n/a: a metric that is no ratio of sums" in text
+    # results written before the outcomes were kept: no Δ; a grid with no base probe arm: no Δ column
+    write_results(tmp_path / "arms" / "probe_random" / "probe" / "sst2" / "results.json", {"probes": [{}]})
+    assert next(x for x in probe_section(cfg, rows) if x.startswith("| sst2 |")).split(" | ")[3] == "—"
+    alone = [r for r in rows if r["arm"] == "probe_mlm_only"]
+    assert "| task | features | probe_mlm_only (mlm_only) | majority |" in probe_section(cfg, alone)
+    # probe arms finished before their results kept outcomes are redone on the next run
+    assert ablate.arm._plan(cfg, arms[3], False)["probe_results"] >= 2
+    assert "probe_results" not in ablate.arm._plan(cfg, arms[0], False)
+
+
 def test_an_arm_finished_before_gets_the_mask_figure_on_the_next_run(grid, tmp_path):
     import shutil
     path, _ = grid

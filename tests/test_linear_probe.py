@@ -106,6 +106,10 @@ def test_sentence_probe_on_a_tiny_model(tiny_model, sst_dir, tmp_path):
         assert p["width"] == (64 if p["features"] == "concat_last_2" else 32)
     fits = [json.loads(x) for x in (tmp_path / "fits.jsonl").read_text().splitlines()]
     assert len(fits) == 5 * (3 * 3 + 1) and {f["fold"] for f in fits} == {0, 1, 2, "all"}
+    assert len(result["dev_ids"]) == len(set(result["dev_ids"])) == 80
+    for p in result["probes"]:                      # each dev example's outcome, adding up to the score
+        o = p["outcomes"]
+        assert len(o["num"]) == len(o["den"]) == 80 and o["den"] == [1] * 80 and sum(o["num"]) / 80 == p["value"]
     again = probe(c, spec)
     strip = lambda r: [{k: v for k, v in p.items() if k != "fit_wall_s"} for p in r["probes"]]
     assert strip(again) == strip(result)
@@ -119,6 +123,52 @@ def test_tagging_probe_reads_first_pieces(tiny_model, conll_dir):
     assert result["train_rows"] > result["train_examples"] * 5            # ~6 words per sentence
     assert [p["pooling"] for p in result["probes"]] == [None, None] and not result["skipped"]
     assert max(p["value"] for p in result["probes"]) > 0.9, result["probes"]
+    for p in result["probes"]:                      # per sentence: 2 x entities right, predicted + true entities
+        num, den = p["outcomes"]["num"], p["outcomes"]["den"]
+        assert len(num) == len(den) == result["dev_examples"] and sum(num) / sum(den) == pytest.approx(p["value"])
+
+
+def noisy_tags(rng, tags: list[str]) -> list[str]:
+    """A tagger's mistakes: whole entities given the wrong type, single words mistagged (cutting or
+    stretching entities, inventing ones)."""
+    out = list(tags)
+    for i, t in enumerate(tags):
+        if t.startswith("B-") and rng.random() < 0.15:
+            other = rng.choice([x for x in ("PER", "LOC", "ORG", "MISC") if x != t[2:]])
+            j = i
+            while j < len(tags) and (j == i or tags[j] == "I-" + t[2:]):
+                out[j] = tags[j][:2] + other
+                j += 1
+        elif rng.random() < 0.05:
+            out[i] = rng.choice(["O", "B-PER", "I-PER", "B-ORG", "I-LOC", "B-MISC"])
+    return out
+
+
+def test_dev_outcomes_add_up_to_the_tasks_own_metric(shared_data):
+    """Real dev sets with a plausible system's mistakes: the per-example (num, den) of SST-2 accuracy, MRPC
+    F1 of class 1 and CoNLL-2003 entity F1 sum to the task's own metric; CoLA's MCC has none."""
+    import random
+
+    from bertkit.linear_probe import dev_outcomes
+    from bertkit.tasks.glue import COLA, MRPC, SST2
+    from bertkit.tasks.ner import CONLL2003
+
+    rng = random.Random(0)
+    conll = CONLL2003.read(shared_data / "conll2003" / "valid.txt.gz")
+    predictions = {ex.id: noisy_tags(rng, ex.tags) for ex in conll}
+    o = dev_outcomes(CONLL2003, predictions, conll)
+    f1 = CONLL2003.metrics(predictions, conll)["f1"]
+    assert len(o["num"]) == len(conll) == 3250 and 0.6 < f1 < 0.95
+    assert sum(o["num"]) / sum(o["den"]) == pytest.approx(f1, rel=1e-12)
+    for task, folder in ((SST2, "SST-2"), (MRPC, "MRPC"), (COLA, "CoLA")):
+        examples = task.read(shared_data / "glue" / folder / "dev.tsv.gz")
+        predictions = {ex.id: ex.label if rng.random() < 0.75 else rng.choice("01") for ex in examples}
+        o = dev_outcomes(task, predictions, examples)
+        if task is COLA:
+            assert o is None
+            continue
+        want = task.metrics(predictions, examples)[task.main_metric]
+        assert len(o["num"]) == len(examples) and sum(o["num"]) / sum(o["den"]) == pytest.approx(want, rel=1e-12)
 
 
 def test_cli_table_results_and_one_line_errors(tiny_model, sst_dir, tmp_path, capsys):
@@ -131,6 +181,8 @@ def test_cli_table_results_and_one_line_errors(tiny_model, sst_dir, tmp_path, ca
     assert re.search(r"^last\s+cls\s+[01]\.\d{4}\s", text, re.M) and f"wrote {out / 'results.json'}" in text, text
     saved = json.loads((out / "results.json").read_text())
     assert len(saved["probes"]) == 3 and (out / "fits.jsonl").is_file()
+    assert all(len(p["outcomes"]["num"]) == saved["dev_examples"] for p in saved["probes"])
+    assert '"outcomes": {"num": [' in (out / "results.json").read_text()       # one line per list
     for extra, says in ((["--features", "bogus"], "choose from"), (["--pooling", "max"], "choose from"),
                         (["--folds", "1"], ">= 2"), (["--C", "-1"], "positive"), (["--task", "squad"], "classification"),
                         (["--task", "stsb"], "regression"), (["--model", str(tmp_path / "none")], "no such folder"),
@@ -164,8 +216,36 @@ def test_ablate_probe_rows_are_reused_until_the_data_changes(tiny_model, sst_dir
     mtime = (tmp_path / "probe" / "sst2" / "results.json").stat().st_mtime_ns
     assert probe_rows(arm, c, pre, [["model.safetensors", 1, 2]], "x")[0]["value"] == r["value"]
     assert (tmp_path / "probe" / "sst2" / "results.json").stat().st_mtime_ns == mtime          # reused
+    _results_of_version_1_get_their_outcomes(arm, c, pre, tmp_path / "probe" / "sst2")
     c2 = cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=c.out, train_limit=200)
     assert probe_rows(arm, c2, pre, [["model.safetensors", 1, 2]], "x")[0]["train_examples"] == 200   # redone
+
+
+def _results_of_version_1_get_their_outcomes(arm, c, pre, out) -> None:
+    """results.json written before the outcomes were kept (no dev_ids, no outcomes, the key without a
+    version): the next run adds them by one refit per probe at its chosen C, the cross-validation kept;
+    where a refit's dev score differs from the recorded one, the probes run again in full."""
+    import bertkit.linear_probe as lp
+
+    full = json.loads((out / "results.json").read_text())
+    weights = [["model.safetensors", 1, 2]]
+    old = {k: v for k, v in full.items() if k != "dev_ids"}
+    old.update(probes=[{k: v for k, v in p.items() if k != "outcomes"} for p in full["probes"]],
+               ablate_key=lp._ablate_key({k: getattr(c, k) for k in lp.DATA_KEYS}, probe_spec(arm.probe), weights, 1))
+    (out / "results.json").write_text(json.dumps(old))
+    fits = (out / "fits.jsonl").read_text()
+    rows = probe_rows(arm, c, pre, weights, "x")
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["ablate_key"] == full["ablate_key"] and saved["dev_ids"] == full["dev_ids"]
+    assert [p["outcomes"] for p in saved["probes"]] == [p["outcomes"] for p in full["probes"]]
+    assert [p["cv"] for p in saved["probes"]] == [p["cv"] for p in full["probes"]] and saved["outcomes_added"]
+    assert (out / "fits.jsonl").read_text() == fits and [r["value"] for r in rows] == [p["value"] for p in full["probes"]]
+    old["probes"][0]["value"] += 0.01                                  # not what the refit gives: all redone
+    (out / "results.json").write_text(json.dumps(old))
+    probe_rows(arm, c, pre, weights, "x")
+    saved = json.loads((out / "results.json").read_text())
+    assert "outcomes_added" not in saved and saved["probes"][0]["value"] == full["probes"][0]["value"]
+    assert saved["probes"][0]["outcomes"] == full["probes"][0]["outcomes"] and saved["probes"][0]["cv"]
 
 
 def probe_grid() -> str:

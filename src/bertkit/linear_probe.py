@@ -19,7 +19,8 @@ linear map read off the frozen states? - is answered as a convex problem, solved
    metric on each held-out fold; a tie goes to the smaller C, the stronger penalty), refitted on
    all training rows, and the dev set is scored by the task's own postprocess and metrics (SST-2
    accuracy, MRPC F1 of class 1 and accuracy, CoNLL-2003 entity-level F1), beside the dev score of
-   always answering the training majority class.
+   always answering the training majority class. Each dev example's share of the main metric is kept
+   (`dev_outcomes`), so two probes on the same dev set are compared pairwise (ablate's report).
 
 `probe(FinetuneConfig, ProbeSpec)` runs it (the data options - data, limits, max_length, windows -
 are fine-tuning's); `bertkit probe` and the probe arms of `bertkit ablate` (`probe_rows`) call it.
@@ -261,8 +262,16 @@ def feature_matrix(enc: Encoded, features: str, pooling: str | None, num_layers:
 def task_scores(task: "Task", labels: Sequence[str], examples: Sequence, feats: Sequence[dict], enc: Encoded,
                 logp: np.ndarray, rows: np.ndarray, keep_examples: Sequence[int]) -> dict:
     """The task's metrics on the examples `keep_examples` (indices), from the log-probabilities of
-    `rows` of `enc` (their windows' rows): the outputs the task's postprocess expects are rebuilt
-    ((K,) per window, or (T, K) per window with the rows at first pieces)."""
+    `rows` of `enc` (their windows' rows)."""
+    predictions, chosen = task_predictions(task, labels, examples, feats, enc, logp, rows, keep_examples)
+    return task.metrics(predictions, chosen)
+
+
+def task_predictions(task: "Task", labels: Sequence[str], examples: Sequence, feats: Sequence[dict], enc: Encoded,
+                     logp: np.ndarray, rows: np.ndarray, keep_examples: Sequence[int]) -> tuple[dict, list]:
+    """({example id: prediction}, the examples `keep_examples`) by the task's own postprocess: the
+    outputs it expects are rebuilt from the rows' log-probabilities ((K,) per window, or (T, K) per
+    window with the rows at first pieces)."""
     place = {e: k for k, e in enumerate(keep_examples)}
     windows = sorted({int(enc.feature[r]) for r in rows})
     outputs = {}
@@ -275,8 +284,23 @@ def task_scores(task: "Task", labels: Sequence[str], examples: Sequence, feats: 
             outputs[i] = lp
     sub = [{**feats[i], "example_index": place[feats[i]["example_index"]]} for i in windows]
     chosen = [examples[e] for e in keep_examples]
-    predictions = task.postprocess([outputs[i] for i in windows], sub, chosen, labels)
-    return task.metrics(predictions, chosen)
+    return task.postprocess([outputs[i] for i in windows], sub, chosen, labels), chosen
+
+
+def dev_outcomes(task: "Task", predictions: dict, examples: Sequence) -> dict | None:
+    """Each dev example's share of the main metric, {num: [...], den: [...]} in the order of `examples`
+    (sum(num) / sum(den) is the metric: `tasks.metrics.example_counts`), so two probes scored on the
+    same examples are compared pairwise; None where the metric is not a ratio of sums (mcc, ...)."""
+    from .tasks.metrics import example_counts
+
+    if task.head == "token_classification":
+        metric = "conll_f1" if task.main_metric == "f1" else task.main_metric
+        refs, preds = [list(ex.tags) for ex in examples], [list(predictions[ex.id]) for ex in examples]
+    else:
+        metric = task.main_metric
+        refs, preds = [str(ex.label) for ex in examples], [str(predictions[ex.id]) for ex in examples]
+    counts = example_counts(metric, refs, preds)
+    return None if counts is None else {"num": counts[0], "den": counts[1]}
 
 
 # ---- one task ----------------------------------------------------------------------------------
@@ -301,11 +325,28 @@ def combinations(head: str, spec: ProbeSpec, config) -> tuple[list[tuple[str, st
 
 
 def fit_probe(X: Tensor, y: np.ndarray, groups: np.ndarray, X_dev: Tensor, spec: ProbeSpec, num_classes: int,
-              score: Callable[[LogReg, np.ndarray, Tensor], float], report: Callable[[dict], None]) -> dict:
-    """C by k-fold cross-validation (folds standardised by their own training rows; warm starts along
-    the C grid within a fold), then the refit on every training row and the dev rows' log-probabilities:
-    {C, cv, model, dev_logp, fit_wall_s}. `score(model, held-out rows, their X)` is the task metric."""
+              score: Callable[[LogReg, np.ndarray, Tensor], float], report: Callable[[dict], None],
+              C: float | None = None) -> dict:
+    """C by k-fold cross-validation (`cross_validate`) unless given, then the refit on every training row
+    and the dev rows' log-probabilities: {C, cv (None when C was given), model, dev_logp, fit_wall_s}.
+    `score(model, held-out rows, their X)` is the task metric."""
     t0 = time.perf_counter()
+    means = cross_validate(X, y, groups, spec, num_classes, score, report) if C is None else None
+    C = choose_c(means) if means is not None else C
+    Xt, Xd = standardise(X, X_dev)
+    model = fit_logreg(Xt, torch.from_numpy(y).to(Xt.device), num_classes, C, spec.tol, spec.max_iter)
+    report({"fold": "all", "C": C, "iterations": model.iterations, "converged": model.converged,
+            "grad_max": model.grad_max})
+    return {"C": C, "cv": None if means is None else {f"{c:g}": round(m, 6) for c, m in means.items()},
+            "model": model, "dev_logp": model.log_proba(Xd).cpu().numpy(),
+            "fit_wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def cross_validate(X: Tensor, y: np.ndarray, groups: np.ndarray, spec: ProbeSpec, num_classes: int,
+                   score: Callable[[LogReg, np.ndarray, Tensor], float], report: Callable[[dict], None]
+                   ) -> dict[float, float]:
+    """{C: mean held-out score} over k folds by example (each fold standardised by its own training rows;
+    warm starts along the C grid within a fold)."""
     fold = folds_of(groups, spec.folds)
     cv: dict[float, list[float]] = {c: [] for c in spec.C}
     for k in range(spec.folds):
@@ -318,14 +359,7 @@ def fit_probe(X: Tensor, y: np.ndarray, groups: np.ndarray, X_dev: Tensor, spec:
             cv[c].append(float(score(model, held, Xh)))
             report({"fold": k, "C": c, "score": cv[c][-1], "iterations": model.iterations,
                     "converged": model.converged, "grad_max": model.grad_max})
-    means = {c: float(np.mean(v)) for c, v in cv.items()}
-    C = choose_c(means)
-    Xt, Xd = standardise(X, X_dev)
-    model = fit_logreg(Xt, torch.from_numpy(y).to(Xt.device), num_classes, C, spec.tol, spec.max_iter)
-    report({"fold": "all", "C": C, "iterations": model.iterations, "converged": model.converged,
-            "grad_max": model.grad_max})
-    return {"C": C, "cv": {f"{c:g}": round(m, 6) for c, m in means.items()}, "model": model,
-            "dev_logp": model.log_proba(Xd).cpu().numpy(), "fit_wall_s": round(time.perf_counter() - t0, 2)}
+    return {c: float(np.mean(v)) for c, v in cv.items()}
 
 
 @dataclass
@@ -365,13 +399,16 @@ def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
 
 
 def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool = False,
-          fits_log: Path | None = None) -> dict:
+          fits_log: Path | None = None, chosen: dict | None = None) -> dict:
     """Probe `cfg.model` on `cfg.task` (`cfg`'s data options; its training options are not used).
 
-    Returns {task, model, metric, labels, train_examples, dev_examples, train_rows, dev_rows,
+    Returns {task, model, metric, labels, train_examples, dev_examples, dev_ids, train_rows, dev_rows,
     majority: {label, <dev metrics>}, skipped, spec, encode_wall_s, wall_s, probes: [{features,
     pooling, metric, value, dev: {<metrics>}, C, cv: {C: mean score}, iterations, converged,
-    grad_max, width, fit_wall_s}]}. `fits_log`: one JSONL line per fit (fold, C, score, iterations)."""
+    grad_max, width, fit_wall_s, outcomes: {num, den} per dev example in dev_ids' order (`dev_outcomes`;
+    None for a metric that is not a ratio of sums)}]}. `fits_log`: one JSONL line per fit (fold, C,
+    score, iterations). `chosen`: {(features, pooling): C} of an earlier run, refitted at that C without
+    the cross-validation (their `cv` None)."""
 
 
     spec = spec or ProbeSpec()
@@ -396,19 +433,21 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
     all_dev = (np.arange(len(dev.enc.labels)), range(len(dev.examples)))
     result = {"task": task.name, "model": str(cfg.model), "metric": task.main_metric, "labels": list(labels),
               "train_examples": len(train.examples), "dev_examples": len(dev.examples),
-              "train_rows": len(y), "dev_rows": len(dev.enc.labels),
+              "dev_ids": [ex.id for ex in dev.examples], "train_rows": len(y), "dev_rows": len(dev.enc.labels),
               "majority": {"label": labels[majority],
                            **task_scores(task, labels, dev.examples, dev.feats, dev.enc, one_hot, *all_dev)},
               "skipped": skipped, "spec": {f.name: getattr(spec, f.name) for f in fields(ProbeSpec)},
               "max_length": cfg.max_length, "device": str(device), "threads": torch.get_num_threads(),
               "encode_wall_s": round(encode_wall, 2), "probes": []}
     log_file = open(fits_log, "w", encoding="utf-8") if fits_log else None
-    bar = tqdm(total=len(pairs) * (spec.folds * len(spec.C) + 1), desc="probe fits", unit="fit",
-               disable=not progress or None, leave=False)
+    chosen = chosen or {}
+    bar = tqdm(total=sum(1 if pair in chosen else spec.folds * len(spec.C) + 1 for pair in pairs),
+               desc="probe fits", unit="fit", disable=not progress or None, leave=False)
     try:
         for features, pooling in pairs:
             result["probes"].append(_one_probe(task, labels, train, dev, features, pooling, L, spec, device,
-                                               lambda rec: _fit_done(bar, log_file, features, pooling, rec)))
+                                               lambda rec: _fit_done(bar, log_file, features, pooling, rec),
+                                               chosen.get((features, pooling))))
     finally:
         bar.close()
         if log_file:
@@ -425,7 +464,7 @@ def _fit_done(bar, log_file, features: str, pooling: str | None, rec: dict) -> N
 
 
 def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, features: str, pooling: str | None,
-               num_layers: int, spec: ProbeSpec, device, report: Callable[[dict], None]) -> dict:
+               num_layers: int, spec: ProbeSpec, device, report: Callable[[dict], None], C: float | None) -> dict:
     X = feature_matrix(train.enc, features, pooling, num_layers).to(device)
     X_dev = feature_matrix(dev.enc, features, pooling, num_layers).to(device)
 
@@ -435,9 +474,10 @@ def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, featur
                              model.log_proba(Xh).cpu().numpy(), rows, keep)
         return scores[task.main_metric]
 
-    fit = fit_probe(X, train.enc.labels, train.enc.groups, X_dev, spec, len(labels), score, report)
-    scores = task_scores(task, labels, dev.examples, dev.feats, dev.enc, fit["dev_logp"],
-                         np.arange(len(dev.enc.labels)), range(len(dev.examples)))
+    fit = fit_probe(X, train.enc.labels, train.enc.groups, X_dev, spec, len(labels), score, report, C)
+    predictions, _ = task_predictions(task, labels, dev.examples, dev.feats, dev.enc, fit["dev_logp"],
+                                      np.arange(len(dev.enc.labels)), range(len(dev.examples)))
+    scores = task.metrics(predictions, dev.examples)
     model = fit["model"]
     log.info("probe %s %s%s: dev %s %.4f (C %g%s, %d L-BFGS iterations%s)", task.name, features,
              f"/{pooling}" if pooling else "", task.main_metric, scores[task.main_metric], fit["C"],
@@ -446,10 +486,16 @@ def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, featur
     return {"features": features, "pooling": pooling, "metric": task.main_metric,
             "value": scores[task.main_metric], "dev": scores, "C": fit["C"], "cv": fit["cv"],
             "iterations": model.iterations, "converged": model.converged, "grad_max": model.grad_max,
-            "width": X.shape[1], "fit_wall_s": fit["fit_wall_s"]}
+            "width": X.shape[1], "fit_wall_s": fit["fit_wall_s"],
+            "outcomes": dev_outcomes(task, predictions, dev.examples)}
 
 
 # ---- the probe arms of `bertkit ablate` ---------------------------------------------------------
+RESULTS_VERSION = 2
+"""What a probe's results.json holds: 2 = each probe's per-dev-example outcomes (`dev_outcomes`). Part
+of the probe arms' reuse key and of their plan (`ablate.arm.plan_key`): results of version 1 get their
+outcomes by a refit at the C they chose (`_with_outcomes`), others are redone."""
+
 # FinetuneConfig keys that change a probe's numbers (the training options do not apply to it)
 DATA_KEYS = ("task", "model", "data", "train_file", "dev_file", "text_column", "pair_column", "label_column",
              "id_column", "tokens_column", "tags_column", "format", "max_length", "stride", "windows",
@@ -459,8 +505,10 @@ DATA_KEYS = ("task", "model", "data", "train_file", "dev_file", "text_column", "
 def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: str) -> list[dict]:
     """An ablate probe arm (`probe:` keys, `ProbeSpec`) on one task: one row per features x pooling.
 
-    Results are kept in fcfg.out (results.json, fits.jsonl) and reused while the data options, the
-    spec and the model's weights (`weights`, ablate's weights_id) are unchanged. Row keys: arm,
+    Results are kept in fcfg.out (results.json, with each probe's per-dev-example outcomes that the
+    report pairs across arms; fits.jsonl) and reused while the data options, the spec, the model's
+    weights (`weights`, ablate's weights_id) and `RESULTS_VERSION` are unchanged (results written before
+    outcomes were kept get them by one refit per probe). Row keys: arm,
     setting, task, seed (0: nothing is random), metric, value and best (the dev score of the main
     metric), dev (every dev metric), majority (the dev score of always answering the training
     majority class), probe ('lbfgs'), probe_features, probe_pooling (None for tagging), variant
@@ -472,19 +520,22 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
     out = Path(fcfg.out)
     spec = probe_spec(arm.probe, f"arm {arm.name} probe")
     given = {k: getattr(fcfg, k) for k in DATA_KEYS}
-    key = hashlib.sha256(json.dumps({"given": given, "spec": vars(spec), "weights": weights}, sort_keys=True,
-                                    default=str).encode()).hexdigest()[:16]
+    key, key_v1 = (_ablate_key(given, spec, weights, v) for v in (RESULTS_VERSION, 1))
     try:
         result = json.loads((out / "results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         result = None
     if not (isinstance(result, dict) and result.get("ablate_key") == key):
-        log.info("ablate: arm %s: probing %s (L-BFGS, %d features x poolings)", arm.name, fcfg.task,
-                 len(spec.features) * len(spec.pooling))
         out.mkdir(parents=True, exist_ok=True)
-        c0 = time.process_time()
-        result = probe(fcfg, spec, fits_log=out / "fits.jsonl")
-        result.update(ablate_key=key, cpu_s=round(time.process_time() - c0, 1))
+        result = _with_outcomes(fcfg, spec, result) if isinstance(result, dict) and result.get(
+            "ablate_key") == key_v1 else None
+        if result is None:
+            log.info("ablate: arm %s: probing %s (L-BFGS, %d features x poolings)", arm.name, fcfg.task,
+                     len(spec.features) * len(spec.pooling))
+            c0 = time.process_time()
+            result = probe(fcfg, spec, fits_log=out / "fits.jsonl")
+            result["cpu_s"] = round(time.process_time() - c0, 1)
+        result["ablate_key"] = key
         write_results(out / "results.json", result)
     return [{"arm": arm.name, "setting": setting, "task": fcfg.task, "seed": 0, "metric": p["metric"],
              "value": p["value"], "best": p["value"], "dev": p["dev"], "majority": result["majority"].get(p["metric"]),
@@ -498,9 +549,51 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
              "run_card": str(out / "results.json"), "status": "ok"} for p in result["probes"]]
 
 
+def _ablate_key(given: dict, spec: ProbeSpec, weights: list, version: int) -> str:
+    """The reuse key of a probe arm's results.json (version 1: as written before RESULTS_VERSION)."""
+    keyed = {"given": given, "spec": vars(spec), "weights": weights, **({"version": version} if version > 1 else {})}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _with_outcomes(fcfg: "FinetuneConfig", spec: ProbeSpec, earlier: dict) -> dict | None:
+    """Results of version 1 (no per-example outcomes) with them added: each probe refitted at the C its
+    cross-validation chose (the fits are deterministic), the cross-validation not redone; None (probe
+    again in full) when a refit does not give the recorded dev score."""
+    log.info("ablate: %s: adding each dev example's outcome (a refit per probe at the C chosen before)", fcfg.out)
+    c0 = time.process_time()
+    new = probe(fcfg, spec, chosen={(p["features"], p["pooling"]): p["C"] for p in earlier["probes"]})
+    if [(p["features"], p["pooling"], p["value"]) for p in new["probes"]] != \
+            [(p["features"], p["pooling"], p["value"]) for p in earlier["probes"]]:
+        log.warning("ablate: %s: refitted at the chosen C, a probe's dev score differs from the one recorded; "
+                    "probing again in full", fcfg.out)
+        return None
+    return {**earlier, "dev_ids": new["dev_ids"],
+            "probes": [{**p, "outcomes": q["outcomes"]} for p, q in zip(earlier["probes"], new["probes"])],
+            "outcomes_added": {"wall_s": new["wall_s"], "cpu_s": round(time.process_time() - c0, 1)}}
+
+
 def write_results(path: Path, result: dict) -> None:
     """results.json, written whole (a temporary file renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(results_json(result) + "\n", encoding="utf-8")
     tmp.replace(path)
+
+
+def results_json(result: dict) -> str:
+    """`probe`'s result as indented JSON, the per-example lists (dev_ids, each probe's outcomes) one line each."""
+    inline: dict[str, str] = {}
+
+    def one_line(d: dict, key: str) -> dict:
+        if d.get(key) is None:
+            return d
+        inline[mark := f"@inline-{len(inline)}@"] = json.dumps(d[key])
+        return {**d, key: mark}
+
+    shown = {**one_line(result, "dev_ids")}
+    if isinstance(result.get("probes"), list):
+        shown["probes"] = [one_line(p, "outcomes") for p in result["probes"]]
+    text = json.dumps(shown, indent=1)
+    for key, value in inline.items():
+        text = text.replace(json.dumps(key), value, 1)
+    return text

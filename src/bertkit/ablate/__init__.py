@@ -9,7 +9,8 @@ one fixed MLM protocol, and is fine-tuned on every task with several seeds. Then
     OUT/shared/data/KEY/    prepared data, once per distinct prepare setting (train/ + heldout/)
     OUT/arms/NAME/          arm.json (status, one-line error, budget, lr chosen), log.txt, pretrain/ (its
                             run card), finetune/TASK/seedS/ (run cards, metrics; TASK/lrR/seedS/ with
-                            an lr search), results.jsonl
+                            an lr search), probe/TASK/ (a probe arm's results.json, with each dev
+                            example's outcome), results.jsonl
     OUT/results.jsonl       one row per arm x task x seed, collected from the arms
     OUT/REPORT.md, OUT/plots/*.png
 
@@ -37,11 +38,13 @@ The rooms of this package, in the order a grid runs:
     shared.py    the shared inputs: the split, the tokenizer, the prepared data (cached in OUT/shared)
     arm.py       one arm: configs, pre-training (reused by key, resumed), held-out MLM, fine-tuning or
                  probes, and what identifies it as finished (plan_key, finished)
-    measure.py   what is measured and how arms are matched: held-out MLM at [MASK], FLOP-matched
-                 budgets, the learning rate chosen on dev, collapsed seeds
+    measure.py   what is measured and how arms are matched: held-out MLM at [MASK], paired differences
+                 of ratio metrics on the same examples, FLOP-matched budgets, the learning rate chosen
+                 on dev, collapsed seeds
     zeroshot.py  BLiMP (paired differences against the base) and NSP's topic shortcut
     grid.py      checks, the dry run, arms in order or in processes sharing OUT through claims
-    report.py    the statistics (Welch's interval against the base arm) and REPORT.md; plots.py its plots
+    report.py    the statistics (Welch's interval against the base arm; the probes' paired Δ against the
+                 base model's probes) and REPORT.md; plots.py its plots
     contract.py  the paper note's minimal implementation test
 """
 from __future__ import annotations

@@ -201,7 +201,17 @@ def _plan(cfg: AblateConfig, arm: Arm, label: bool) -> dict:
             dataclasses.asdict(cfg.budget), cfg.mlm_eval_instances]
             + ([cfg.blimp] if cfg.blimp else []),
             "source": [_given(a, label) for a in cfg.arms if a.name == arm.model_from],
-            **_protocol_plan(cfg, arm)}
+            **_protocol_plan(cfg, arm), **_probe_plan(arm)}
+
+
+def _probe_plan(arm: Arm) -> dict:
+    """A probe arm's results version (`linear_probe.RESULTS_VERSION`): probe arms finished before their
+    results kept per-example outcomes are redone (only their probes run again), other arms keep their keys."""
+    if not arm.probe:
+        return {}
+    from ..linear_probe import RESULTS_VERSION
+
+    return {"probe_results": RESULTS_VERSION}
 
 
 def _protocol_plan(cfg: AblateConfig, arm: Arm) -> dict:
@@ -405,7 +415,7 @@ def _finetune_task(cfg: AblateConfig, arm: Arm, task: str, model: Path, init: st
         from ..linear_probe import probe_rows
         state["stage"] = f"probe {task}"
         _write_json(d / "arm.json", state)
-        fcfg = finetune_config(cfg, arm, task, 0, model, d / "probe" / task, init)
+        fcfg = finetune_config(cfg, arm, task, 0, model, probe_dir(d, task), init)
         return probe_rows(arm, fcfg, pre, weights_id(model), describe(arm))
     search = lr_search_of(cfg, arm)
     if search is None:
@@ -427,6 +437,11 @@ def finetune_dir(arm_dir: Path, task: str, seed: int, lr: float | None = None) -
     """Where a fine-tuning run of the arm is: finetune/TASK/seedS, or finetune/TASK/lrR/seedS for a
     candidate rate of an lr search (arm.json's `lr_chosen` names the reported one)."""
     return arm_dir / "finetune" / task / (f"lr{lr:g}" if lr is not None else "") / f"seed{seed}"
+
+
+def probe_dir(arm_dir: Path, task: str) -> Path:
+    """Where a probe arm's probes of a task are: probe/TASK (results.json with each probe's dev outcomes)."""
+    return arm_dir / "probe" / task
 
 
 def _finetune_one(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path, init: str, d: Path,

@@ -7,6 +7,8 @@
     as [MASK] (the headline: a model that learnt to copy the 10% of targets left visible gains
     nothing there) and over all targets (BERT's figure), with the unigram baseline (the share of the
     most common target token) beside them;
+  * paired differences of two arms on the same examples (`paired_ratio_difference`: any metric that is
+    a ratio of sums, with its cluster-robust 95% interval; `paired_mlm_difference`, `delta_cell`);
   * which weights a model folder holds (`weights_id`: a finished arm is redone when they change);
   * fine-tuning's learning rate chosen on dev per arm x task (`choose_lr`) and the seeds that
     collapsed to one class (`collapse_of`).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Sequence
 
 from .config import AblateConfig, Arm, _read_json, _write_json, merge
 from ..errors import BertkitError
@@ -149,17 +152,33 @@ def paired_mlm_difference(a: dict, b: dict, z: float = 1.959964) -> tuple[float,
     """(accuracy at [MASK] of a minus b, 95% low, high) on the same positions (`heldout_mlm`'s outcomes of
     two arms). The positions of one sequence are not independent, so the interval is the cluster-robust
     one of a ratio estimator with sequences as clusters: d_i = correct_a,i - correct_b,i, m_i = [MASK]
-    positions of sequence i, D = sum d_i / sum m_i, var D = n/(n-1) sum (d_i - D m_i)^2 / (sum m_i)^2.
-    None when the two were not scored on the same positions."""
-    if not a or not b or a.get("masked") != b.get("masked") or len(a["masked"]) < 2:
+    positions of sequence i, D = sum d_i / sum m_i, var D = n/(n-1) sum (d_i - D m_i)^2 / (sum m_i)^2
+    (`paired_ratio_difference` with the same denominators). None when the two were not scored on the
+    same positions."""
+    if not a or not b or a.get("masked") is None or a.get("masked") != b.get("masked"):
         return None
-    m, d = a["masked"], [x - y for x, y in zip(a["correct"], b["correct"])]
-    total, n = sum(m), len(m)
-    if total == 0:
+    return paired_ratio_difference(a["correct"], a["masked"], b["correct"], b["masked"], z)
+
+
+def paired_ratio_difference(a_num: Sequence[float], a_den: Sequence[float], b_num: Sequence[float],
+                            b_den: Sequence[float], z: float = 1.959964) -> tuple[float, float, float] | None:
+    """(R_a - R_b, 95% low, high) for two metrics that are ratios of sums over the same examples, R =
+    sum num_i / sum den_i (accuracy: den 1; F1: `tasks.metrics.example_counts`), each example a cluster.
+    The interval is the linearised (delta-method) cluster-robust one: influence_i = (a_i - R_a ad_i) /
+    sum ad - (b_i - R_b bd_i) / sum bd, var = n/(n-1) sum influence_i^2; with every den 1 it is the plain
+    paired interval of the mean of a_i - b_i. None for fewer than 2 examples, lists of different
+    lengths (not the same examples) or a metric with nothing in its denominator."""
+    n = len(a_num)
+    if n < 2 or not len(a_den) == len(b_num) == len(b_den) == n:
         return None
-    diff = sum(d) / total
-    se = math.sqrt(n / (n - 1) * sum((di - diff * mi) ** 2 for di, mi in zip(d, m))) / total
-    return diff, diff - z * se, diff + z * se
+    sa, sb = float(sum(a_den)), float(sum(b_den))
+    if sa == 0 or sb == 0:
+        return None
+    ra, rb = sum(a_num) / sa, sum(b_num) / sb
+    var = n / (n - 1) * sum(((x - ra * u) / sa - (y - rb * v) / sb) ** 2
+                            for x, u, y, v in zip(a_num, a_den, b_num, b_den))
+    diff, half = ra - rb, z * math.sqrt(var)
+    return diff, diff - half, diff + half
 
 
 def delta_cell(d: tuple[float, float, float] | None) -> str:

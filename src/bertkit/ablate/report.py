@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .arm import _write_rows, finetune_dir, finished
+from .arm import _write_rows, finetune_dir, finished, probe_dir
 from .config import AblateConfig, _read_json, _read_rows, describe
-from .measure import OUTCOMES, delta_cell, paired_mlm_difference
+from .measure import OUTCOMES, delta_cell, paired_mlm_difference, paired_ratio_difference
 from .plots import write_plots
 from .zeroshot import blimp_section, nsp_section
 
@@ -390,32 +390,64 @@ def lr_section(cfg: AblateConfig, rows: list[dict], tasks: list[str]) -> list[st
 
 def probe_section(cfg: AblateConfig, rows: list[dict]) -> list[str]:
     """The logistic-regression probes (deterministic: one number per task x features x pooling, no seeds):
-    one row per task and variant, one column per probe arm, the training majority class beside them."""
+    one row per task and variant, one column per probe arm with its paired Δ on the same dev examples
+    against the base model's probe arm (that one against the random model's), the majority class beside."""
     probes = [r for r in rows if r.get("probe") and r.get("status") == "ok"]
     if not probes:
         return []
     arms = list(dict.fromkeys(r["arm"] for r in probes))
+    given = {a.name: a for a in cfg.arms}
     sources = {a.name: a.model_from for a in cfg.arms}
+    base = next((a for a in arms if sources.get(a) == cfg.base_arm and not given[a].checkpoint), None)
+    random = next((a for a in arms if sources.get(a) in given and not given[sources[a]].pretrained), None)
+    against = {a: ref for a in arms if (ref := random if a == base else base) not in (None, a)}
+    vs_random = f"; `{base}` minus `{random}`, random weights" if base in against else ""
     cell = {(r["arm"], r["task"], r["variant"]): r for r in probes}
     keys = list(dict.fromkeys((r["task"], r["variant"]) for r in probes))
     out = ["## Frozen-feature probes", "",
            "Logistic regression on each arm's frozen features (L-BFGS to convergence, C chosen by cross-validation "
            "on the training data; deterministic, so no seeds): the paper's feature-based approach (Table 7's "
            "layers; [CLS] or mean pooling for sentence tasks). Dev score, with the chosen C; † = not converged. "
-           "Majority: always answering the training majority class (tagging: no entity).", "",
-           "| task | features | " + " | ".join(f"{a} ({sources.get(a) or '?'})" for a in arms) + " | majority |",
-           "|---|---|" + "---:|" * (len(arms) + 1)]
+           "Majority: always answering the training majority class (tagging: no entity)."
+           + (f" Δ: the arm minus `{base}` (the base model's probes{vs_random}) on the same dev examples and "
+              "features, with the 95% interval of a paired difference of ratios of sums (accuracy; F1 = 2 TP / "
+              "(predicted + true)): delta method, each example a cluster; * = excludes 0. Dev-set noise only (the "
+              "probes are deterministic); n/a: a metric that is no ratio of sums (MCC, correlations)."
+              if against else ""), "",
+           "| task | features | " + " | ".join(f"{a} ({sources.get(a) or '?'})" + (f" | Δ vs {against[a]} [95%]"
+                                                 if a in against else "") for a in arms) + " | majority |",
+           "|---|---|" + "---:|" * (len(arms) + len(against) + 1)]
+    outcomes: dict = {}
     for task, variant in keys:
         row, majority = [task, variant], None
         for a in arms:
             r = cell.get((a, task, variant))
             if r is None:
-                row.append("—")
+                row += ["—"] * (1 + (a in against))
                 continue
             majority = r.get("majority") if majority is None else majority
             row.append(f"{r['value']:.3f} (C {r['C']:g}){'' if r.get('converged') else ' †'}")
+            if a in against:
+                row.append(_probe_delta(cfg, r, against[a], outcomes))
         out.append("| " + " | ".join(row + [_fmt(majority)]) + " |")
     return out + [""]
+
+
+def _probe_delta(cfg: AblateConfig, r: dict, ref: str, cache: dict) -> str:
+    """The cell of row `r`'s paired difference from probe arm `ref` (same task, features and pooling)."""
+    def outcomes(arm: str):
+        if (arm, r["task"]) not in cache:          # {(features, pooling): (dev ids, {num, den} or None)}
+            result = _read_json(probe_dir(Path(cfg.out) / "arms" / arm, r["task"]) / "results.json") or {}
+            cache[arm, r["task"]] = {(p.get("features"), p.get("pooling")): (result["dev_ids"], p.get("outcomes"))
+                                     for p in result.get("probes") or []} if result.get("dev_ids") else {}
+        return cache[arm, r["task"]].get((r["probe_features"], r["probe_pooling"]))
+
+    a, b = outcomes(r["arm"]), outcomes(ref)
+    if not a or not b or a[0] != b[0]:
+        return "—"                                 # not run, written before outcomes were kept, other examples
+    if a[1] is None or b[1] is None:
+        return "n/a"
+    return delta_cell(paired_ratio_difference(a[1]["num"], a[1]["den"], b[1]["num"], b[1]["den"]))
 
 
 def _variance_section(cfg: AblateConfig, cells: dict, tasks: list[str], metric: dict) -> list[str]:

@@ -7,7 +7,6 @@ A thin layer over `bertkit.linear_probe.probe` (logistic regression by L-BFGS, C
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -59,7 +58,7 @@ def setup_probe(p) -> None:
 def run_probe(args) -> int:
     from ..finetune_config import FinetuneConfig
     from ..tasks.plumbing import CUSTOM
-    from ..linear_probe import ProbeSpec, probe, write_results
+    from ..linear_probe import ProbeSpec, probe, results_json, write_results
     from .basic import check_device
 
     check_device(args.device)
@@ -85,7 +84,7 @@ def run_probe(args) -> int:
     log.info("probe: encoded in %.1f s, %.1f s in all (%d threads, %s)", result["encode_wall_s"], result["wall_s"],
              result["threads"], result["device"])
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(results_json(result))
     else:
         print(table(result))
         print(f"wrote {out / 'results.json'} and {out / 'fits.jsonl'}")
