@@ -137,3 +137,5 @@ def test_embed_eval_command(minilm, tmp_path, capsys):
     assert "--sts SOURCE" in capsys.readouterr().err
     assert main(["embed-eval", "--model", str(minilm), "--sts", str(f), "--pooling", "max"]) == 1
     assert "choose among mean, cls, pooler" in capsys.readouterr().err
+    assert main(["embed-eval", "--model", str(minilm), "--sts", str(f), "--batch-size", "0"]) == 1
+    assert capsys.readouterr().err == "bertkit embed-eval: error: batch_size must be at least 1, got 0\n"   # EmbedEvalOptions

@@ -30,13 +30,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .errors import BertkitError
+from .runconfig import AT_LEAST_1, check_fields
 from .tasks import BadRows, DataError, open_text
 
 log = logging.getLogger("bertkit")
@@ -44,6 +45,42 @@ log = logging.getLogger("bertkit")
 POOLINGS = ("mean", "cls", "pooler")
 RETRIEVAL_METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")
 BLOCK = 2048          # texts per call to the Predictor (the progress bar moves; memory stays flat)
+
+
+@dataclass
+class EmbedEvalOptions:
+    """How `bertkit embed-eval` reads its data and which poolings it measures (its flags:
+    `cliconfig.add_options`; how the model runs is `PredictorOptions`)."""
+    split: str = "dev"
+    """Split to read from a folder (BEIR: qrels/SPLIT.tsv)."""
+    columns: str = "sentence1,sentence2,score"
+    """--sts files: the two sentence columns and the score column."""
+    pooling: str | None = None
+    """Comma-separated poolings among mean, cls, pooler (default: every one the checkpoint has, its own
+    first: sentence-transformers' config, else mean)."""
+    limit: Annotated[int | None, AT_LEAST_1] = None
+    """Only the first N pairs / queries of each source."""
+    batch_size: Annotated[int, AT_LEAST_1] = 32
+    """Texts per batch."""
+    skip_bad_rows: bool = False
+    """Skip (and count) malformed rows instead of stopping at the first."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the ranges on the fields
+        if len(self.column_names) != 3 or not all(self.column_names):
+            raise BertkitError(f"columns {self.columns!r}: give three names, e.g. sentence1,sentence2,score")
+        wrong = [x for x in self.poolings or () if x not in POOLINGS]
+        if wrong:
+            raise BertkitError(f"pooling {wrong[0]!r}: choose among {', '.join(POOLINGS)}")
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.strip() for c in self.columns.split(",")]
+
+    @property
+    def poolings(self) -> list[str] | None:
+        """The poolings asked for, None for the checkpoint's."""
+        return [x.strip() for x in self.pooling.split(",")] if self.pooling else None
 
 
 @dataclass
