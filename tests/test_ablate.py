@@ -453,7 +453,7 @@ def test_prepare_sop_and_its_checks(tmp_path):
     from bertkit import Tokenizer
     from bertkit.data.prepare import PrepareConfig, prepare
 
-    with pytest.raises(BertkitError, match="pair_mode 'sap'"):
+    with pytest.raises(BertkitError, match="pair_mode: 'sap' is not one of nsp, sop"):
         PrepareConfig(pair_mode="sap")
     with pytest.raises(BertkitError, match="sop builds sentence pairs"):
         PrepareConfig(pair_mode="sop", nsp=False)
