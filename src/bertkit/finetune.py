@@ -189,19 +189,12 @@ def check_checkpoint(cfg: FinetuneConfig) -> None:
 
 
 def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
-    """The run, written into `out` (the staging folder).
-
-    One long function on purpose: the phases (setup, step, evaluate, checkpoint) read top to bottom."""
+    """The run, written into `out` (the staging folder): the task and its data, the model on this
+    machine (`start_run`), the updates (`train`), then metrics.json and the run card."""
     from .checkpoint import read_config
-    from .outdir import INCOMPLETE_KEY
-    from .finetune_card import batch_flops, build_card, eval_flops, write_card
-    from .hardware import PRECISION_NAMES, attention_kernel, choose_precision, machine_facts
-    from .model import set_attention_kernel
-    from .optim import build_optimizer, lr_at
-    from .runlog import MetricsLog
-    from .runconfig import save_config
+    from .finetune_card import build_card, write_card
+    from .hardware import machine_facts
     from .tokenizer import Tokenizer
-    from tqdm.auto import tqdm
 
     t_start = time.time()
     if cfg.threads:
@@ -209,14 +202,44 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-
-    # setup
     task = resolve_task(cfg.task, columns_of(cfg))
     if cfg.pooling is not None and task.head not in ("sequence_classification", "multiple_choice"):
         raise BertkitError(f"pooling {cfg.pooling!r}: only sentence(-pair) and multiple-choice heads pool; "
                            f"task {task.name} reads every token")     # before any data is read
     if cfg.max_length is None:           # the task's own window (SQuAD: 384), within the model's positions
         cfg.max_length = min(task.max_length, read_config(Path(cfg.model))[0].max_position_embeddings)
+    tokenizer = Tokenizer.from_dir(cfg.model)
+    data = read_task_data(task, cfg, tokenizer)
+    run, chosen = start_run(cfg, task, tokenizer, data, out)
+    train_time = train(run)
+    result = {"task": task.name, "main_metric": task.main_metric, "best_step": run.best_step,
+              "updates": run.total, "epochs": cfg.epochs, "train_examples": len(data.train_examples),
+              "train_features": len(data.train_feats), "dev_examples": len(data.dev_examples or []),
+              "inputs": data.inputs, "dev": _plain(run.best_metrics), "history": run.history,
+              "train_time_s": round(train_time, 1), "wall_time_s": round(time.time() - t_start, 1),
+              "tokens_per_s": round(run.tokens / max(train_time, 1e-9), 1), "init": cfg.init,
+              "tokens_seen": run.tokens, "train_flops": run.train_flops, "eval_flops": run.eval_flops, **chosen,
+              "train_file": str(data.train_path), "dev_file": str(data.dev_path) if data.dev_path else None}
+    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_card(out, build_card(cfg, task, run.model, data.labels, result, command, run.facts, machine_facts()))
+    return result
+
+
+@dataclass
+class TaskData:
+    """A run's training and dev data: examples, label names from the training data, features."""
+    train_examples: list
+    train_path: Path
+    dev_examples: list | None        # None: no dev set (the last model is kept)
+    dev_path: Path | None
+    labels: Sequence[str] | None     # None: regression, or a task without labels
+    train_feats: list
+    dev_feats: list | None
+    inputs: dict                     # how inputs over max_length were read: windows, stride, counts per split
+
+
+def read_task_data(task: Task, cfg: FinetuneConfig, tokenizer) -> TaskData:
+    """The train and dev sets read, checked (two labels at least, dev's references) and featurised."""
     train_examples, train_path = read_split(task, cfg, "train")
     dev_examples, dev_path = read_split(task, cfg, "dev")
     labels = task.labels(train_examples)
@@ -225,7 +248,6 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
                         f"a classifier needs two or more")
     if dev_examples is not None:
         check_references(task, dev_examples, labels, str(dev_path))
-    tokenizer = Tokenizer.from_dir(cfg.model)
     stride = input_stride(task, cfg.windows, cfg.stride, cfg.max_length)
     inputs = {"windows": stride is not None, "stride": stride}
     train_feats, inputs["train"] = featurize(task, train_examples, tokenizer, labels, cfg.max_length, stride,
@@ -233,7 +255,20 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     dev_feats = None
     if dev_examples is not None:
         dev_feats, inputs["dev"] = featurize(task, dev_examples, tokenizer, labels, cfg.max_length, stride, "dev")
-    model = build_model(task, cfg, labels)
+    return TaskData(train_examples, train_path, dev_examples, dev_path, labels, train_feats, dev_feats, inputs)
+
+
+def start_run(cfg: FinetuneConfig, task: Task, tokenizer, data: TaskData, out: Path) -> tuple[FinetuneRun, dict]:
+    """The loop's state: the model with its new head on the device, the precision and attention kernel
+    chosen for this machine, the optimizer; finetune.yaml written. Also what was chosen and why."""
+    from .hardware import PRECISION_NAMES, attention_kernel, choose_precision
+    from .model import set_attention_kernel
+    from .optim import build_optimizer
+    from .outdir import INCOMPLETE_KEY
+    from .runconfig import save_config
+    from .runlog import MetricsLog
+
+    model = build_model(task, cfg, data.labels)
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
     model.train()
@@ -243,82 +278,21 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     autocast = torch.autocast(device.type, dtype=precision) if precision != torch.float32 else nullcontext()
     optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                 fused=cfg.optimizer == "adamw", layer_decay=cfg.layer_lr_decay)
-    steps_per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
+    steps_per_epoch = math.ceil(len(data.train_feats) / cfg.batch_size)
     total = max(1, round(steps_per_epoch * cfg.epochs))
-    warmup = cfg.warmup * total if cfg.warmup < 1 else cfg.warmup
     save_config(cfg, out / "finetune.yaml")
-    metrics_log = MetricsLog(out / "metrics.jsonl")
-    log.info("%s: %d train features, %d updates (%d per epoch), %s init, lr %g, batch %d, %s (%s)",
-             task.name, len(train_feats), total, steps_per_epoch, cfg.init, cfg.lr, cfg.batch_size,
-             str(precision).replace("torch.", ""), precision_reason)
-
-    # step / evaluate / checkpoint
-    run = FinetuneRun(cfg, task, model, tokenizer, labels, out, metrics_log, steps_per_epoch, dev_examples,
-                      dev_feats, facts={"bertkit_stride": stride,      # saved in config.json: how inputs were read
-                                        # ... and what this machine chose (dev evaluation, and `bertkit
-                                        # evaluate` after it, run fp32)
-                                        "bertkit_run": {"device": device.type, "precision": PRECISION_NAMES[precision],
-                                                        "attention_kernel": kernel, "packed": cfg.packed,
-                                                        "evaluation": "fp32"},
-                                        INCOMPLETE_KEY: "fine-tuning in progress"})   # removed when the run completes
-    rng = random.Random(cfg.seed)
-    dev_pass = eval_flops(model.config, dev_feats) if dev_feats is not None else 0.0
-    t_train = time.time()
-    bar = tqdm(total=total, desc=f"finetune {task.name}", disable=not cfg.progress, dynamic_ncols=True)
-    while run.step < total:
-        order = list(range(len(train_feats)))
-        rng.shuffle(order)
-        for start in range(0, len(order), cfg.batch_size):
-            if run.step >= total:
-                break
-            lr = lr_at(run.step, total, warmup, cfg.lr)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)
-            model.train()
-            feats = [train_feats[i] for i in order[start:start + cfg.batch_size]]
-            with autocast:
-                _, loss, batch, layout = run_batch(model, task, feats, cfg.packed)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.clip_norm:
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip_norm)
-            optimizer.step()
-            run.step += 1
-            step = run.step
-            run.tokens += int(batch["attention_mask"].sum())  # (one sync per update; cheap next to the step)
-            run.train_flops += batch_flops(model.config, batch["attention_mask"], layout is not None, cfg.freeze)
-            bar.update(1)
-            if not math.isfinite(loss.item()):
-                raise BertkitError(f"loss is {loss.item()} at update {step}; lower the learning rate")
-            if step % cfg.log_every == 0 or step == total:
-                rate = run.tokens / max(time.time() - t_train, 1e-9)
-                metrics_log.write({"step": step, "epoch": round(step / steps_per_epoch, 3), "loss": loss.item(),
-                                   "lr": lr, "tokens_per_s": round(rate, 1)})
-                bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{rate:.0f}")
-            end_of_epoch = step % steps_per_epoch == 0 or step == total
-            if dev_feats is not None and (end_of_epoch or (cfg.eval_every and step % cfg.eval_every == 0)):
-                _evaluate_and_keep(run)
-                run.eval_flops += dev_pass
-    bar.close()
-    if dev_feats is None:
-        save_finetuned(model, tokenizer, out, task, cfg, labels, run.facts)
-        run.best_step = run.step
-    train_time = time.time() - t_train
-    tokens = run.tokens
-    result = {"task": task.name, "main_metric": task.main_metric, "best_step": run.best_step,
-              "updates": total, "epochs": cfg.epochs, "train_examples": len(train_examples),
-              "train_features": len(train_feats), "dev_examples": len(dev_examples or []), "inputs": inputs,
-              "dev": _plain(run.best_metrics), "history": run.history,
-              "train_time_s": round(train_time, 1), "wall_time_s": round(time.time() - t_start, 1),
-              "tokens_per_s": round(tokens / max(train_time, 1e-9), 1), "init": cfg.init,
-              "tokens_seen": tokens, "train_flops": run.train_flops, "eval_flops": run.eval_flops,
-              "precision": str(precision).replace("torch.", ""), "precision_reason": precision_reason,
-              "attention_kernel": kernel, "attention_kernel_reason": kernel_reason,
-              "train_file": str(train_path), "dev_file": str(dev_path) if dev_path else None}
-    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    counts = {"tokens": tokens, "train_flops": run.train_flops, "eval_flops": run.eval_flops}  # the card's compute
-    write_card(out, build_card(cfg, task, model, labels, inputs, result, command, counts, run.facts, machine_facts()))
-    return result
+    chosen = {"precision": str(precision).replace("torch.", ""), "precision_reason": precision_reason,
+              "attention_kernel": kernel, "attention_kernel_reason": kernel_reason}
+    log.info("%s: %d train features, %d updates (%d per epoch), %s init, lr %g, batch %d, %s (%s)", task.name,
+             len(data.train_feats), total, steps_per_epoch, cfg.init, cfg.lr, cfg.batch_size, chosen["precision"],
+             precision_reason)
+    facts = {"bertkit_stride": data.inputs["stride"],      # saved in config.json: how inputs were read
+             # ... and what this machine chose (dev evaluation, and `bertkit evaluate` after it, run fp32)
+             "bertkit_run": {"device": device.type, "precision": PRECISION_NAMES[precision],
+                             "attention_kernel": kernel, "packed": cfg.packed, "evaluation": "fp32"},
+             INCOMPLETE_KEY: "fine-tuning in progress"}   # removed when the run completes
+    return FinetuneRun(cfg, task, model, tokenizer, data, out, MetricsLog(out / "metrics.jsonl"), steps_per_epoch,
+                       total, optimizer, autocast, facts), chosen
 
 
 @dataclass
@@ -328,12 +302,13 @@ class FinetuneRun:
     task: Task
     model: nn.Module
     tokenizer: Any
-    labels: Sequence[str] | None     # label names (None: regression, or a task without labels)
+    data: TaskData
     out: Path                        # the staging folder the run writes into
     metrics_log: Any                 # runlog.MetricsLog of out/metrics.jsonl
     steps_per_epoch: int
-    dev_examples: list | None = None
-    dev_feats: list | None = None
+    total: int                       # updates in all
+    optimizer: Any
+    autocast: Any                    # torch.autocast at the chosen precision, or a nullcontext (fp32)
     facts: dict = field(default_factory=dict)      # extra config.json keys saved with the model (stride, ...)
     step: int = 0                    # updates done
     tokens: int = 0                  # real (non-padding) tokens trained on
@@ -345,16 +320,72 @@ class FinetuneRun:
     history: list[dict] = field(default_factory=list)   # every dev evaluation record
 
 
+def train(run: FinetuneRun) -> float:
+    """The updates, epoch by epoch over shuffled training features: the loss logged every `log_every`
+    updates, dev evaluated (and the best model kept) at every epoch end and every `eval_every`
+    updates; without a dev set the last model is kept. Returns the seconds it took."""
+    from tqdm.auto import tqdm
+
+    from .finetune_card import batch_flops, eval_flops
+    from .optim import lr_at
+
+    cfg, model, task, data, total = run.cfg, run.model, run.task, run.data, run.total
+    warmup = cfg.warmup * total if cfg.warmup < 1 else cfg.warmup
+    rng = random.Random(cfg.seed)
+    dev_pass = eval_flops(model.config, data.dev_feats) if data.dev_feats is not None else 0.0
+    t_train = time.time()
+    bar = tqdm(total=total, desc=f"finetune {task.name}", disable=not cfg.progress, dynamic_ncols=True)
+    while run.step < total:
+        order = list(range(len(data.train_feats)))
+        rng.shuffle(order)
+        for start in range(0, len(order), cfg.batch_size):
+            if run.step >= total:
+                break
+            lr = lr_at(run.step, total, warmup, cfg.lr)
+            for group in run.optimizer.param_groups:
+                group["lr"] = lr * group.get("lr_scale", 1.0)
+            model.train()
+            feats = [data.train_feats[i] for i in order[start:start + cfg.batch_size]]
+            with run.autocast:
+                _, loss, batch, layout = run_batch(model, task, feats, cfg.packed)
+            run.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.clip_norm:
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.clip_norm)
+            run.optimizer.step()
+            run.step += 1
+            step = run.step
+            run.tokens += int(batch["attention_mask"].sum())  # (one sync per update; cheap next to the step)
+            run.train_flops += batch_flops(model.config, batch["attention_mask"], layout is not None, cfg.freeze)
+            bar.update(1)
+            if not math.isfinite(loss.item()):
+                raise BertkitError(f"loss is {loss.item()} at update {step}; lower the learning rate")
+            if step % cfg.log_every == 0 or step == total:
+                rate = run.tokens / max(time.time() - t_train, 1e-9)
+                run.metrics_log.write({"step": step, "epoch": round(step / run.steps_per_epoch, 3),
+                                       "loss": loss.item(), "lr": lr, "tokens_per_s": round(rate, 1)})
+                bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{rate:.0f}")
+            end_of_epoch = step % run.steps_per_epoch == 0 or step == total
+            if data.dev_feats is not None and (end_of_epoch or (cfg.eval_every and step % cfg.eval_every == 0)):
+                _evaluate_and_keep(run)
+                run.eval_flops += dev_pass
+    bar.close()
+    if data.dev_feats is None:
+        save_finetuned(model, run.tokenizer, run.out, task, cfg, data.labels, run.facts)
+        run.best_step = run.step
+    return time.time() - t_train
+
+
 def _evaluate_and_keep(run: FinetuneRun) -> None:
     """Evaluate on dev at `run.step`, log it, and save the model if it is the best so far."""
-    cfg, task, step = run.cfg, run.task, run.step
+    cfg, task, step, data = run.cfg, run.task, run.step, run.data
     with evaluating(run.model, run.tokenizer) as predictor:
-        scores, predictions = evaluate(predictor, task, run.dev_examples, run.dev_feats, run.labels,
+        scores, predictions = evaluate(predictor, task, data.dev_examples, data.dev_feats, data.labels,
                                        cfg.eval_batch_size)
     main = scores[task.main_metric]
     record = {"step": step, "epoch": round(step / run.steps_per_epoch, 3),
               **{f"dev_{k}": v for k, v in _plain(scores).items() if not isinstance(v, dict)}}
-    counts = predicted_counts(task, predictions) if run.labels is not None else None
+    counts = predicted_counts(task, predictions) if data.labels is not None else None
     if counts is not None:                       # all one class: a run that fell to the majority class
         record["dev_predicted"] = counts
     run.metrics_log.write(record)
@@ -367,7 +398,7 @@ def _evaluate_and_keep(run: FinetuneRun) -> None:
             from .tasks.squad import apply_null_threshold
             run.facts["bertkit_null_threshold"] = float(scores["best_f1_thresh"])
             predictions = apply_null_threshold(predictions, run.facts["bertkit_null_threshold"])
-        save_finetuned(run.model, run.tokenizer, out=run.out, task=task, cfg=cfg, labels=run.labels, facts=run.facts)
+        save_finetuned(run.model, run.tokenizer, out=run.out, task=task, cfg=cfg, labels=data.labels, facts=run.facts)
         write_predictions(predictions, run.out / "dev_predictions.jsonl")
 
 

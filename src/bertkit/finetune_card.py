@@ -65,8 +65,7 @@ def describe_inputs(inputs: dict, max_length: int) -> str:
     return f"max length {max_length}, {how}; " + "; ".join(parts)
 
 
-def build_card(cfg, task, model, labels, inputs: dict, result: dict, command: str, counts: dict,
-               facts: dict, hardware: dict) -> dict[str, Any]:
+def build_card(cfg, task, model, labels, result: dict, command: str, facts: dict, hardware: dict) -> dict[str, Any]:
     """run_card.json of a fine-tuning run."""
     config = model.config
     probe = model.record() if hasattr(model, "record") else None
@@ -84,11 +83,11 @@ def build_card(cfg, task, model, labels, inputs: dict, result: dict, command: st
                    else config.classifier_pooling,
         "layers": config.num_layers, "hidden_size": config.hidden_size, "heads": config.num_heads,
         "task": task.name, "head": task.head, "labels": labels, "max_length": cfg.max_length,
-        "inputs": inputs, "global_batch": cfg.batch_size, "epochs": cfg.epochs, "updates": result["updates"],
+        "inputs": result["inputs"], "global_batch": cfg.batch_size, "epochs": cfg.epochs, "updates": result["updates"],
         "optimizer": cfg.optimizer, "peak_lr": cfg.lr, "layer_lr_decay": cfg.layer_lr_decay, "warmup": cfg.warmup,
         "weight_decay": cfg.weight_decay,
-        "tokens_seen": counts["tokens"], "train_flops": counts["train_flops"],
-        "eval_flops": counts["eval_flops"], "packed": cfg.packed, "seed": cfg.seed,
+        "tokens_seen": result["tokens_seen"], "train_flops": result["train_flops"],
+        "eval_flops": result["eval_flops"], "packed": cfg.packed, "seed": cfg.seed,
         "precision": result.get("precision", "float32"), "precision_reason": result.get("precision_reason"),
         "attention_kernel": result.get("attention_kernel", "sdpa"),
         "attention_kernel_reason": result.get("attention_kernel_reason"),

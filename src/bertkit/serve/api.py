@@ -10,10 +10,11 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Literal
 
 import numpy as np
-from fastapi import Request, Response
+from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from ..infer import Predictor, PredictorError
@@ -252,6 +253,25 @@ class Plan:
     inputs: dict[str, list]
     tokens: int
     answer: Callable[[list], Any]
+
+
+def texts_and_pairs(texts: list, pairs: list | None) -> dict[str, list]:
+    """A Plan's inputs: the texts, and their second segments when there are any."""
+    return {"texts": texts} if pairs is None else {"texts": texts, "pairs": pairs}
+
+
+def add_post(app: FastAPI, api: Api, path: str, plan: Callable[[Api, bytes], Plan], body: type[BaseModel],
+             summary: str, response_model: type[BaseModel] | None = None, render_off_loop: bool = False) -> None:
+    """POST `path`: a body through `plan` (named `<route>_plan`) to the model. A route that only some
+    heads answer (`ENDPOINT_HEADS`) answers 404 on the others, and /docs leaves it out there."""
+    gated = path in ENDPOINT_HEADS
+
+    async def route(request: Request):
+        if gated:
+            api.need(path)
+        return await api.handle(request, partial(plan, api), render_off_loop)
+    app.post(path, response_model=response_model, include_in_schema=not gated or path in api.available,
+             summary=summary, openapi_extra=body_schema(body), name=plan.__name__.removesuffix("_plan"))(route)
 
 
 def body_schema(model: type[BaseModel]) -> dict:

@@ -5,18 +5,20 @@ import asyncio
 import logging
 import signal
 import time
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
+from .. import __version__
 from ..infer import Predictor, PredictorError
 from .api import (Api, Batcher, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, FillMaskRequest,
-                        FillMaskResponse, LimitError, NerRequest, NerResponse, Plan, QaRequest, QaResponse, body_schema,
-                        validate, vectors)
+                  FillMaskResponse, LimitError, NerRequest, NerResponse, Plan, QaRequest, QaResponse, add_post,
+                  texts_and_pairs, validate, vectors)
 from .compat import add_compat_routes
-from .inspect import add_inspect_route
 from .http import Guard, GuardConfig, Heap, Metrics, ServeConfig, error_payload, guarded_protocol
+from .inspect import add_inspect_route
 
 log = logging.getLogger("bertkit")
 
@@ -27,31 +29,41 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
 
     Handlers return JSON bytes, rendered off the event loop when large: skipping FastAPI's
     per-float re-validation of the embeddings keeps the loop free under load."""
-    from contextlib import asynccontextmanager
-
     cfg = cfg or ServeConfig(max_length=predictor.max_length)
     metrics = Metrics()
-    batcher = Batcher(predictor, cfg, metrics)
-    api = Api(predictor, cfg, batcher)
-    state = {"ready": False}
-    tok, available = predictor.tokenizer, api.available
-    count, need, handle = api.count, api.need, api.handle
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        batcher.start()
-        await asyncio.get_running_loop().run_in_executor(batcher.executor, warm_up, predictor, cfg)
-        state["ready"] = True
-        log.info("bertkit serve: %s head, endpoints %s", predictor.head, ", ".join(sorted(available)))
-        yield
-        state["ready"] = False
-        await batcher.stop()
-        api.prep.shutdown(wait=False)
-
-    app = FastAPI(title="bertkit", version=_version(), lifespan=lifespan,
+    api = Api(predictor, cfg, Batcher(predictor, cfg, metrics))
+    app = FastAPI(title="bertkit", version=__version__, lifespan=lifespan,
                   description=f"BERT inference ({predictor.head} head, {predictor.backend} backend).")
-    app.state.batcher, app.state.metrics, app.state.config = batcher, metrics, cfg
+    app.state.api, app.state.ready = api, False
+    app.state.batcher, app.state.metrics, app.state.config = api.batcher, metrics, cfg
+    add_error_handlers(app, cfg)
+    add_task_routes(app, api)
+    add_compat_routes(app, api)
+    add_inspect_route(app, api)
+    guarded = Guard(app, GuardConfig(cfg.max_body_bytes, cfg.body_timeout_s, cfg.api_key), metrics.request,
+                    headers={"X-Bertkit-Precision": str(predictor.precision)})   # which precision made a vector
+    guarded.fastapi = app
+    add_service_routes(app, api, metrics, guarded)
+    return guarded
 
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    """Before the first request: the batcher started, the model warmed up on its thread. After the
+    last: the batcher stopped (in-flight work finished) and the preparing threads let go."""
+    api = app.state.api
+    api.batcher.start()
+    await asyncio.get_running_loop().run_in_executor(api.batcher.executor, warm_up, api.predictor, api.cfg)
+    app.state.ready = True
+    log.info("bertkit serve: %s head, endpoints %s", api.predictor.head, ", ".join(sorted(api.available)))
+    yield
+    app.state.ready = False
+    await api.batcher.stop()
+    api.prep.shutdown(wait=False)
+
+
+def add_error_handlers(app: FastAPI, cfg: ServeConfig) -> None:
+    """Every error a JSON body: a client's fault 4xx (503 with Retry-After when full), a model's 500."""
     @app.exception_handler(LimitError)
     async def limit_error(request: Request, e: LimitError):
         headers = {"Retry-After": str(cfg.retry_after_s)} if e.status == 503 else None
@@ -66,83 +78,69 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
         return JSONResponse(error_payload(request.url.path, 500, f"model error: {type(e).__name__}: {str(e)[:300]}"),
                             status_code=500)
 
-    # ---- bertkit's own routes ----
-    def embed_plan(body: bytes) -> Plan:
-        req = validate(EmbedRequest, body)
-        tokens = count(req.texts, req.pairs, "texts", req.truncate)
-        inputs = {"texts": req.texts} if req.pairs is None else {"texts": req.texts, "pairs": req.pairs}
-        pooling = req.pooling or cfg.embed_pooling
-        normalize = cfg.embed_normalize if req.normalize is None else req.normalize
-        return Plan("embed", {"pooling": pooling, "normalize": normalize}, inputs, tokens,
-                    lambda r: {"embeddings": vectors(r, "float")})
 
-    @app.post("/v1/embed", response_model=EmbedResponse, summary="sentence or token embeddings",
-              openapi_extra=body_schema(EmbedRequest))
-    async def embed(request: Request):
-        return await handle(request, embed_plan, render_off_loop=True)
+# ---- bertkit's own routes: a request body to a Plan -----------------------------------------------
+def add_task_routes(app: FastAPI, api: Api) -> None:
+    add_post(app, api, "/v1/embed", embed_plan, EmbedRequest, "sentence or token embeddings", EmbedResponse,
+             render_off_loop=True)
+    add_post(app, api, "/v1/classify", classify_plan, ClassifyRequest, "sequence (pair) classification",
+             ClassifyResponse)
+    add_post(app, api, "/v1/fill-mask", fill_mask_plan, FillMaskRequest, "top-k words for each [MASK]",
+             FillMaskResponse)
+    add_post(app, api, "/v1/ner", ner_plan, NerRequest, "word-level named entities", NerResponse)
+    add_post(app, api, "/v1/qa", qa_plan, QaRequest, "extractive question answering", QaResponse)
 
-    def classify_plan(body: bytes) -> Plan:
-        req = validate(ClassifyRequest, body)
-        tokens = count(req.texts, req.pairs, "texts", req.truncate)
-        inputs = {"texts": req.texts} if req.pairs is None else {"texts": req.texts, "pairs": req.pairs}
-        return Plan("classify", {}, inputs, tokens, lambda r: {"results": r})
 
-    @app.post("/v1/classify", response_model=ClassifyResponse, include_in_schema="/v1/classify" in available,
-              summary="sequence (pair) classification", openapi_extra=body_schema(ClassifyRequest))
-    async def classify(request: Request):
-        need("/v1/classify")
-        return await handle(request, classify_plan)
+def embed_plan(api: Api, body: bytes) -> Plan:
+    req = validate(EmbedRequest, body)
+    tokens = api.count(req.texts, req.pairs, "texts", req.truncate)
+    pooling = req.pooling or api.cfg.embed_pooling
+    normalize = api.cfg.embed_normalize if req.normalize is None else req.normalize
+    return Plan("embed", {"pooling": pooling, "normalize": normalize}, texts_and_pairs(req.texts, req.pairs), tokens,
+                lambda r: {"embeddings": vectors(r, "float")})
 
-    def fill_mask_plan(body: bytes) -> Plan:
-        req = validate(FillMaskRequest, body)
-        tokens = count(req.texts, None, "texts", req.truncate)
-        for i, ids in enumerate(tok.encode_ids(req.texts)):
-            if tok.mask_id not in ids[:cfg.max_length - 2]:
-                raise LimitError(422, f"text {i} has no [MASK] token" + (" within --max-length" if tok.mask_id in ids else ""))
-        return Plan("fill_mask", {"top_k": req.top_k}, {"texts": req.texts}, tokens, lambda r: {"results": r})
 
-    @app.post("/v1/fill-mask", response_model=FillMaskResponse, include_in_schema="/v1/fill-mask" in available,
-              summary="top-k words for each [MASK]", openapi_extra=body_schema(FillMaskRequest))
-    async def fill_mask(request: Request):
-        need("/v1/fill-mask")
-        return await handle(request, fill_mask_plan)
+def classify_plan(api: Api, body: bytes) -> Plan:
+    req = validate(ClassifyRequest, body)
+    tokens = api.count(req.texts, req.pairs, "texts", req.truncate)
+    return Plan("classify", {}, texts_and_pairs(req.texts, req.pairs), tokens, lambda r: {"results": r})
 
-    def ner_plan(body: bytes) -> Plan:
-        req = validate(NerRequest, body)
-        flat = [t if isinstance(t, str) else " ".join(t) for t in req.texts]
-        for i, t in enumerate(req.texts):
-            if (isinstance(t, list) and not t) or not flat[i].strip():
-                raise LimitError(422, f"text {i} has no words")
-        tokens = count(flat, None, "texts", False, windowed=True)
-        return Plan("ner", {}, {"texts": req.texts}, tokens, lambda r: {"results": r})
 
-    @app.post("/v1/ner", response_model=NerResponse, include_in_schema="/v1/ner" in available,
-              summary="word-level named entities", openapi_extra=body_schema(NerRequest))
-    async def ner(request: Request):
-        need("/v1/ner")
-        return await handle(request, ner_plan)
+def fill_mask_plan(api: Api, body: bytes) -> Plan:
+    req = validate(FillMaskRequest, body)
+    tokens = api.count(req.texts, None, "texts", req.truncate)
+    mask_id = api.tok.mask_id
+    for i, ids in enumerate(api.tok.encode_ids(req.texts)):
+        if mask_id not in ids[:api.cfg.max_length - 2]:
+            raise LimitError(422, f"text {i} has no [MASK] token" + (" within --max-length" if mask_id in ids else ""))
+    return Plan("fill_mask", {"top_k": req.top_k}, {"texts": req.texts}, tokens, lambda r: {"results": r})
 
-    def qa_plan(body: bytes) -> Plan:
-        req = validate(QaRequest, body)
-        if len(req.questions) != len(req.contexts):
-            raise LimitError(422, f"{len(req.questions)} questions but {len(req.contexts)} contexts")
-        for i, (q, c) in enumerate(zip(req.questions, req.contexts)):
-            if not q.strip() or not c.strip():
-                raise LimitError(422, f"question {i}: question and context must be non-empty")
-        tokens = count(req.questions, req.contexts, "questions", False, windowed=True)
-        return Plan("qa", {}, {"questions": req.questions, "contexts": req.contexts}, tokens,
-                    lambda r: {"answers": r})
 
-    @app.post("/v1/qa", response_model=QaResponse, include_in_schema="/v1/qa" in available,
-              summary="extractive question answering", openapi_extra=body_schema(QaRequest))
-    async def qa(request: Request):
-        need("/v1/qa")
-        return await handle(request, qa_plan)
+def ner_plan(api: Api, body: bytes) -> Plan:
+    req = validate(NerRequest, body)
+    flat = [t if isinstance(t, str) else " ".join(t) for t in req.texts]
+    for i, t in enumerate(req.texts):
+        if (isinstance(t, list) and not t) or not flat[i].strip():
+            raise LimitError(422, f"text {i} has no words")
+    tokens = api.count(flat, None, "texts", False, windowed=True)
+    return Plan("ner", {}, {"texts": req.texts}, tokens, lambda r: {"results": r})
 
-    add_compat_routes(app, api)
-    add_inspect_route(app, api)
 
-    # ---- the page and the service routes ----
+def qa_plan(api: Api, body: bytes) -> Plan:
+    req = validate(QaRequest, body)
+    if len(req.questions) != len(req.contexts):
+        raise LimitError(422, f"{len(req.questions)} questions but {len(req.contexts)} contexts")
+    for i, (q, c) in enumerate(zip(req.questions, req.contexts)):
+        if not q.strip() or not c.strip():
+            raise LimitError(422, f"question {i}: question and context must be non-empty")
+    tokens = api.count(req.questions, req.contexts, "questions", False, windowed=True)
+    return Plan("qa", {}, {"questions": req.questions, "contexts": req.contexts}, tokens, lambda r: {"answers": r})
+
+
+# ---- the page and the service routes -------------------------------------------------------------
+def add_service_routes(app: FastAPI, api: Api, metrics: Metrics, guarded: Guard) -> None:
+    predictor, cfg, batcher = api.predictor, api.cfg, api.batcher
+
     @app.get("/", response_class=HTMLResponse, summary="a page to try the model")
     async def page():
         return HTMLResponse(_page())
@@ -153,7 +151,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
 
     @app.get("/readyz", summary="the model is loaded and the server accepts work")
     async def readyz():
-        if not state["ready"]:
+        if not app.state.ready:
             return JSONResponse({"status": "not ready"}, status_code=503)
         return {"status": "ready"}
 
@@ -176,12 +174,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
                 "model": cfg.served_model_name,
                 "embedding": {"pooling": cfg.embed_pooling, "normalize": cfg.embed_normalize,
                               "dimensions": c.hidden_size},
-                "endpoints": sorted(available), "limits": cfg.public()}
-
-    guarded = Guard(app, GuardConfig(cfg.max_body_bytes, cfg.body_timeout_s, cfg.api_key), metrics.request,
-                    headers={"X-Bertkit-Precision": str(predictor.precision)})   # which precision made a vector
-    guarded.fastapi = app
-    return guarded
+                "endpoints": sorted(api.available), "limits": cfg.public()}
 
 
 def warm_up(predictor: Predictor, cfg: ServeConfig) -> None:
@@ -200,11 +193,6 @@ def warm_up(predictor: Predictor, cfg: ServeConfig) -> None:
 def _page() -> str:
     from importlib import resources
     return (resources.files("bertkit") / "static" / "index.html").read_text(encoding="utf-8")
-
-
-def _version() -> str:
-    from .. import __version__
-    return __version__
 
 
 def serve(predictor: Predictor, cfg: ServeConfig, log_level: str = "info") -> int:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
-from .api import Api, LimitError, Plan, body_schema, parse_body, validate, vectors
+from .api import Api, LimitError, Plan, add_post, parse_body, texts_and_pairs, validate, vectors
 
 
 class EmbeddingsRequest(BaseModel):
@@ -48,91 +48,80 @@ class TeiRerankRequest(BaseModel):
 
 
 def add_compat_routes(app: FastAPI, api: Api) -> None:
-    cfg, count, need, handle, hidden = api.cfg, api.count, api.need, api.handle, api.hidden
-
-    def embeddings_plan(body: bytes) -> Plan:
-        value = parse_body(body, 400)
-        if isinstance(value, dict) and _token_ids(value.get("input")):
-            raise LimitError(400, "input: token-id arrays are not accepted; send text (a string or a list of strings)")
-        req = validate(EmbeddingsRequest, value, status=400)
-        texts = _some([req.input] if isinstance(req.input, str) else req.input, "input")
-        if req.dimensions is not None and req.dimensions != hidden:
-            raise LimitError(400, f"dimensions: this model's embeddings have {hidden} dimensions and it was not "
-                                  f"trained to shorten them; omit dimensions or send {hidden}")
-        tokens = count(texts, None, "inputs", req.truncate)
-
-        def answer(rows: list) -> dict:
-            data = [{"object": "embedding", "index": i, "embedding": v}
-                    for i, v in enumerate(vectors(rows, req.encoding_format))]
-            return {"object": "list", "data": data, "model": cfg.served_model_name,
-                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        return Plan("embed", {"pooling": cfg.embed_pooling, "normalize": True}, {"texts": texts}, tokens, answer)
-
-    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings (mean pooling, unit length)",
-              openapi_extra=body_schema(EmbeddingsRequest))
-    async def embeddings(request: Request):
-        return await handle(request, embeddings_plan, render_off_loop=True)
+    add_post(app, api, "/v1/embeddings", embeddings_plan, EmbeddingsRequest,
+             "OpenAI-compatible embeddings (mean pooling, unit length)", render_off_loop=True)
 
     @app.get("/v1/models", summary="OpenAI-compatible model list (the one served model)")
     async def models():
-        return {"object": "list", "data": [{"id": cfg.served_model_name, "object": "model", "created": 0,
+        return {"object": "list", "data": [{"id": api.cfg.served_model_name, "object": "model", "created": 0,
                                             "owned_by": "bertkit"}]}
 
-    # ---- text-embeddings-inference ----
-    def tei_embed_plan(body: bytes) -> Plan:
-        req = validate(TeiEmbedRequest, body)
-        texts = _some([req.inputs] if isinstance(req.inputs, str) else req.inputs, "inputs")
-        tokens = count(texts, None, "inputs", req.truncate)
-        return Plan("embed", {"pooling": cfg.embed_pooling, "normalize": req.normalize}, {"texts": texts}, tokens,
-                    lambda r: vectors(r, "float"))
+    add_post(app, api, "/embed", tei_embed_plan, TeiEmbedRequest, "text-embeddings-inference: embeddings",
+             render_off_loop=True)
+    add_post(app, api, "/predict", tei_predict_plan, TeiPredictRequest, "text-embeddings-inference: classify")
+    add_post(app, api, "/rerank", tei_rerank_plan, TeiRerankRequest,
+             "text-embeddings-inference: rerank (a cross-encoder with one output)")
 
-    @app.post("/embed", summary="text-embeddings-inference: embeddings", openapi_extra=body_schema(TeiEmbedRequest))
-    async def tei_embed(request: Request):
-        return await handle(request, tei_embed_plan, render_off_loop=True)
 
-    def tei_predict_plan(body: bytes) -> Plan:
-        req = validate(TeiPredictRequest, body)
-        x = req.inputs
-        single = isinstance(x, str) or (bool(x) and all(isinstance(s, str) for s in x))
-        items = _some([[x]] if isinstance(x, str) else [x] if single else x, "inputs")   # TEI: ["a", "b"] is one pair
-        if any(len(s) not in (1, 2) for s in items):
-            raise LimitError(422, "inputs: each item is [text] or [text, pair]")
-        texts, pairs = [s[0] for s in items], [s[1] if len(s) == 2 else None for s in items]
-        has_pairs = any(p is not None for p in pairs)
-        tokens = count(texts, pairs if has_pairs else None, "inputs", req.truncate)
+def embeddings_plan(api: Api, body: bytes) -> Plan:
+    value = parse_body(body, 400)
+    if isinstance(value, dict) and _token_ids(value.get("input")):
+        raise LimitError(400, "input: token-id arrays are not accepted; send text (a string or a list of strings)")
+    req = validate(EmbeddingsRequest, value, status=400)
+    texts = _some([req.input] if isinstance(req.input, str) else req.input, "input")
+    if req.dimensions is not None and req.dimensions != api.hidden:
+        raise LimitError(400, f"dimensions: this model's embeddings have {api.hidden} dimensions and it was not "
+                              f"trained to shorten them; omit dimensions or send {api.hidden}")
+    tokens = api.count(texts, None, "inputs", req.truncate)
 
-        def answer(rows: list) -> Any:
-            out = [_tei_scores(r, req.raw_scores) for r in rows]
-            return out[0] if single else out
-        return Plan("classify", {"raw": True}, {"texts": texts, "pairs": pairs} if has_pairs else {"texts": texts},
-                    tokens, answer)
+    def answer(rows: list) -> dict:
+        data = [{"object": "embedding", "index": i, "embedding": v}
+                for i, v in enumerate(vectors(rows, req.encoding_format))]
+        return {"object": "list", "data": data, "model": api.cfg.served_model_name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return Plan("embed", {"pooling": api.cfg.embed_pooling, "normalize": True}, {"texts": texts}, tokens, answer)
 
-    @app.post("/predict", include_in_schema="/predict" in api.available, summary="text-embeddings-inference: classify",
-              openapi_extra=body_schema(TeiPredictRequest))
-    async def tei_predict(request: Request):
-        need("/predict")
-        return await handle(request, tei_predict_plan)
 
-    def tei_rerank_plan(body: bytes) -> Plan:
-        req = validate(TeiRerankRequest, body)
-        _some(req.texts, "texts")
-        queries = [req.query] * len(req.texts)
-        tokens = count(queries, req.texts, "texts", req.truncate)
+# ---- text-embeddings-inference ----
+def tei_embed_plan(api: Api, body: bytes) -> Plan:
+    req = validate(TeiEmbedRequest, body)
+    texts = _some([req.inputs] if isinstance(req.inputs, str) else req.inputs, "inputs")
+    tokens = api.count(texts, None, "inputs", req.truncate)
+    return Plan("embed", {"pooling": api.cfg.embed_pooling, "normalize": req.normalize}, {"texts": texts}, tokens,
+                lambda r: vectors(r, "float"))
 
-        def answer(rows: list) -> list:
-            scores = [r["score"] if "logits" not in r else r["logits"][0] for r in rows]
-            if not req.raw_scores:
-                scores = [float(1 / (1 + np.exp(-s))) for s in scores]
-            ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
-            return [{"index": i, "score": scores[i], **({"text": req.texts[i]} if req.return_text else {})}
-                    for i in ranked]
-        return Plan("classify", {"raw": True}, {"texts": queries, "pairs": req.texts}, tokens, answer)
 
-    @app.post("/rerank", include_in_schema="/rerank" in api.available, summary="text-embeddings-inference: rerank "
-              "(a cross-encoder with one output)", openapi_extra=body_schema(TeiRerankRequest))
-    async def tei_rerank(request: Request):
-        need("/rerank")
-        return await handle(request, tei_rerank_plan)
+def tei_predict_plan(api: Api, body: bytes) -> Plan:
+    req = validate(TeiPredictRequest, body)
+    x = req.inputs
+    single = isinstance(x, str) or (bool(x) and all(isinstance(s, str) for s in x))
+    items = _some([[x]] if isinstance(x, str) else [x] if single else x, "inputs")   # TEI: ["a", "b"] is one pair
+    if any(len(s) not in (1, 2) for s in items):
+        raise LimitError(422, "inputs: each item is [text] or [text, pair]")
+    texts, pairs = [s[0] for s in items], [s[1] if len(s) == 2 else None for s in items]
+    pairs = pairs if any(p is not None for p in pairs) else None
+    tokens = api.count(texts, pairs, "inputs", req.truncate)
+
+    def answer(rows: list) -> Any:
+        out = [_tei_scores(r, req.raw_scores) for r in rows]
+        return out[0] if single else out
+    return Plan("classify", {"raw": True}, texts_and_pairs(texts, pairs), tokens, answer)
+
+
+def tei_rerank_plan(api: Api, body: bytes) -> Plan:
+    req = validate(TeiRerankRequest, body)
+    _some(req.texts, "texts")
+    queries = [req.query] * len(req.texts)
+    tokens = api.count(queries, req.texts, "texts", req.truncate)
+
+    def answer(rows: list) -> list:
+        scores = [r["score"] if "logits" not in r else r["logits"][0] for r in rows]
+        if not req.raw_scores:
+            scores = [float(1 / (1 + np.exp(-s))) for s in scores]
+        ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
+        return [{"index": i, "score": scores[i], **({"text": req.texts[i]} if req.return_text else {})}
+                for i in ranked]
+    return Plan("classify", {"raw": True}, {"texts": queries, "pairs": req.texts}, tokens, answer)
 
 
 def _some(items: list, field: str) -> list:
