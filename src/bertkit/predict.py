@@ -10,13 +10,39 @@ The task side lives in `bertkit.tasks.plumbing`; fine-tuning (finetune.py) is ne
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from .config import BertConfig
 from .errors import BertkitError
 from .infer import Predictor, PredictorOptions
+from .runconfig import AT_LEAST_1, check_fields
 from .tasks import DataError
 from .tasks.plumbing import checkpoint_task, featurize, inference_stride, parse_rows, qa_options
+
+
+@dataclass
+class PredictOptions:
+    """How `evaluate` and `predict` read a task's inputs, `predict`'s keywords (the commands' flags:
+    `cliconfig.add_options`; how the model runs is `PredictorOptions`). None: the checkpoint's."""
+    max_length: Annotated[int | None, AT_LEAST_1] = None
+    """Tokens per input (default: the fine-tuning length)."""
+    stride: Annotated[int | None, AT_LEAST_1] = None
+    """Overlap of the windows over long inputs (default: the stride the model was fine-tuned with)."""
+    windows: bool | None = None
+    """Sentence classification: average the logits of overlapping windows over long inputs; --no-windows:
+    longest-first truncation (default: as fine-tuned)."""
+    batch_size: Annotated[int, AT_LEAST_1] = 64
+    """Inputs per batch."""
+    top_k: Annotated[int, AT_LEAST_1] = 5
+    """Masked LM: candidates per [MASK]."""
+    null_threshold: float | None = None
+    """SQuAD v2.0: answer "" when the null odds exceed this (default: the threshold best on dev, saved by
+    finetune; else 0)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the ranges on the fields
 
 
 def load_task_predictor(model_dir: str | Path, task_name: str | None = None, columns: dict | None = None,

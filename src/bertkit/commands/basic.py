@@ -107,12 +107,19 @@ def add_predictor_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] =
     p.set_defaults(**defaults)
 
 
+def options_of(args: argparse.Namespace, cls: type, exclude: tuple[str, ...] = (), **values):
+    """The options dataclass `cls` of a command's flags (`cliconfig.add_options`, the same `exclude`) and
+    `values`; the fields not given keep their defaults, and the dataclass checks them."""
+    from ..cliconfig import given
+
+    return cls(**{k: v for k, v in given(args, cls).items() if k not in exclude}, **values)
+
+
 def predictor_options(args: argparse.Namespace, exclude: tuple[str, ...] = (), **values):
     """The `PredictorOptions` of a command's flags (`add_predictor_options`, the same `exclude`) and `values`."""
-    from ..cliconfig import given
     from ..infer import PredictorOptions
 
-    return PredictorOptions(**{k: v for k, v in given(args, PredictorOptions).items() if k not in exclude}, **values)
+    return options_of(args, PredictorOptions, exclude, **values)
 
 
 def check_threads(threads: int | None) -> None:

@@ -41,10 +41,9 @@ def run_blimp(args) -> int:
     from tqdm.auto import tqdm
 
     from ..blimp import BlimpOptions, load, method_for, published, read_pairs, score_pairs, summarize
-    from ..cliconfig import given
-    from .basic import check_device
+    from .basic import check_device, options_of
 
-    o = BlimpOptions(**given(args, BlimpOptions))
+    o = options_of(args, BlimpOptions)
     check_device(o.device)
     out = _out_paths(args.out) if args.out else None
     reference = published(args.published)

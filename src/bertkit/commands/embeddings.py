@@ -36,15 +36,14 @@ def setup_embed_eval(p) -> None:
 
 
 def run_embed_eval(args) -> int:
-    from ..cliconfig import given
     from ..embed_eval import (RETRIEVAL_METRICS, EmbedEvalOptions, available_poolings, evaluate_retrieval,
                               evaluate_similarity, own_pooling, read_retrieval, read_scored_pairs)
     from ..infer import Predictor
-    from .basic import check_device, check_fits
+    from .basic import check_device, check_fits, options_of
 
     if not args.sts and not args.retrieval:
         raise BertkitError("give data to evaluate on: --sts SOURCE and/or --retrieval SOURCE")
-    o, how = EmbedEvalOptions(**given(args, EmbedEvalOptions)), predictor_options(args)
+    o, how = options_of(args, EmbedEvalOptions), predictor_options(args)
     check_device(how.device)
     # the data first: a bad file fails before the model loads
     sets = [("similarity", read_scored_pairs(s, o.split, o.column_names, o.skip_bad_rows, o.limit)) for s in args.sts]

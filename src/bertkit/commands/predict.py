@@ -7,30 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-from ..cliconfig import add_options, checked
+from ..cliconfig import add_options
 from ..errors import BertkitError
-from ..runconfig import AT_LEAST_1
+from ..predict import PredictOptions
 from ..tasks.plumbing import Columns
-from .basic import add_predictor_options, predictor_options
+from .basic import add_predictor_options, options_of, predictor_options
 
 
 def column_options(p: argparse.ArgumentParser, show_defaults: bool = False) -> None:
     """--text_column ... --format: `tasks.plumbing.Columns` (evaluate/predict: default = the checkpoint's)."""
     add_options(p.add_argument_group("your own data (--task classify / regress / tokens)"), Columns,
                 show_defaults=show_defaults)
-
-
-def _window_options(p: argparse.ArgumentParser, help_windows: str) -> None:
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--windows", dest="windows", action="store_const", const=True, help=help_windows)
-    g.add_argument("--no-windows", dest="windows", action="store_const", const=False,
-                   help="sentence classification: longest-first truncation of long inputs")
-
-
-def _null_threshold_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--null-threshold", dest="null_threshold", type=float,
-                   help="SQuAD v2.0: answer \"\" when the null odds exceed this (default: the threshold "
-                        "best on dev, saved by finetune; else 0)")
 
 
 # ---- evaluate -----------------------------------------------------------------------------------
@@ -41,13 +28,9 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a data file with references (also Parquet / Arrow / JSONL), a "
                                                 "task folder (see --split), or a dataset name NAME:CONFIG[:SPLIT]")
     p.add_argument("--split", default="dev", help="split to read when --data is a folder (default dev)")
-    p.add_argument("--max-length", dest="max_length", type=checked(int, AT_LEAST_1), help="default: the fine-tuning length")
-    p.add_argument("--stride", type=checked(int, AT_LEAST_1), help="default: the stride the model was fine-tuned with")
-    _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
-    p.add_argument("--batch-size", dest="batch_size", type=checked(int, AT_LEAST_1), default=64)
+    add_options(p, PredictOptions, exclude=("top_k",))
     p.add_argument("--skip-bad-rows", dest="skip_bad_rows", action="store_true")
     p.add_argument("--predictions", help="also write {id, prediction} JSONL here (input to `bertkit score`)")
-    _null_threshold_option(p)
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     add_predictor_options(p, exclude=("max_length",), small_batches=False, help={
         "precision": "auto (fp32, the precision fine-tuning evaluated in), fp32, bf16 or fp16 (GPU)"})
@@ -68,8 +51,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from ..tasks import BadRows
     from ..tasks.plumbing import check_references, evaluate, featurize, inference_stride, qa_options, write_predictions
 
-    predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), predictor_options(args, ("max_length",)),
-                                                       max_length=args.max_length)
+    o, how = options_of(args, PredictOptions), predictor_options(args, ("max_length",))
+    predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), how, max_length=o.max_length)
     tokenizer = predictor.tokenizer
     if task is None:
         raise BertkitError(f"{args.model}: a {predictor.head} checkpoint has no task to evaluate; give --task")
@@ -77,11 +60,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
     bad = BadRows(skip=args.skip_bad_rows)
     examples = task.read(path, bad)
     check_references(task, examples, labels, str(path))
-    max_length = args.max_length or int(raw.get("bertkit_max_length", task.max_length))
-    stride = inference_stride(task, raw, args.model, max_length, args.windows, args.stride)
+    max_length = o.max_length or int(raw.get("bertkit_max_length", task.max_length))
+    stride = inference_stride(task, raw, args.model, max_length, o.windows, o.stride)
     feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "evaluate")
-    post = qa_options(task, raw, args.model, args.null_threshold)
-    scores, predictions = evaluate(predictor, task, examples, feats, labels, args.batch_size, progress=True, post=post)
+    post = qa_options(task, raw, args.model, o.null_threshold)
+    scores, predictions = evaluate(predictor, task, examples, feats, labels, o.batch_size, progress=True, post=post)
     if args.predictions:
         write_predictions(predictions, Path(args.predictions))
     flat = {k: v for k, v in scores.items() if not isinstance(v, dict)}
@@ -112,12 +95,7 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="checkpoint folder (any head)")
     p.add_argument("--task", help="task whose input format and post-processing to use (default: the checkpoint's)")
     p.add_argument("--out", help="output JSONL (default stdout)")
-    p.add_argument("--max-length", dest="max_length", type=checked(int, AT_LEAST_1))
-    p.add_argument("--stride", type=checked(int, AT_LEAST_1), help="default: the stride the model was fine-tuned with")
-    _window_options(p, "sentence classification: average the logits of overlapping windows over long inputs")
-    p.add_argument("--batch-size", dest="batch_size", type=checked(int, AT_LEAST_1), default=64)
-    p.add_argument("--top-k", dest="top_k", type=checked(int, AT_LEAST_1), default=5, help="masked LM: candidates per [MASK]")
-    _null_threshold_option(p)
+    add_options(p, PredictOptions)
     add_predictor_options(p, exclude=("max_length",), small_batches=False, help={
         "precision": "auto (fp32 for a fine-tuned task model, as fine-tuning evaluated; a masked LM as fill-mask), "
                      "fp32, bf16 or fp16 (GPU)"})
@@ -140,10 +118,8 @@ def run_predict(args: argparse.Namespace) -> int:
     from ..predict import predict
 
     rows = read_jsonl_inputs(args.input)
-    records = predict(args.model, rows, args.task, _columns(args), max_length=args.max_length, stride=args.stride,
-                      windows=getattr(args, "windows", None),
-                      batch_size=args.batch_size, top_k=args.top_k, null_threshold=args.null_threshold,
-                      options=predictor_options(args, ("max_length",)), where=args.input)
+    o, how = options_of(args, PredictOptions), predictor_options(args, ("max_length",))
+    records = predict(args.model, rows, args.task, _columns(args), **vars(o), options=how, where=args.input)
     out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
     try:
         for record in records:
