@@ -197,8 +197,8 @@ def test_nsp_shortcut_command(minilm, corpora, tmp_path, capsys, one_thread):
     assert "one.txt: 1 documents" in capsys.readouterr().err
     for extra, says in ((["--model", str(save_tiny(minilm, tmp_path / "mlm", head="masked_lm"))], "no NSP head"),
                         (["--model", str(m), "--max-length", "100"], "has 64 positions"),
-                        (["--model", str(m), "--max-length", "48", "--min-distance", "1"], "min_distance 1"),
-                        (["--model", str(m), "--anchors", "0"], "--anchors 0")):
+                        (["--model", str(m), "--max-length", "48", "--min-distance", "1"], "min_distance must be at least 2"),
+                        (["--model", str(m), "--anchors", "0"], "anchors must be at least 1, got 0")):
         assert main(["data", "nsp-shortcut", str(corpora / "own.txt"), *extra]) == 1
         err = capsys.readouterr().err.strip().split("\n")
         assert len(err) == 1 and says in err[0], err

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
 import numpy as np
 import torch
@@ -43,6 +44,7 @@ from .checkpoint import CheckpointError, check_inputs_fit, load_model
 from .data.stats import roc_auc, tfidf_cosine, threshold_baseline
 from .data.text import TextCounts, expand_inputs, read_documents
 from .errors import DataError
+from .runconfig import AT_LEAST_1, SEED, THREADS, Rule, RunConfigError, check_fields
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("bertkit")
@@ -83,13 +85,29 @@ def _forwards(doc: list[np.ndarray], j: int, budget: int) -> np.ndarray:
     return np.concatenate(doc[j:k])[:budget]
 
 
-def check_settings(anchors: int, max_length: int, min_distance: int) -> None:
-    if anchors < 1:
-        raise DataError(f"anchors {anchors}: expected >= 1")
-    if min_distance < 2:
-        raise DataError(f"min_distance {min_distance}: expected >= 2 (1 is the next sentence)")
-    if max_length < 5:
-        raise DataError(f"max_length {max_length}: expected >= 5 ([CLS] A [SEP] B [SEP], A and B non-empty)")
+@dataclass
+class ShortcutOptions:
+    """The settings of `nsp_shortcut` (`bertkit data nsp-shortcut`'s flags: `cliconfig.add_options`)."""
+    anchors: Annotated[int, AT_LEAST_1] = 1000
+    """A segments drawn; one pair of each kind per A."""
+    max_length: Annotated[int, Rule("at least 5 ([CLS] A [SEP] B [SEP], A and B non-empty)", lambda v: v >= 5)] = 128
+    """Tokens per pair, [CLS] and [SEP]s included."""
+    min_distance: Annotated[int, Rule("at least 2 (1 is the next sentence)", lambda v: v >= 2)] = 2
+    """Same-document B starts at least this many sentences after A's last (1 would be the next sentence)."""
+    seed: Annotated[int, SEED] = 0
+    """Seeds the anchors drawn."""
+    batch_size: Annotated[int, AT_LEAST_1] = 64
+    """Pairs per batch through the NSP head."""
+    threads: Annotated[int | None, THREADS] = None
+    """CPU threads (default: torch's count)."""
+    topic_only: bool = False
+    """The bag-of-words baseline alone (no model run; --model may be a tokenizer folder)."""
+
+    def __post_init__(self):
+        try:
+            check_fields(self)                      # the ranges on the fields
+        except RunConfigError as e:
+            raise DataError(str(e)) from None
 
 
 def probe_pairs(docs: list[list[np.ndarray]], anchors: int = 1000, seed: int = 0, max_length: int = 128,
@@ -97,7 +115,7 @@ def probe_pairs(docs: list[list[np.ndarray]], anchors: int = 1000, seed: int = 0
     """(kind, A ids, B ids): for each of up to `anchors` anchors drawn with `random.Random(seed)`, one
     pair of each kind in KINDS with the same A (so the kinds differ only in B). `where` names the
     text in errors."""
-    check_settings(anchors, max_length, min_distance)
+    ShortcutOptions(anchors=anchors, max_length=max_length, min_distance=min_distance)            # checked
     eligible = [(d, i) for d, doc in enumerate(docs) for i in range(len(doc) - min_distance)]
     if len(docs) < 2 or not eligible:
         raise DataError(f"{where or 'the text'}: {len(docs)} documents, {len(eligible)} sentences with {min_distance} "
@@ -199,7 +217,7 @@ def nsp_shortcut(model_dir: str | Path, heldout_text_path: str | Path | Sequence
     bag-of-words baseline on the same pairs. `topic_only`: the baseline alone, no model run
     (`model_dir` may then be a tokenizer folder). Returns `summarize`'s dict with the settings."""
 
-    check_settings(anchors, max_length, min_distance)
+    ShortcutOptions(anchors, max_length, min_distance, seed, batch_size, threads, topic_only)      # checked
     paths = [heldout_text_path] if isinstance(heldout_text_path, (str, Path)) else list(heldout_text_path)
     path = model_folder(model_dir)
     tok = Tokenizer.from_dir(path)

@@ -177,8 +177,9 @@ def run_prepare(args) -> int:
 
 # ---- data ---------------------------------------------------------------------------------------
 def setup_data(parser: argparse.ArgumentParser) -> None:
-    from ..cliconfig import add_moved
+    from ..cliconfig import add_moved, add_options
     from ..data.masking import MODES
+    from ..nsp_probe import ShortcutOptions
 
     p = _sub(parser, "stats", "instances, tokens, lengths, NSP and masking fractions of prepared data")
     p.add_argument("dir", help="prepared data folder")
@@ -199,15 +200,8 @@ def setup_data(parser: argparse.ArgumentParser) -> None:
     p = _sub(parser, "nsp-shortcut", "NSP's topic shortcut: a checkpoint's NSP head on next, other-document and "
              "same-document pairs of held-out text, beside a bag-of-words baseline")
     p.add_argument("files", nargs="+", help="held-out .txt / .txt.gz: one sentence per line, blank line between documents")
-    p.add_argument("--model", required=True, help="checkpoint with an NSP head (or, with --topic-only, a tokenizer)")
-    p.add_argument("--anchors", type=int, default=1000, help="A segments drawn; one pair of each kind per A")
-    p.add_argument("--max-length", type=int, default=128, help="tokens per pair, [CLS] and [SEP]s included")
-    p.add_argument("--min-distance", type=int, default=2, help="same-document B starts at least this many "
-                   "sentences after A's last (1 would be the next sentence)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--topic-only", action="store_true", help="the bag-of-words baseline alone (no model run)")
+    p.add_argument("--model", required=True, help="checkpoint with an NSP head (or, with --topic_only, a tokenizer)")
+    add_options(p, ShortcutOptions)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_nsp_shortcut)
@@ -283,14 +277,11 @@ def _topic_line(t: dict) -> str:
 
 
 def run_nsp_shortcut(args) -> int:
-    from ..nsp_probe import nsp_shortcut, report_text
-    _non_negative(args, "seed")
-    for name, low in (("anchors", 1), ("batch_size", 1), ("threads", 1)):
-        if getattr(args, name) is not None and getattr(args, name) < low:
-            raise BertkitError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected >= {low}")
-    r = nsp_shortcut(args.model, args.files, anchors=args.anchors, seed=args.seed, max_length=args.max_length,
-                     min_distance=args.min_distance, batch_size=args.batch_size, threads=args.threads,
-                     topic_only=args.topic_only, progress=not args.no_progress and sys.stderr.isatty())
+    from ..nsp_probe import ShortcutOptions, nsp_shortcut, report_text
+    from .basic import options_of
+
+    r = nsp_shortcut(args.model, args.files, **vars(options_of(args, ShortcutOptions)),
+                     progress=not args.no_progress and sys.stderr.isatty())
     if args.json:
         print(json.dumps(r))
         return 0
