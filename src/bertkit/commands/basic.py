@@ -224,7 +224,7 @@ def run_info(args) -> int:
         f"architecture {', '.join(info['architectures']) or '(not named)'}",
         f"size         {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']} heads, "
         f"intermediate {c['intermediate_size']}, {c['hidden_act']}",
-        f"positions    " + (f"ALiBi (no table; bertkit only), trained at "
+        "positions    " + (f"ALiBi (no table; bertkit only), trained at "
                               f"{c.get('bertkit_trained_length', c['max_position_embeddings'])}, longer with --max-length"
                               if c.get("position_embedding_type") == "alibi" else f"{c['max_position_embeddings']}")
         + f"{'; pre-LN (bertkit only)' if c.get('bertkit_norm_position') == 'pre' else ''}, segment types "
