@@ -436,3 +436,17 @@ def test_rerun_skips_and_a_new_candidate_runs_only_its_own_runs(grid):
     assert new.count("ablate: arm base: fine-tuning") in (1, 2)     # the new rate's seed 0 (+ seed 1 if it wins)
     assert "fine-tuning sst2, seed 0" in new
     assert len([r for r in rows_of(out / "arms" / "base" / "results.jsonl") if r["status"] == "lr_candidate"]) == 3
+
+
+def test_report_reads_an_arms_shape_from_its_model_folder(tmp_path):
+    """A preset model leaves num_layers etc. None in the run card's config: the as-trained table and
+    the checklist read the built shape from the arm's config.json (not 'LNone/HNone/ANone')."""
+    from bertkit.ablate.report import _shape
+
+    model = tmp_path / "final"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "hidden_size": 256,
+                                                   "num_attention_heads": 4}))
+    assert _shape({"model": str(model)}, {}) == "L4/H256/A4"
+    assert _shape({}, {"layers": 2, "hidden_size": 128, "heads": 2}) == "L2/H128/A2"
+    assert _shape({"model": str(tmp_path / "missing")}, {}) == "—"

@@ -172,8 +172,8 @@ def write_report(cfg: AblateConfig, command: str = "") -> Path:
     tmp = out / f".REPORT.md.{os.getpid()}.tmp"
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(out / "REPORT.md")
-    log.info("ablate: report %s (%d of %d arms finished)", out / "REPORT.md",
-             sum(s["status"] == "done" for s in states), len(states))
+    log.info("ablate: report %s (%d of %d arms finished, %d more pre-trained and scored)", out / "REPORT.md",
+             sum(s["status"] == "done" for s in states), len(states), sum(s["status"] == "pretrained" for s in states))
     return out / "REPORT.md"
 
 
@@ -519,8 +519,7 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
         card, ft, _ = _cards(cfg, st)
         c = card.get("config") or {}
         model = c.get("model") or {}
-        shape = (f"L{model.get('num_layers') or ft.get('layers')}/H{model.get('hidden_size') or ft.get('hidden_size')}"
-                 f"/A{model.get('num_heads') or ft.get('heads')}") if (model or ft) else "—"
+        shape = _shape(st, ft)
         params = card.get("parameters") or ft.get("parameters")
         pre = st.get("pretrain") or {}
         held = card.get("held_out") or {}
@@ -536,6 +535,16 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
                    f"{f', {params / 1e6:.2f}M' if params else ''} | {run} | "
                    f"{_fmt(held.get('overlap'), '.4f')} | {card.get('precision', '—')} | {tune} |")
     return out
+
+
+def _shape(st: dict, ft: dict) -> str:
+    """'L4/H256/A4' from the arm's model folder (config.json: what was built, a preset resolved), else
+    from its fine-tuning metrics; '—' when neither is there."""
+    raw = _read_json(Path(st.get("model") or "") / "config.json") if st.get("model") else None
+    raw = raw or {}
+    dims = (raw.get("num_hidden_layers") or ft.get("layers"), raw.get("hidden_size") or ft.get("hidden_size"),
+            raw.get("num_attention_heads") or ft.get("heads"))
+    return "—" if None in dims else f"L{dims[0]}/H{dims[1]}/A{dims[2]}"
 
 
 def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
@@ -572,8 +581,8 @@ def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
             + ", ".join(f"{n}: {_objective(_cards(cfg, names[n])[0])}" for n in names
                         if (names[n].get("pretrain") or {}).get("objective") and not
                         (names[n].get("pretrain") or {}).get("model_from")) + ").",
-            f"- Depth, width, heads, normalisation placement: base L{model.get('num_layers')}/H{model.get('hidden_size')}"
-            f"/A{model.get('num_heads')}, {model.get('norm_position')}-LN; other arms in the table above.",
+            f"- Depth, width, heads, normalisation placement: base {_shape(base, ft)}, "
+            f"{model.get('norm_position')}-LN; other arms in the table above.",
             f"- Pre-training heads apart from task heads: fine-tuning loads the encoder with a new "
             f"{ft.get('head', 'task')} head (init {ft.get('init', '?')}); the MLM/NSP heads are not used downstream.",
             f"- Frozen probing vs full fine-tuning: base arm {ft.get('mode', '?')}; probe arms: "
