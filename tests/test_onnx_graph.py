@@ -188,6 +188,7 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict):
     monkeypatch.setattr(hardware, "_session", {})
     monkeypatch.setattr(choose, "load_engines", load)
     monkeypatch.setattr(hardware, "best_times", fake_times)
+    monkeypatch.setattr(hardware, "busy", lambda: None)             # whatever else this machine runs now
     return engines_made
 
 
@@ -284,3 +285,24 @@ def test_an_engine_that_fails_at_run_time_hands_back_to_pytorch(checkpoints, cap
     np.testing.assert_allclose(p.embed(["a b c"]), want, atol=1e-5)      # answered, by PyTorch
     assert p.small is None and p.small_reason == "off: onnxruntime failed at run time (RuntimeError)"
     assert "PyTorch runs them from now on" in caplog.text
+
+
+def test_an_engine_timed_on_a_busy_machine_says_so(checkpoints, monkeypatch):
+    """The choice is kept once per machine; one timed while other work held the cores carries the
+    load and how to time it again in its reason."""
+    _with_fakes(monkeypatch, {"fast": FakeEngine}, {"torch": 5.0, "fast": 2.0})
+    monkeypatch.setattr(hardware, "busy", lambda: "load 4.5 on 2 cores")
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+    assert p.small is not None and p.small.name == "fast"
+    assert "(timed while the machine was busy: load 4.5 on 2 cores; delete " in p.small_reason
+    assert str(hardware.measurements_path()) in p.small_reason
+
+
+def test_busy_reads_the_load_average(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.5, 3.0, 2.0))
+    assert hardware.busy() == "load 4.5 on 2 cores"
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    assert hardware.busy() is None

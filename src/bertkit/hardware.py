@@ -110,6 +110,16 @@ def _cpuinfo() -> dict[str, str]:
     return out
 
 
+def busy() -> str | None:
+    """'load L on N cores' when the 1-minute load average exceeds the machine's cores (other work
+    competes with a timing made now), else None (or where the platform has no load average)."""
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):
+        return None
+    return f"load {load:.1f} on {cores} cores" if load > cores else None
+
+
 def best_times(fns, rounds: int, settle: float = 0.0) -> list[float]:
     """Fastest of `rounds` interleaved runs of each function (after one warm-up run each):
     interleaving and the minimum keep a noisy, shared machine from favouring either. `settle`:

@@ -304,7 +304,11 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
     timed: dict = {}                     # with SETTLE_S (decisions timed without it are not reused)
 
     def decide() -> dict:
+        loaded = hardware.busy()
         chosen, note = _fastest(p, agreeing, rows)
+        if loaded:                       # kept all the same (one choice per machine), but said
+            note += (f" (timed while the machine was busy: {loaded}; delete {hardware.measurements_path()} "
+                     "to time it again)")
         timed["chosen"] = chosen
         return {"engine": chosen.name if chosen else None, "max_tokens": chosen.max_tokens if chosen else 0,
                 "note": note}
