@@ -469,7 +469,7 @@ def test_prepare_sop_and_its_checks(tmp_path):
 def test_masking_column_never_prints_minus_zero():
     """MASK/SAME/RND 80/0/20 (the paper's column order): SAME = 1 - 0.8 - 0.2 is -5.6e-17 in floating
     point, which printed as '-0'."""
-    from bertkit.ablate.report import _masking
+    from bertkit.ablate.cards import _masking
 
     card = {"objective": "MLM + NSP", "masking": [{"as_trained": {"mode": "token", "mask_prob": 0.15,
             "mask_token_fraction": 0.8, "random_token_fraction": 0.2}, "overridden": True}]}

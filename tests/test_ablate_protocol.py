@@ -441,7 +441,7 @@ def test_rerun_skips_and_a_new_candidate_runs_only_its_own_runs(grid):
 def test_report_reads_an_arms_shape_from_its_model_folder(tmp_path):
     """A preset model leaves num_layers etc. None in the run card's config: the as-trained table and
     the checklist read the built shape from the arm's config.json (not 'LNone/HNone/ANone')."""
-    from bertkit.ablate.report import _shape
+    from bertkit.ablate.cards import _shape
 
     model = tmp_path / "final"
     model.mkdir()

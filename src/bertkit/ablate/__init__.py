@@ -44,7 +44,8 @@ The rooms of this package, in the order a grid runs:
     zeroshot.py  BLiMP (paired differences against the base) and NSP's topic shortcut
     grid.py      checks, the dry run, arms in order or in processes sharing OUT through claims
     report.py    the statistics (Welch's interval against the base arm; the probes' paired Δ against the
-                 base model's probes) and REPORT.md; plots.py its plots
+                 base model's probes) and REPORT.md; plots.py its plots, cards.py what ran (the as-trained
+                 table and the reproduction checklist, from the run cards)
     contract.py  the paper note's minimal implementation test
 """
 from __future__ import annotations

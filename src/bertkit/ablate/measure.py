@@ -8,7 +8,8 @@
     nothing there) and over all targets (BERT's figure), with the unigram baseline (the share of the
     most common target token) beside them;
   * paired differences of two arms on the same examples (`paired_ratio_difference`: any metric that is
-    a ratio of sums, with its cluster-robust 95% interval; `paired_mlm_difference`, `delta_cell`);
+    a ratio of sums, with its cluster-robust 95% interval; `paired_mlm_difference`), and the report's
+    cells of figures (`delta_cell`, `_fmt`, `_minutes`, `_tokens`);
   * which weights a model folder holds (`weights_id`: a finished arm is redone when they change);
   * fine-tuning's learning rate chosen on dev per arm x task (`choose_lr`) and the seeds that
     collapsed to one class (`collapse_of`).
@@ -18,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .config import AblateConfig, Arm, _read_json, _write_json, merge
 from ..errors import BertkitError
@@ -184,6 +185,20 @@ def paired_ratio_difference(a_num: Sequence[float], a_den: Sequence[float], b_nu
 def delta_cell(d: tuple[float, float, float] | None) -> str:
     """A report cell for a paired difference with its 95% interval, * when the interval excludes 0."""
     return "—" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]{' *' if d[1] > 0 or d[2] < 0 else ''}"
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _minutes(v: Any) -> str:
+    return "—" if v is None else "0" if v == 0 else f"{v / 60:.1f} min"
+
+
+def _tokens(v: Any) -> str:
+    if not v:
+        return "0"
+    return f"{v / 1e6:.2f}M" if v >= 1e5 else f"{v / 1e3:.0f}k"
 
 
 # ---- fine-tuning: the rate chosen on dev, collapsed seeds -------------------------------------------
