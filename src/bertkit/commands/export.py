@@ -23,13 +23,13 @@ def setup_export(p: argparse.ArgumentParser) -> None:
 
 
 def run_export(args) -> int:
-    from ..cliconfig import given
     from ..infer.export import ExportOptions, export_onnx
+    from .basic import options_of
     try:
         import onnx, onnxruntime, onnxscript  # noqa: F401,E401 - the exporter's and the parity check's, imported late
     except ImportError as e:
         raise BertkitError(f"ONNX export needs onnx, onnxscript and onnxruntime: pip install 'bertkit[onnx]' ({e})") from None
-    report = export_onnx(args.model, args.out, ExportOptions(**given(args, ExportOptions)), head=args.head)
+    report = export_onnx(args.model, args.out, options_of(args, ExportOptions), head=args.head)
     print(f"wrote {args.out}")
     print(report.line())
     return 0
