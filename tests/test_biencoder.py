@@ -49,11 +49,11 @@ def test_losses_equal_sentence_transformers():
 def test_batches_never_repeat_a_text_and_cover_every_row():
     texts = [f"p{i % 5}" for i in range(40)]                 # 8 questions on each of 5 paragraphs
     pairs = Pairs("x", [f"q{i}" for i in range(40)], texts)
-    batches = epoch_batches(pairs, 4, random.Random(0), distinct=True)
+    batches = epoch_batches(40, 4, random.Random(0), pairs.texts)
     assert sorted(i for b in batches for i in b) == list(range(40))
     for b in batches:
         assert len({pairs.positives[i] for i in b}) == len(b) <= 4
-    plain = epoch_batches(pairs, 4, random.Random(0), distinct=False)
+    plain = epoch_batches(40, 4, random.Random(0))
     assert len(plain) == 10 and sorted(i for b in plain for i in b) == list(range(40))
 
 

@@ -21,7 +21,7 @@ Losses, as sentence-transformers computes them:
   cosine  CosineSimilarityLoss: mean squared error of the cosine against the score (scores above 1
           divided by the largest training score: STS-B's 0-5 becomes 0-1).
 
-The loop has fine-tuning's shape (setup, step, evaluate, checkpoint). Every batch is one packed
+The loop is fine-tuning's (`finetune.start_loop`, `finetune.train`). Every batch is one packed
 (padding-free) forward of all its texts, sorted by length so attention runs in length groups
 (`packing.attention_groups`). Dev evaluation is `embed_eval`'s: Spearman on scored pairs, else
 nDCG@10 of each anchor retrieving its positive among all dev positives and negatives (SQuAD:
@@ -34,28 +34,25 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
-from .checkpoint import build, load_model, read_config, save_model
+from .checkpoint import save_model
+from .embed_eval import Retrieval, ScoredPairs, evaluate_retrieval, evaluate_similarity, read_retrieval
 from .errors import BertkitError
-from .hardware import attention_kernel, choose_precision, machine_facts
-from .model import pool_tokens, set_attention_kernel
-from .optim import build_optimizer, lr_at
-from .outdir import INCOMPLETE_KEY, staged_dir
+from .finetune import (epoch_batches, evaluating, load_encoder, log_dev, seed_run, staged_run, start_loop, train,
+                       write_result)
+from .hardware import machine_facts
+from .model import pool_tokens
+from .outdir import INCOMPLETE_KEY
 from .packing import pack
-from .runconfig import save_config
-from .runlog import MetricsLog, write_run_card
+from .runlog import write_run_card
 from .sources import dataset_name
 from .st_files import write_sentence_transformers
 from .tasks import BadRows, DataError, get_task
@@ -199,8 +196,6 @@ def split_source(cfg, split: str) -> str | None:
 def dev_set(source: str, columns: str | None, skip_bad_rows: bool, limit: int | None):
     """What dev evaluation measures: `embed_eval.ScoredPairs` (Spearman) for scored pairs, else an
     `embed_eval.Retrieval` (nDCG@10): anchors retrieving their positives among every dev text."""
-    from .embed_eval import Retrieval, ScoredPairs, read_retrieval
-
     if is_squad_file(source):
         return read_retrieval(source, skip_bad_rows=skip_bad_rows, limit=limit)
     pairs = read_pairs(source, columns, skip_bad_rows, limit)
@@ -229,28 +224,6 @@ def cosent_loss(a: Tensor, b: Tensor, scores: Tensor, scale: float) -> Tensor:
 
 def cosine_loss(a: Tensor, b: Tensor, scores: Tensor) -> Tensor:
     return F.mse_loss(F.cosine_similarity(a, b, dim=-1), scores)
-
-
-def epoch_batches(pairs: Pairs, batch_size: int, rng: random.Random, distinct: bool) -> list[list[int]]:
-    """One pass over the rows in a random order, cut into batches; `distinct`: no text twice in a
-    batch (a row that would repeat one waits for a later batch)."""
-    order = list(range(len(pairs.anchors)))
-    rng.shuffle(order)
-    if not distinct:
-        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    batches = []
-    while order:
-        batch, seen, rest = [], set(), []
-        for i in order:
-            texts = pairs.texts(i)
-            if len(batch) < batch_size and seen.isdisjoint(texts):
-                batch.append(i)
-                seen.update(texts)
-            else:
-                rest.append(i)
-        batches.append(batch)
-        order = rest
-    return batches
 
 
 def embed_rows(model: nn.Module, rows: Sequence[list[int]], pooling: str, packed: bool, pad_id: int = 0) -> Tensor:
@@ -299,26 +272,13 @@ def choose_loss(asked: str | None, pairs: Pairs) -> str:
     return loss
 
 
-# ---- the loop -----------------------------------------------------------------------------------
+# ---- the loop: fine-tuning's (finetune.py) -------------------------------------------------------
 def finetune_embedding(cfg, command: str = "") -> dict:
     """Train `cfg.model` as a bi-encoder (`bertkit finetune --task embedding`); returns the metrics
     written to out/metrics.json. Staged as every fine-tuning run (`bertkit.outdir`)."""
     if cfg.freeze:
         raise BertkitError("task embedding trains the whole encoder; --freeze does not apply")
-    with staged_dir(cfg.out, lambda p: (p / "finetune.yaml").is_file(), "fine-tuning run") as out:
-        result = _train(cfg, command, out)
-    best = (result["dev"] or {}).get(result["main_metric"])
-    log.info("embedding: best %s on dev %s at update %s; checkpoint in %s", result["main_metric"],
-             f"{best:.4f}" if best is not None else None, result["best_step"], cfg.out)
-    return result
-
-
-def load_encoder(cfg) -> nn.Module:
-    """The checkpoint's encoder (its pooler too, where it has one), or random weights of its shape."""
-    changes = {} if cfg.dropout is None else {"hidden_dropout": cfg.dropout, "attention_dropout": cfg.dropout}
-    if cfg.init == "random":
-        return build("encoder", read_config(Path(cfg.model))[0].replace(**changes), add_pooler=False)
-    return load_model(cfg.model, head="encoder", config_changes=changes)
+    return staged_run(cfg, lambda out: _train(cfg, command, out))
 
 
 def default_max_length(path: str | Path, positions: int) -> int:
@@ -329,163 +289,51 @@ def default_max_length(path: str | Path, positions: int) -> int:
         return min(DEFAULT_MAX_LENGTH, positions)
 
 
-@dataclass
-class _EmbeddingRun:
-    """What the loop of `finetune --task embedding` works on, made by `_setup`."""
-    cfg: object
-    out: Path
-    train: object                     # Pairs (anchors, positives, negatives or scores)
-    train_path: object
-    dev: object                       # ScoredPairs / retrieval set, or None
-    dev_path: object
-    loss_name: str
-    pooling: str
-    main_metric: str | None
-    tokenizer: Tokenizer
-    model: nn.Module
-    max_length: int
-    ids: dict                         # text -> token ids, each distinct text tokenized once
-    precision: torch.dtype
-    precision_reason: str
-    kernel: str
-    kernel_reason: str
-    optimizer: torch.optim.Optimizer
-    steps_per_epoch: int
-    total: int
-    warmup: float
-    metrics_log: MetricsLog
-    facts: dict
-
-
 def _train(cfg, command: str, out: Path) -> dict:
-    """The run, written into `out` (the staging folder): setup, then the loop (step, evaluate,
-    checkpoint), then the metrics and the run card."""
+    """The run, written into `out` (the staging folder): seeds, data (each distinct text tokenized
+    once), the encoder, `finetune.train`'s loop (dev evaluated by `embed_eval`, the best model
+    kept), then the metrics and the run card."""
     t_start = time.time()
-    run = _setup(cfg, out)
-    t_train = time.time()
-    best_metrics, best_step, history, tokens = _loop(run, t_train)
-    train_time = time.time() - t_train
-    result = {"task": "embedding", "main_metric": run.main_metric, "best_step": best_step, "updates": run.total,
-              "epochs": cfg.epochs, "train_examples": len(run.train.anchors), "loss": run.loss_name,
-              "scale": cfg.embedding_scale, "pooling": run.pooling, "max_length": run.max_length, "dev": best_metrics,
-              "history": history, "train_time_s": round(train_time, 1), "wall_time_s": round(time.time() - t_start, 1),
-              "tokens_per_s": round(tokens / max(train_time, 1e-9), 1), "tokens_seen": tokens, "init": cfg.init,
-              "precision": str(run.precision).replace("torch.", ""), "precision_reason": run.precision_reason,
-              "attention_kernel": run.kernel, "attention_kernel_reason": run.kernel_reason,
-              "train_file": str(run.train_path), "dev_file": str(run.dev_path) if run.dev_path else None}
-    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    _write_card(out, cfg, command, run.model, result)
-    return result
-
-
-def _setup(cfg, out: Path) -> _EmbeddingRun:
-    """Seeds, data (each distinct text tokenized once), model, precision and attention kernel,
-    optimizer and schedule, finetune.yaml and the metrics log."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    seed_run(cfg)
     train_path = split_source(cfg, "train")
-    train = read_pairs(train_path, cfg.embedding_columns, cfg.skip_bad_rows, cfg.train_limit)
+    pairs = read_pairs(train_path, cfg.embedding_columns, cfg.skip_bad_rows, cfg.train_limit)
     dev_path = split_source(cfg, "dev")
     dev = dev_set(dev_path, cfg.embedding_columns, cfg.skip_bad_rows, cfg.dev_limit) if dev_path else None
-    loss_name = choose_loss(cfg.embedding_loss, train)
+    loss_name = choose_loss(cfg.embedding_loss, pairs)
     pooling = cfg.pooling or "mean"
     main_metric = None if dev is None else "spearman" if hasattr(dev, "scores") else "ndcg@10"
     tokenizer = Tokenizer.from_dir(cfg.model)
-    model = load_encoder(cfg)
+    model = load_encoder(cfg, {} if cfg.dropout is None else {"hidden_dropout": cfg.dropout,
+                                                               "attention_dropout": cfg.dropout})
     max_length = cfg.max_length or default_max_length(cfg.model, model.config.max_position_embeddings)
-    texts = list(dict.fromkeys(train.anchors + train.positives + (train.negatives or [])))
+    texts = list(dict.fromkeys(pairs.anchors + pairs.positives + (pairs.negatives or [])))
     ids = {t: e.input_ids for t, e in zip(texts, tokenizer.encode_batch(texts, None, max_length))}
     tokenizer.stats.report(label=f"{train_path}: distinct texts at {max_length} tokens")
     log.info("%s: %d %s for %s loss (%s pooling), %d distinct texts of <= %d tokens%s", train_path,
-             len(train.anchors), "scored pairs" if train.scores else "triplets" if train.negatives else "pairs",
+             len(pairs.anchors), "scored pairs" if pairs.scores else "triplets" if pairs.negatives else "pairs",
              loss_name, pooling, len(texts), max_length, f"; dev {dev_path} ({main_metric})" if dev else "")
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.to(device).train()
-    precision, precision_reason = choose_precision(cfg.precision, device, model.config)
-    kernel, kernel_reason = attention_kernel(device, precision, model.config, max_length)
-    set_attention_kernel(model, kernel)
-    optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                fused=cfg.optimizer == "adamw", layer_decay=cfg.layer_lr_decay)
-    steps_per_epoch = math.ceil(len(train.anchors) / cfg.batch_size)
-    total = max(1, round(steps_per_epoch * cfg.epochs))
-    save_config(cfg, out / "finetune.yaml")
+    loop = start_loop(cfg, model, len(pairs.anchors), max_length, main_metric, out)
     facts = {"bertkit_embedding": {"pooling": pooling, "loss": loss_name, "scale": cfg.embedding_scale},
              "bertkit_max_length": max_length, INCOMPLETE_KEY: "fine-tuning in progress"}
-    return _EmbeddingRun(cfg, out, train, train_path, dev, dev_path, loss_name, pooling, main_metric, tokenizer,
-                         model, max_length, ids, precision, precision_reason, kernel, kernel_reason, optimizer,
-                         steps_per_epoch, total, cfg.warmup * total if cfg.warmup < 1 else cfg.warmup,
-                         MetricsLog(out / "metrics.jsonl"), facts)
+    save = lambda: save_embedding_model(model, tokenizer, out, pooling, max_length, facts)   # noqa: E731
 
+    def evaluate() -> None:
+        with evaluating(model, tokenizer, max_length) as predictor:
+            scores = (evaluate_similarity if isinstance(dev, ScoredPairs) else evaluate_retrieval)(
+                predictor, dev, pooling, cfg.eval_batch_size)
+        if log_dev(loop, scores):
+            save()
 
-def _loop(run: _EmbeddingRun, t_train: float) -> tuple[dict | None, int | None, list[dict], int]:
-    """The updates, logged every cfg.log_every; on dev at each epoch's end (and every cfg.eval_every),
-    the best model saved. Returns (best dev scores, their update, every dev record, tokens seen)."""
-    cfg, model, tokenizer, train = run.cfg, run.model, run.tokenizer, run.train
-    device = next(model.parameters()).device
-    autocast = torch.autocast(device.type, dtype=run.precision) if run.precision != torch.float32 else nullcontext()
-    rng = random.Random(cfg.seed)
-    step, tokens, best, best_metrics, best_step, history = 0, 0, None, None, None, []
-    bar = tqdm(total=run.total, desc="finetune embedding", disable=not cfg.progress, dynamic_ncols=True)
-    while step < run.total:
-        batches = epoch_batches(train, cfg.batch_size, rng, distinct=run.loss_name == "mnrl")
-        for n, batch in enumerate(batches, 1):
-            lr = lr_at(step, run.total, run.warmup, cfg.lr)
-            for group in run.optimizer.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)
-            with autocast:
-                loss, real = batch_loss(model, train, batch, run.ids, run.loss_name, cfg.embedding_scale, run.pooling,
-                                        cfg.packed, tokenizer.pad_id)
-            run.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.clip_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-            run.optimizer.step()
-            step, tokens = step + 1, tokens + real
-            bar.update(1)
-            if not math.isfinite(loss.item()):
-                raise BertkitError(f"loss is {loss.item()} at update {step}; lower the learning rate")
-            if step % cfg.log_every == 0 or step == run.total:
-                rate = tokens / max(time.time() - t_train, 1e-9)
-                run.metrics_log.write({"step": step, "epoch": round(step / run.steps_per_epoch, 3),
-                                       "loss": loss.item(), "lr": lr, "tokens_per_s": round(rate, 1)})
-                bar.set_postfix(loss=f"{loss.item():.4f}", tok_s=f"{rate:.0f}")
-            end = n == len(batches) or step == run.total
-            if run.dev is not None and (end or (cfg.eval_every and step % cfg.eval_every == 0)):
-                scores = evaluate_model(model, tokenizer, run.dev, run.pooling, run.max_length, cfg.eval_batch_size)
-                record = {"step": step, "epoch": round(step / run.steps_per_epoch, 3),
-                          **{f"dev_{k}": v for k, v in scores.items()}}
-                run.metrics_log.write(record)
-                history.append(record)
-                log.info("update %d: dev %s", step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items()
-                                                              if isinstance(v, float)))
-                if best is None or scores[run.main_metric] > best:
-                    best, best_metrics, best_step = scores[run.main_metric], scores, step
-                    save_embedding_model(model, tokenizer, run.out, run.pooling, run.max_length, run.facts)
-            if step >= run.total:
-                break
-    bar.close()
-    if run.dev is None:
-        save_embedding_model(model, tokenizer, run.out, run.pooling, run.max_length, run.facts)
-        best_step = step
-    return best_metrics, best_step, history, tokens
-
-
-def evaluate_model(model: nn.Module, tokenizer, dev, pooling: str, max_length: int, batch_size: int) -> dict:
-    """`embed_eval` on the in-memory model through a `Predictor` (no dropout for the call; the
-    weights as trained: fp32, not prepacked)."""
-    from .embed_eval import ScoredPairs, evaluate_retrieval, evaluate_similarity
-    from .infer import Predictor
-
-    model.eval()
-    try:
-        predictor = Predictor(model, tokenizer, device=next(model.parameters()).device, max_length=max_length)
-        run = evaluate_similarity if isinstance(dev, ScoredPairs) else evaluate_retrieval
-        return run(predictor, dev, pooling, batch_size)
-    finally:
-        model.train()
+    distinct = pairs.texts if loss_name == "mnrl" else None
+    train_time = train(loop, "finetune embedding", lambda rng: epoch_batches(len(pairs.anchors), cfg.batch_size, rng,
+                                                                             distinct),
+                       lambda batch: (*batch_loss(model, pairs, batch, ids, loss_name, cfg.embedding_scale, pooling,
+                                                  cfg.packed, tokenizer.pad_id), 0.0),
+                       evaluate if dev is not None else None, save)
+    result = write_result(loop, "embedding", len(pairs.anchors), {"loss": loss_name, "scale": cfg.embedding_scale,
+                          "pooling": pooling, "max_length": max_length}, train_time, t_start, train_path, dev_path)
+    _write_card(out, cfg, command, model, result)
+    return result
 
 
 def save_embedding_model(model: nn.Module, tokenizer, out: Path, pooling: str, max_length: int, facts: dict) -> None:
