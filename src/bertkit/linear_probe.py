@@ -48,8 +48,8 @@ from .errors import BertkitError
 from .model import pool_tokens
 from .packing import pack
 from .probe import POOLINGS, check_pooling, probe_layers
-from .tasks import DataError, collate
-from .tasks.plumbing import check_references, featurize, input_stride, resolve_task
+from .tasks import collate
+from .tasks.plumbing import resolve_task
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -373,7 +373,7 @@ class Split:
 def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
     """The task, its labels and the train / dev splits featurized as fine-tuning does (limits,
     max_length, windows), every problem one line before the encoder runs."""
-    from .finetune import check_checkpoint, columns_of, read_split
+    from .finetune import check_checkpoint, columns_of, read_task_data
 
     task = resolve_task(cfg.task, columns_of(cfg))
     if task.head not in ("sequence_classification", "token_classification") or task.problem == "regression":
@@ -382,20 +382,10 @@ def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
     if cfg.max_length is None:
         cfg.max_length = min(task.max_length, read_config(Path(cfg.model))[0].max_position_embeddings)
     check_checkpoint(cfg)
-    train, train_path = read_split(task, cfg, "train")
-    dev, dev_path = read_split(task, cfg, "dev")
-    if dev is None:
+    data = read_task_data(task, cfg, Tokenizer.from_dir(cfg.model))
+    if data.dev_examples is None:
         raise BertkitError(f"{cfg.data}: no dev split for {task.name}; the probe is scored on dev (give --dev-file)")
-    labels = task.labels(train)
-    if len(labels) < 2:
-        raise DataError(f"{train_path}: training data has only {len(labels)} label ({', '.join(labels)}); "
-                        f"a classifier needs two or more")
-    check_references(task, dev, labels, str(dev_path))
-    tokenizer = Tokenizer.from_dir(cfg.model)
-    stride = input_stride(task, cfg.windows, cfg.stride, cfg.max_length)
-    train_feats, _ = featurize(task, train, tokenizer, labels, cfg.max_length, stride, "train", train=True)
-    dev_feats, _ = featurize(task, dev, tokenizer, labels, cfg.max_length, stride, "dev")
-    return task, labels, Split(train, train_feats), Split(dev, dev_feats)
+    return task, data.labels, Split(data.train_examples, data.train_feats), Split(data.dev_examples, data.dev_feats)
 
 
 def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool = False,
