@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit import Tokenizer, preset, save_model
+from bertkit import Tokenizer, load_model, preset, save_model
 from bertkit.checkpoint import build
 from bertkit.cli import main
-from bertkit.finetune import FinetuneConfig, finetune, grid, load_finetuned
+from bertkit.finetune import FinetuneConfig, finetune, grid
 from bertkit.probe import ProbeModel
 from bertkit.tasks import DataError
 
@@ -104,7 +104,7 @@ def test_sequence_classification_learns_and_checkpoint_round_trips(tiny_model, s
     # transformers loads the same folder and computes the same logits
     transformers = pytest.importorskip("transformers")
     hf = transformers.BertForSequenceClassification.from_pretrained(out).eval()
-    ours, _ = load_finetuned(out)
+    ours = load_model(out).eval()
     tok = Tokenizer.from_dir(out)
     batch = tok(["the movie was good", "a bad plot"])
     with torch.no_grad():
@@ -159,7 +159,7 @@ def test_frozen_probe_keeps_encoder_and_concatenates_layers(tiny_model, conll_di
     result = finetune(cfg(task="conll2003", data=str(conll_dir), model=str(tiny_model), out=str(out), freeze=True,
                           probe_features="concat_last_2", lr=1e-2, epochs=4))
     assert result["dev"]["f1"] > 0.9, result["history"]           # word identity is in the frozen features
-    model, raw = load_finetuned(out)
+    model, raw = load_model(out).eval(), json.loads((out / "config.json").read_text())
     assert isinstance(model, ProbeModel) and raw["bertkit_probe"] == {"features": "concat_last_2",
                                                                       "combine": "concat", "layers": [1, 2]}
     assert model.classifier.weight.shape == (4, 64)                 # B-LOC, B-PER, I-LOC, O from 2 x 32
@@ -228,7 +228,6 @@ def test_cli_errors_are_one_line(tiny_model, tmp_path, capsys):
      lambda r: len(r["prediction"]) == 1 and len(r["candidates"][0]) == 3),
 ])
 def test_predict_every_head(tiny_model, tmp_path, capsys, head, line, check):
-    from bertkit import load_model
     model = load_model(tiny_model, head=head, new_head_ok=True)
     save_model(model, tmp_path / "m")
     Tokenizer.from_dir(tiny_model).save(tmp_path / "m")
@@ -384,7 +383,7 @@ def test_run_card_answers_the_reproduction_checklist(tiny_model, sst_dir, tmp_pa
     lengths = [len(f["input_ids"]) for f in task.featurize(task.read(sst_dir / "train.tsv"), tok, ["0", "1"],
                                                            max_length=32)]
     assert card["tokens_seen"] == result["tokens_seen"] == sum(lengths)
-    config = load_finetuned(out)[0].config
+    config = load_model(out).config
     forward = forward_flops(config, sum(lengths), sum(n * n for n in lengths))
     assert card["train_flops"] == pytest.approx(forward * (1 if freeze else 3))
     assert card["eval_flops"] > 0 and card["updates"] == 20
@@ -394,7 +393,7 @@ def test_run_card_answers_the_reproduction_checklist(tiny_model, sst_dir, tmp_pa
 
 
 def test_run_card_records_a_causal_model(tiny_model, sst_dir, tmp_path):
-    from bertkit.checkpoint import load_model, read_config
+    from bertkit.checkpoint import read_config
     src = tmp_path / "causal"
     model = load_model(tiny_model, head="encoder")
     model.config.causal = True                       # saved as bertkit_causal: the run builds causal attention
@@ -413,7 +412,7 @@ def test_mean_pooling_trains_travels_with_the_checkpoint_and_is_refused_where_no
     assert result["dev"]["accuracy"] >= 0.95, result["history"]
     config = json.loads((out / "config.json").read_text())
     assert config["classifier_pooling"] == "mean"
-    ours, _ = load_finetuned(out)
+    ours = load_model(out).eval()
     assert ours.config.classifier_pooling == "mean"
     # the pooler reads the mean of the real tokens' states: padded, packed and by hand agree
     tok = Tokenizer.from_dir(out)

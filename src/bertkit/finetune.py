@@ -471,12 +471,6 @@ def save_finetuned(model: nn.Module, tokenizer, out: Path, task: Task, cfg: Fine
     tokenizer.save(out)
 
 
-def load_finetuned(path: str | Path) -> tuple[nn.Module, dict]:
-    """A fine-tuned checkpoint (any HF BERT head folder, or a probe) in eval mode, and its config.json."""
-    _, raw = read_config(Path(path))
-    return load_model(path).eval(), raw
-
-
 def _plain(x):
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
