@@ -220,6 +220,11 @@ def check_checkpoint(cfg: FinetuneConfig) -> None:
     check_inputs_fit(config, Tokenizer.from_dir(cfg.model).vocab_size, cfg.max_length, "max_length", cfg.model)
 
 
+def task_max_length(task: Task, cfg: FinetuneConfig) -> int:
+    """cfg.max_length, else the task's own window (SQuAD: 384) within the model's positions."""
+    return cfg.max_length or min(task.max_length, read_config(Path(cfg.model))[0].max_position_embeddings)
+
+
 def seed_run(cfg: FinetuneConfig) -> None:
     """torch's threads, and the seeds of the head's initialisation, the data order and dropout."""
     if cfg.threads:
@@ -238,8 +243,7 @@ def _finetune(cfg: FinetuneConfig, command: str, out: Path) -> dict:
     if cfg.pooling is not None and task.head not in ("sequence_classification", "multiple_choice"):
         raise BertkitError(f"pooling {cfg.pooling!r}: only sentence(-pair) and multiple-choice heads pool; "
                            f"task {task.name} reads every token")     # before any data is read
-    if cfg.max_length is None:           # the task's own window (SQuAD: 384), within the model's positions
-        cfg.max_length = min(task.max_length, read_config(Path(cfg.model))[0].max_position_embeddings)
+    cfg.max_length = task_max_length(task, cfg)
     tokenizer = Tokenizer.from_dir(cfg.model)
     data = read_task_data(task, cfg, tokenizer)
     loop = start_loop(cfg, build_model(task, cfg, data.labels), len(data.train_feats), cfg.max_length,

@@ -84,7 +84,7 @@ def is_seeds_output(path: Path) -> bool:
 def finetune_seeds(cfg, seeds: Sequence[int], command: str = "") -> dict:
     """Fine-tune `cfg` once per seed into cfg.out/seed-N, keep the best on dev as cfg.out's model;
     returns the summary (also cfg.out/seeds.json)."""
-    from .finetune import columns_of, finetune, is_finetune_output
+    from .finetune import columns_of, finetune, is_finetune_output, task_max_length
     from .tasks.plumbing import resolve_task
 
     if cfg.task == "embedding":
@@ -92,10 +92,7 @@ def finetune_seeds(cfg, seeds: Sequence[int], command: str = "") -> dict:
     seeds = check_seeds(list(seeds))
     task = resolve_task(cfg.task, columns_of(cfg))
     check_dev(task, cfg)
-    if cfg.max_length is None:           # the task's window, as `finetune` resolves it: compared with finished seeds
-        from .checkpoint import read_config
-        cfg = dataclasses.replace(cfg, max_length=min(task.max_length,
-                                                      read_config(Path(cfg.model))[0].max_position_embeddings))
+    cfg = dataclasses.replace(cfg, max_length=task_max_length(task, cfg))   # as finished seeds record it
     out = Path(os.path.abspath(cfg.out))
     _check_out(out, lambda p: is_finetune_output(p) or is_seeds_output(p), "fine-tuning run")
     finished = {s: finished_seed(out / f"seed-{s}", seed_config(cfg, s, out)) for s in seeds}   # all checked first
@@ -148,8 +145,6 @@ def check_dev(task, cfg) -> None:
 def finished_seed(folder: Path, cfg) -> dict | None:
     """A finished seed's metrics.json (None when it is not finished); an error when it was trained
     with other settings than `cfg` (fields in IGNORED aside)."""
-
-
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         result = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))

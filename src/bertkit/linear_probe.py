@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .checkpoint import load_model, read_config
+from .checkpoint import load_model
 from .errors import BertkitError
 from .model import pool_tokens
 from .packing import pack
@@ -373,14 +373,13 @@ class Split:
 def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
     """The task, its labels and the train / dev splits featurized as fine-tuning does (limits,
     max_length, windows), every problem one line before the encoder runs."""
-    from .finetune import check_checkpoint, columns_of, read_task_data
+    from .finetune import check_checkpoint, columns_of, read_task_data, task_max_length
 
     task = resolve_task(cfg.task, columns_of(cfg))
     if task.head not in ("sequence_classification", "token_classification") or task.problem == "regression":
         raise BertkitError(f"a logistic-regression probe needs a classification or tagging task; {task.name} is "
                            f"{'a regression' if task.problem == 'regression' else task.head.replace('_', ' ')}")
-    if cfg.max_length is None:
-        cfg.max_length = min(task.max_length, read_config(Path(cfg.model))[0].max_position_embeddings)
+    cfg.max_length = task_max_length(task, cfg)
     check_checkpoint(cfg)
     data = read_task_data(task, cfg, Tokenizer.from_dir(cfg.model))
     if data.dev_examples is None:
