@@ -103,7 +103,7 @@ def build_card(cfg, task, model, labels, result: dict, command: str, facts: dict
 
 def write_card(out: Path, card: dict) -> None:
     """run_card.json and run_card.md."""
-    from .runlog import _fmt
+    from .runlog import _fmt, md_section
 
     (out / "run_card.json").write_text(json.dumps(card, indent=2, default=str) + "\n", encoding="utf-8")
     probe = card["probe"]
@@ -134,16 +134,12 @@ def write_card(out: Path, card: dict) -> None:
             ("wall time (s)", card["wall_time_s"])]
     if "null_threshold" in card:
         rows.append(("SQuAD 2.0 null threshold (best F1 on dev, saved)", card["null_threshold"]))
-    lines = [f"# Run card: {card['name']}", "", f"Command: `{card['command']}`", "",
-             "## Reproduction checklist", "", "| item | value |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in rows]
+    lines = [f"# Run card: {card['name']}", "", f"Command: `{card['command']}`",
+             *md_section("Reproduction checklist", rows, "item")]
     if card["final_eval"]:
-        lines += ["", f"## Dev evaluation (best checkpoint, update {card['best_step']})", "",
-                  "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["final_eval"].items()]
+        lines += md_section(f"Dev evaluation (best checkpoint, update {card['best_step']})", card["final_eval"])
     if card.get("hardware"):
-        lines += ["", "## Hardware", "", "| item | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["hardware"].items()]
+        lines += md_section("Hardware", card["hardware"], "item")
     lines += ["", "Files: " + FILES + ". The resolved config is also in run_card.json (`config`)."]
     (out / "run_card.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 

@@ -288,18 +288,21 @@ def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
             lines.append(f"| {key} | {_fmt(card[key])} |")
     lines += _masking_lines(card)
     if card.get("final_eval"):
-        lines += ["", "## Held-out evaluation (final)", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["final_eval"].items()]
+        lines += md_section("Held-out evaluation (final)", card["final_eval"])
     if card.get("final_train"):
-        lines += ["", "## Last logged training step", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["final_train"].items()]
+        lines += md_section("Last logged training step", card["final_train"])
     if card.get("hardware"):
-        lines += ["", "## Hardware", "", "| item | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in card["hardware"].items()]
+        lines += md_section("Hardware", card["hardware"], "item")
     lines += ["", "Files: `config.yaml` (resolved config), `metrics.jsonl`, `eval.jsonl`, `curves.png`, "
               "`checkpoints/`, `final/` (Hugging Face format)."]
     mpath.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return mpath, jpath
+
+
+def md_section(title: str, rows, name: str = "metric") -> list[str]:
+    """A run card's `## title` section: a table of `rows` (a dict or (name, value) pairs)."""
+    rows = rows.items() if isinstance(rows, dict) else rows
+    return ["", f"## {title}", "", f"| {name} | value |", "|---|---|", *(f"| {k} | {_fmt(v)} |" for k, v in rows)]
 
 
 def _masking_lines(card: dict) -> list[str]:
