@@ -181,8 +181,7 @@ def test_ablate_grid_options_come_from_its_config(capsys):
 
 def test_every_command_takes_both_spellings_of_an_option():
     """`--a_b` and `--a-b` are one option in every command, generated from a dataclass or written by
-    hand (probe's --train-limit, prepare's --num-shards, tokenizer train's --vocab-size); a value
-    after `--` is left alone."""
+    hand (probe's --train-limit, prepare's --num-shards); a value after `--` is left alone."""
     from bertkit.cli import build_parser
 
     args = build_parser("probe").parse_args(["probe", "--model", "m", "--task", "sst2", "--train_limit", "5",
@@ -208,3 +207,41 @@ def test_export_options_are_export_options_fields(capsys):
     assert given(args, ExportOptions) == {"opset": 17, "int8": True, "max_abs_diff": 0.01, "min_cosine": 0.99}
     assert main(["export", "onnx", "--model", "m", "--out", "o.onnx", "--min_cosine", "2"]) == 1
     assert capsys.readouterr().err == "bertkit export: error: min_cosine must be in [0, 1], got 2.0\n"
+
+
+@pytest.mark.parametrize("command, dash, underscore, field, value, bad, error", [
+    (["tokenizer", "train", "a.txt", "--out", "o"], "--vocab-size", "--vocab_size", "vocab_size", 100,
+     ["--vocab-size", "5"], "vocab_size must be at least 10, got 5"),
+    (["tokenizer", "stats", "a.txt", "--model", "m"], "--max-sentences", "--max_sentences", "max_sentences", 100,
+     ["--max-sentences", "0"], "max_sentences must be at least 1, got 0"),
+    (["data", "stats", "d"], "--mask-mode", "--mask_mode", "mask_mode", "span",
+     ["--sample", "-1"], "sample must be a finite number >= 0, got -1"),
+    (["data", "show", "d"], "-n", "-n", "n", 3, ["--epoch", "-1"], "epoch must be a finite number >= 0, got -1"),
+    (["inspect", "the cat", "--model", "m"], "--top-k", "--top_k", "top_k", 3,
+     ["--steps", "513"], "steps must be 0 to 512, got 513"),
+    (["convert", "ckpt", "--out", "o"], "--do-lower-case", "--do_lower_case", "do_lower_case", False,
+     ["--do-lower-case", "maybe"], "argument --do_lower_case/--do-lower-case: expected true or false, got 'maybe'"),
+    (["score", "--task", "sst2", "--predictions", "p", "--references", "r"], "--na-prob-thresh", "--na_prob_thresh",
+     "na_prob_thresh", 0.5, ["--na-prob-thresh", "nan"], "na_prob_thresh must be a finite number, got nan"),
+    (["tokenize", "t.txt", "--model", "m"], "--max-length", "--max_length", "max_length", 8,
+     ["--max-length", "2"], "max_length must be at least 3 (room for [CLS] x [SEP]), got 2"),
+    (["embed", "t.txt", "--model", "m"], "--batch-size", "--batch_size", "batch_size", 8,
+     ["--batch-size", "0"], "batch_size must be at least 1, got 0"),
+    (["fill-mask", "a [MASK]", "--model", "m"], "--top-k", "--top_k", "top_k", 3,
+     ["--top-k", "0"], "top_k must be at least 1, got 0"),
+])
+def test_options_dataclass_commands_take_both_spellings_and_name_the_field(capsys, command, dash, underscore, field,
+                                                                           value, bad, error):
+    """The commands whose flags come from an options dataclass (TokenizerTrainOptions, TokenizerStatsOptions,
+    DataStatsOptions, ShowOptions, InspectOptions, ConvertOptions, ScoreOptions, TokenizeOptions,
+    EmbedOptions, fill-mask's PredictOptions.top_k): both spellings of a flag give the field, and a value out
+    of its range is one line naming the field, before any file is read."""
+    parser = build_parser(command[0])
+    for flag in (dash, underscore, f"{underscore}={value}"):
+        extra = [flag] if "=" in flag else [flag, str(value).lower()]
+        assert getattr(parser.parse_args(command + extra), field) == value, flag
+    try:
+        code = main(command + bad)
+    except SystemExit as e:                             # a value argparse refuses (convert's true|false)
+        code = e.code
+    assert code == 1 and capsys.readouterr().err == f"bertkit {command[0]}: error: {error}\n"

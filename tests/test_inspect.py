@@ -133,7 +133,7 @@ def test_cli_writes_the_report(lm, tmp_path, capsys, one_thread):
                                            "most 32 positions"),
     (["--model", "{lm}", "the cat", "--layer", "3"], "--layer 3: this model has layers 1 to 2"),
     (["--model", "{lm}", "cat"], "the segment-change test needs a right-hand segment"),
-    (["--model", "{lm}", "the cat", "--top-k", "0"], "--top-k must be >= 1"),
+    (["--model", "{lm}", "the cat", "--top-k", "0"], "top_k must be at least 1, got 0"),
     (["--model", "{lm}", "the cat", "--out", "{file}"], "exists and is not a folder"),
 ])
 def test_cli_errors_are_one_line(lm, tmp_path, capsys, args, message):

@@ -6,7 +6,8 @@ are one name.
     values = given(args, FinetuneConfig)         # only the options on the command line
     cfg = from_dict(FinetuneConfig, {**yaml_mapping, **values}, source)     # bertkit.runconfig
 
-One option per field, named like the attribute; the kebab spelling (`--batch-size`) works too.
+One option per field, named like the attribute; the kebab spelling (`--batch-size`) works too, and a
+one-letter field is a short option (`-n`).
 Help is the field's docstring (the string literal right after it in the class body), choices come
 from `Literal[...]` annotations, bool fields are `--x/--no-x`, values are checked as `from_dict`
 checks YAML values (`runconfig._coerce`). An option that is not given is absent from the namespace,
@@ -66,14 +67,15 @@ def literal_choices(kind: Any) -> tuple | None:
 def _converter(kind: Any, flag: str):
     """str -> the field's type, read as YAML and checked like a YAML value (a bad one is argparse's
     one-line error). A string option keeps the text as typed unless YAML reads it as a string (quotes
-    taken off) or, for an optional key, as null: '123' stays '123', '"normal"' is 'normal'."""
+    taken off) or, for an optional key, as null ('null', '~'; blank text stays text): '123' stays '123',
+    '"normal"' is 'normal'."""
     base = _strip_optional(kind)
     choices = literal_choices(kind)
     text_field = base is str or choices is not None and all(isinstance(c, str) for c in choices)
 
     def convert(text: str):
         value = _yaml(text)
-        if text_field and not (isinstance(value, str) or value is None and base is not kind and text):
+        if text_field and not (isinstance(value, str) or value is None and base is not kind and text.strip()):
             value = text
         try:
             return _coerce(value, kind, flag)
@@ -141,7 +143,7 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
                         prefix=key + ".", help=help)
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
-        flags = [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
+        flags = [f"-{key}"] if len(key) == 1 else [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
         own = (help or {}).get(key)               # the command's own text says its default itself
         text = _help(own or docs.get(name, ""), default, show_defaults and own is None)
         common = {"dest": key, "default": default if defaults else argparse.SUPPRESS}

@@ -36,6 +36,16 @@ GOOGLE_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_att
 
 
 @dataclass
+class ConvertOptions:
+    """How `convert` reads the checkpoint (the flags of `bertkit convert`)."""
+    do_lower_case: bool | None = None
+    """The tokenizer lower-cases (and strips accents), as Google's --do_lower_case (default: inferred from
+    the vocabulary: uncased ones have no upper-case tokens)."""
+    verify: bool = True
+    """Check the tensors' CRC-32C checksums (the slow part: seconds per 100 MB)."""
+
+
+@dataclass
 class Converted:
     """What `convert` read and wrote (the command prints it)."""
     prefix: Path
@@ -124,11 +134,11 @@ def is_checkpoint_folder(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
 
 
-def convert(source: str | Path, out: str | Path, lowercase: bool | None = None, verify: bool = True,
+def convert(source: str | Path, out: str | Path, options: ConvertOptions | None = None,
             progress: bool = True) -> Converted:
-    """Convert a Google TF checkpoint (a release folder or a prefix) into the folder `out`.
-    `lowercase`: the tokenizer's casing (None: inferred from the vocabulary);
-    `verify`: check each tensor's CRC-32C (the slow part: seconds per 100 MB)."""
+    """Convert a Google TF checkpoint (a release folder or a prefix) into the folder `out`."""
+    o = options or ConvertOptions()
+    lowercase, verify = o.do_lower_case, o.verify
     prefix, folder = find_checkpoint(source)
     cfg = read_google_config(folder / "bert_config.json")
     vocab_file = folder / "vocab.txt"

@@ -19,10 +19,11 @@ answers the same numbers as JSON.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -30,11 +31,31 @@ from torch import Tensor, nn
 from .errors import BertkitError
 from .model import BertModel, SelfAttention
 from .packing import alibi_bias
+from .runconfig import AT_LEAST_1, THREADS, Rule, check_fields
 from .tokenizer import Tokenizer
 
 
 class InspectError(BertkitError, ValueError):
     """Bad input to `bertkit inspect` (no model, empty text, text longer than the model's positions)."""
+
+
+@dataclass
+class InspectOptions:
+    """What `inspect` measures and shows (the flags of `bertkit inspect`: `cliconfig.add_options`)."""
+    layer: int | None = None
+    """Whose full attention maps to keep and draw, 1-based (default: the last layer)."""
+    replace: str | None = None
+    """Also replace the right segment by this sentence (besides [MASK]s and a shuffled copy)."""
+    steps: Annotated[int, Rule("0 to 512", lambda v: 0 <= v <= 512)] = 8
+    """Tokens to generate left to right with an LM head."""
+    top_k: Annotated[int, AT_LEAST_1] = 5
+    """Predictions shown at each [MASK]."""
+    threads: Annotated[int, THREADS] = 1
+    """CPU threads: one sentence is little work, and one thread is fastest on a busy machine (0: torch's
+    count)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the ranges on the fields
 
 
 @dataclass
@@ -297,18 +318,16 @@ def generate(loaded: Loaded, prompt: str, steps: int = 8) -> dict:
 
 
 # ---- everything, and what it answers -----------------------------------------------------------
-def inspect(loaded: Loaded, text: str, pair: str | None = None, layer: int | None = None, other: str | None = None,
-            steps: int = 8, top_k: int = 5) -> dict:
-    """All measurements on one input, as plain JSON-able values (see the module docstring). `layer`
-    (1-based, default the last): whose full attention maps to keep; `other`: a sentence to replace the
-    right segment with (besides [MASK]s and a shuffle); `steps`: tokens to generate with an LM head."""
+def inspect(loaded: Loaded, text: str, pair: str | None = None, options: InspectOptions | None = None,
+            **changes) -> dict:
+    """All measurements on one input, as plain JSON-able values (see the module docstring), as
+    `options` say (`InspectOptions`; keyword arguments of its fields change single ones)."""
+    o = dataclasses.replace(options or InspectOptions(), **changes)
     cfg = loaded.model.config
-    layer = cfg.num_layers if layer is None else layer
+    layer = cfg.num_layers if o.layer is None else o.layer
     if not 1 <= layer <= cfg.num_layers:
         raise InspectError(f"--layer {layer}: this model has layers 1 to {cfg.num_layers}")
-    if not 0 <= steps <= 512:
-        raise InspectError(f"--steps must be 0 to 512, got {steps}")
-    if other is not None and not other.strip():
+    if o.replace is not None and not o.replace.strip():
         raise InspectError("--replace is empty: give another sentence")
     enc = encode(loaded, text, pair)
     t = trace(loaded.encoder, enc.input_ids, enc.token_type_ids)
@@ -322,11 +341,11 @@ def inspect(loaded: Loaded, text: str, pair: str | None = None, layer: int | Non
            "check": {"max_diff": t.max_diff, "row_error": t.row_error},
            "attention": summary_attention(t.probs, enc.input_ids, loaded.tokenizer.sep_id, loaded.causal),
            "layer": layer, "layer_maps": t.probs[layer - 1].tolist(),
-           "segment": {**segment_test(loaded, left, right, other), "split": pair is None}}
+           "segment": {**segment_test(loaded, left, right, o.replace), "split": pair is None}}
     if loaded.mlm is not None:
-        out["fill_mask"] = fill_masks(loaded, enc, top_k)
+        out["fill_mask"] = fill_masks(loaded, enc, o.top_k)
         prompt = text.split("[MASK]")[0].strip() or text
-        out["generate"] = generate(loaded, prompt, steps) if steps else None
+        out["generate"] = generate(loaded, prompt, o.steps) if o.steps else None
     out["answers"] = answers(out)
     return out
 

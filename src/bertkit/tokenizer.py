@@ -26,12 +26,13 @@ import time
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Annotated, Iterable, Sequence
 
 from tokenizers import AddedToken, Tokenizer as RustTokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from .errors import BertkitError
 from .outdir import staged_dir
+from .runconfig import NON_NEGATIVE, Rule, check_fields
 from .wordpiece import count_words, learn_wordpiece
 
 if TYPE_CHECKING:
@@ -364,13 +365,30 @@ def _write_atomic(f: Path, text: str) -> None:
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def train_to_folder(files: Sequence[str | Path], out: str | Path, **options) -> Tokenizer:
-    """`Tokenizer.train(files, **options)` saved as the folder `out`, which is at every moment either
-    the previous tokenizer or the new one, complete (`kill -9` included): the files are written to
-    `out.incomplete` and swapped in when all are there. An `out` holding anything but tokenizer
+@dataclass
+class TokenizerTrainOptions:
+    """The vocabulary `bertkit tokenizer train` learns (its flags: `cliconfig.add_options`)."""
+    vocab_size: Annotated[int, Rule("at least 10", lambda v: v >= 10)] = 30522
+    """Tokens in the vocabulary, the 5 special ones included."""
+    cased: bool = False
+    """Keep case and accents (default: uncased, like bert-base-uncased)."""
+    min_frequency: Annotated[int, NON_NEGATIVE] = 2
+    """Fewest occurrences of a pair of pieces to merge it."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the ranges on the fields
+
+
+def train_to_folder(files: Sequence[str | Path], out: str | Path, options: TokenizerTrainOptions | None = None,
+                    show_progress: bool = False) -> Tokenizer:
+    """`Tokenizer.train(files)` as `options` say, saved as the folder `out`, which is at every moment
+    either the previous tokenizer or the new one, complete (`kill -9` included): the files are written
+    to `out.incomplete` and swapped in when all are there. An `out` holding anything but tokenizer
     files is an error, checked before training."""
+    o = options or TokenizerTrainOptions()
     with staged_dir(out, owned=is_tokenizer_folder, what="tokenizer") as tmp:
-        tok = Tokenizer.train(files, **options)
+        tok = Tokenizer.train(files, vocab_size=o.vocab_size, lowercase=not o.cased, min_frequency=o.min_frequency,
+                              show_progress=show_progress)
         tok.save(tmp)
     return tok
 

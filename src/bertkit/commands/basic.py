@@ -6,10 +6,13 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, Iterator, Literal
 
+from ..cliconfig import add_options, given
 from ..errors import BertkitError
+from ..runconfig import AT_LEAST_1, Rule, check_fields
 from ..sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
@@ -80,26 +83,12 @@ def check_device(device: str | None) -> None:
         raise BertkitError(f"--device {device}: bertkit runs on cpu, cuda[:N] or mps")
 
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-AUTO_INFERENCE = ("bf16 on a CPU measured faster in bf16 (once per machine) where the model keeps cosine >= 0.999 "
-                  "to fp32 on a fixed sample, else fp32: two machines of different kinds can give vectors ~1e-3 apart")
-
-
-def add_precision(p: argparse.ArgumentParser, auto: str) -> None:
-    """--precision, one name and one set of values on every command that runs a model; `auto` says
-    what 'auto' means for this command. What ran is logged at start-up ("precision ...: why")."""
-    p.add_argument("--precision", default="auto", choices=PRECISIONS,
-                   help=f"auto ({auto}), fp32, bf16 or fp16 (GPU); fp32 gives the same numbers on every machine "
-                        "up to fp32 rounding")
-
-
 def add_predictor_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
                           help: dict[str, str] | None = None, **defaults) -> None:
     """One flag per `PredictorOptions` field (`bertkit.cliconfig`): --device, --threads, --precision,
     --int8, --compile, --backend, --onnx_file, --[no-]prepack, --[no-]small_batches,
     --small_batch_tokens, --max_length (kebab spellings too); `defaults` are this command's own
     (a one-shot command times no engine of short batches: small_batches=False)."""
-    from ..cliconfig import add_options
     from ..infer import PredictorOptions
 
     add_options(p.add_argument_group("how the model runs (bertkit.infer.PredictorOptions)"), PredictorOptions,
@@ -110,8 +99,6 @@ def add_predictor_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] =
 def options_of(args: argparse.Namespace, cls: type, exclude: tuple[str, ...] = (), **values):
     """The options dataclass `cls` of a command's flags (`cliconfig.add_options`, the same `exclude`) and
     `values`; the fields not given keep their defaults, and the dataclass checks them."""
-    from ..cliconfig import given
-
     return cls(**{k: v for k, v in given(args, cls).items() if k not in exclude}, **values)
 
 
@@ -120,11 +107,6 @@ def predictor_options(args: argparse.Namespace, exclude: tuple[str, ...] = (), *
     from ..infer import PredictorOptions
 
     return options_of(args, PredictorOptions, exclude, **values)
-
-
-def check_threads(threads: int | None) -> None:
-    if threads is not None and not 0 <= threads <= 4096:
-        raise BertkitError(f"--threads must be 0 (torch's default) or a number of CPU threads, got {threads}")
 
 
 def check_fits(pred, max_length: int | None) -> None:
@@ -278,12 +260,26 @@ def _short_inputs(info: dict) -> str:
 
 
 # ---- tokenize ------------------------------------------------------------------------------------
+MAX_LENGTH = Rule("at least 3 (room for [CLS] x [SEP])", lambda v: v >= 3)
+
+
+@dataclass
+class TokenizeOptions:
+    """How `bertkit tokenize` reads and encodes its input (its flags: `cliconfig.add_options`)."""
+    max_length: Annotated[int | None, MAX_LENGTH] = None
+    """Truncate to N tokens (longest first for pairs)."""
+    jsonl: bool | None = None
+    """Read INPUT as JSONL whatever its name (default: by its name, .jsonl / .json / .ndjson)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the range on max_length
+
+
 def setup_tokenize(p) -> None:
     p.add_argument("input", metavar="INPUT", help="text file (one text per line), '-' for stdin, or JSONL "
                    "with 'text' and optional 'text_pair'")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint or tokenizer folder")
-    p.add_argument("--max-length", type=int, default=None, help="truncate to N tokens (longest first for pairs)")
-    p.add_argument("--jsonl", action="store_true", default=None, help="read INPUT as JSONL whatever its name")
+    add_options(p, TokenizeOptions)
     p.set_defaults(run=run_tokenize)
     p.epilog = "example: bertkit tokenize --model DIR --max-length 128 texts.txt"
 
@@ -291,36 +287,46 @@ def setup_tokenize(p) -> None:
 def run_tokenize(args) -> int:
     from ..tokenizer import Tokenizer
 
+    o = options_of(args, TokenizeOptions)
     tok = Tokenizer.from_dir(args.model)
-    texts, pairs = read_inputs(args.input, args.jsonl)
-    _check_max_length(args.max_length)
-    encs = tok.encode_batch(texts, pairs, args.max_length)
+    texts, pairs = read_inputs(args.input, o.jsonl)
+    encs = tok.encode_batch(texts, pairs, o.max_length)
     _write_jsonl(({"input_ids": e.input_ids, "token_type_ids": e.token_type_ids, "tokens": e.tokens,
-                   "offsets": [list(o) for o in e.offsets], "truncated": e.truncated} for e in encs), None)
-    report_truncation(tok)
+                   "offsets": [list(span) for span in e.offsets], "truncated": e.truncated} for e in encs), None)
+    tok.stats.report()                              # logs how many inputs truncation cut
     return 0
 
 
 def _check_max_length(n: int | None) -> None:
-    if n is not None and n < 3:
-        raise BertkitError(f"--max-length must be at least 3 (room for [CLS] x [SEP]), got {n}")
-
-
-def report_truncation(tok) -> None:
-    tok.stats.report()
+    """PredictorOptions' max_length (at least 1 there) leaves room for [CLS] x [SEP]."""
+    if n is not None and (problem := MAX_LENGTH.problem(n)):
+        raise BertkitError(f"max_length {problem}")
 
 
 # ---- embed ---------------------------------------------------------------------------------------
+@dataclass
+class EmbedOptions:
+    """What `bertkit embed` reads and computes (its flags: `cliconfig.add_options`; how the model runs,
+    max_length included: `PredictorOptions`)."""
+    pooling: Literal["cls", "mean", "pooler", "none"] | None = None
+    """Mean over tokens, the [CLS] state, the pre-trained pooler over it, or per token (default: the
+    checkpoint's sentence-transformers pooling, else mean)."""
+    normalize: bool = False
+    """Unit-length vectors."""
+    batch_size: Annotated[int, AT_LEAST_1] = 32
+    """Texts per batch."""
+    jsonl: bool | None = None
+    """Read INPUT as JSONL whatever its name (default: by its name, .jsonl / .json / .ndjson)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the choices and ranges on the fields
+
+
 def setup_embed(p) -> None:
     p.add_argument("input", metavar="INPUT", help="text file (one per line), '-' for stdin, or JSONL")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder")
-    p.add_argument("--pooling", choices=["cls", "mean", "pooler", "none"], default=None,
-                   help="mean over tokens, the [CLS] state, the pre-trained pooler over it, or per token "
-                        "(default: the checkpoint's sentence-transformers pooling, else mean)")
-    p.add_argument("--normalize", action="store_true", help="unit-length vectors")
-    p.add_argument("--batch-size", type=int, default=32)
+    add_options(p, EmbedOptions)
     p.add_argument("--output", metavar="FILE", help="FILE.jsonl or FILE.npy (default: JSONL on stdout)")
-    p.add_argument("--jsonl", action="store_true", default=None, help="read INPUT as JSONL whatever its name")
     add_predictor_options(p, small_batches=False)           # one pass over a file: no start-up timing
     p.set_defaults(run=run_embed)
 
@@ -331,37 +337,35 @@ def run_embed(args) -> int:
     from ..infer import Predictor
     from ..st_files import sentence_transformers_pooling
 
+    o, how = options_of(args, EmbedOptions), predictor_options(args)
+    _check_max_length(how.max_length)
+    check_device(how.device)
     if args.output and not args.output.endswith((".jsonl", ".npy")):
         raise BertkitError(f"--output {args.output}: use a .jsonl or .npy file name")
-    if args.output and args.output.endswith(".npy") and args.pooling == "none":
+    if args.output and args.output.endswith(".npy") and o.pooling == "none":
         raise BertkitError("--pooling none gives one matrix per text; write it as .jsonl, not .npy")
-    if args.batch_size < 1:
-        raise BertkitError(f"--batch-size must be >= 1, got {args.batch_size}")
-    _check_max_length(args.max_length)
-    check_threads(args.threads)
-    check_device(args.device)
     if args.output:
         out = Path(args.output)
         if out.is_dir():
             raise BertkitError(f"--output {args.output}: is a directory")
         if not out.parent.is_dir():
             raise BertkitError(f"--output {args.output}: the folder {out.parent} does not exist")
-    pred = Predictor.from_dir(args.model, predictor_options(args), head="encoder")
-    check_fits(pred, args.max_length)
-    texts, pairs = read_inputs(args.input, args.jsonl)
+    pred = Predictor.from_dir(args.model, how, head="encoder")
+    check_fits(pred, how.max_length)
+    texts, pairs = read_inputs(args.input, o.jsonl)
     to_npy = bool(args.output and args.output.endswith(".npy"))
     sink = _EmbeddingSink(args.output, len(texts), pred.config.hidden_size, to_npy)
-    pooling = args.pooling or sentence_transformers_pooling(args.model)[0]
+    pooling = o.pooling or sentence_transformers_pooling(args.model)[0]
     # Blocks of EMBED_BLOCK texts: memory stays flat on big inputs (written as they come), and the
     # bar moves; each block is still sorted by length into batches.
     with sink, tqdm(total=len(texts), desc="embed", unit="text", disable=None, leave=False) as bar:
         for at in range(0, len(texts), EMBED_BLOCK):
             block = slice(at, at + EMBED_BLOCK)
             vecs = pred.embed(texts[block], pairs[block] if pairs is not None else None, pooling=pooling,
-                              normalize=args.normalize, max_length=args.max_length, batch_size=args.batch_size)
+                              normalize=o.normalize, max_length=how.max_length, batch_size=o.batch_size)
             sink.write(at, vecs)
             bar.update(len(vecs))
-    report_truncation(pred.tokenizer)
+    pred.tokenizer.stats.report()
     if args.output:
         log.info("wrote %d embeddings to %s", len(texts), args.output)
     return 0
@@ -412,9 +416,11 @@ class _EmbeddingSink:
 
 # ---- fill-mask -----------------------------------------------------------------------------------
 def setup_fill_mask(p) -> None:
+    from ..predict import PredictOptions
+
     p.add_argument("texts", nargs="+", metavar="TEXT", help="texts with one or more [MASK] tokens")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint with a masked-LM head")
-    p.add_argument("--top-k", type=int, default=5)
+    add_options(p, PredictOptions, names=("top_k",))            # predict's --top-k: the same setting
     p.add_argument("--json", action="store_true",
                    help="print JSON: a list per text of lists per [MASK] of {token, id, score}")
     add_predictor_options(p, small_batches=False)
@@ -423,19 +429,19 @@ def setup_fill_mask(p) -> None:
 
 def run_fill_mask(args) -> int:
     from ..infer import Predictor
+    from ..predict import PredictOptions
 
-    if args.top_k < 1:
-        raise BertkitError(f"--top-k must be >= 1, got {args.top_k}")
-    _check_max_length(args.max_length)
-    check_device(args.device)
+    o, how = options_of(args, PredictOptions), predictor_options(args)
+    _check_max_length(how.max_length)
+    check_device(how.device)
     for i, text in enumerate(args.texts):
         if not _is_unicode(text):
             raise BertkitError(f"text {i + 1}: not valid UTF-8 (undecodable bytes)")
     # the masked-LM head of a BertForMaskedLM or BertForPreTraining checkpoint (NSP weights unused)
-    pred = Predictor.from_dir(args.model, predictor_options(args), head="masked_lm")
-    check_fits(pred, args.max_length)
-    results = pred.fill_mask(args.texts, top_k=args.top_k)
-    report_truncation(pred.tokenizer)
+    pred = Predictor.from_dir(args.model, how, head="masked_lm")
+    check_fits(pred, how.max_length)
+    results = pred.fill_mask(args.texts, top_k=o.top_k)
+    pred.tokenizer.stats.report()
     if args.json:
         print(json.dumps(results, ensure_ascii=False))
         return 0

@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..cliconfig import add_options, field_docs
+from ..convert import ConvertOptions, convert
+from .basic import options_of
+
 
 def _flag(text: str) -> bool:
     value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
@@ -25,20 +29,16 @@ def setup_convert(parser) -> None:
                              "such a folder (DIR/model.ckpt-100000)")
     parser.add_argument("--out", required=True, metavar="DIR", help="the folder to write (a previous checkpoint "
                         "there is replaced whole, at the end)")
-    parser.add_argument("--do-lower-case", "--do_lower_case", dest="lowercase", type=_flag, default=None,
-                        metavar="true|false", help="the tokenizer lower-cases (and strips accents) as Google's "
-                        "--do_lower_case (default: inferred from the vocabulary: uncased ones have no "
-                        "upper-case tokens)")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="skip the tensors' CRC-32C checksums (checking is the slow part: seconds per 100 MB)")
+    # Google's flag takes a value (--do_lower_case false), which a generated switch does not
+    parser.add_argument("--do_lower_case", "--do-lower-case", type=_flag, metavar="true|false",
+                        default=argparse.SUPPRESS, help=field_docs(ConvertOptions)["do_lower_case"])
+    add_options(parser, ConvertOptions, exclude=("do_lower_case",))
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     parser.set_defaults(run=run_convert)
 
 
 def run_convert(args) -> int:
-    from ..convert import convert
-
-    r = convert(args.source, args.out, lowercase=args.lowercase, verify=args.verify)
+    r = convert(args.source, args.out, options_of(args, ConvertOptions))
     if args.json:
         print(json.dumps({"checkpoint": str(r.prefix), "out": str(r.out), "architecture": r.architecture,
                           "heads": r.heads, "weights": r.weights, "left_out": r.left_out,

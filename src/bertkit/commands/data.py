@@ -8,6 +8,7 @@ import shlex
 import sys
 
 from ..errors import BertkitError
+from .basic import options_of
 
 log = logging.getLogger("bertkit")
 
@@ -27,45 +28,42 @@ def _load_tokenizer(path: str):
 
 # ---- tokenizer ----------------------------------------------------------------------------------
 def setup_tokenizer(parser: argparse.ArgumentParser) -> None:
-    from ..cliconfig import checked
-    from ..runconfig import AT_LEAST_1, NON_NEGATIVE
+    from ..cliconfig import add_options
+    from ..data.stats import TokenizerStatsOptions
+    from ..tokenizer import TokenizerTrainOptions
 
     p = _sub(parser, "train", "learn a WordPiece vocabulary (vocab.txt, tokenizer.json, tokenizer_config.json)")
     p.add_argument("files", nargs="+", help=".txt / .txt.gz files, globs or folders")
-    p.add_argument("--vocab-size", type=checked(int, AT_LEAST_1), default=30522)
-    p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased, like bert-base-uncased)")
-    p.add_argument("--min-frequency", type=checked(int, NON_NEGATIVE), default=2)
+    add_options(p, TokenizerTrainOptions)
     p.add_argument("--out", required=True, help="folder to write the tokenizer to")
     p.set_defaults(run=run_tokenizer_train)
     p = _sub(parser, "stats", "measure a tokenizer on your text: pieces per word, [UNK] rate, truncation")
     p.add_argument("files", nargs="+", help=".txt / .txt.gz files, globs or folders")
     p.add_argument("--model", required=True, help="tokenizer or checkpoint folder")
-    p.add_argument("--max-length", type=checked(int, AT_LEAST_1), default=512)
-    p.add_argument("--max-sentences", type=checked(int, AT_LEAST_1), default=200_000, help="measure on the first N sentences")
-    p.add_argument("--sentence-split", action="store_true", help="lines are paragraphs: split into sentences")
+    add_options(p, TokenizerStatsOptions)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_tokenizer_stats)
     parser.set_defaults(run=lambda a: (parser.print_help(), 2)[1])
 
 
 def run_tokenizer_train(args) -> int:
-    from ..tokenizer import train_to_folder
     from ..data.text import expand_inputs
-    if args.vocab_size < 10:
-        raise BertkitError(f"--vocab-size {args.vocab_size}: too small")
+    from ..tokenizer import TokenizerTrainOptions, train_to_folder
+
+    o = options_of(args, TokenizerTrainOptions)
     files = expand_inputs(args.files)
     # written as OUT.incomplete and swapped in whole: a killed rerun never mixes old and new files
-    tok = train_to_folder(files, args.out, vocab_size=args.vocab_size, lowercase=not args.cased,
-                          min_frequency=args.min_frequency, show_progress=sys.stderr.isatty())
+    tok = train_to_folder(files, args.out, o, show_progress=sys.stderr.isatty())
     log.info("trained a %s WordPiece vocabulary of %d tokens on %d files -> %s",
-             "cased" if args.cased else "uncased", tok.vocab_size, len(files), args.out)
+             "cased" if o.cased else "uncased", tok.vocab_size, len(files), args.out)
     return 0
 
 
 def run_tokenizer_stats(args) -> int:
-    from ..data.stats import tokenizer_stats
-    s = tokenizer_stats(_load_tokenizer(args.model), args.files, args.max_length, args.max_sentences,
-                        args.sentence_split)
+    from ..data.stats import TokenizerStatsOptions, tokenizer_stats
+
+    o = options_of(args, TokenizerStatsOptions)                 # checked before the tokenizer loads
+    s = tokenizer_stats(_load_tokenizer(args.model), args.files, o)
     if args.json:
         print(json.dumps(s))
         return 0
@@ -177,25 +175,18 @@ def run_prepare(args) -> int:
 
 # ---- data ---------------------------------------------------------------------------------------
 def setup_data(parser: argparse.ArgumentParser) -> None:
-    from ..cliconfig import add_moved, add_options
-    from ..data.masking import MODES
+    from ..cliconfig import add_options
+    from ..data.stats import DataStatsOptions, ShowOptions
     from ..nsp_probe import ShortcutOptions
 
     p = _sub(parser, "stats", "instances, tokens, lengths, NSP and masking fractions of prepared data")
     p.add_argument("dir", help="prepared data folder")
-    p.add_argument("--sample", type=int, default=20000, help="instances to measure masking on")
-    p.add_argument("--mask_mode", choices=MODES, help="dynamic data: measure this masking (pretrain's "
-                   "data.mask_mode; default: as prepared)")
-    add_moved(p, {"--whole_word": "--mask_mode=whole_word", "--span": "--mask_mode=span"})
-    p.add_argument("--seed", type=int, default=0, help="dynamic data: the collator seed (pretrain's train.seed)")
+    add_options(p, DataStatsOptions, old={"--whole_word": "--mask_mode=whole_word", "--span": "--mask_mode=span"})
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_data_stats)
     p = _sub(parser, "show", "print decoded instances with segments and masks marked {shown|target}")
     p.add_argument("dir", help="prepared data folder")
-    p.add_argument("-n", type=int, default=5, help="how many")
-    p.add_argument("--start", type=int, default=0, help="first instance")
-    p.add_argument("--epoch", type=int, default=0, help="dynamic data: the epoch whose masks to show")
-    p.add_argument("--seed", type=int, default=0, help="dynamic data: the collator seed")
+    add_options(p, ShowOptions)
     p.set_defaults(run=run_data_show)
     p = _sub(parser, "nsp-shortcut", "NSP's topic shortcut: a checkpoint's NSP head on next, other-document and "
              "same-document pairs of held-out text, beside a bag-of-words baseline")
@@ -208,26 +199,12 @@ def setup_data(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=lambda a: (parser.print_help(), 2)[1])
 
 
-def _dynamic_cfg(args, ds):
-    from ..data.masking import MaskingConfig
-    cfg = MaskingConfig(**ds.meta.get("masking_config", {}))
-    if getattr(args, "mask_mode", None):
-        cfg.mode = args.mask_mode
-    return cfg
-
-
-def _non_negative(args, *names: str) -> None:
-    for name in names:
-        if getattr(args, name) < 0:
-            raise BertkitError(f"{'-n' if name == 'n' else '--' + name} {getattr(args, name)}: expected >= 0")
-
-
 def run_data_stats(args) -> int:
     from ..data.pretraining import open_dataset
-    from ..data.stats import data_stats
-    _non_negative(args, "sample", "seed")
-    ds = open_dataset(args.dir)
-    s = data_stats(ds, _dynamic_cfg(args, ds), sample=args.sample, seed=args.seed)
+    from ..data.stats import DataStatsOptions, data_stats
+
+    o = options_of(args, DataStatsOptions)                      # checked before the data opens
+    s = data_stats(open_dataset(args.dir), o)
     if args.json:
         print(json.dumps(s))
         return 0
@@ -278,7 +255,6 @@ def _topic_line(t: dict) -> str:
 
 def run_nsp_shortcut(args) -> int:
     from ..nsp_probe import ShortcutOptions, nsp_shortcut, report_text
-    from .basic import options_of
 
     r = nsp_shortcut(args.model, args.files, **vars(options_of(args, ShortcutOptions)),
                      progress=not args.no_progress and sys.stderr.isatty())
@@ -291,10 +267,11 @@ def run_nsp_shortcut(args) -> int:
 
 def run_data_show(args) -> int:
     from ..data.pretraining import open_dataset
-    from ..data.stats import show_instances
-    _non_negative(args, "n", "start", "seed", "epoch")
+    from ..data.stats import ShowOptions, show_instances
+
+    o = options_of(args, ShowOptions)
     ds = open_dataset(args.dir)
-    if args.start >= len(ds):
-        raise BertkitError(f"--start {args.start}: {args.dir} holds {len(ds)} instances (0..{len(ds) - 1})")
-    print(show_instances(ds, args.n, args.start, _dynamic_cfg(args, ds), args.seed, args.epoch))
+    if o.start >= len(ds):
+        raise BertkitError(f"--start {o.start}: {args.dir} holds {len(ds)} instances (0..{len(ds) - 1})")
+    print(show_instances(ds, o))
     return 0

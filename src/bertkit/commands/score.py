@@ -11,6 +11,10 @@ from __future__ import annotations
 import json
 import math
 
+from ..cliconfig import add_options
+from ..tasks.metrics import ScoreOptions, score_files
+from .basic import options_of
+
 
 def setup_score(parser) -> None:
     parser.add_argument("--task", required=True,
@@ -25,11 +29,7 @@ def setup_score(parser) -> None:
     parser.add_argument("--null-odds", metavar="FILE",
                         help="SQuAD 2.0: {id: null odds} JSON (evaluate-v2.0.py's --na-prob-file); adds "
                              "best_exact/best_f1 and their thresholds")
-    parser.add_argument("--na-prob-thresh", type=float, default=1.0,
-                        help="SQuAD 2.0: answer 'no answer' where the null odds exceed this (default 1.0, as "
-                             "evaluate-v2.0.py)")
-    parser.add_argument("--skip-bad-rows", action="store_true",
-                        help="skip malformed reference rows (counted) instead of stopping at the first")
+    add_options(parser, ScoreOptions)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     parser.set_defaults(run=run_score)
 
@@ -37,11 +37,7 @@ def setup_score(parser) -> None:
 def run_score(args) -> int:
     from pathlib import Path
 
-    from ..errors import BertkitError
-    from ..tasks.metrics import score_files
-
-    if not math.isfinite(args.na_prob_thresh):
-        raise BertkitError(f"--na-prob-thresh must be a finite number, got {args.na_prob_thresh}")
+    o = options_of(args, ScoreOptions)
     for option, path in (("--references", args.references), ("--predictions", args.predictions),
                          ("--null-odds", args.null_odds)):
         if path is None:
@@ -49,8 +45,7 @@ def run_score(args) -> int:
         if option == "--references" and (not Path(path).is_file() or Path(path).suffix in (".parquet", ".arrow")):
             continue            # a glob, a dataset name or a table: the task's reader (sources.py) checks it
         _check_text_file(option, path)
-    result = score_files(args.task, args.predictions, args.references, null_odds=args.null_odds,
-                         na_prob_thresh=args.na_prob_thresh, skip_bad_rows=args.skip_bad_rows)
+    result = score_files(args.task, args.predictions, args.references, args.null_odds, o)
     if args.json:
         print(json.dumps(_finite(result)))
         return 0

@@ -1,22 +1,42 @@
 """Measurements: a tokenizer on your text, and prepared data as the trainer will see it."""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import Annotated
+
 import numpy as np
 
 from ..errors import DataError
+from ..runconfig import AT_LEAST_1, NON_NEGATIVE, SEED, check_fields
 from .heldout import choose_held_out, ngram_overlap
-from .masking import Collator, MaskingConfig, TokenInfo
+from .masking import Collator, MaskingConfig, Mode, TokenInfo
 from .pretraining import PretrainingData
 from .text import TextCounts, expand_inputs, read_documents
 
 
-def tokenizer_stats(tokenizer, inputs: list[str], max_length: int = 512, max_sentences: int = 200_000,
-                    sentence_split: bool = False) -> dict:
+@dataclass
+class TokenizerStatsOptions:
+    """What `bertkit tokenizer stats` measures (its flags: `cliconfig.add_options`)."""
+    max_length: Annotated[int, AT_LEAST_1] = 512
+    """The sequence length whose truncation to measure (tokens, with [CLS] and [SEP])."""
+    max_sentences: Annotated[int, AT_LEAST_1] = 200_000
+    """Measure on the first N sentences."""
+    sentence_split: bool = False
+    """Lines are paragraphs: split them into sentences."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the ranges on the fields
+
+
+def tokenizer_stats(tokenizer, inputs: list[str], options: TokenizerStatsOptions | None = None) -> dict:
     """Sub-words per word, [UNK] rate, share of words in 3+ pieces, and the share of documents and
     of consecutive sentence pairs longer than max_length (with [CLS]/[SEP]) - what truncation cuts."""
+    o = options or TokenizerStatsOptions()
+    max_length, max_sentences = o.max_length, o.max_sentences
     counts = TextCounts()
     docs, n = [], 0
-    for doc in read_documents(expand_inputs(inputs), counts, sentence_split=sentence_split):
+    for doc in read_documents(expand_inputs(inputs), counts, sentence_split=o.sentence_split):
         docs.append(doc)
         n += len(doc)
         if n >= max_sentences:
@@ -216,11 +236,28 @@ def held_out_stats(ds: PretrainingData, eval_instances: int = 256) -> dict:
     return {**held.report, **ngram_overlap(held, [(ds, held.train_stop)]), "split": ds.meta.get("eval")}
 
 
-def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample: int = 20000, seed: int = 0,
-               bins: int = 16, eval_instances: int = 256) -> dict:
+@dataclass
+class DataStatsOptions:
+    """What `bertkit data stats` measures (its flags: `cliconfig.add_options`)."""
+    sample: Annotated[int, NON_NEGATIVE] = 20000
+    """Instances to measure masking (and the topic shortcut) on."""
+    mask_mode: Mode | None = None
+    """Dynamic data: measure this masking (pretrain's data.mask_mode; default: as prepared)."""
+    seed: Annotated[int, SEED] = 0
+    """Dynamic data: the collator seed (pretrain's train.seed)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the choices and ranges on the fields
+
+
+def data_stats(ds: PretrainingData, options: DataStatsOptions | None = None, bins: int = 16,
+               eval_instances: int = 256, **changes) -> dict:
     """Counts over all instances; masking measured over an even sample of `sample` instances with
-    the collator training uses (`masking`: default as prepared; `seed`: pretrain's train.seed); the
-    topic shortcut of the pairs over the same sample (`topic_baseline`, its halves drawn with `seed`)."""
+    the collator training uses (the prepared masking, or `mask_mode`; `seed`: pretrain's train.seed);
+    the topic shortcut of the pairs over the same sample (`topic_baseline`, its halves drawn with
+    `seed`). `options`: `DataStatsOptions` (keyword arguments of its fields change single ones)."""
+    o = dataclasses.replace(options or DataStatsOptions(), **changes)
+    sample, seed = o.sample, o.seed
     meta, info = ds.meta, ds.token_info()
     max_len = int(meta["max_length"])
     lengths, nsp, short, b_start = [], [], [], []
@@ -260,7 +297,8 @@ def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample
     # masking, over an even sample, as training sees it: the same Collator, seed and epoch 0
     idx = np.unique(np.linspace(0, n - 1, min(sample, n)).astype(np.int64)) if n else np.zeros(0, np.int64)
     static = meta.get("masking") == "static"
-    cfg = masking or MaskingConfig(**meta.get("masking_config", {}))
+    cfg = MaskingConfig(**meta.get("masking_config", {}))
+    cfg = dataclasses.replace(cfg, mode=o.mask_mode) if o.mask_mode else cfg
     collator = Collator(ds, cfg, seed=seed)
     cand = sel = m = k = r = at_cap = 0
     for lo in range(0, len(idx), 256):
@@ -285,21 +323,36 @@ def data_stats(ds: PretrainingData, masking: MaskingConfig | None = None, sample
     return out
 
 
-def show_instances(ds: PretrainingData, n: int = 5, start: int = 0, masking: MaskingConfig | None = None,
-                   seed: int = 0, epoch: int = 0) -> str:
+@dataclass
+class ShowOptions:
+    """Which instances `bertkit data show` prints (its flags: `cliconfig.add_options`)."""
+    n: Annotated[int, NON_NEGATIVE] = 5
+    """Instances to print."""
+    start: Annotated[int, NON_NEGATIVE] = 0
+    """The first instance."""
+    epoch: Annotated[int, NON_NEGATIVE] = 0
+    """Dynamic data: the epoch whose masks to show."""
+    seed: Annotated[int, SEED] = 0
+    """Dynamic data: the collator seed (pretrain's train.seed)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the ranges on the fields
+
+
+def show_instances(ds: PretrainingData, options: ShowOptions | None = None) -> str:
     """Decoded instances: segments on their own lines, masked positions as {shown|target}."""
+    o = options or ShowOptions()
     tok = ds.tokenizer()
-    cfg = masking or MaskingConfig(**ds.meta.get("masking_config", {}))
-    collator = Collator(ds, cfg, seed=seed)
+    collator = Collator(ds, MaskingConfig(**ds.meta.get("masking_config", {})), seed=o.seed)
     lines = []
-    for i in range(start, min(start + n, len(ds))):
+    for i in range(o.start, min(o.start + o.n, len(ds))):
         x = ds[i]
         ids = x["input_ids"]
         if "masked_lm_positions" in x:
             shown, labels = ids, np.full(len(ids), -100, dtype=np.int64)
             labels[x["masked_lm_positions"]] = x["masked_lm_ids"]
         else:
-            shown, labels = collator.mask(ids, i, epoch)
+            shown, labels = collator.mask(ids, i, o.epoch)
         toks = tok.convert_ids_to_tokens(shown)
         tgt = tok.convert_ids_to_tokens(np.where(labels >= 0, labels, 0))
         words = [f"{{{t}|{g}}}" if lab >= 0 else t for t, g, lab in zip(toks, tgt, labels)]

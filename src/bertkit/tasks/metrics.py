@@ -25,12 +25,14 @@ import logging
 import math
 import re
 import string
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import BertkitError
+from ..runconfig import Rule, check_fields
 from ..sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
@@ -524,15 +526,28 @@ def _reference_of(task, example) -> Any:
     return getattr(example, "label", None)
 
 
+@dataclass
+class ScoreOptions:
+    """How `score_files` scores (the flags of `bertkit score`: `cliconfig.add_options`)."""
+    na_prob_thresh: Annotated[float, Rule("a finite number", math.isfinite)] = 1.0
+    """SQuAD 2.0: answer 'no answer' where the null odds exceed this (as evaluate-v2.0.py)."""
+    skip_bad_rows: bool = False
+    """Skip malformed reference rows (counted) instead of stopping at the first."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the range on the field
+
+
 def score_files(task_name: str, predictions: str | Path, references: str | Path, null_odds: str | Path | None = None,
-                na_prob_thresh: float = 1.0, skip_bad_rows: bool = False) -> dict[str, Any]:
+                options: ScoreOptions | None = None) -> dict[str, Any]:
     """The official metrics of `task_name` for a predictions file against a reference file read
     as distributed (GLUE TSV, CoNLL columns, SQuAD JSON, SWAG CSV). Ids: the references' id
     column, else the 0-based data row (CoNLL: sentence) index."""
     from . import BadRows, get_task
 
+    o = options or ScoreOptions()
     task = get_task(task_name)
-    bad = BadRows(skip=skip_bad_rows)
+    bad = BadRows(skip=o.skip_bad_rows)
     examples = task.read(references, bad)
     unlabelled = next((ex for ex in examples if _reference_of(task, ex) is None), None)
     if unlabelled is not None:
@@ -568,7 +583,7 @@ def score_files(task_name: str, predictions: str | Path, references: str | Path,
                         len(missing), len(ids))
         result = squad_v1({ex.id: [t for t, _ in ex.answers] for ex in examples}, preds)
     elif task.name == "squad2":
-        result = squad_v2({ex.id: [t for t, _ in ex.answers] for ex in examples}, preds, odds or None, na_prob_thresh)
+        result = squad_v2({ex.id: [t for t, _ in ex.answers] for ex in examples}, preds, odds or None, o.na_prob_thresh)
     else:
         result = task.metrics(preds, examples)
     if bad.count:

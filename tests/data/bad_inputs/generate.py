@@ -316,7 +316,7 @@ def cases_text_inputs(cmd: str, model_key: str = "model") -> list[dict]:
             case = {**case, "exit": 0}
             case.pop("match")
         out.append(case)
-    out.append({"id": f"{cmd}-max-length-two", "args": [*base, "--max-length", "2", "{texts}"], "match": "max-length"})
+    out.append({"id": f"{cmd}-max-length-two", "args": [*base, "--max-length", "2", "{texts}"], "match": "max.length"})
     return out
 
 
@@ -336,7 +336,7 @@ def cases_embed() -> list[dict]:
     out = cases_text_inputs("embed")
     base = ["embed", "--model", "{model}", "{texts}"]
     for name, value in BAD_INT.items():
-        out.append({"id": f"embed-batch-size-{name}", "args": [*base, "--batch-size", value], "match": "batch-size"}
+        out.append({"id": f"embed-batch-size-{name}", "args": [*base, "--batch-size", value], "match": "batch.size"}
                    if name != "huge" else {"id": "embed-batch-size-huge", "args": [*base, "--batch-size", value],
                                            "exit": 0})
         if name != "zero":                              # --threads 0 = torch's default
@@ -528,7 +528,7 @@ def cases_score() -> list[dict]:
     ]
     for name, value in BAD_FLOAT.items():
         out.append({"id": f"score-na-prob-thresh-{name}", "args": [*base, "--na-prob-thresh", value], "files": ok,
-                    "match": "na-prob-thresh"})
+                    "match": "na.prob.thresh"})
     return out
 
 
@@ -781,10 +781,10 @@ def cases_tokenizer() -> list[dict]:
         out.append({"id": f"tokenizer-stats-{name}", "args": ["tokenizer", "stats", "--model", "{tok}", "{tmp}/in.txt"],
                     "files": {"in.txt": text}, "match": "in.txt: no text to measure"})
     for option, value in (("--vocab-size", "0"), ("--vocab-size", "5"), ("--min-frequency", "-1")):
-        out.append({"id": f"tokenizer-train{option}{value}", "match": option,
+        out.append({"id": f"tokenizer-train{option}{value}", "match": option[2:].replace("-", "."),
                     "args": ["tokenizer", "train", "{texts}", "--out", "{tmp}/tok", option, value]})
     for option, value in (("--max-length", "0"), ("--max-sentences", "0"), ("--max-sentences", "-1")):
-        out.append({"id": f"tokenizer-stats{option}{value}", "match": option,
+        out.append({"id": f"tokenizer-stats{option}{value}", "match": option[2:].replace("-", "."),
                     "args": ["tokenizer", "stats", "--model", "{tok}", "{texts}", option, value]})
     out.append({"id": "data-show-start-beyond-the-data", "args": ["data", "show", "{prep}", "--start", "99999999"],
                 "match": r"--start 99999999: .*prep holds \d+ instances"})          # printed nothing, exit 0
