@@ -7,7 +7,7 @@ are one name.
     cfg = from_dict(FinetuneConfig, {**yaml_mapping, **values}, source)     # bertkit.runconfig
 
 One option per field, named like the attribute; the kebab spelling (`--batch-size`) works too, and a
-one-letter field is a short option (`-n`).
+one-letter field is a short option too (`-n`).
 Help is the field's docstring (the string literal right after it in the class body), choices come
 from `Literal[...]` annotations, bool fields are `--x/--no-x`, values are checked as `from_dict`
 checks YAML values (`runconfig._coerce`). An option that is not given is absent from the namespace,
@@ -143,7 +143,7 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
                         prefix=key + ".", help=help)
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
-        flags = [f"-{key}"] if len(key) == 1 else [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
+        flags = [f"-{key}"] * (len(key) == 1) + [f"--{key}"] + ([f"--{key.replace('_', '-')}"] if "_" in key else [])
         own = (help or {}).get(key)               # the command's own text says its default itself
         text = _help(own or docs.get(name, ""), default, show_defaults and own is None)
         common = {"dest": key, "default": default if defaults else argparse.SUPPRESS}
