@@ -166,7 +166,7 @@ class FakeEngine:
         return h + self.noise * np.random.default_rng(0).standard_normal(h.shape).astype(np.float32)
 
 
-def _with_fakes(monkeypatch, fakes: dict, ms: dict):
+def _with_fakes(monkeypatch, fakes: dict, ms: dict, cache_dir):
     """choose.load_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch']).
     Returns the list of the engine sets made, one per Predictor loaded."""
     def load(encoder, threads, precision=None):
@@ -184,7 +184,7 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict):
         return out
 
     engines_made = []
-    monkeypatch.setenv(hardware.CACHE_ENV, tempfile.mkdtemp(prefix="bertkit-engines-"))   # nothing timed before
+    monkeypatch.setenv(hardware.CACHE_ENV, tempfile.mkdtemp(dir=cache_dir))   # nothing timed before
     monkeypatch.setattr(hardware, "_session", {})
     monkeypatch.setattr(choose, "load_engines", load)
     monkeypatch.setattr(hardware, "best_times", fake_times)
@@ -192,21 +192,21 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict):
     return engines_made
 
 
-def test_the_fastest_agreeing_engine_is_chosen(checkpoints, monkeypatch):
+def test_the_fastest_agreeing_engine_is_chosen(checkpoints, monkeypatch, tmp_path):
     _with_fakes(monkeypatch, {"slow": FakeEngine, "fast": FakeEngine, "wrong": lambda g: FakeEngine(g, noise=0.5)},
-                {"torch": 5.0, "slow": 4.0, "fast": 2.0, "wrong": 1.0})
+                {"torch": 5.0, "slow": 4.0, "fast": 2.0, "wrong": 1.0}, tmp_path)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is not None and p.small.name == "fast", p.small_reason
     assert p.small.max_tokens == 256                         # ahead at every timed length
     assert p.small_reason.startswith("fast (float32) faster up to 256 tokens here (slow 4.00 ms, fast 2.00 ms vs PyTorch 5.00 ms")
     assert p.describe()["small_batches"]["latency_ms"][16] == {"torch": 5.0, "slow": 4.0, "fast": 2.0}
-    _with_fakes(monkeypatch, {"slow": FakeEngine}, {"torch": 5.0, "slow": 4.9})   # not 5% ahead
+    _with_fakes(monkeypatch, {"slow": FakeEngine}, {"torch": 5.0, "slow": 4.9}, tmp_path)   # not 5% ahead
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and p.small_reason == "not faster than PyTorch on 16 tokens here (slow 4.90 ms vs 5.00 ms)"
 
 
-def test_the_engine_is_timed_once_per_machine_and_kept_by_every_later_start(checkpoints, monkeypatch):
-    _with_fakes(monkeypatch, {"slow": FakeEngine, "fast": FakeEngine}, {"torch": 5.0, "slow": 4.0, "fast": 2.0})
+def test_the_engine_is_timed_once_per_machine_and_kept_by_every_later_start(checkpoints, monkeypatch, tmp_path):
+    _with_fakes(monkeypatch, {"slow": FakeEngine, "fast": FakeEngine}, {"torch": 5.0, "slow": 4.0, "fast": 2.0}, tmp_path)
     first = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     timings = []
     monkeypatch.setattr(hardware, "best_times", lambda fns, rounds, **kw: timings.append(1) or [1.0] * len(fns))
@@ -217,9 +217,9 @@ def test_the_engine_is_timed_once_per_machine_and_kept_by_every_later_start(chec
     assert again.small_reason == first.small_reason + " (timed once on this machine)"
 
 
-def test_a_number_of_tokens_takes_the_first_agreeing_engine_untimed(checkpoints, monkeypatch):
+def test_a_number_of_tokens_takes_the_first_agreeing_engine_untimed(checkpoints, monkeypatch, tmp_path):
     made = _with_fakes(monkeypatch, {"wrong": lambda g: FakeEngine(g, noise=0.5), "first": FakeEngine,
-                                     "second": FakeEngine}, {"torch": 5.0, "wrong": 1.0, "first": 4.0, "second": 2.0})
+                                     "second": FakeEngine}, {"torch": 5.0, "wrong": 1.0, "first": 4.0, "second": 2.0}, tmp_path)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True, small_batch_tokens=40)
     assert p.small is not None and p.small.name == "first" and p.small.max_tokens == 40, p.small_reason
     assert p.small_reason == "first for batches of up to 40 tokens, as asked (not timed)" and not p.small.latency_ms
@@ -227,20 +227,20 @@ def test_a_number_of_tokens_takes_the_first_agreeing_engine_untimed(checkpoints,
     assert made[-1]["second"].calls == 0                                   # the rest neither checked nor timed
 
 
-def test_a_bf16_engine_is_judged_by_cosine(checkpoints, monkeypatch):
+def test_a_bf16_engine_is_judged_by_cosine(checkpoints, monkeypatch, tmp_path):
     """OpenVINO runs bf16 on CPUs that have it: such an engine may differ by more than fp32 rounding,
     as long as every token keeps cosine >= 0.999 to fp32 (the bar of bf16 everywhere in bertkit).
     That holds where the precision is chosen (auto, fp32 here); fp32 asked for takes fp32 engines only."""
     monkeypatch.setenv("BERTKIT_BF16", "0")                  # auto: fp32 on any CPU
     fakes = {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.002), "fp32": lambda g: FakeEngine(g, noise=0.002)}
-    _with_fakes(monkeypatch, fakes, {"torch": 5.0, "bf16": 2.0, "fp32": 1.0})
+    _with_fakes(monkeypatch, fakes, {"torch": 5.0, "bf16": 2.0, "fp32": 1.0}, tmp_path)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", small_batches=True)
     assert p.precision == "float32" and p.small is not None and p.small.name == "bf16", p.small_reason
     assert p.small.agreement["max_abs_diff"] > 1e-3 and p.small.agreement["token_cosine_min"] >= 0.999
     assert "fp32 (float32) disagrees with PyTorch" not in p.small_reason      # chosen: the reason is the choice
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and "bf16 runs bfloat16, and fp32 was asked for" in p.small_reason
-    _with_fakes(monkeypatch, {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.3)}, {"torch": 5.0, "bf16": 1.0})
+    _with_fakes(monkeypatch, {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.3)}, {"torch": 5.0, "bf16": 1.0}, tmp_path)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", small_batches=True)
     assert p.small is None and p.small_reason.startswith("bf16 (bfloat16) disagrees with PyTorch on the sample")
 
@@ -287,10 +287,10 @@ def test_an_engine_that_fails_at_run_time_hands_back_to_pytorch(checkpoints, cap
     assert "PyTorch runs them from now on" in caplog.text
 
 
-def test_an_engine_timed_on_a_busy_machine_says_so(checkpoints, monkeypatch):
+def test_an_engine_timed_on_a_busy_machine_says_so(checkpoints, monkeypatch, tmp_path):
     """The choice is kept once per machine; one timed while other work held the cores carries the
     load and how to time it again in its reason."""
-    _with_fakes(monkeypatch, {"fast": FakeEngine}, {"torch": 5.0, "fast": 2.0})
+    _with_fakes(monkeypatch, {"fast": FakeEngine}, {"torch": 5.0, "fast": 2.0}, tmp_path)
     monkeypatch.setattr(hardware, "busy", lambda: "load 4.5 on 2 cores")
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is not None and p.small.name == "fast"
