@@ -88,11 +88,15 @@ def test_offsets_special_mask_and_words(minilm):
 
 
 def test_words_encoding_for_ner(minilm):
-    tok = Tokenizer.from_dir(minilm)
-    enc = tok.encode_words(["EU", "rejects", "German", "call"])
-    ref = transformers.BertTokenizer.from_pretrained(minilm)(["EU", "rejects", "German", "call"], is_split_into_words=True)
-    assert enc.input_ids == ref["input_ids"]
-    assert enc.word_ids == ref.word_ids()
+    from bertkit.tasks.ner import TaggedExample, featurize_tokens
+
+    words = ["EU", "rejects", "German", "call"]
+    feat, = featurize_tokens([TaggedExample("0", words)], Tokenizer.from_dir(minilm), None, max_length=32)
+    ref = transformers.BertTokenizer.from_pretrained(minilm)(words, is_split_into_words=True)
+    assert feat["input_ids"] == ref["input_ids"]
+    ref_words = ref.word_ids()
+    assert feat["word_ids"] == [w if w is not None and (j == 0 or ref_words[j - 1] != w) else None
+                                for j, w in enumerate(ref_words)]            # each word's first piece
 
 
 def test_tokenizer_json_only_folder_and_save_round_trip(minilm, tmp_path):

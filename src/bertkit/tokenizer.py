@@ -237,13 +237,6 @@ class Tokenizer:
             out.append(self._assemble(ea, eb, max_length))
         return out
 
-    def encode_words(self, words: Sequence[str], max_length: int | None = None,
-                     pair: str | None = None) -> Encoding:
-        """Encode text already split into words (NER): word_ids index `words`."""
-        ea = self.backend.encode(list(words), is_pretokenized=True, add_special_tokens=False)
-        eb = self.backend.encode(pair, add_special_tokens=False) if pair is not None else None
-        return self._assemble(ea, eb, max_length)
-
     def _encode_texts(self, texts: list[str], max_length: int | None) -> list:
         if max_length is None or all(len(t) <= LONG_TEXT_CHARS for t in texts):
             return self.backend.encode_batch(texts, add_special_tokens=False)
