@@ -22,8 +22,7 @@ from ..sources import dataset_name, is_saved_dataset, jsonl_objects
 from . import BadRows, DataError, Task, open_text, require_examples
 from .glue import (TextExample, class_probabilities, featurize_classification, labels_from, parse_text,
                    postprocess_classification)
-from .ner import (TAG, TaggedExample, featurize_tokens, labels_from as tag_labels, ner_metrics, parse_words,
-                  postprocess_tokens, read_conll)
+from .ner import TAG, TaggedExample, read_conll, tagging_task
 
 FORMATS = ("csv", "tsv", "jsonl", "conll")
 
@@ -182,11 +181,8 @@ def custom_task(kind: str, text_column: str = "text", pair_column: str | None = 
     """A `Task` over your own files; `kind` is classify, regress or tokens."""
     files = {"train": "train." + (format or "jsonl"), "dev": "dev." + (format or "jsonl")}
     if kind == "tokens":
-        return Task(name="tokens", head="token_classification", files=files,
-                    read=lambda path, bad=None: read_tagged(path, bad, tokens_column, tags_column, id_column, format),
-                    featurize=featurize_tokens, postprocess=postprocess_tokens, metrics=ner_metrics,
-                    main_metric="f1", labels=tag_labels, parse=parse_words, stride=32,
-                    description="token classification of your own JSONL/CoNLL data")
+        return tagging_task("tokens", "token classification of your own JSONL/CoNLL data", lambda path, bad=None:
+                            read_tagged(path, bad, tokens_column, tags_column, id_column, format), files)
     if kind not in ("classify", "regress"):
         raise DataError(f"unknown custom task {kind!r}: classify, regress or tokens")
     regression = kind == "regress"

@@ -187,12 +187,12 @@ def parse_words(obj: dict, where: str) -> TaggedExample:
     return TaggedExample(str(obj.get("id", "")), list(words), None, where)
 
 
-def tagging_task(name: str, description: str, files: dict | None = None, tag_column: int = -1) -> Task:
-    return Task(name=name, head="token_classification", description=description,
-                read=lambda path, bad=None: read_conll(path, bad, tag_column),
+def tagging_task(name: str, description: str, read, files: dict) -> Task:
+    """A tagging task (CoNLL-2003's, or your own data's: `tasks.custom`) reading its files with `read`."""
+    return Task(name=name, head="token_classification", description=description, read=read,
                 featurize=featurize_tokens, postprocess=postprocess_tokens, metrics=ner_metrics,
-                main_metric="f1", labels=labels_from, parse=parse_words,
-                files=files or {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}, stride=32)
+                main_metric="f1", labels=labels_from, parse=parse_words, files=files, stride=32)
 
 
-CONLL2003 = tagging_task("conll2003", "CoNLL-2003 English NER: PER, LOC, ORG, MISC (entity-level F1)")
+CONLL2003 = tagging_task("conll2003", "CoNLL-2003 English NER: PER, LOC, ORG, MISC (entity-level F1)", read_conll,
+                         {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"})
