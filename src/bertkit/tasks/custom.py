@@ -20,8 +20,7 @@ from typing import Sequence
 
 from ..sources import dataset_name, is_saved_dataset, jsonl_objects
 from . import BadRows, DataError, Task, open_text, require_examples
-from .glue import (TextExample, class_probabilities, featurize_classification, labels_from, parse_text,
-                   postprocess_classification)
+from .glue import TextExample, sentence_task
 from .ner import TAG, TaggedExample, read_conll, tagging_task
 
 FORMATS = ("csv", "tsv", "jsonl", "conll")
@@ -186,15 +185,9 @@ def custom_task(kind: str, text_column: str = "text", pair_column: str | None = 
     if kind not in ("classify", "regress"):
         raise DataError(f"unknown custom task {kind!r}: classify, regress or tokens")
     regression = kind == "regress"
-    return Task(name=kind, head="sequence_classification", files=files,
-                read=lambda path, bad=None: read_texts(path, bad, text_column, pair_column, label_column,
-                                                       id_column, format, regression),
-                featurize=featurize_classification, postprocess=postprocess_classification,
-                metrics=regress_metrics if regression else classify_metrics,
-                main_metric="spearman" if regression else "accuracy",
-                labels=(lambda ex: None) if regression else labels_from, parse=parse_text,
-                problem="regression" if regression else "single_label", stride=None,
-                description=f"{kind} your own CSV/TSV/JSONL data")
+    return sentence_task(kind, f"{kind} your own CSV/TSV/JSONL data", lambda path, bad=None: read_texts(
+        path, bad, text_column, pair_column, label_column, id_column, format, regression),
+        regress_metrics if regression else classify_metrics, "spearman" if regression else "accuracy", regression, files)
 
 
-__all__ = ["custom_task", "read_texts", "read_tagged", "class_probabilities", "data_rows"]
+__all__ = ["custom_task", "read_texts", "read_tagged", "data_rows"]

@@ -258,14 +258,17 @@ def _metrics(kind: str):
     return compute
 
 
+def sentence_task(name: str, description: str, read, metrics, main: str, regression: bool, files: dict) -> Task:
+    """A sentence(-pair) classification or regression task (GLUE's, or your own data's: `tasks.custom`)."""
+    return Task(name=name, head="sequence_classification", description=description, read=read,
+                featurize=featurize_classification, postprocess=postprocess_classification, metrics=metrics,
+                main_metric=main, labels=(lambda ex: None) if regression else labels_from, parse=parse_text,
+                problem="regression" if regression else "single_label", files=files, stride=None)
+
+
 def _task(name: str, spec: Spec, kind: str, main: str, description: str, **files: str) -> Task:
-    return Task(name=name, head="sequence_classification", description=description,
-                read=lambda path, bad=None: read_glue(path, spec, bad),
-                featurize=featurize_classification, postprocess=postprocess_classification,
-                metrics=_metrics(kind), main_metric=main,
-                labels=(lambda ex: labels_from(ex)) if spec.labels is not None else (lambda ex: None),
-                parse=parse_text, problem="regression" if spec.labels is None else "single_label",
-                files=files or {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}, stride=None)
+    return sentence_task(name, description, lambda path, bad=None: read_glue(path, spec, bad), _metrics(kind), main,
+                         spec.labels is None, files or {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"})
 
 
 BINARY = ("0", "1")
