@@ -18,6 +18,7 @@ pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from bertkit.infer import choose, engines, graph  # noqa: E402
+from bertkit.infer import predictor as predictor_module  # noqa: E402
 from test_infer import assert_fp32_close, minilm_dir  # noqa: E402  (the fp32 reordering bound, explained there)
 
 VARIANTS = [("gelu", "absolute", "post"), ("gelu_new", "alibi", "pre"), ("relu", "absolute", "pre"),
@@ -162,6 +163,7 @@ class FakeEngine:
 
     def run(self, embeddings, mask):
         self.calls += 1
+        self.torch_threads = torch.get_num_threads()
         h = self.inner.run(embeddings, mask)
         return h + self.noise * np.random.default_rng(0).standard_normal(h.shape).astype(np.float32)
 
@@ -290,6 +292,27 @@ def test_an_engine_that_fails_at_run_time_hands_back_to_pytorch(checkpoints, cap
     np.testing.assert_allclose(p.embed(["a b c"]), want, atol=1e-5)      # answered, by PyTorch
     assert p.small is None and p.small_reason == "off: onnxruntime failed at run time (RuntimeError)"
     assert "PyTorch runs them from now on" in caplog.text
+
+
+def test_short_batches_run_on_one_thread_and_longer_ones_on_the_models(checkpoints, monkeypatch, tmp_path):
+    """The engine of short batches, its PyTorch embedding layer, pooling and head run on one thread
+    (a second thread waits at every op for a core another process holds); longer batches and
+    everything after keep the model's threads."""
+    made = _with_fakes(monkeypatch, {"fast": FakeEngine}, {"torch": 5.0, "fast": 2.0}, tmp_path)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+        pooled = []
+        real_pool = predictor_module.pool_tokens
+        monkeypatch.setattr(predictor_module, "pool_tokens",
+                            lambda *a, **k: pooled.append(torch.get_num_threads()) or real_pool(*a, **k))
+        p.embed(["a short text"])
+        assert made[-1]["fast"].torch_threads == 1 and pooled == [1] and torch.get_num_threads() == 2
+        p.embed([" ".join(["word"] * 200)] * 4)            # 4 x over 100 tokens: PyTorch, two threads
+        assert pooled == [1, 2]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_an_engine_timed_on_a_busy_machine_says_so(checkpoints, monkeypatch, tmp_path):

@@ -276,7 +276,7 @@ def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
     notes, agreeing = [], {}
     with torch.inference_mode():
         for name, runner in runners.items():
-            candidate = GraphEngine(runner, name, p.encoder)
+            candidate = GraphEngine(runner, name, p.encoder, threads=SMALL_THREADS)
             candidate.agreement = _agreement(p, candidate, rows, reference, exact)
             if candidate.agreement["ok"]:
                 agreeing[name] = candidate

@@ -35,7 +35,7 @@ from ..packing import segment_ids
 from ..tokenizer import Encoding, Tokenizer
 from . import choose
 from .engines import Batch, ExportedEngine, GraphEngine, TorchEngine, encoder_of, load_session, make_batches
-from .engines import packed_to, split_packed
+from .engines import packed_to, split_packed, torch_threads
 from .options import PredictorError, PredictorOptions
 
 log = logging.getLogger("bertkit")
@@ -262,7 +262,8 @@ class Predictor:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc=desc, disable=None, leave=False)
         for b in batches:
-            with torch.inference_mode():
+            short = self.small is not None and self.small.takes(b.packed)     # its pooling and head on its threads
+            with torch.inference_mode(), torch_threads(self.small.threads if short else None):
                 for i, r in zip(b.index, fn(b)):
                     results[i] = r
         return results
