@@ -309,6 +309,7 @@ def test_short_batches_run_on_one_thread_and_longer_ones_on_the_models(checkpoin
                             lambda *a, **k: pooled.append(torch.get_num_threads()) or real_pool(*a, **k))
         p.embed(["a short text"])
         assert made[-1]["fast"].torch_threads == 1 and pooled == [1] and torch.get_num_threads() == 2
+        assert p.describe()["small_batches"]["threads"] == 1                  # what ran, as /v1/model says
         p.embed([" ".join(["word"] * 200)] * 4)            # 4 x over 100 tokens: PyTorch, two threads
         assert pooled == [1, 2]
     finally:

@@ -168,8 +168,8 @@ class GraphEngine:
         return torch.from_numpy(h).flatten(0, 1)[p.pad_indices].to(dtype)                  # (B, T, C) -> (N, C)
 
     def describe(self) -> dict:
-        return {"engine": self.name, "precision": self.precision, "max_tokens": self.max_tokens,
-                "latency_ms": self.latency_ms, "agreement": self.agreement}
+        return {"engine": self.name, "precision": self.precision, "threads": self.threads,
+                "max_tokens": self.max_tokens, "latency_ms": self.latency_ms, "agreement": self.agreement}
 
 
 def installed_engines() -> list[str]:
