@@ -195,28 +195,25 @@ def _to_format_1(ckpt: Path) -> None:
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
 
 
-def test_checkpoints_hold_no_pickle_and_old_format_checkpoints_still_resume_exactly(data64, tmp_path, caplog):
-    """Format 2 is JSON + safetensors; a format-1 checkpoint (pickles) resumes through the weights-only
-    unpickler to the same losses as an uninterrupted run."""
+def test_checkpoints_hold_no_pickle_and_old_format_checkpoints_are_refused(data64, tmp_path):
+    """Format 2 is JSON + safetensors; a format-1 checkpoint (pickles) is refused with one line, not
+    skipped (a resume would silently start from scratch) and not unpickled."""
+    from bertkit.checkpoint import CheckpointError
     from bertkit.train import pretrain
 
-    kw = {"train.max_steps": 8, "train.checkpoint_every": 4, "train.eval_every": 4}
-    pretrain(tiny_config(data64, tmp_path / "straight", **kw))
-    ckpt = tmp_path / "straight" / "checkpoints" / "step-00000008"
+    cfg = tiny_config(data64, tmp_path / "run", **{"train.max_steps": 8, "train.checkpoint_every": 4})
+    pretrain(cfg)
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000008"
     names = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
     assert not [n for n in names if n.endswith((".pt", ".bin", ".pkl", ".npy"))], names
     assert {"trainer.json", "trainer.safetensors", "rng-rank0.safetensors"} <= set(names)
     assert json.loads((ckpt / "trainer.json").read_text())["state"]["step"] == 8
 
-    old = tiny_config(data64, tmp_path / "old", **kw)
-    pretrain(old)
-    shutil.rmtree(tmp_path / "old" / "checkpoints" / "step-00000008")          # as if killed after update 7
-    _to_format_1(tmp_path / "old" / "checkpoints" / "step-00000004")
-    old.resume = True
-    with caplog.at_level("INFO", logger="bertkit"):
-        pretrain(old)
-    assert "resumed from" in caplog.text and "step-00000004 (update 4)" in caplog.text
-    assert _losses(tmp_path / "old") == _losses(tmp_path / "straight")
+    shutil.rmtree(ckpt)
+    _to_format_1(tmp_path / "run" / "checkpoints" / "step-00000004")
+    cfg.resume = True
+    with pytest.raises(CheckpointError, match="step-00000004: written by an older bertkit in the pickle format"):
+        pretrain(cfg)
 
 
 # The same run, SIGKILLed when final/ gets its tokenizer (its weights and config.json already written).

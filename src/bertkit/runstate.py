@@ -18,9 +18,8 @@ files are missing, truncated or altered.
 No file is unpickled: a run folder may be shared, and a pickle runs whatever code it names (the
 manifest protects nothing, anyone who can edit a file can edit it too). State that is not a tensor
 (ints, floats, strings, tuples, dicts with int keys) is written as a JSON tree in the safetensors
-header, with `{"$tensor": name}` where a tensor goes. Checkpoints of bertkit 0.1 (`trainer.pt`,
-`rng-rank*.pt`) are still resumed, through torch's weights-only unpickler with numpy's array
-type allowed and nothing else.
+header, with `{"$tensor": name}` where a tensor goes. A checkpoint of bertkit 0.1 (pickles:
+`trainer.pt`, `rng-rank*.pt`) is refused with one line: resume it with that version.
 """
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ from .runconfig import PretrainConfig, save_config
 
 log = logging.getLogger("bertkit")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-FORMAT = 2                 # 1: trainer.pt + rng-rank*.pt (pickles); 2: JSON + safetensors
+FORMAT = 2                 # 1 (bertkit 0.1): trainer.pt + rng-rank*.pt pickles, refused; 2: JSON + safetensors
 _TREE_KEY = "bertkit.tree"
 _NUMPY_DTYPES = {"uint32", "int32", "int64", "uint64", "float32", "float64", "uint8", "bool"}
 
@@ -328,11 +327,7 @@ def verify(path: Path) -> str | None:
             return f"{name} has {p.stat().st_size} bytes, expected {meta['size']} (truncated?)"
         if _sha256(p) != meta["sha256"]:
             return f"{name} does not match its checksum (corrupt)"
-    legacy = "trainer.pt" in files and "trainer.json" not in files
-    for need in ("trainer.pt",) if legacy else ("trainer.json", "trainer.safetensors"):
-        if need not in files:
-            return f"{need} is not in the manifest"
-    for need in ("model/model.safetensors", "model/config.json"):
+    for need in ("trainer.json", "trainer.safetensors", "model/model.safetensors", "model/config.json"):
         if need not in files:
             return f"{need} is not in the manifest"
     return None
@@ -345,6 +340,9 @@ def find_checkpoint(root: Path) -> Path | None:
         return None
     steps = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))), reverse=True)
     for _, p in steps:
+        if (p / "trainer.pt").exists():
+            raise CheckpointError(f"{p}: written by an older bertkit in the pickle format (trainer.pt): "
+                                  "resume it with that version")
         problem = verify(p)
         if problem is None:
             return p
@@ -404,56 +402,27 @@ def saved_state(path: Path) -> dict:
 
 
 def _read_trainer(path: Path) -> dict:
-    """{'optimizer', 'scaler', 'state', 'world_size'} of a checkpoint, in either format."""
-    if (path / "trainer.json").is_file():
-        try:
-            meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path / 'trainer.json'}: not valid JSON ({e})") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise CheckpointError(f"{path / 'trainer.json'}: format {meta.get('format') if isinstance(meta, dict) else '?'}"
-                                  f" is not {FORMAT} (written by another bertkit version?)")
-        tensors = load_state(path / "trainer.safetensors")
-        if not isinstance(tensors, dict) or not isinstance(tensors.get("optimizer"), dict):
-            raise CheckpointError(f"{path / 'trainer.safetensors'}: holds no optimizer state")
-        if not isinstance(meta.get("world_size", 1), int) or not isinstance(meta.get("state"), dict):
-            raise CheckpointError(f"{path / 'trainer.json'}: bad 'state' or 'world_size'")
-        return {**tensors, "state": meta["state"], "world_size": meta.get("world_size", 1)}
-    trainer = _legacy_load(path / "trainer.pt")
-    if not isinstance(trainer, dict) or not isinstance(trainer.get("optimizer"), dict) \
-            or not isinstance(trainer.get("state"), dict):
-        raise CheckpointError(f"{path / 'trainer.pt'}: not a bertkit trainer state")
-    return trainer
+    """{'optimizer', 'scaler', 'state', 'world_size'} of a checkpoint."""
+    try:
+        meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path / 'trainer.json'}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path / 'trainer.json'}: format {meta.get('format') if isinstance(meta, dict) else '?'}"
+                              f" is not {FORMAT} (written by another bertkit version?)")
+    tensors = load_state(path / "trainer.safetensors")
+    if not isinstance(tensors, dict) or not isinstance(tensors.get("optimizer"), dict):
+        raise CheckpointError(f"{path / 'trainer.safetensors'}: holds no optimizer state")
+    if not isinstance(meta.get("world_size", 1), int) or not isinstance(meta.get("state"), dict):
+        raise CheckpointError(f"{path / 'trainer.json'}: bad 'state' or 'world_size'")
+    return {**tensors, "state": meta["state"], "world_size": meta.get("world_size", 1)}
 
 
 def _read_rng(path: Path, rank: int) -> dict | None:
-    new, old = path / f"rng-rank{rank}.safetensors", path / f"rng-rank{rank}.pt"
-    if new.is_file():
-        rng = load_state(new)
-    elif old.is_file():
-        rng = _legacy_load(old)
-    else:
+    file = path / f"rng-rank{rank}.safetensors"
+    if not file.is_file():
         return None
+    rng = load_state(file)
     if not isinstance(rng, dict):
-        raise CheckpointError(f"{new if new.is_file() else old}: not an RNG state")
+        raise CheckpointError(f"{file}: not an RNG state")
     return rng
-
-
-def _legacy_load(file: Path):
-    """A format-1 file (torch.save pickle) through torch's weights-only unpickler: tensors, numbers,
-    strings, containers and numpy's uint32 arrays (the numpy RNG state) load; any other object,
-    code included, is refused."""
-    core = getattr(np, "_core", None) or np.core
-    allowed = [(core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
-               (core.multiarray._reconstruct, "numpy._core.multiarray._reconstruct"),
-               np.ndarray, np.dtype, type(np.dtype("uint32"))]
-    if not hasattr(torch.serialization, "safe_globals"):       # torch < 2.5
-        raise CheckpointError(f"{file}: an old-format (pickle) checkpoint file; reading it safely needs "
-                              f"torch >= 2.5 (this is {torch.__version__})")
-    try:
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:  # an UnpicklingError names the refused global
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise CheckpointError(f"{file}: refused to load this old-format (pickle) checkpoint file: it is corrupt "
-                              f"or holds objects other than tensors and numbers ({type(e).__name__}: {first})") from None
