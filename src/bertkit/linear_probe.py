@@ -65,24 +65,28 @@ GRID_C = [1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0]
 @dataclass
 class ProbeSpec:
     """What to probe and how hard to solve it (an ablate arm's `probe:` keys, `bertkit probe`'s options)."""
-    features: list = field(default_factory=lambda: list(TABLE7))
-    """Feature choices (`bertkit.probe`'s names; sum_* are plain sums here): default Table 7's five."""
-    pooling: list = field(default_factory=lambda: ["cls", "mean"])
-    """Sentence tasks: where to read each feature, cls / mean / last (tagging reads every word)."""
-    C: list = field(default_factory=lambda: list(GRID_C))
-    """Inverse L2 strengths to choose from (scikit-learn's C: the penalty is ||W||^2 / 2C)."""
+    features: list | str = field(default_factory=lambda: list(TABLE7))
+    """Feature choices, comma-separated (`bertkit.probe`'s names; default Table 7's five: embeddings,
+    second_to_last, last, sum_last_four, concat_last_four; also sum_all, concat_last_N, sum_last_N;
+    sums are plain sums)."""
+    pooling: list | str = field(default_factory=lambda: ["cls", "mean"])
+    """Sentence tasks: where to read each feature, cls, mean, last, comma-separated (default: cls,mean;
+    `bertkit probe`: last,mean on a causal model); tagging reads each word's first piece."""
+    C: list | str = field(default_factory=lambda: list(GRID_C))
+    """Inverse L2 strengths to choose from by cross-validation, comma-separated (scikit-learn's C: the
+    penalty is ||W||^2 / 2C; default 0.001,0.01,0.1,1,10,100)."""
     folds: int = 5
-    """Cross-validation folds over the training examples."""
+    """Cross-validation folds over the training examples, 2 or more."""
     tol: float = 1e-6
     """Converged when the largest gradient entry of the mean objective is at most this."""
     max_iter: int = 1000
-    """L-BFGS iterations at most, per fit."""
+    """L-BFGS iterations at most, per fit (the count is reported)."""
 
     def __post_init__(self) -> None:
         for name in ("features", "pooling", "C"):
             value = getattr(self, name)
             if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-                value = [v.strip() for v in value.split(",")] if isinstance(value, str) else [value]
+                value = [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else [value]
             if not isinstance(value, list) or not value:
                 raise BertkitError(f"probe {name} must be a non-empty list, got {value!r}")
             setattr(self, name, value)

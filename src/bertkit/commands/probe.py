@@ -15,10 +15,15 @@ from ..errors import BertkitError
 log = logging.getLogger("bertkit")
 
 
+# FinetuneConfig fields that are probe's options too: the data, its limits, where the results go, where it runs
+RUN_OPTIONS = ("data", "train_file", "dev_file", "train_limit", "dev_limit", "max_length", "out", "threads", "device")
+
+
 def setup_probe(p) -> None:
-    from ..cliconfig import checked
-    from ..runconfig import AT_LEAST_1, POSITIVE, THREADS
-    from ..linear_probe import GRID_C, TABLE7
+    """--model, --task, --json; one flag per ProbeSpec field and per RUN_OPTIONS field (`bertkit.cliconfig`)."""
+    from ..cliconfig import add_options
+    from ..finetune_config import FinetuneConfig
+    from ..linear_probe import ProbeSpec
 
     p.epilog = ("Each feature (x pooling, sentence tasks) is a logistic regression on the standardised frozen "
                 "states, fitted by L-BFGS to convergence; C is chosen by k-fold cross-validation on the training "
@@ -27,35 +32,16 @@ def setup_probe(p) -> None:
                    "with its tokenizer")
     p.add_argument("--task", required=True, help="a classification or tagging task: sst2, mrpc, cola, qqp, mnli, "
                    "qnli, rte, wnli, conll2003")
-    p.add_argument("--data", metavar="DIR", help="the task's folder (train + dev files as distributed)")
-    p.add_argument("--train-file", dest="train_file", metavar="FILE", help="training file (instead of --data)")
-    p.add_argument("--dev-file", dest="dev_file", metavar="FILE", help="dev file (instead of --data)")
-    p.add_argument("--features", default=",".join(TABLE7),
-                   help=f"comma-separated feature choices (default: {','.join(TABLE7)}; also sum_all, "
-                        "concat_last_N, sum_last_N; sums are plain sums)")
-    p.add_argument("--pooling", default=None, help="sentence tasks: cls, mean, last, comma-separated "
-                   "(default: cls,mean; last,mean on a causal model); tagging reads each word's first piece")
-    p.add_argument("--C", dest="C", default=",".join(f"{c:g}" for c in GRID_C),
-                   help="inverse L2 strengths to choose from by cross-validation (default: %(default)s)")
-    p.add_argument("--folds", type=checked(int, AT_LEAST_1), default=5, help="cross-validation folds, 2 or more (default 5)")
-    p.add_argument("--tol", type=checked(float, POSITIVE), default=1e-6,
-                   help="converged when the largest gradient entry is at most this (default 1e-6)")
-    p.add_argument("--max-iter", dest="max_iter", type=checked(int, AT_LEAST_1), default=1000,
-                   help="L-BFGS iterations at most per fit (default 1000; the count is reported)")
-    p.add_argument("--train-limit", dest="train_limit", type=checked(int, AT_LEAST_1), default=None, metavar="N",
-                   help="only the first N training examples")
-    p.add_argument("--dev-limit", dest="dev_limit", type=checked(int, AT_LEAST_1), default=None, metavar="N",
-                   help="only the first N dev examples")
-    p.add_argument("--max-length", dest="max_length", type=checked(int, AT_LEAST_1), default=None,
-                   help="tokens per input window (default: the task's, within the model's positions)")
-    p.add_argument("--out", metavar="DIR", help="folder for results.json and fits.jsonl (default runs/probe-TASK)")
+    add_options(p, FinetuneConfig, names=RUN_OPTIONS, help={
+        "dev_file": "Dev file (instead of --data).", "device": "cpu (default), cuda, cuda:1 ...",
+        "out": "Folder for results.json and fits.jsonl (default runs/probe-TASK)."})
+    add_options(p, ProbeSpec)
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
-    p.add_argument("--threads", type=checked(int, THREADS), default=0, help="CPU threads (0: torch's default)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1 ...")
-    p.set_defaults(run=run_probe)
+    p.set_defaults(run=run_probe, device="cpu")
 
 
 def run_probe(args) -> int:
+    from ..cliconfig import given
     from ..finetune_config import FinetuneConfig
     from ..tasks.plumbing import CUSTOM
     from ..linear_probe import ProbeSpec, probe, results_json, write_results
@@ -66,19 +52,16 @@ def run_probe(args) -> int:
         raise BertkitError(f"--task {args.task}: bertkit probe takes a task from the table (sst2, mrpc, conll2003, ...)")
     if not Path(args.model).is_dir():
         raise BertkitError(f"--model {args.model}: no such folder")
-    if args.data is None and args.train_file is None:
+    values = {k: v for k, v in given(args, FinetuneConfig).items() if k in ("task", "model", *RUN_OPTIONS)}
+    if values.get("data") is None and values.get("train_file") is None:
         raise BertkitError("give --data DIR (or --train-file and --dev-file)")
-    out = Path(args.out or f"runs/probe-{args.task}")
+    out = Path(values.setdefault("out", f"runs/probe-{args.task}"))
     if out.exists() and not out.is_dir():
         raise BertkitError(f"--out {out}: exists and is not a folder")
-    spec = ProbeSpec(features=_listed(args.features, "--features"),
-                     pooling=_listed(args.pooling, "--pooling") if args.pooling else _default_pooling(args.model),
-                     C=_listed(args.C, "--C"), folds=args.folds,
-                     tol=args.tol, max_iter=args.max_iter)
-    cfg = FinetuneConfig(task=args.task, model=args.model, data=args.data, train_file=args.train_file,
-                         dev_file=args.dev_file, train_limit=args.train_limit, dev_limit=args.dev_limit,
-                         max_length=args.max_length, threads=args.threads, device=args.device, progress=False,
-                         out=str(out))
+    choices = given(args, ProbeSpec)
+    if "pooling" not in choices:
+        choices["pooling"] = _default_pooling(args.model)
+    spec, cfg = ProbeSpec(**choices), FinetuneConfig(**values, progress=False)
     result = probe(cfg, spec, progress=True, fits_log=_fits_path(out))
     write_results(out / "results.json", result)
     log.info("probe: encoded in %.1f s, %.1f s in all (%d threads, %s)", result["encode_wall_s"], result["wall_s"],
@@ -89,13 +72,6 @@ def run_probe(args) -> int:
         print(table(result))
         print(f"wrote {out / 'results.json'} and {out / 'fits.jsonl'}")
     return 0
-
-
-def _listed(text: str, option: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise BertkitError(f"{option}: give one or more values, comma-separated")
-    return items
 
 
 def _default_pooling(model: str) -> list[str]:
