@@ -429,7 +429,8 @@ def test_contract_test_on_a_checkpoint(grid):
 # ---- sentence-order prediction pairs (prepare pair_mode: sop), the sop arm's data ----------------
 def test_sop_pairs_are_consecutive_text_half_swapped():
     import numpy as np
-    from bertkit.data.instances import BuildCounts, as_doc, sop_instances
+    from bertkit.data.instances import BuildCounts, sop_instances
+    from test_data_prepare import as_doc
 
     r = random.Random(0)
     docs = [as_doc([[1000 * d + 10 * s + k for k in range(r.randint(1, 9))] for s in range(r.randint(1, 7))])

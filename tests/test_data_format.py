@@ -51,21 +51,6 @@ def test_read_instances(tmp_path):
     assert len(blob) < 5000 and pickle.loads(blob)[4]["input_ids"].tolist() == x["input_ids"].tolist()
 
 
-def test_subset_and_ranks(tmp_path):
-    ds = open_dataset(_fake(tmp_path / "d", [3, 5, 2, 4]))
-    sub = ds.subset([7, 2])
-    assert [sub[i]["index"] for i in range(2)] == [7, 2]
-    # 4 shards, 2 ranks: whole shards, trimmed to equal length
-    r0, r1 = ds.for_rank(0, 2), ds.for_rank(1, 2)
-    assert len(r0) == len(r1) == 5
-    assert set(r0.indices) <= set(range(0, 3)) | set(range(8, 10))
-    assert set(r1.indices) <= set(range(3, 8)) | set(range(10, 14))
-    # 8 ranks > 4 shards: strided
-    parts = [ds.for_rank(r, 8, equal=False).indices for r in range(8)]
-    assert sorted(np.concatenate(parts).tolist()) == list(range(14))
-    assert len({len(ds.for_rank(r, 8).indices) for r in range(8)}) == 1
-
-
 def test_incomplete_data_is_refused(tmp_path):
     out = _fake(tmp_path / "d", [3, 2])
     (out / "meta.json").unlink()

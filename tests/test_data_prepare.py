@@ -10,16 +10,22 @@ import numpy as np
 import pytest
 
 from bertkit.data.encode import CachedEncoder
-from bertkit.data.instances import BuildCounts, as_doc, nsp_instances, truncate_pair
+from bertkit.data.instances import BuildCounts, Doc, nsp_instances, truncate_pair
 from bertkit.data.masking import num_to_predict, MaskingConfig
 from bertkit.data.prepare import PrepareConfig, prepare
 from bertkit.data.pretraining import open_dataset
-from bertkit.data.text import chunk_documents, split_sentences
+from bertkit.data.text import Chunker, split_sentences
 from bertkit.errors import BertkitError
 from bertkit.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "src" / "bertkit" / "sample" / "inaugural.txt.gz"
+
+
+def as_doc(sentences: list) -> Doc:
+    """A document of sentences of ids, as `prepare` hands them to the builders."""
+    off = np.cumsum([0] + [len(x) for x in sentences]).tolist()
+    return Doc(np.concatenate([np.asarray(x, dtype=np.int64) for x in sentences] or [np.zeros(0, np.int64)]), off)
 
 
 def google():
@@ -142,10 +148,13 @@ def test_long_lines_bounded_by_the_block():
 
 
 def test_chunks_hold_two_documents():
+    def chunks(docs, size):
+        chunker = Chunker(size)
+        return [c for c in map(chunker.add, docs) if c is not None] + chunker.finish()
+
     docs = [["x" * 100]] * 5
-    chunks = list(chunk_documents(iter(docs), 250))
-    assert [len(c) for c in chunks] == [3, 2]
-    assert [len(c) for c in chunk_documents(iter(docs[:3]), 50)] == [3]   # a 1-doc tail joins the last chunk
+    assert [len(c) for c in chunks(docs, 250)] == [3, 2]
+    assert [len(c) for c in chunks(docs[:3], 50)] == [3]   # a 1-doc tail joins the last chunk
 
 
 # ---- end to end ---------------------------------------------------------------------------------

@@ -256,7 +256,7 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
     lines += _how_to_read(cfg, tasks, metric)
     lines += blimp_section(cfg, states) + nsp_section(states) + probe_section(cfg, rows)
     lines += _variance_section(cfg, cells, tasks, metric)
-    lines += lr_section(cfg, rows, tasks)
+    lines += lr_section(cfg, rows)
     lines += [""] + as_trained_section(cfg, states) + [""] + checklist_section(cfg, states)
     if len(machines) > 1:
         lines += ["", f"Arms ran on {len(machines)} machines: {', '.join(sorted(machines))} (wall times differ "
@@ -354,7 +354,7 @@ def unigram_line(states: list[dict]) -> str:
             "accuracy has learnt word frequencies, not context.")
 
 
-def lr_section(cfg: AblateConfig, rows: list[dict], tasks: list[str]) -> list[str]:
+def lr_section(cfg: AblateConfig, rows: list[dict]) -> list[str]:
     """Each lr search: the dev mean of every candidate rate, the chosen one in bold."""
     found = lr_candidates(rows)
     if not found:

@@ -41,14 +41,6 @@ class Doc(NamedTuple):
     off: list[int]             # sentence j = flat[off[j]:off[j + 1]]
 
 
-def as_doc(sentences: list) -> Doc:
-    off = [0]
-    for s in sentences:
-        off.append(off[-1] + len(s))
-    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in sentences]) if sentences else np.zeros(0, np.int64)
-    return Doc(flat, off)
-
-
 @dataclass
 class Instance:
     parts: list[np.ndarray]    # concatenated: [CLS] A [SEP] B [SEP] (or [CLS] packed [SEP])

@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, asdict
-from typing import Annotated, Any, Iterable, Literal, Sequence, get_args
+from typing import Annotated, Any, Iterable, Literal, Sequence
 
 import numpy as np
 
 from ..runconfig import AT_LEAST_1, HALF_OPEN_UNIT, OPEN_UNIT, UNIT, RunConfigError, check_fields
 
 Mode = Literal["token", "whole_word", "span"]
-MODES: tuple[str, ...] = get_args(Mode)
 
 
 class MaskingError(RunConfigError):
@@ -73,10 +72,6 @@ class MaskingConfig:
         if self.mask_token_fraction + self.random_token_fraction > 1.0 + 1e-9:
             raise MaskingError(f"mask_token_fraction + random_token_fraction = "
                                f"{self.mask_token_fraction + self.random_token_fraction:g}: must be at most 1")
-
-    @property
-    def keep_fraction(self) -> float:
-        return 1.0 - self.mask_token_fraction - self.random_token_fraction
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -320,7 +320,7 @@ def held_out_documents(files: list[Path], cfg: PrepareConfig, progress=None) -> 
 
 def split_chunks(docs: Iterator[list[str]], chunk_bytes: int, held: np.ndarray | None
                  ) -> Iterator[tuple[str, list[list[str]]]]:
-    """('train' | 'eval', chunk) pairs: the documents of each side chunked as `chunk_documents` does."""
+    """('train' | 'eval', chunk) pairs: the documents of each side chunked by a `Chunker`."""
     sides = {"train": Chunker(chunk_bytes), "eval": Chunker(chunk_bytes)}
     n = 0
     for doc in docs:

@@ -31,10 +31,6 @@ API:
   len(ds); ds.meta; ds.shard_paths
   ds[i] -> {"index": i, "input_ids": int64 (L,), "token_type_ids": int64 (L,), "nsp_label": int,
             + static: "masked_lm_positions": int64 (M,), "masked_lm_ids": int64 (M,)}
-  ds.subset(indices); ds.for_rank(rank, world_size, equal=True): each rank its own shards when
-  there are at least world_size shards, else a strided slice of instances; `equal` trims every rank
-  to the same count so DDP ranks run the same number of steps. Subsets keep global indices in
-  `ds[i]["index"]`, so dynamic masks (a function of seed, epoch, index) do not depend on the split.
 """
 from __future__ import annotations
 
@@ -42,7 +38,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -220,25 +216,6 @@ class PretrainingData:
         return np.concatenate([np.diff(np.asarray(self._shard(s)["offsets"])) for s in range(len(self.shard_paths))]) \
             if self.shard_paths else np.zeros(0, dtype=np.int64)
 
-    def subset(self, indices: Sequence[int] | np.ndarray) -> "Subset":
-        return Subset(self, np.asarray(indices, dtype=np.int64))
-
-    def for_rank(self, rank: int, world_size: int, equal: bool = True) -> "Subset":
-        """This rank's instances: whole shards when there are >= world_size shards, else every
-        world_size-th instance. `equal` trims all ranks to the smallest rank's count."""
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} not in [0, {world_size})")
-        n_shards = len(self.shard_paths)
-        if n_shards >= world_size:
-            per_rank = [np.concatenate([np.arange(self._starts[s], self._starts[s + 1])
-                                        for s in range(r, n_shards, world_size)]) for r in range(world_size)]
-        else:
-            per_rank = [np.arange(r, len(self), world_size) for r in range(world_size)]
-        mine = per_rank[rank]
-        if equal:
-            mine = mine[: min(len(p) for p in per_rank)]
-        return Subset(self, mine.astype(np.int64))
-
     def token_info(self):
         """Ids the masker needs, from the tokenizer saved with the data (falls back on meta.json)."""
         vocab = self.path / "tokenizer" / "vocab.txt"
@@ -250,32 +227,6 @@ class PretrainingData:
     def tokenizer(self):
         """The bertkit Tokenizer the data was made with."""
         return Tokenizer.from_dir(self.path / "tokenizer")
-
-
-class Subset:
-    """A view on some instances of a PretrainingData; `ds[i]["index"]` stays the global index."""
-
-    def __init__(self, base: PretrainingData, indices: np.ndarray):
-        self.base, self.indices = base, indices
-        self.meta, self.shard_paths = base.meta, base.shard_paths
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> dict:
-        return self.base[int(self.indices[i])]
-
-    def subset(self, indices) -> "Subset":
-        return Subset(self.base, self.indices[np.asarray(indices, dtype=np.int64)])
-
-    def for_rank(self, rank: int, world_size: int, equal: bool = True) -> "Subset":
-        n = len(self.indices)
-        per = [len(range(r, n, world_size)) for r in range(world_size)]
-        mine = self.indices[rank::world_size]
-        return Subset(self.base, mine[: min(per)] if equal else mine)
-
-    def token_info(self):
-        return self.base.token_info()
 
 
 def open_dataset(path: str | Path) -> PretrainingData:

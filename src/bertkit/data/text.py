@@ -235,8 +235,10 @@ def read_documents(files: list[Path], counts: TextCounts, *, sentence_split: boo
 
 
 class Chunker:
-    """`chunk_documents` one document at a time: `add(doc)` returns a finished chunk or None,
-    `finish()` the last ones. (Two of them split one stream of documents into two streams of chunks.)"""
+    """Documents grouped into chunks of >= chunk_bytes of text and >= 2 documents, one document at a
+    time: `add(doc)` returns a finished chunk or None, `finish()` the last ones (a last chunk of a
+    single document is merged into the one before). Two of them split one stream of documents into
+    two streams of chunks."""
 
     def __init__(self, chunk_bytes: int):
         self.chunk_bytes = chunk_bytes
@@ -267,14 +269,3 @@ class Chunker:
             out.append(self.pending)
         self.pending, self.cur, self.size = None, [], 0
         return out
-
-
-def chunk_documents(docs: Iterable[list[str]], chunk_bytes: int) -> Iterator[list[list[str]]]:
-    """Group documents into chunks of >= chunk_bytes of text and >= 2 documents (the last chunk is
-    merged into the one before when it would hold a single document)."""
-    chunker = Chunker(chunk_bytes)
-    for d in docs:
-        done = chunker.add(d)
-        if done is not None:
-            yield done
-    yield from chunker.finish()
