@@ -9,7 +9,10 @@ import math
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable, Literal
+
+from .errors import BertkitError
+from .runconfig import AT_LEAST_1, SEED, THREADS, Rule, check_fields
 
 log = logging.getLogger("bertkit")
 
@@ -112,23 +115,32 @@ def what_to_expect(passes: float, tokens: int, mask_accuracy: float | None) -> s
 
 
 MIN_MINUTES = 0.5     # the vocabulary, the data and the final evaluation alone take about half a minute
+MINUTES = Rule(f"a number >= {MIN_MINUTES} (the vocabulary, the data and the final evaluation alone take about "
+               "half a minute)", lambda v: math.isfinite(v) and v >= MIN_MINUTES)
 
 
-def check_options(root: Path, minutes: float, seed: int, threads: int, updates: int | None) -> None:
-    """The quickstart's options, each checked before anything is written (one line naming it)."""
-    from .errors import BertkitError
-    from .runconfig import AT_LEAST_1, SEED, THREADS
+@dataclasses.dataclass
+class QuickstartOptions:
+    """`quickstart`'s keywords (`bertkit quickstart`'s flags: `cliconfig.add_options`), checked before
+    anything is written (one line naming the field)."""
+    out: str = "runs/quickstart"
+    """Run folder."""
+    minutes: Annotated[float, MINUTES] = 5.0
+    """Total time budget in minutes, tokenizer and data included (at least 0.5)."""
+    updates: Annotated[int | None, AT_LEAST_1] = None
+    """Train exactly this many updates instead of what --minutes leaves time for: the number a timed
+    run's card records, to repeat that run bit for bit."""
+    seed: Annotated[int, SEED] = 0
+    """Seeds the data, the initialisation and the training order."""
+    threads: Annotated[int, THREADS] = 0
+    """CPU threads (0: torch's choice)."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Training precision: auto (bf16 where measured faster on this machine, once), fp32, bf16."""
 
-    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not math.isfinite(minutes) \
-            or minutes < MIN_MINUTES:
-        raise BertkitError(f"--minutes must be a number >= {MIN_MINUTES} (the vocabulary, the data and the final "
-                           f"evaluation alone take about half a minute), got {minutes!r}")
-    for option, value, rule in (("--seed", seed, SEED), ("--threads", threads, THREADS),
-                                ("--updates", updates, AT_LEAST_1)):
-        if value is not None and (problem := rule.problem(value)):
-            raise BertkitError(f"{option} {problem}")
-    if root.exists() and not root.is_dir():
-        raise BertkitError(f"--out {root}: a file, not a folder")
+    def __post_init__(self):
+        check_fields(self)                          # the choices and ranges on the fields
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise BertkitError(f"--out {self.out}: a file, not a folder")
 
 
 def training_config(root: Path, budget_s: float, updates: int | None, seed: int, threads: int, precision: str):
@@ -155,7 +167,7 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
     run card plus `cloze` (the answers) and `summary` (the closing text, one string per line)."""
     t0 = time.time()
     root = Path(out)
-    check_options(root, minutes, seed, threads, updates)           # before anything is loaded or written
+    QuickstartOptions(out, minutes, updates, seed, threads, precision)      # checked before anything is written
     training_config(root, max(minutes * 60 - 15, 10), updates, seed, threads, precision)   # its keys checked now
     from .data.prepare import PrepareConfig, prepare
     from .runlog import read_jsonl

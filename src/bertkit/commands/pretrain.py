@@ -43,31 +43,22 @@ def run_pretrain(args) -> int:
 
 
 def setup_quickstart(parser: argparse.ArgumentParser) -> None:
-    from ..quickstart import MIN_MINUTES
+    from ..cliconfig import add_options
+    from ..quickstart import QuickstartOptions
 
     parser.description = ("The whole pipeline in about five minutes on the bundled corpus (US inaugural addresses "
                           "and 11 Project Gutenberg books, "
                           "public domain): train a WordPiece vocabulary, prepare data, pre-train a small BERT with "
                           "the CPU recipe (configs/pretrain/cpu-5m.yaml), then score it on held-out documents and "
                           "on cloze prompts.")
-    parser.add_argument("--out", default="runs/quickstart", help="run folder (default: runs/quickstart)")
-    parser.add_argument("--minutes", type=float, default=5.0,
-                        help=f"total time budget in minutes, tokenizer and data included (default 5; at least "
-                             f"{MIN_MINUTES})")
-    parser.add_argument("--updates", type=int, default=None,
-                        help="train exactly this many updates instead of what --minutes leaves time for: the "
-                             "number a timed run's card records, to repeat that run bit for bit")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's choice)")
-    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
-                        help="training precision: auto (bf16 where measured faster on this machine, once), fp32, bf16")
+    add_options(parser, QuickstartOptions)
     parser.set_defaults(run=run_quickstart)
 
 
 def run_quickstart(args) -> int:
-    from ..quickstart import quickstart
+    from ..quickstart import QuickstartOptions, quickstart
+    from .basic import options_of
 
-    card = quickstart(args.out, minutes=args.minutes, seed=args.seed, threads=args.threads,
-                      updates=args.updates, precision=args.precision, say=lambda line: print(line, flush=True))
+    card = quickstart(**vars(options_of(args, QuickstartOptions)), say=lambda line: print(line, flush=True))
     print("\n".join(card["summary"]), flush=True)
     return 0

@@ -740,7 +740,7 @@ def cases_quickstart() -> list[dict]:
     bad = {"minutes": {"zero": "0", "negative": "-1", "tiny": "0.001", "nan": "nan", "inf": "inf", "text": "abc"},
            "seed": {"negative": "-1", "huge": str(2 ** 32)}, "threads": {"negative": "-1"},
            "updates": {"zero": "0", "negative": "-5"}, "precision": {"unknown": "fp64"}}
-    out = [{"id": f"quickstart-{option}-{name}", "args": [*base, f"--{option}", value], "match": f"--{option}"}
+    out = [{"id": f"quickstart-{option}-{name}", "args": [*base, f"--{option}", value], "match": option}
            for option, values in bad.items() for name, value in values.items()]
     out += [{"id": "quickstart-unknown-option-did-you-mean", "args": [*base, "--minuts", "3"],
              "match": "did you mean --minutes"},
