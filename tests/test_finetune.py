@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bertkit import Tokenizer, load_model, preset, save_model
-from bertkit.checkpoint import build
+from bertkit.checkpoint import CheckpointError, build
 from bertkit.cli import main
 from bertkit.finetune import FinetuneConfig, finetune, grid
 from bertkit.probe import ProbeModel
@@ -168,6 +168,11 @@ def test_frozen_probe_keeps_encoder_and_concatenates_layers(tiny_model, conll_di
     after = load_file(str(out / "model.safetensors"))
     name = "encoder.layer.0.attention.self.query.weight"
     assert torch.equal(before[name], after["bert." + name])                # the encoder did not move
+    raw["bertkit_probe_layers"] = 2                                         # an older bertkit's spelling: refused
+    del raw["bertkit_probe"]
+    (out / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="bertkit_probe_layers K is now bertkit_probe"):
+        load_model(out)
 
 
 def test_random_init_and_grid(tiny_model, sst_dir, tmp_path):

@@ -462,16 +462,14 @@ def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] 
 
 
 def load_probe(path: str | Path, config_json: tuple[BertConfig, dict[str, Any]], head: str | None = None) -> ProbeModel:
-    """A probe checkpoint folder (config.json with `bertkit_probe`, or the older
-    `bertkit_probe_layers`; `config_json`: its `read_config`) as a ProbeModel in eval mode."""
+    """A probe checkpoint folder (config.json with `bertkit_probe`; `config_json`: its `read_config`)
+    as a ProbeModel in eval mode."""
     path = Path(path)
     raw = config_json[1]
     spec = raw.get("bertkit_probe")
-    if spec is None:                                    # bertkit < 0.x: the last K layers concatenated
-        k = raw.get("bertkit_probe_layers")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise CheckpointError(f"{path}/config.json: bertkit_probe_layers must be a positive integer, got {k!r}")
-        spec = {"features": f"concat_last_{k}"}
+    if spec is None:                                    # an older bertkit's spelling
+        raise CheckpointError(f"{path}/config.json: bertkit_probe_layers K is now "
+                              f"bertkit_probe {{\"features\": \"concat_last_K\"}}")
     if not isinstance(spec, dict) or not isinstance(spec.get("features"), str):
         raise CheckpointError(f"{path}/config.json: bertkit_probe must be an object with a \"features\" string")
     arch = (raw.get("architectures") or [""])[0]
