@@ -71,19 +71,14 @@ def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, wei
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8 if eps is None else eps,
                                  weight_decay=weight_decay, **({"fused": True} if fused else {}))
-    if name == "adamw_google":
-        return AdamWGoogle(groups, lr=lr, betas=betas, eps=1e-6 if eps is None else eps, weight_decay=weight_decay)
-    if name == "lamb":
-        return Lamb(groups, lr=lr, betas=betas, eps=1e-6 if eps is None else eps, weight_decay=weight_decay)
+    if name in ("adamw_google", "lamb"):
+        kind = AdamWGoogle if name == "adamw_google" else Lamb
+        return kind(groups, lr=lr, betas=betas, eps=1e-6 if eps is None else eps, weight_decay=weight_decay)
     raise BertkitError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 
-class AdamWGoogle(torch.optim.Optimizer):
-    """Adam without bias correction and with decoupled weight decay (google-research/bert):
-
-        m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
-        p <- p - lr * (m / (sqrt(v) + eps) + wd * p)
-    """
+class _Adam(torch.optim.Optimizer):
+    """Adam's moments with decoupled weight decay; a subclass's `update` is the rule for one group."""
 
     def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
@@ -92,51 +87,50 @@ class AdamWGoogle(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            b1, b2 = group["betas"]
             params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
-            ms, vs = zip(*(_moments(self.state[p], p) for p in params))
-            torch._foreach_lerp_(ms, grads, 1 - b1)                         # m = b1 m + (1-b1) g
-            torch._foreach_mul_(vs, b2)
-            torch._foreach_addcmul_(vs, grads, grads, value=1 - b2)         # v = b2 v + (1-b2) g^2
-            denom = torch._foreach_add(torch._foreach_sqrt(vs), group["eps"])
-            update = torch._foreach_div(ms, denom)
-            if group["weight_decay"]:
-                torch._foreach_add_(update, params, alpha=group["weight_decay"])
-            torch._foreach_add_(params, update, alpha=-group["lr"])
+            if params:
+                self.update(group, params, *group["betas"])
         return loss
 
 
-class Lamb(torch.optim.Optimizer):
+class AdamWGoogle(_Adam):
+    """Adam without bias correction and with decoupled weight decay (google-research/bert):
+
+        m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
+        p <- p - lr * (m / (sqrt(v) + eps) + wd * p)
+    """
+
+    def update(self, group: dict, params: list[Tensor], b1: float, b2: float) -> None:
+        grads = [p.grad for p in params]
+        ms, vs = zip(*(_moments(self.state[p], p) for p in params))
+        torch._foreach_lerp_(ms, grads, 1 - b1)                         # m = b1 m + (1-b1) g
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, grads, grads, value=1 - b2)         # v = b2 v + (1-b2) g^2
+        denom = torch._foreach_add(torch._foreach_sqrt(vs), group["eps"])
+        update = torch._foreach_div(ms, denom)
+        if group["weight_decay"]:
+            torch._foreach_add_(update, params, alpha=group["weight_decay"])
+        torch._foreach_add_(params, update, alpha=-group["lr"])
+
+
+class Lamb(_Adam):
     """LAMB (You et al. 2019): the bias-corrected Adam update plus decoupled decay, scaled per
     parameter tensor by the trust ratio ||p|| / ||update|| (1 where either norm is zero)."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                m, v = _moments(state, p)
-                state["step"] = state.get("step", 0) + 1
-                t = state["step"]
-                m.lerp_(p.grad, 1 - b1)
-                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                update = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(p, alpha=group["weight_decay"])
-                w_norm, u_norm = p.norm(), update.norm()
-                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                p.add_(update * trust, alpha=-group["lr"])
-        return loss
+    def update(self, group: dict, params: list[Tensor], b1: float, b2: float) -> None:
+        for p in params:
+            state = self.state[p]
+            m, v = _moments(state, p)
+            state["step"] = state.get("step", 0) + 1
+            t = state["step"]
+            m.lerp_(p.grad, 1 - b1)
+            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            update = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + group["eps"])
+            if group["weight_decay"]:
+                update.add_(p, alpha=group["weight_decay"])
+            w_norm, u_norm = p.norm(), update.norm()
+            trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+            p.add_(update * trust, alpha=-group["lr"])
 
 
 def _moments(state: dict, p: Tensor) -> tuple[Tensor, Tensor]:

@@ -84,6 +84,30 @@ def truncate_pair(len_a: int, len_b: int, max_num_tokens: int, rng: random.Rando
     return (cut[0][0], cut[0][1]), (cut[1][0], cut[1][1])
 
 
+def _target_length(max_length: int, short_seq_prob: float, rng: random.Random) -> tuple[int, int, bool]:
+    """(max_num_tokens, target_seq_length, short): Google's target, now and then a shorter one."""
+    max_num_tokens = max_length - 3
+    if rng.random() < short_seq_prob:
+        return max_num_tokens, rng.randint(2, max_num_tokens), True
+    return max_num_tokens, max_num_tokens, False
+
+
+def _truncated(tokens_a: np.ndarray, tokens_b: np.ndarray, max_num_tokens: int, rng: random.Random,
+               counts: BuildCounts) -> tuple[np.ndarray, np.ndarray]:
+    (fa, ba), (fb, bb) = truncate_pair(len(tokens_a), len(tokens_b), max_num_tokens, rng)
+    counts.tokens_truncated += fa + ba + fb + bb
+    counts.pairs_truncated += fa + ba + fb + bb > 0
+    return tokens_a[fa:len(tokens_a) - ba], tokens_b[fb:len(tokens_b) - bb]
+
+
+def _pair(cls: np.ndarray, a: np.ndarray, sep: np.ndarray, b: np.ndarray, label: int, short: bool,
+          counts: BuildCounts) -> Instance:
+    """[CLS] A [SEP] B [SEP], counted (`label` 1: random next, or swapped)."""
+    counts.random_next += label
+    counts.short += int(short)
+    return Instance([cls, a, sep, b, sep], len(a) + len(b) + 3, len(a) + 2, label, short)
+
+
 def nsp_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_prob: float,
                   rng: random.Random, cls_id: int, sep_id: int, counts: BuildCounts,
                   lone_segment: str = "next") -> list[Instance]:
@@ -97,12 +121,7 @@ def nsp_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
     flat, off = docs[doc_index]
     n_sent = len(off) - 1
     cls, sep = np.array([cls_id]), np.array([sep_id])
-    max_num_tokens = max_length - 3
-    target_seq_length = max_num_tokens
-    short = False
-    if rng.random() < short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
-        short = True
+    max_num_tokens, target_seq_length, short = _target_length(max_length, short_seq_prob, rng)
     if n_sent == 1:
         counts.one_sentence_documents += 1
     instances: list[Instance] = []
@@ -145,20 +164,10 @@ def nsp_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
                 i -= count - a_end                                      # put back the unused
             else:
                 tokens_b = flat[a_hi:off[first + count]]
-            tokens_a = flat[a_lo:a_hi]
-            (fa, ba), (fb, bb) = truncate_pair(len(tokens_a), len(tokens_b), max_num_tokens, rng)
-            tokens_a = tokens_a[fa:len(tokens_a) - ba]
-            tokens_b = tokens_b[fb:len(tokens_b) - bb]
-            counts.tokens_truncated += fa + ba + fb + bb
-            counts.pairs_truncated += fa + ba + fb + bb > 0
+            tokens_a, tokens_b = _truncated(flat[a_lo:a_hi], tokens_b, max_num_tokens, rng, counts)
             assert len(tokens_a) >= 1 and len(tokens_b) >= 1
-            n = len(tokens_a) + len(tokens_b) + 3
-            instances.append(Instance([cls, tokens_a, sep, tokens_b, sep], n, len(tokens_a) + 2,
-                                      int(is_random_next), short))
-            counts.random_next += int(is_random_next)
-            counts.short += int(short)
-            count = 0
-            current_length = 0
+            instances.append(_pair(cls, tokens_a, sep, tokens_b, int(is_random_next), short, counts))
+            count, current_length = 0, 0
         i += 1
     return instances
 
@@ -224,10 +233,7 @@ def sop_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
     flat, off = docs[doc_index]
     n_sent = len(off) - 1
     cls, sep = np.array([cls_id]), np.array([sep_id])
-    max_num_tokens = max_length - 3
-    target_seq_length, short = max_num_tokens, False
-    if rng.random() < short_seq_prob:
-        target_seq_length, short = rng.randint(2, max_num_tokens), True
+    max_num_tokens, target_seq_length, short = _target_length(max_length, short_seq_prob, rng)
     if n_sent == 1:
         counts.one_sentence_documents += 1
     instances: list[Instance] = []
@@ -248,19 +254,11 @@ def sop_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
             else:
                 count, current_length, i = 0, 0, i + 1
                 continue
-            tokens_a, tokens_b = flat[a_lo:a_hi], flat[a_hi:b_hi]
-            (fa, ba), (fb, bb) = truncate_pair(len(tokens_a), len(tokens_b), max_num_tokens, rng)
-            tokens_a = tokens_a[fa:len(tokens_a) - ba]
-            tokens_b = tokens_b[fb:len(tokens_b) - bb]
-            counts.tokens_truncated += fa + ba + fb + bb
-            counts.pairs_truncated += fa + ba + fb + bb > 0
+            tokens_a, tokens_b = _truncated(flat[a_lo:a_hi], flat[a_hi:b_hi], max_num_tokens, rng, counts)
             swapped = rng.random() < 0.5
             if swapped:
                 tokens_a, tokens_b = tokens_b, tokens_a
-            n = len(tokens_a) + len(tokens_b) + 3
-            instances.append(Instance([cls, tokens_a, sep, tokens_b, sep], n, len(tokens_a) + 2, int(swapped), short))
-            counts.random_next += int(swapped)
-            counts.short += int(short)
+            instances.append(_pair(cls, tokens_a, sep, tokens_b, int(swapped), short, counts))
             count, current_length = 0, 0
         i += 1
     return instances

@@ -256,8 +256,12 @@ def squad_token_f1(gold: str, pred: str) -> float:
     pred_toks = normalize_answer(pred).split() if pred else []
     if not gold_toks or not pred_toks:
         return float(gold_toks == pred_toks)
-    common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
-    same = sum(common.values())
+    return _token_f1(gold_toks, pred_toks)
+
+
+def _token_f1(gold_toks: list[str], pred_toks: list[str]) -> float:
+    """F1 of the shared tokens (0 when none are shared: v1.1's F1 of an empty answer)."""
+    same = sum((collections.Counter(gold_toks) & collections.Counter(pred_toks)).values())
     if same == 0:
         return 0.0
     precision, recall = same / len(pred_toks), same / len(gold_toks)
@@ -293,22 +297,13 @@ def squad_v1(references: Any, predictions: Mapping[str, str]) -> dict[str, float
         pred = predictions[qid]
         # v1.1's F1 is 0 when no token is shared, so an empty gold or prediction scores 0 there
         em += max(normalize_answer(pred) == normalize_answer(g) for g in answers) if answers else 0
-        f1 += max(_v1_f1(g, pred) for g in answers) if answers else 0
+        f1 += max(_token_f1(normalize_answer(g).split(), normalize_answer(pred).split()) for g in answers) \
+            if answers else 0
     total = len(golds)
     out = {"exact_match": 100.0 * em / total, "f1": 100.0 * f1 / total, "total": total}
     if missing:
         out["unanswered"] = missing
     return out
-
-
-def _v1_f1(gold: str, pred: str) -> float:
-    pred_toks, gold_toks = normalize_answer(pred).split(), normalize_answer(gold).split()
-    common = collections.Counter(pred_toks) & collections.Counter(gold_toks)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred_toks), same / len(gold_toks)
-    return 2 * precision * recall / (precision + recall)
 
 
 def squad_v2(references: Any, predictions: Mapping[str, str], na_probs: Mapping[str, float] | None = None,
