@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +54,7 @@ from .packing import pack
 from .runlog import write_run_card
 from .sources import dataset_name
 from .st_files import write_sentence_transformers
-from .tasks import BadRows, DataError, get_task
+from .tasks import BadRows, DataError, finite_number, get_task
 from .tasks.custom import data_rows
 from .tasks.tables import is_table_source
 from .tokenizer import Tokenizer
@@ -159,13 +158,7 @@ def pick_columns(first: dict, columns: str | None, source) -> tuple[list[str], s
 
 
 def _number(value) -> float | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+    return None if isinstance(value, bool) else finite_number(value)
 
 
 def split_source(cfg, split: str) -> str | None:

@@ -55,6 +55,7 @@ import gzip
 import importlib
 import io
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -233,6 +234,15 @@ def open_text(path: str | Path) -> io.TextIOBase:
     return open(path, encoding="utf-8-sig", newline="")
 
 
+def finite_number(value) -> float | None:
+    """`value` as a finite float; None for anything else (not a number, NaN, infinite)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
 def require_examples(examples: list, path: str | Path) -> list:
     if not examples:
         raise DataError(f"{path}: no examples (empty file?)")
@@ -282,4 +292,4 @@ def collate(features: Sequence[dict], pad_id: int = 0) -> dict[str, torch.Tensor
 
 
 __all__ = ["Task", "TASKS", "ALIASES", "get_task", "BadRows", "DataError", "open_text", "require_examples",
-           "check_labels", "collate"]
+           "finite_number", "check_labels", "collate"]

@@ -14,12 +14,11 @@ Metrics: accuracy and macro F1 (classify; F1 of the positive class too when the 
 from __future__ import annotations
 
 import csv
-import math
 from pathlib import Path
 from typing import Sequence
 
 from ..sources import dataset_name, is_saved_dataset, jsonl_objects
-from . import BadRows, DataError, Task, open_text, require_examples
+from . import BadRows, DataError, Task, finite_number, open_text, require_examples
 from .glue import TextExample, sentence_task
 from .ner import TAG, TaggedExample, read_conll, tagging_task
 
@@ -109,13 +108,10 @@ def read_texts(path: str | Path, bad: BadRows | None, text_column: str, pair_col
                 bad(path, lineno, f"missing {label_column!r}")
                 continue
             if regression:
-                try:
-                    label = float(label)
-                    if not math.isfinite(label):
-                        raise ValueError
-                except (TypeError, ValueError):
+                if (number := finite_number(label)) is None:
                     bad(path, lineno, f"{label_column} {label!r} is not a number")
                     continue
+                label = number
             else:
                 label = str(label)
         ex_id = str(row[id_column]) if id_column and id_column in row else str(index)

@@ -15,14 +15,13 @@ text (`windows`), so an input of n tokens never gives more than about 2n / room 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from . import BadRows, DataError, Task, open_text, require_examples
+from . import BadRows, DataError, Task, finite_number, open_text, require_examples
 
 log = logging.getLogger("bertkit")
 
@@ -89,13 +88,10 @@ def read_glue(path: str | Path, spec: Spec, bad: BadRows | None = None) -> list[
                 bad(path, lineno, f"missing {spec.label}")
                 continue
             if spec.labels is None:
-                try:
-                    label = float(label)
-                    if not math.isfinite(label):
-                        raise ValueError
-                except ValueError:
+                if (number := finite_number(label)) is None:
                     bad(path, lineno, f"{spec.label} {label!r} is not a number")
                     continue
+                label = number
             elif label not in spec.labels:
                 bad(path, lineno, f"unknown {spec.label} {label!r} (expected {' or '.join(spec.labels)})")
                 continue

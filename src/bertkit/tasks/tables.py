@@ -26,12 +26,11 @@ means "no reference". The split a command asks for maps to the Hub's names: dev 
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable
 
 from ..sources import dataset_name, is_saved_dataset, open_table
-from . import BadRows, DataError, Task, require_examples
+from . import BadRows, DataError, Task, finite_number, require_examples
 
 HF_SPLITS: dict[str, dict[str, str]] = {
     "mnli": {"dev": "validation_matched", "test": "test_matched"},
@@ -143,11 +142,8 @@ def glue_label(value, allowed: tuple[str, ...] | None, names: list[str] | None) 
     if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1):
         return None, None
     if allowed is None:                                   # regression
-        try:
-            x = float(value)
-        except (TypeError, ValueError):
-            return None, f"label {value!r} is not a number"
-        return (x, None) if math.isfinite(x) else (None, f"label {value!r} is not a finite number")
+        x = finite_number(value)
+        return (x, None) if x is not None else (None, f"label {value!r} is not a finite number")
     if isinstance(value, bool):
         value = int(value)
     if isinstance(value, float) and value.is_integer():
