@@ -44,7 +44,7 @@ from .checkpoint import CheckpointError, check_inputs_fit, load_model
 from .data.stats import roc_auc, tfidf_cosine, threshold_baseline
 from .data.text import TextCounts, expand_inputs, read_documents
 from .errors import DataError
-from .runconfig import AT_LEAST_1, SEED, THREADS, Rule, RunConfigError, check_fields
+from .runconfig import AT_LEAST_1, SEED, THREADS, Rule, check_fields
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("bertkit")
@@ -104,10 +104,7 @@ class ShortcutOptions:
     """The bag-of-words baseline alone (no model run; --model may be a tokenizer folder)."""
 
     def __post_init__(self):
-        try:
-            check_fields(self)                      # the ranges on the fields
-        except RunConfigError as e:
-            raise DataError(str(e)) from None
+        check_fields(self, error=DataError)     # the ranges on the fields
 
 
 def probe_pairs(docs: list[list[np.ndarray]], anchors: int = 1000, seed: int = 0, max_length: int = 128,

@@ -51,10 +51,12 @@ THREADS = Rule("0 (torch's default) or a number of threads", lambda v: 0 <= v <=
 SEED = Rule("an integer in [0, 2**32 - 1]", lambda v: 0 <= v < 2 ** 32)
 
 
-def check_fields(obj: Any, prefix: str = "") -> None:
+def check_fields(obj: Any, prefix: str = "", error: type[Exception] | None = None) -> None:
     """Every field of the dataclass `obj` obeys its annotation: a `Literal[...]` value is one of its
     choices, an `Annotated[..., Rule]` number lies in its range; None passes where the type allows
-    it. One error naming the field (`prefix` + name). Nested sections are checked by their owner."""
+    it. One `error` (default RunConfigError) naming the field (`prefix` + name). Nested sections
+    are checked by their owner."""
+    error = error or RunConfigError
     hints = typing.get_type_hints(type(obj), include_extras=True)
     for f in fields(obj):
         kind, value = hints[f.name], getattr(obj, f.name)
@@ -69,11 +71,11 @@ def check_fields(obj: Any, prefix: str = "") -> None:
             if typing.get_origin(arg) is Literal and value not in typing.get_args(arg):
                 choices = ", ".join(map(str, typing.get_args(arg)))
                 close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(arg)], n=1)
-                raise RunConfigError(f"{prefix}{f.name}: {value!r} is not one of {choices}"
+                raise error(f"{prefix}{f.name}: {value!r} is not one of {choices}"
                                      + (f" (did you mean {close[0]!r}?)" if close else ""))
         for rule in rules:
             if problem := rule.problem(value):
-                raise RunConfigError(f"{prefix}{f.name} {problem}")
+                raise error(f"{prefix}{f.name} {problem}")
 
 
 # ---- the configuration of `bertkit pretrain` --------------------------------------------------

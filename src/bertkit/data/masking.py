@@ -65,10 +65,7 @@ class MaskingConfig:
     """Span mode: longest span, in words."""
 
     def __post_init__(self):
-        try:
-            check_fields(self)                          # the choices and ranges on the fields
-        except RunConfigError as e:
-            raise MaskingError(str(e)) from None
+        check_fields(self, error=MaskingError)      # the choices and ranges on the fields
         if self.mask_token_fraction + self.random_token_fraction > 1.0 + 1e-9:
             raise MaskingError(f"mask_token_fraction + random_token_fraction = "
                                f"{self.mask_token_fraction + self.random_token_fraction:g}: must be at most 1")

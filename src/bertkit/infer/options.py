@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from ..errors import BertkitError
-from ..runconfig import AT_LEAST_1, THREADS, RunConfigError, check_fields
+from ..runconfig import AT_LEAST_1, THREADS, check_fields
 
 
 class PredictorError(BertkitError, ValueError):
@@ -53,10 +53,7 @@ class PredictorOptions:
     """Most tokens of one input (default: the checkpoint's limit)."""
 
     def __post_init__(self):
-        try:
-            check_fields(self)                          # the choices and ranges on the fields
-        except RunConfigError as e:
-            raise PredictorError(str(e)) from None
+        check_fields(self, error=PredictorError)    # the choices and ranges on the fields
         if self.backend != "torch" and (self.int8 or self.compile):
             raise PredictorError(f"int8 and compile apply to backend torch, not {self.backend}")
         if self.int8 and self.precision not in ("auto", "fp32"):
