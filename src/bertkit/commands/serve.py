@@ -59,6 +59,7 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
     """Model options (how a Predictor loads), then one option per ServeConfig field (`bertkit.cliconfig`):
     the flag and the attribute are one name (--max_batch_tokens, also --max-batch-tokens)."""
     from ..cliconfig import add_options, suggest_unknown
+    from ..predict import PredictOptions
     from ..serve import ServeConfig
 
     add_model_options(p)
@@ -75,9 +76,7 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
                    api_key=os.environ.get("BERTKIT_API_KEY") or None)
     p.add_argument("--insecure-no-api-key", action="store_true",
                    help="allow a --host beyond loopback without an API key")
-    p.add_argument("--null-threshold", type=float, default=None,
-                   help="/v1/qa on a SQuAD v2.0 model: answer \"\" above these null odds (default: the threshold "
-                        "fine-tuning found best on dev)")
+    add_options(p, PredictOptions, names=("null_threshold",), defaults=True)        # evaluate's and predict's
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     suggest_unknown(p)
     p.set_defaults(run=run_serve)
@@ -92,13 +91,13 @@ def run_serve(args) -> int:
         from .basic import check_device
     except ImportError as e:
         raise BertkitError(f"bertkit serve needs FastAPI and uvicorn: pip install 'bertkit[serve]' ({e})") from None
-    check_serve_options(args)
+    ServeConfig(**{k: v for k, v in given(args, ServeConfig).items() if v is not None})   # in range: fail fast
     check_device(args.device)
     check_bind(args.host, args.api_key, args.insecure_no_api_key)      # before the model loads: fail fast
+    if args.null_threshold is not None and not math.isfinite(args.null_threshold):
+        raise BertkitError(f"null_threshold must be a finite number, got {args.null_threshold}")
     predictor = load_predictor(args, args.max_length)
     if args.null_threshold is not None:
-        if not math.isfinite(args.null_threshold):
-            raise BertkitError("--null-threshold must be a finite number")
         predictor.null_threshold = args.null_threshold
     if args.int8:
         report_int8(args, predictor)
@@ -117,21 +116,3 @@ def run_serve(args) -> int:
         log.warning("listening on %s without an API key (--insecure-no-api-key)", args.host)
     return serve(predictor, cfg, log_level=args.log_level)
 
-
-def check_serve_options(args) -> None:
-    """Every numeric option in range (a one-line error naming it), before anything loads."""
-    for name in ("max_batch_tokens", "max_queue", "max_request_items", "max_body_bytes", "max_connections",
-                 "max_length", "window_factor", "retry_after_s", "threads"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise BertkitError(f"--{name} must be at least 1, not {value}")
-    if not 1 <= args.port <= 65535:
-        raise BertkitError(f"--port must be within 1..65535, not {args.port}")
-    if not (math.isfinite(args.max_wait_ms) and args.max_wait_ms >= 0):
-        raise BertkitError(f"--max_wait_ms must be a finite number >= 0, not {args.max_wait_ms}")
-    for name in ("header_timeout_s", "body_timeout_s", "send_timeout_s", "keep_alive_s", "shutdown_timeout_s"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value > 0):
-            raise BertkitError(f"--{name} must be a finite number of seconds > 0, not {value}")
-    if args.served_model_name is not None and not args.served_model_name.strip():
-        raise BertkitError("--served_model_name is empty")

@@ -23,9 +23,10 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 from ..errors import BertkitError
+from ..runconfig import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Rule, check_fields
 
 log = logging.getLogger("bertkit")
 
@@ -34,36 +35,36 @@ log = logging.getLogger("bertkit")
 class ServeConfig:
     host: str = "127.0.0.1"
     """Address to bind; the default answers only this machine."""
-    port: int = 8000
+    port: Annotated[int, Rule("within 1..65535", lambda v: 1 <= v <= 65535)] = 8000
     """TCP port to listen on."""
-    max_batch_tokens: int = 2048
+    max_batch_tokens: Annotated[int, AT_LEAST_1] = 2048
     """Most real tokens one batching round may hold (`bertkit serve` uses 8192 on a GPU)."""
-    max_wait_ms: float = 0.0
+    max_wait_ms: Annotated[float, NON_NEGATIVE] = 0.0
     """How long the batcher waits for more requests once one has arrived (0: a round takes what
     queued while the model was busy; on 2 CPU cores 5 ms only added latency)."""
-    max_queue: int = 256
+    max_queue: Annotated[int, AT_LEAST_1] = 256
     """Most requests waiting for the model; beyond it requests get 503 with Retry-After."""
-    max_length: int = 512
+    max_length: Annotated[int, AT_LEAST_1] = 512
     """Most tokens of one text (with [CLS]/[SEP]); longer texts get 413 unless "truncate": true."""
-    max_request_items: int = 64
+    max_request_items: Annotated[int, AT_LEAST_1] = 64
     """Most texts (or questions) in one request; more is 413."""
-    max_body_bytes: int = 1_000_000
+    max_body_bytes: Annotated[int, AT_LEAST_1] = 1_000_000
     """Largest request body, counted as it arrives whatever the framing (chunked too); more is 413."""
-    window_factor: int = 16
+    window_factor: Annotated[int, AT_LEAST_1] = 16
     """/v1/ner and /v1/qa read long texts in windows: up to window_factor x max_length tokens."""
-    retry_after_s: int = 1
+    retry_after_s: Annotated[int, AT_LEAST_1] = 1
     """The Retry-After (seconds) of a 503 when the queue is full."""
-    header_timeout_s: float = 10.0
+    header_timeout_s: Annotated[float, POSITIVE] = 10.0
     """A connection must send a request's line and headers within this (slow clients are dropped)."""
-    body_timeout_s: float = 30.0
+    body_timeout_s: Annotated[float, POSITIVE] = 30.0
     """A request's whole body must arrive within this after its headers; later is 408."""
-    keep_alive_s: float = 5.0
+    keep_alive_s: Annotated[float, POSITIVE] = 5.0
     """An idle keep-alive connection is closed after this."""
-    send_timeout_s: float = 30.0
+    send_timeout_s: Annotated[float, POSITIVE] = 30.0
     """A client that reads none of its response for this long is dropped."""
-    shutdown_timeout_s: float = 15.0
+    shutdown_timeout_s: Annotated[float, POSITIVE] = 15.0
     """After SIGTERM, in-flight requests get this long to finish; the rest are cancelled."""
-    max_connections: int = 1024
+    max_connections: Annotated[int, AT_LEAST_1] = 1024
     """Open connections (and requests) at most; beyond it new requests get 503."""
     served_model_name: str = "bertkit"
     """The `model` that /v1/embeddings and /v1/models report."""
@@ -78,6 +79,11 @@ class ServeConfig:
     request and no request waits for a kernel build; costs a few seconds at start."""
     api_key: str | None = field(default=None, repr=False)
     """When set, every route but /healthz and / needs `Authorization: Bearer KEY` (else 401)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the ranges on the fields
+        if not self.served_model_name.strip():
+            raise BertkitError("served_model_name is empty")
 
     def public(self) -> dict:
         """The limits and settings /v1/model shows (never the key)."""
