@@ -26,7 +26,7 @@ def _fake(out, sizes, static=False):
         write_shard(out, shard_name(s), arrays, {"instances": int(n)})
         names.append(shard_name(s))
         counts.append(int(n))
-    meta = {"max_seq_length": 12, "nsp": True, "masking": "static" if static else "dynamic", "vocab_size": 1000,
+    meta = {"max_length": 12, "nsp": True, "masking": "static" if static else "dynamic", "vocab_size": 1000,
             "special_ids": {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}, "tokenizer_hash": "x",
             "config_hash": "y", "counts": {"instances": sum(counts)}, "shards": names, "shard_instances": counts}
     (out / "meta.json").write_text(json.dumps(meta))
@@ -69,7 +69,8 @@ def test_incomplete_data_is_refused(tmp_path):
     (lambda m: json.dumps({**m, "vocab_size": "big"}), "'vocab_size'"),
     (lambda m: json.dumps({**m, "masking": "sometimes"}), "'masking'"),
     (lambda m: json.dumps({**m, "masking_config": {"mask_prob": 7}}), "'masking_config'"),
-    (lambda m: json.dumps({**m, "masking_config": {"nope": 1}}), "'masking_config'")])
+    (lambda m: json.dumps({**m, "masking_config": {"nope": 1}}), "'masking_config'"),
+    (lambda m: json.dumps({**m, "max_seq_length": 12}), "max_seq_length is now max_length")])
 def test_bad_meta_is_a_one_line_error(tmp_path, change, says):
     out = _fake(tmp_path / "d", [3, 2])
     meta = json.loads((out / "meta.json").read_text())

@@ -146,8 +146,8 @@ def _checked_meta(f: Path) -> dict:
     if not isinstance(counts, list) or len(counts) != len(shards) or \
             not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
         raise DataError(f"{f}: 'shard_instances' must hold one instance count (>= 0) per shard")
-    if "max_length" not in meta and "max_seq_length" in meta:        # written before 2026-12 (Google's name)
-        meta["max_length"] = meta.pop("max_seq_length")
+    if "max_seq_length" in meta:                                      # an older bertkit's name
+        raise DataError(f"{f}: max_seq_length is now max_length (data of an older bertkit: prepare it again)")
     for key, kind in (("max_length", int), ("vocab_size", int)):
         if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool) or meta[key] < 1):
             raise DataError(f"{f}: '{key}' must be a positive integer, got {meta[key]!r}")
