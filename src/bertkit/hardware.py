@@ -14,10 +14,10 @@ A measurement is made once per machine, not once per process: the first process 
 it and writes it to a small JSON file (`measurements_path()`: `$BERTKIT_CACHE_DIR`, else
 `$XDG_CACHE_HOME/bertkit`, else `~/.cache/bertkit`), keyed by the CPU model, its flags, the thread
 count and the torch version; every later process on that machine reads the same answer. Timings flip
-on a loaded machine (bf16 measured 0.37x fp32 in one run and 2.7x in the next on one 2-core EPYC), and
-a choice that flips between two runs of one command changes their results. Delete the file to measure
-again (`bertkit info` names it). Options pin every choice (`--precision`, `train.attention`); the
-environment (`BERTKIT_BF16=1` treats bf16 as fast, `0` as slow) is a switch for tests.
+on a loaded machine, and a choice that flips between two runs of one command changes their results.
+Delete the file to measure again (`bertkit info` names it). Options pin every choice (`--precision`,
+`train.attention`); the environment (`BERTKIT_BF16=1` treats bf16 as fast, `0` as slow) is a switch
+for tests.
 
     >>> from bertkit.hardware import capabilities
     >>> capabilities().summary()
@@ -310,16 +310,15 @@ def bf16_fast(hidden: int = 384, intermediate: int = 1536) -> bool:
 
 # ---- which attention kernel training runs -----------------------------------------------------------
 ATTENTION_ENV = "BERTKIT_ATTENTION"
-MIN_ATTENTION_SPEEDUP = 1.2   # the written-out kernel must beat SDPA by this much (Zen 4 bf16: 2.4x)
+MIN_ATTENTION_SPEEDUP = 1.2   # the written-out kernel must beat SDPA by this much
 
 
 def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtype: torch.dtype = torch.bfloat16,
                               batch: int = 8, rounds: int = 3) -> float:
     """SDPA time / `packing.attention(kernel='math')` time for one training step of attention
     (forward + backward, an additive ALiBi-style mask, (batch, heads, length, head_dim) in `dtype`),
-    on one thread: about 0.1-0.3 s in all. torch's CPU flash-attention backward in bf16 measured
-    2.4x slower than the written-out formula on an AMD EPYC Zen 4; on a CPU whose flash kernel
-    runs bf16 tiles (AMX) it may be the faster one, so it is timed, not assumed."""
+    on one thread: about 0.1-0.3 s in all. Which is faster depends on the CPU (the module's doc), so
+    it is timed, not assumed."""
     from .packing import attention
 
     threads = torch.get_num_threads()
@@ -351,9 +350,8 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
                      asked: str = "auto") -> tuple[str, str]:
     """What computes a model's attention while it trains, and why: `asked` ('sdpa' or 'math') where
     given; else torch's SDPA, except on a CPU where the written-out formula (`packing.attention`,
-    kernel 'math') is measured faster for its heads, `length` and autocast `dtype` (bf16 on an AMD
-    EPYC Zen 4: 1.5-2.4x; fp32: a tie). Measured once per machine (`measured_once`);
-    BERTKIT_ATTENTION=sdpa|math overrides 'auto' (a switch for tests)."""
+    kernel 'math') is measured faster for its heads, `length` and autocast `dtype`. Measured once per
+    machine (`measured_once`); BERTKIT_ATTENTION=sdpa|math overrides 'auto' (a switch for tests)."""
     if asked in ("sdpa", "math"):
         return asked, f"asked: {asked}"
     if asked != "auto":
