@@ -120,8 +120,7 @@ def read_pairs(source: str | Path, columns: str | None = None, skip_bad_rows: bo
                 continue
             out["scores"].append(value)
         out["texts"].append(values)
-    if bad.skip:
-        bad.report(source)
+    bad.report(source)
     if not out["texts"]:
         raise DataError(f"{source}: no usable rows")
     cols = list(zip(*out["texts"]))

@@ -243,7 +243,10 @@ def finite_number(value) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def require_examples(examples: list, path: str | Path) -> list:
+def require_examples(examples: list, path: str | Path, bad: BadRows | None = None) -> list:
+    """`examples`, once `bad` has logged the rows it skipped; none at all is a DataError."""
+    if bad is not None:
+        bad.report(path)
     if not examples:
         raise DataError(f"{path}: no examples (empty file?)")
     return examples

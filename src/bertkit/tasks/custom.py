@@ -116,9 +116,7 @@ def read_texts(path: str | Path, bad: BadRows | None, text_column: str, pair_col
                 label = str(label)
         ex_id = str(row[id_column]) if id_column and id_column in row else str(index)
         examples.append(TextExample(ex_id, text, pair, label, f"{path}:{lineno}"))
-    if bad.skip:
-        bad.report(path)
-    return require_examples(examples, path)
+    return require_examples(examples, path, bad)
 
 
 def read_tagged(path: str | Path, bad: BadRows | None, tokens_column: str, tags_column: str,
@@ -146,9 +144,7 @@ def read_tagged(path: str | Path, bad: BadRows | None, tokens_column: str, tags_
                 continue
         ex_id = str(row[id_column]) if id_column and id_column in row else str(index)
         examples.append(TaggedExample(ex_id, [str(w) for w in words], tags, f"{path}:{lineno}"))
-    if bad.skip:
-        bad.report(path)
-    return require_examples(examples, path)
+    return require_examples(examples, path, bad)
 
 
 def classify_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict:

@@ -97,9 +97,7 @@ def read_glue(path: str | Path, spec: Spec, bad: BadRows | None = None) -> list[
                 continue
         ex_id = row[col[spec.id]] if spec.id in col else str(n)
         examples.append(TextExample(ex_id, text, pair, label, f"{path}:{lineno}"))
-    if bad.skip:
-        bad.report(path)
-    return require_examples(examples, path)
+    return require_examples(examples, path, bad)
 
 
 # ---- features -----------------------------------------------------------------------------------

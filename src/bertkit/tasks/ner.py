@@ -87,9 +87,7 @@ def read_conll(path: str | Path, bad: BadRows | None = None, tag_column: int = -
     if broken:
         skipped += 1
     flush()
-    if bad.skip:
-        bad.report(path)
-    return require_examples(examples, path)
+    return require_examples(examples, path, bad)
 
 
 def labels_from(examples: Sequence[TaggedExample]) -> list[str]:

@@ -113,9 +113,7 @@ def read_squad(path: str | Path, bad: BadRows | None = None, version: int = 1) -
                     continue
                 seen.add(ex.id)
                 examples.append(ex)
-    if bad.skip:
-        bad.report(path)
-    return require_examples(examples, path)
+    return require_examples(examples, path, bad)
 
 
 def _read_question(qa, context: str, title: str, version: int, bad: BadRows, path, where: str) -> QAExample | None:

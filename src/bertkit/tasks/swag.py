@@ -73,9 +73,7 @@ def read_swag(path: str | Path, bad: BadRows | None = None) -> list[ChoiceExampl
                 label = int(raw)
             examples.append(ChoiceExample(str(n), row[col["sent1"]], row[col["sent2"]], endings, label,
                                           f"{path}:{lineno}"))
-    if bad.skip:
-        bad.report(path)
-    return require_examples(examples, path)
+    return require_examples(examples, path, bad)
 
 
 def parse_choices(obj: dict, where: str) -> ChoiceExample:

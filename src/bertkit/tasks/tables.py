@@ -103,9 +103,7 @@ def read_examples(task: Task, path: str | Path, bad: BadRows | None = None) -> l
     bad = bad or BadRows()
     table = open_table(path)
     examples = CONVERTERS[task.name](task, table, bad)
-    if bad.skip:
-        bad.report(table.name)
-    return require_examples(examples, table.name)
+    return require_examples(examples, table.name, bad)
 
 
 def _column(table, candidates: tuple[str, ...], what: str, task: Task, required: bool = True) -> str | None:
