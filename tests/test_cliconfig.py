@@ -189,7 +189,7 @@ def test_every_command_takes_both_spellings_of_an_option():
     assert (args.train_limit, args.max_iter, args.dev_limit) == (5, 3, 7)
     args = build_parser("prepare").parse_args(["prepare", "--model", "m", "--input", "a", "--out", "o",
                                                "--num_shards", "2", "--shard-index=1", "--no_progress"])
-    assert (args.num_shards, args.shard_index, args.no_progress) == (2, 1, True)
+    assert (args.num_shards, args.shard_index, args.progress) == (2, 1, False)
     args = build_parser("tokenizer").parse_args(["tokenizer", "train", "a.txt", "--out", "o", "--vocab_size", "100",
                                                  "--min_frequency=1"])
     assert (args.vocab_size, args.min_frequency) == (100, 1)

@@ -102,8 +102,7 @@ def test_prepare_options_are_prepare_config_fields():
     (["--whole-word"], "--whole-word is now --masking_config.mode=whole_word"),     # former spellings: one line
     (["--masked-lm-prob", "0.2"], "--masked-lm-prob is now --masking_config.mask_prob"),
     (["--max_seq_length=64"], "--max_seq_length is now --max_length"),
-    (["--max_lenght", "64"], "did you mean --max_length"), (["--nsp=maybe"], "--nsp"),
-    (["--num-shards", "0"], "--num_shards: must be at least 1, got 0"), (["--workers", "0"], "--workers: must be")])
+    (["--max_lenght", "64"], "did you mean --max_length"), (["--nsp=maybe"], "--nsp")])
 def test_prepare_usage_errors_name_the_option(minilm, small_corpus, tmp_path, capsys, extra, says):
     with pytest.raises(SystemExit) as e:
         main(["prepare", "--model", str(minilm), "--input", str(small_corpus), "--out", str(tmp_path / "o"), *extra])
@@ -130,7 +129,8 @@ def test_cli_errors_are_one_line(minilm, tmp_path, capsys):
     (["--masking_config.mask_prob", "1.5"], "mask_prob must be in (0, 1), got 1.5"),
     (["--masking_config.mask_prob", "0"], "mask_prob must"), (["--max_length", "4"], "max_length must be in [8, 65535]"),
     (["--eval-fraction", "nan"], "eval_fraction must"), (["--eval-documents", "1"], "eval_documents 1"),
-    (["--masking_config.max_predictions", "0"], "masking_config.max_predictions must be at least 1, got 0")])
+    (["--masking_config.max_predictions", "0"], "masking_config.max_predictions must be at least 1, got 0"),
+    (["--num-shards", "0"], "num_shards must be at least 1, got 0"), (["--workers", "0"], "workers must be")])
 def test_bad_prepare_options_are_one_line_and_leave_nothing(minilm, small_corpus, tmp_path, capsys, extra, says):
     out = tmp_path / "o"
     assert main(["prepare", "--model", str(minilm), "--input", str(small_corpus), "--out", str(out),

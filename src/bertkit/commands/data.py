@@ -85,32 +85,26 @@ MOVED_FLAGS = {"--max_seq_length": "max_length", "--masked_lm_prob": "masking_co
                "--mask_token_fraction": "masking_config.mask_token_fraction",
                "--random_token_fraction": "masking_config.random_token_fraction",
                "--whole_word": "--masking_config.mode=whole_word", "--span": "--masking_config.mode=span"}
-PREPARE_RUN_OPTIONS = ("model", "input", "out", "workers", "num_shards", "shard_index", "overwrite")
 
 
 def setup_prepare(parser: argparse.ArgumentParser) -> None:
     """Every data option is a PrepareConfig field of the same name (`bertkit.cliconfig`), masking ones
-    as `--masking_config.KEY`; Google's spellings (--masked-lm-prob, ...) say what replaced them."""
-    from ..cliconfig import add_options, checked, suggest_unknown
-    from ..data.prepare import PrepareConfig
-    from ..runconfig import AT_LEAST_1, NON_NEGATIVE
+    as `--masking_config.KEY`, and how it runs a PrepareRunOptions field; Google's spellings
+    (--masked-lm-prob, ...) say what replaced them."""
+    from ..cliconfig import add_options, suggest_unknown
+    from ..data.prepare import PrepareConfig, PrepareRunOptions
 
     p = parser
     p.add_argument("--model", required=True, help="tokenizer or checkpoint folder (vocab.txt / tokenizer.json)")
     p.add_argument("--input", nargs="+", required=True, help=".txt / .txt.gz files, globs or folders: one sentence "
                    "per line, blank line between documents")
     p.add_argument("--out", required=True, help="output folder (meta.json + shard-*/)")
-    p.add_argument("--workers", type=checked(int, AT_LEAST_1), default=1,
-                   help="processes (output is identical for any number)")
-    p.add_argument("--num_shards", type=checked(int, AT_LEAST_1), default=1, help="split the corpus over N machines ...")
-    p.add_argument("--shard_index", type=checked(int, NON_NEGATIVE), default=0, help="... and do part I of N here")
-    p.add_argument("--overwrite", action="store_true", help="delete shards already in --out")
-    p.add_argument("--no-progress", action="store_true")
+    add_options(p, PrepareRunOptions)
     add_options(p, PrepareConfig, old=MOVED_FLAGS, help={
         "masking_config.max_predictions": "Cap on predictions per sequence (default: max_length x mask_prob "
                                           "rounded up to a multiple of 10: 20 at 128, 80 at 512, as Google's scripts)"})
     suggest_unknown(p)
-    p.set_defaults(run=run_prepare, _parser=p)
+    p.set_defaults(run=run_prepare)
 
 
 def prepare_config(args: argparse.Namespace):
@@ -133,16 +127,12 @@ def prepare_config(args: argparse.Namespace):
 
 
 def command_line(args: argparse.Namespace) -> str:
-    """The command as it would be typed again: the run options that differ from their defaults and
-    every PrepareConfig option given, in their canonical spelling."""
+    """The command as it would be typed again: every option given but --[no-]progress, in its canonical
+    spelling."""
     from ..cliconfig import given
-    from ..data.prepare import PrepareConfig
+    from ..data.prepare import PrepareConfig, PrepareRunOptions
 
     parts = ["bertkit", "prepare", "--model", args.model, "--input", *args.input, "--out", args.out]
-    for key in PREPARE_RUN_OPTIONS[3:]:
-        value, default = getattr(args, key), args._parser.get_default(key)
-        if value != default:
-            parts += [f"--{key}"] if value is True else [f"--{key}", str(value)]
 
     def flat(values: dict, prefix: str = "") -> None:
         nonlocal parts
@@ -153,17 +143,15 @@ def command_line(args: argparse.Namespace) -> str:
                 parts.append(f"--{prefix}{k}" if v else f"--no-{prefix}{k}")
             else:
                 parts += [f"--{prefix}{k}", str(v)]
+    flat({k: v for k, v in given(args, PrepareRunOptions).items() if k != "progress"})
     flat(given(args, PrepareConfig))
     return " ".join(shlex.quote(x) for x in parts)
 
 
 def run_prepare(args) -> int:
-    from ..data.prepare import prepare
-    cfg = prepare_config(args)
-    command = command_line(args)
-    meta = prepare(args.input, _load_tokenizer(args.model), args.out, cfg, workers=args.workers,
-                   num_shards=args.num_shards, shard_index=args.shard_index, overwrite=args.overwrite,
-                   progress=not args.no_progress, command=command)
+    from ..data.prepare import PrepareRunOptions, prepare
+    cfg, run = prepare_config(args), options_of(args, PrepareRunOptions)
+    meta = prepare(args.input, _load_tokenizer(args.model), args.out, cfg, **vars(run), command=command_line(args))
     c = meta["counts"]
     notes = [f"{c[k]} {k.replace('_', ' ')}" for k in ("empty_files", "invalid_utf8_lines", "long_lines_split",
                                                         "long_documents_split", "one_sentence_documents",

@@ -353,6 +353,25 @@ class _InProcess:
         pass
 
 
+@dataclass
+class PrepareRunOptions:
+    """How `prepare` runs, its keywords beside the PrepareConfig (`bertkit prepare`'s flags:
+    `cliconfig.add_options`)."""
+    workers: Annotated[int, AT_LEAST_1] = 1
+    """Processes (output is identical for any number)."""
+    num_shards: Annotated[int, AT_LEAST_1] = 1
+    """Split the corpus over N machines ..."""
+    shard_index: Annotated[int, NON_NEGATIVE] = 0
+    """... and do part I of N here."""
+    overwrite: bool = False
+    """Delete shards already in --out."""
+    progress: bool = True
+    """Progress bars (--no-progress: none)."""
+
+    def __post_init__(self):
+        check_fields(self)                          # the ranges on the fields
+
+
 def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, workers: int = 1,
             num_shards: int = 1, shard_index: int = 0, overwrite: bool = False, progress: bool = True,
             command: str | None = None, on_shard: Callable[[int], None] | None = None) -> dict:
