@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import DataError
+from .checkpoint import model_folder
 from .infer import Batch, Predictor
 from .model import Block, SelfAttention
 from .packing import alibi_bias, packing
@@ -183,11 +184,8 @@ def load(path: str | Path, precision: str = "fp32", device: str | None = None,
     GEMM's rows and measured slower on these large uniform batches; and the last block can then run at
     the scored positions only), no engine of short batches. A pre-training checkpoint folder
     (checkpoints/step-N) is read from its model/ folder."""
-    path = Path(path)
-    if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
-        path = path / "model"
-    return Predictor.from_dir(path, head="masked_lm", device=device, threads=threads, precision=precision,
-                              prepack=False, small_batches=False)
+    return Predictor.from_dir(model_folder(path), head="masked_lm", device=device, threads=threads,
+                              precision=precision, prepack=False, small_batches=False)
 
 
 def method_for(pred: Predictor, method: str = "auto") -> str:

@@ -153,6 +153,13 @@ def _read_safetensors(f: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{f}: cannot read weights ({type(e).__name__}: {_first_line(e)})") from None
 
 
+def model_folder(path: str | Path) -> Path:
+    """A checkpoint folder; a pre-training checkpoint (checkpoints/step-N) is read from its model/ folder."""
+    path = Path(path)
+    return path / "model" if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file() \
+        else path
+
+
 def read_config(path: Path) -> tuple[BertConfig, dict[str, Any]]:
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory" if path.exists() else f"{path}: no such directory")

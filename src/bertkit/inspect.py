@@ -81,13 +81,11 @@ class Loaded:
 def load(path: str | Path) -> Loaded:
     """A checkpoint folder as inspection runs it: plain fp32 modules on the CPU (a pre-training
     checkpoint folder, checkpoints/step-N, is read from its model/)."""
-    from .checkpoint import load_model
+    from .checkpoint import load_model, model_folder
 
-    path = Path(path)
-    if not path.is_dir():
+    if not Path(path).is_dir():
         raise InspectError(f"--model {path}: no such folder")
-    if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
-        path = path / "model"
+    path = model_folder(path)
     if not (path / "config.json").is_file():
         raise InspectError(f"--model {path}: no config.json (not a model folder)")
     model = load_model(path).float().eval()

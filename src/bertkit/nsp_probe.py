@@ -40,7 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .blimp import wilson
-from .checkpoint import CheckpointError, check_inputs_fit, load_model
+from .checkpoint import CheckpointError, check_inputs_fit, load_model, model_folder
 from .data.stats import roc_auc, tfidf_cosine, threshold_baseline
 from .data.text import TextCounts, expand_inputs, read_documents
 from .errors import DataError
@@ -132,14 +132,6 @@ def probe_pairs(docs: list[list[np.ndarray]], anchors: int = 1000, seed: int = 0
                 ("random_document", a, _forwards(docs[other], start, half)),
                 ("same_document", a, _forwards(doc, same, half))]
     return out
-
-
-def model_folder(path: str | Path) -> Path:
-    """A checkpoint folder; a pre-training checkpoint (checkpoints/step-N) is read from its model/ folder."""
-    path = Path(path)
-    if not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
-        path = path / "model"
-    return path
 
 
 class NoNSPHead(CheckpointError):
