@@ -252,6 +252,14 @@ def require_examples(examples: list, path: str | Path, bad: BadRows | None = Non
     return examples
 
 
+def predicted(predictions: dict, examples: Sequence) -> list:
+    """Each example's prediction, in order; a DataError when one has none."""
+    missing = [ex.id for ex in examples if ex.id not in predictions]
+    if missing:
+        raise DataError(f"no prediction for {len(missing)} examples (first id {missing[0]!r})")
+    return [predictions[ex.id] for ex in examples]
+
+
 def check_labels(examples: Sequence, labels: Sequence[str], where: str = "") -> None:
     """Every example's `label` must be one the model was trained with (a DataError otherwise)."""
     known = set(labels)
@@ -295,4 +303,4 @@ def collate(features: Sequence[dict], pad_id: int = 0) -> dict[str, torch.Tensor
 
 
 __all__ = ["Task", "TASKS", "ALIASES", "get_task", "BadRows", "DataError", "open_text", "require_examples",
-           "finite_number", "check_labels", "collate"]
+           "finite_number", "predicted", "check_labels", "collate"]

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import BadRows, DataError, Task, finite_number, open_text, require_examples
+from . import BadRows, DataError, Task, finite_number, open_text, predicted, require_examples
 
 log = logging.getLogger("bertkit")
 
@@ -228,18 +228,11 @@ def parse_text(obj: dict, where: str) -> TextExample:
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def _paired(predictions: dict, examples: Sequence[TextExample]) -> tuple[list, list]:
-    missing = [ex.id for ex in examples if ex.id not in predictions]
-    if missing:
-        raise DataError(f"no prediction for {len(missing)} examples (first id {missing[0]!r})")
-    return [predictions[ex.id] for ex in examples], [ex.label for ex in examples]
-
-
 def _metrics(kind: str):
     def compute(predictions: dict, examples: Sequence[TextExample]) -> dict:
         from . import metrics as M
 
-        pred, ref = _paired(predictions, examples)
+        pred, ref = predicted(predictions, examples), [ex.label for ex in examples]
         if kind == "pearson":
             return M.pearson_spearman([float(r) for r in ref], [float(p) for p in pred])
         pred, ref = [str(p) for p in pred], [str(r) for r in ref]

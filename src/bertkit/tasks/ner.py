@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import BadRows, DataError, Task, open_text, require_examples
+from . import BadRows, DataError, Task, open_text, predicted, require_examples
 from .glue import windows
 
 log = logging.getLogger("bertkit")
@@ -165,10 +165,7 @@ def postprocess_tokens(outputs: Sequence[np.ndarray], features: Sequence[dict],
 def ner_metrics(predictions: dict, examples: Sequence[TaggedExample]) -> dict:
     from .metrics import conll_f1
 
-    missing = [ex.id for ex in examples if ex.id not in predictions]
-    if missing:
-        raise DataError(f"no prediction for {len(missing)} sentences (first id {missing[0]!r})")
-    pred = [list(predictions[ex.id]) for ex in examples]
+    pred = [list(p) for p in predicted(predictions, examples)]
     ref = [list(ex.tags) for ex in examples]
     result = conll_f1(ref, pred)
     result["token_accuracy"] = result.pop("accuracy")

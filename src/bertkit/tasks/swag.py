@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import BadRows, DataError, Task, open_text, require_examples
+from . import BadRows, DataError, Task, open_text, predicted, require_examples
 
 log = logging.getLogger("bertkit")
 
@@ -119,13 +119,11 @@ def postprocess_choices(outputs: Sequence[np.ndarray], features: Sequence[dict],
 def metrics_choices(predictions: dict, examples: Sequence[ChoiceExample]) -> dict:
     from .metrics import accuracy
 
-    missing = [ex.id for ex in examples if ex.id not in predictions]
-    if missing:
-        raise DataError(f"no prediction for {len(missing)} examples (first id {missing[0]!r})")
+    pred = predicted(predictions, examples)
     unlabelled = next((ex for ex in examples if ex.label is None), None)
     if unlabelled is not None:
         raise DataError(f"{unlabelled.where}: no label to score against (a test file?)")
-    return {"accuracy": accuracy([ex.label for ex in examples], [int(predictions[ex.id]) for ex in examples])}
+    return {"accuracy": accuracy([ex.label for ex in examples], [int(p) for p in pred])}
 
 
 SWAG = Task(name="swag", head="multiple_choice", description="SWAG: the most plausible of four endings (accuracy)",
