@@ -9,6 +9,7 @@ import pytest
 
 from bertkit.tasks import BadRows, DataError, collate, get_task
 from bertkit.tasks.glue import TextExample, featurize_classification, postprocess_classification, windows
+from bertkit.tokenizer import TruncationStats
 
 
 def write(path, text: str, gz: bool = False):
@@ -89,8 +90,7 @@ class FakeTok:
     """Each word is one piece, id = its length (enough to test layout)."""
     cls_id, sep_id, pad_id = 101, 102, 0
 
-    class stats:
-        inputs = truncated_inputs = tokens_cut = 0
+    stats = TruncationStats()
 
     def encode_ids(self, texts):
         return [[len(w) for w in t.split()] for t in texts]

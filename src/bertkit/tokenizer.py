@@ -74,6 +74,10 @@ class TruncationStats:
     tokens_cut: int = 0
     warned: bool = field(default=False, repr=False)
 
+    def add(self, inputs: int, truncated: int = 0, cut: int = 0) -> None:
+        self.inputs, self.truncated_inputs, self.tokens_cut = \
+            self.inputs + inputs, self.truncated_inputs + truncated, self.tokens_cut + cut
+
     def counts(self) -> tuple[int, int, int]:
         """(inputs, truncated inputs, tokens cut) so far."""
         return self.inputs, self.truncated_inputs, self.tokens_cut
@@ -289,14 +293,11 @@ class Tokenizer:
             if na + nb > budget:
                 keep_a, keep_b = longest_first(na, nb, budget)
                 cut = na + nb - keep_a - keep_b
-        self.stats.inputs += 1
-        if cut:
-            self.stats.truncated_inputs += 1
-            self.stats.tokens_cut += cut
-            if not self.stats.warned:
-                self.stats.warned = True
-                log.warning("truncating inputs longer than %d tokens (first one lost %d tokens); "
-                            "counts are in tokenizer.stats", max_length, cut)
+        self.stats.add(1, int(cut > 0), cut)
+        if cut and not self.stats.warned:
+            self.stats.warned = True
+            log.warning("truncating inputs longer than %d tokens (first one lost %d tokens); "
+                        "counts are in tokenizer.stats", max_length, cut)
         ids = [self.cls_id, *ea.ids[:keep_a], self.sep_id]
         tokens = ["[CLS]", *ea.tokens[:keep_a], "[SEP]"]
         offsets = [(0, 0), *ea.offsets[:keep_a], (0, 0)]

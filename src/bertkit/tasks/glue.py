@@ -175,12 +175,10 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
         log.warning("truncated %d of %d inputs to %d tokens (%d tokens cut)%s", truncated, len(examples),
                     max_length, cut, "" if stride is not None else "; --windows reads them in overlapping "
                     "windows instead")
-        tokenizer.stats.truncated_inputs += truncated
-        tokenizer.stats.tokens_cut += cut
     if capped:
         log.warning("stride %d is more than half the room left for the text in %d long inputs at max_length %d: "
                     "their windows overlap by half a window instead", stride, capped, max_length)
-    tokenizer.stats.inputs += len(examples)
+    tokenizer.stats.add(len(examples), truncated, cut)
     return feats
 
 

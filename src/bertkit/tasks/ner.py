@@ -133,9 +133,7 @@ def featurize_tokens(examples: Sequence[TaggedExample], tokenizer, labels: Seque
     if truncated:
         log.warning("truncated %d of %d sentences to %d tokens (%d pieces cut; their words are tagged O); "
                     "give a stride to read them in windows", truncated, len(examples), max_length, cut)
-        tokenizer.stats.truncated_inputs += truncated
-        tokenizer.stats.tokens_cut += cut
-    tokenizer.stats.inputs += len(examples)
+    tokenizer.stats.add(len(examples), truncated, cut)
     return feats
 
 

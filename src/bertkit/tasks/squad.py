@@ -251,9 +251,7 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
     if q_cut:
         log.warning("cut %d of %d questions to their first %d word pieces (%d pieces cut)", q_cut, len(examples),
                     max_query_length, q_tokens)
-        tokenizer.stats.truncated_inputs += q_cut
-        tokenizer.stats.tokens_cut += q_tokens
-    tokenizer.stats.inputs += len(examples)
+    tokenizer.stats.add(len(examples), q_cut, q_tokens)
     return feats
 
 
