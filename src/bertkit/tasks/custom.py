@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..sources import dataset_name, is_saved_dataset, jsonl_objects
-from . import BadRows, DataError, Task, finite_number, open_text, require_examples
+from . import BadRows, DataError, Task, finite_number, open_text, predicted, require_examples
 from .glue import TextExample, sentence_task
 from .ner import TAG, TaggedExample, read_conll, tagging_task
 
@@ -150,8 +150,7 @@ def read_tagged(path: str | Path, bad: BadRows | None, tokens_column: str, tags_
 def classify_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict:
     from . import metrics as M
 
-    ref = [str(ex.label) for ex in examples]
-    pred = [str(predictions[ex.id]) for ex in examples]
+    ref, pred = [str(ex.label) for ex in examples], [str(p) for p in predicted(predictions, examples)]
     classes = sorted(set(ref) | set(pred))
     out = {"accuracy": M.accuracy(ref, pred),
            "macro_f1": sum(M.f1_binary(ref, pred, pos_label=c) for c in classes) / len(classes)}
@@ -163,7 +162,7 @@ def classify_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict
 def regress_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict:
     from . import metrics as M
 
-    return M.pearson_spearman([float(ex.label) for ex in examples], [float(predictions[ex.id]) for ex in examples])
+    return M.pearson_spearman([float(ex.label) for ex in examples], [float(p) for p in predicted(predictions, examples)])
 
 
 def custom_task(kind: str, text_column: str = "text", pair_column: str | None = None, label_column: str = "label",
