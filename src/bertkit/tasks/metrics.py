@@ -172,10 +172,9 @@ def conll_f1(y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]]) -
     flat_pred = [tag for sent in y_pred for tag in [*sent, "O"]]
     true_ents: dict[str, set] = collections.defaultdict(set)
     pred_ents: dict[str, set] = collections.defaultdict(set)
-    for type_, b, e in get_entities(flat_true):
-        true_ents[type_].add((b, e))
-    for type_, b, e in get_entities(flat_pred):
-        pred_ents[type_].add((b, e))
+    for ents, flat in ((true_ents, flat_true), (pred_ents, flat_pred)):
+        for type_, b, e in get_entities(flat):
+            ents[type_].add((b, e))
     per_type, tp_all, pred_all, true_all = {}, 0, 0, 0
     for type_ in sorted(set(true_ents) | set(pred_ents)):
         tp = len(true_ents[type_] & pred_ents[type_])
@@ -262,10 +261,7 @@ def squad_token_f1(gold: str, pred: str) -> float:
 def _token_f1(gold_toks: list[str], pred_toks: list[str]) -> float:
     """F1 of the shared tokens (0 when none are shared: v1.1's F1 of an empty answer)."""
     same = sum((collections.Counter(gold_toks) & collections.Counter(pred_toks)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred_toks), same / len(gold_toks)
-    return 2 * precision * recall / (precision + recall)
+    return _prf(same, len(pred_toks), len(gold_toks))[2]
 
 
 def squad_golds(references: Any) -> dict[str, list[str]]:
