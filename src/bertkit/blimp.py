@@ -43,7 +43,7 @@ from .checkpoint import model_folder
 from .infer import Batch, Predictor
 from .model import Block, SelfAttention
 from .packing import alibi_bias, packing
-from .runconfig import AT_LEAST_1, THREADS, Rule, check_fields
+from .runconfig import AT_LEAST_1, THREADS, Checked, Rule
 from .sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
@@ -58,7 +58,7 @@ HEAD_ROWS = 512          # scored positions per vocabulary projection: (512, V) 
 
 
 @dataclass
-class BlimpOptions:
+class BlimpOptions(Checked):
     """How `bertkit blimp` scores (its flags: `cliconfig.add_options`)."""
     method: Method = "auto"
     """auto: causal for a train.objective=clm checkpoint, else pll; pll: mask each piece in turn (Salazar
@@ -75,9 +75,6 @@ class BlimpOptions:
     """cpu, cuda, cuda:1 ... (default: cuda if available)."""
     threads: Annotated[int | None, THREADS] = None
     """CPU threads: that many batches at a time, one thread each (default: torch's count)."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the choices and ranges on the fields
 
 
 @dataclass(frozen=True)

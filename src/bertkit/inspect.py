@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from .errors import BertkitError
 from .model import BertModel, SelfAttention
 from .packing import alibi_bias
-from .runconfig import AT_LEAST_1, THREADS, Rule, check_fields
+from .runconfig import AT_LEAST_1, THREADS, Checked, Rule
 from .tokenizer import Tokenizer
 
 
@@ -40,7 +40,7 @@ class InspectError(BertkitError, ValueError):
 
 
 @dataclass
-class InspectOptions:
+class InspectOptions(Checked):
     """What `inspect` measures and shows (the flags of `bertkit inspect`: `cliconfig.add_options`)."""
     layer: int | None = None
     """Whose full attention maps to keep and draw, 1-based (default: the last layer)."""
@@ -53,9 +53,6 @@ class InspectOptions:
     threads: Annotated[int, THREADS] = 1
     """CPU threads: one sentence is little work, and one thread is fastest on a busy machine (0: torch's
     count)."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the ranges on the fields
 
 
 @dataclass

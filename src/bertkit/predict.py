@@ -17,13 +17,13 @@ from typing import Annotated
 from .config import BertConfig
 from .errors import BertkitError
 from .infer import Predictor, PredictorOptions
-from .runconfig import AT_LEAST_1, check_fields
+from .runconfig import AT_LEAST_1, Checked
 from .tasks import DataError
 from .tasks.plumbing import checkpoint_task, featurize, inference_stride, parse_rows, qa_options
 
 
 @dataclass
-class PredictOptions:
+class PredictOptions(Checked):
     """How `evaluate` and `predict` read a task's inputs, `predict`'s keywords (the commands' flags:
     `cliconfig.add_options`; how the model runs is `PredictorOptions`). None: the checkpoint's."""
     max_length: Annotated[int | None, AT_LEAST_1] = None
@@ -40,9 +40,6 @@ class PredictOptions:
     null_threshold: float | None = None
     """SQuAD v2.0: answer "" when the null odds exceed this (default: the threshold best on dev, saved by
     finetune; else 0)."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the ranges on the fields
 
 
 def load_task_predictor(model_dir: str | Path, task_name: str | None = None, columns: dict | None = None,

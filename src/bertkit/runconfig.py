@@ -78,6 +78,13 @@ def check_fields(obj: Any, prefix: str = "", error: type[Exception] | None = Non
                 raise error(f"{prefix}{f.name} {problem}")
 
 
+class Checked:
+    """A dataclass base: its fields are checked (`check_fields`) whenever one is made."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
 # ---- the configuration of `bertkit pretrain` --------------------------------------------------
 @dataclass
 class ModelSection:

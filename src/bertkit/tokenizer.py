@@ -32,7 +32,7 @@ from tokenizers import AddedToken, Tokenizer as RustTokenizer, decoders, models,
 
 from .errors import BertkitError
 from .outdir import staged_dir
-from .runconfig import NON_NEGATIVE, Rule, check_fields
+from .runconfig import NON_NEGATIVE, Checked, Rule
 from .wordpiece import count_words, learn_wordpiece
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 
 
 @dataclass
-class TokenizerTrainOptions:
+class TokenizerTrainOptions(Checked):
     """The vocabulary `bertkit tokenizer train` learns (its flags: `cliconfig.add_options`)."""
     vocab_size: Annotated[int, Rule("at least 10", lambda v: v >= 10)] = 30522
     """Tokens in the vocabulary, the 5 special ones included."""
@@ -368,9 +368,6 @@ class TokenizerTrainOptions:
     """Keep case and accents (default: uncased, like bert-base-uncased)."""
     min_frequency: Annotated[int, NON_NEGATIVE] = 2
     """Fewest occurrences of a pair of pieces to merge it."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the ranges on the fields
 
 
 def train_to_folder(files: Sequence[str | Path], out: str | Path, options: TokenizerTrainOptions | None = None,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from ..errors import BertkitError
-from ..runconfig import AT_LEAST_1, THREADS, check_fields
+from ..runconfig import AT_LEAST_1, THREADS, Checked
 from .config import AblateConfig, Arm, _key, _read_json, _write_json, describe, lr_search_of, merge
 from .measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm, weights_id
 from .shared import Shared
@@ -30,7 +30,7 @@ log = logging.getLogger("bertkit")
 
 # ---- one arm --------------------------------------------------------------------------------------
 @dataclass
-class RunOptions:
+class RunOptions(Checked):
     launcher: Literal["inprocess", "torchrun"] = "inprocess"
     """'inprocess' or 'torchrun' (pre-training as a subprocess over `nproc` processes)."""
     nproc: Annotated[int, AT_LEAST_1] = 1
@@ -46,9 +46,6 @@ class RunOptions:
     """Pre-train and score each arm (held-out MLM, BLiMP, NSP shortcut) without fine-tuning: status
     'pretrained'; probe arms still run their probes. A later run without it fine-tunes on the same
     pre-training (reused by its key)."""
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 def arm_budget(cfg: AblateConfig, arm: Arm) -> dict:

@@ -48,7 +48,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from tqdm import tqdm
 
 from ..errors import BertkitError
-from ..runconfig import AT_LEAST_1, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, UNIT, Rule, check_fields
+from ..runconfig import AT_LEAST_1, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, UNIT, Checked, Rule, check_fields
 from .encode import CachedEncoder
 from .folder import EVAL_DIR, build_meta, check_existing, remove_meta, save_tokenizer, write_meta
 from .instances import BuildCounts, Doc, nsp_instances, packed_instances, sop_instances
@@ -354,7 +354,7 @@ class _InProcess:
 
 
 @dataclass
-class PrepareRunOptions:
+class PrepareRunOptions(Checked):
     """How `prepare` runs, its keywords beside the PrepareConfig (`bertkit prepare`'s flags:
     `cliconfig.add_options`)."""
     workers: Annotated[int, AT_LEAST_1] = 1
@@ -367,9 +367,6 @@ class PrepareRunOptions:
     """Delete shards already in --out."""
     progress: bool = True
     """Progress bars (--no-progress: none)."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the ranges on the fields
 
 
 def prepare(inputs: list[str], tokenizer, out: str | Path, cfg: PrepareConfig, workers: int = 1,

@@ -8,7 +8,7 @@ from typing import Annotated
 import numpy as np
 
 from ..errors import DataError
-from ..runconfig import AT_LEAST_1, NON_NEGATIVE, SEED, check_fields
+from ..runconfig import AT_LEAST_1, NON_NEGATIVE, SEED, Checked
 from .heldout import choose_held_out, ngram_overlap
 from .masking import Collator, MaskingConfig, Mode, TokenInfo
 from .pretraining import PretrainingData
@@ -16,7 +16,7 @@ from .text import TextCounts, expand_inputs, read_documents
 
 
 @dataclass
-class TokenizerStatsOptions:
+class TokenizerStatsOptions(Checked):
     """What `bertkit tokenizer stats` measures (its flags: `cliconfig.add_options`)."""
     max_length: Annotated[int, AT_LEAST_1] = 512
     """The sequence length whose truncation to measure (tokens, with [CLS] and [SEP])."""
@@ -24,9 +24,6 @@ class TokenizerStatsOptions:
     """Measure on the first N sentences."""
     sentence_split: bool = False
     """Lines are paragraphs: split them into sentences."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the ranges on the fields
 
 
 def tokenizer_stats(tokenizer, inputs: list[str], options: TokenizerStatsOptions | None = None) -> dict:
@@ -237,7 +234,7 @@ def held_out_stats(ds: PretrainingData, eval_instances: int = 256) -> dict:
 
 
 @dataclass
-class DataStatsOptions:
+class DataStatsOptions(Checked):
     """What `bertkit data stats` measures (its flags: `cliconfig.add_options`)."""
     sample: Annotated[int, NON_NEGATIVE] = 20000
     """Instances to measure masking (and the topic shortcut) on."""
@@ -245,9 +242,6 @@ class DataStatsOptions:
     """Dynamic data: measure this masking (pretrain's data.mask_mode; default: as prepared)."""
     seed: Annotated[int, SEED] = 0
     """Dynamic data: the collator seed (pretrain's train.seed)."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the choices and ranges on the fields
 
 
 def data_stats(ds: PretrainingData, options: DataStatsOptions | None = None, bins: int = 16,
@@ -324,7 +318,7 @@ def data_stats(ds: PretrainingData, options: DataStatsOptions | None = None, bin
 
 
 @dataclass
-class ShowOptions:
+class ShowOptions(Checked):
     """Which instances `bertkit data show` prints (its flags: `cliconfig.add_options`)."""
     n: Annotated[int, NON_NEGATIVE] = 5
     """Instances to print."""
@@ -334,9 +328,6 @@ class ShowOptions:
     """Dynamic data: the epoch whose masks to show."""
     seed: Annotated[int, SEED] = 0
     """Dynamic data: the collator seed (pretrain's train.seed)."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the ranges on the fields
 
 
 def show_instances(ds: PretrainingData, options: ShowOptions | None = None) -> str:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import BertkitError
-from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Rule, check_fields
+from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Checked, Rule
 from .choose import sample_lines
 from .engines import INPUTS, load_session
 
@@ -47,7 +47,7 @@ OPSET = Rule(f"{OPSETS[0]} to {OPSETS[-1]} (below {OPSETS[0]} torch writes 18 an
 
 
 @dataclass
-class ExportOptions:
+class ExportOptions(Checked):
     """How `bertkit export onnx` writes and checks the file (its flags: `cliconfig.add_options`)."""
     opset: Annotated[int, OPSET] = 18
     """ONNX opset, 17 to 22."""
@@ -61,9 +61,6 @@ class ExportOptions:
     """Tolerance on the sentence-embedding cosine (default 0.9999; 0.98 for int8)."""
     threads: Annotated[int | None, THREADS] = None
     """CPU threads for the export and the parity check (default: torch's choice)."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the ranges on the fields
 
 
 class Exportable(nn.Module):
