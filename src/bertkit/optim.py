@@ -80,7 +80,7 @@ def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-4, wei
 class _Adam(torch.optim.Optimizer):
     """Adam's moments with decoupled weight decay; a subclass's `update` is the rule for one group."""
 
-    def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
