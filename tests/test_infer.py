@@ -400,6 +400,14 @@ def test_attention_groups_equal_one_padded_call(causal):
         with torch.inference_mode():
             assert_fp32_close(packed_attention(q, k, v, runs, causal), packed_attention(q, k, v, one, causal),
                               cfg, "grouped attention")
+        w = torch.randn(N, 2, 64, generator=g)                  # training: the gradients agree too
+        grads = []
+        for layout in (runs, one):
+            x = [t.clone().requires_grad_() for t in (q, k, v)]
+            (packed_attention(*x, layout, causal) * w).sum().backward()
+            grads.append([t.grad for t in x])
+        for a, b in zip(*grads):
+            assert_fp32_close(a, b, cfg, "grouped attention's gradient")
     same = packing(torch.ones(4, 16, dtype=torch.long))
     assert attention_groups(same, 128) == []                    # equal lengths: one call, no copy
 

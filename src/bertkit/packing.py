@@ -182,8 +182,10 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     # work (an unsorted batch splits into dozens of groups, far slower than padded): one padded call there.
     groups = [] if q.is_cuda else attention_groups(p, q.shape[1] * q.shape[2])
     if groups:                           # sequences of very different lengths: each group padded to its own longest
-        return torch.cat([_padded_attention(q[a:b], k[a:b], v[a:b], g, causal, dropout_p, slopes, kernel)
-                          for a, b, g in groups])
+        # split, not q[a:b]: the backward of a split is one cat, that of each slice a zero-filled (N, H, D)
+        sizes = [b - a for a, b, _ in groups]
+        return torch.cat([_padded_attention(*qkv, g, causal, dropout_p, slopes, kernel)
+                          for *qkv, (_, _, g) in zip(q.split(sizes), k.split(sizes), v.split(sizes), groups)])
     return _padded_attention(q, k, v, p, causal, dropout_p, slopes, kernel)
 
 
