@@ -2,7 +2,8 @@
 
 Same architecture (BERT-mini 4L/256H and BERT-small 4L/512H, vocab 30,522), same weights, the same
 real batches (32 x 128 NSP pairs from the bundled inaugural corpus, bert-base-uncased vocabulary,
-dynamic masking), the same optimizer (torch AdamW), the same precision: by default bf16 autocast on
+dynamic masking), the same optimizer (torch's fused AdamW: what bertkit's trainer runs, and transformers'
+Trainer by default on torch >= 2.8; `--unfused` for the per-parameter loop of figures before 2026-12-03), the same precision: by default bf16 autocast on
 both sides where this machine runs bf16 GEMMs faster than fp32 (AMX, AVX512-BF16; measured by
 `bertkit.hardware`), fp32 on both elsewhere (`--precision` forces one). One training step = forward + backward +
 optimizer update; bertkit's attention runs the kernel its training would take on this machine
@@ -143,7 +144,10 @@ def main() -> int:
     ap.add_argument("--dropout", type=float, default=None,
                     help="hidden and attention dropout on both sides (default: the preset's 0.1); 0 lets the "
                          "packed path use varlen flash attention on a GPU")
+    ap.add_argument("--unfused", action="store_true", help="torch AdamW's per-parameter loop on both sides "
+                    "instead of its fused kernel (the figures before 2026-12-03)")
     args = ap.parse_args()
+    fused = not args.unfused
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if args.precision == "auto":
@@ -174,8 +178,8 @@ def main() -> int:
         kernel, kernel_reason = attention_kernel(device, dtype, cfg, args.seq)
         set_attention_kernel(ours, kernel)
         kernels[size] = {"kernel": kernel, "reason": kernel_reason}
-        variants = {} if args.no_hf else {"hf": (hf, torch.optim.AdamW(hf.parameters(), lr=1e-4))}
-        variants["padded"] = (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4))
+        variants = {} if args.no_hf else {"hf": (hf, torch.optim.AdamW(hf.parameters(), lr=1e-4, fused=fused))}
+        variants["padded"] = (ours, torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=fused))
         variants["packed"] = (ours, variants["padded"][1])
         steps = {k: step_fn(k, m, o, dtype) for k, (m, o) in variants.items()}
         for k, fn in steps.items():          # warm-up (allocator, kernels; CUDA: cuBLAS / flash autotuning)
@@ -220,7 +224,7 @@ def main() -> int:
                "results": {s: {k: (v if not isinstance(v, dict) else {kk: (round(vv, 4) if isinstance(vv, float)
                                                                           else vv) for kk, vv in v.items()})
                                for k, v in r.items()} for s, r in results.items()},
-               "device": str(device), "precision": args.precision, "dropout": args.dropout,
+               "device": str(device), "precision": args.precision, "dropout": args.dropout, "optimizer": "AdamW (per-parameter loop)" if args.unfused else "AdamW (fused)",
                "attention_kernel": kernels,
                "hardware": {k: v for k, v in machine_facts().items() if k in ("cpu", "gpu", "torch", "cuda")}}
     print(json.dumps(summary))

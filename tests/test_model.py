@@ -380,3 +380,29 @@ def test_untied_mlm_decoder_round_trips(tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"]
     with torch.no_grad():
         assert (again.eval()(**batch).logits - hf(**batch).logits).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_drops_p_unbiased_and_seeded(dtype):
+    """packing.dropout (the model's dropout on the CPU): drops a fraction p (rounded to 1/65,536) of
+    the elements, scales the kept ones so the mean is kept, repeats under one seed, differs under
+    another, and its gradient is the same mask and scale."""
+    from bertkit.packing import Dropout, dropout
+
+    x = torch.ones(1000, 1000, dtype=dtype, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x, 0.1)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - 0.1) < 0.002           # 1e6 draws: sd 0.0003
+    assert abs(y.float().mean().item() - 1) < 0.005
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.1), y)
+    assert not torch.equal(dropout(x, 0.1), y)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.where(kept, y.detach(), 0))         # d/dx: mask * 1 / (1 - p)
+    assert torch.equal(dropout(x, 0.1, training=False), x)
+    assert torch.equal(dropout(x, 0.0), x)
+    m = Dropout(0.5).eval()
+    assert torch.equal(m(x), x)
+    rows = dropout(torch.ones(4, 65536), 0.5) == 0                       # no lane is biased: each of the four
+    assert all(abs(rows[:, i::4].float().mean().item() - 0.5) < 0.01 for i in range(4))   # 16-bit lanes of a draw

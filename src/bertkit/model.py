@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .packing import KERNELS, Packed, alibi_bias, attention, packed_attention, segment_ids, unpack
+from .packing import KERNELS, Dropout, Packed, alibi_bias, attention, packed_attention, segment_ids, unpack
 
 
 def activation(name: str):
@@ -48,7 +48,7 @@ class Embeddings(nn.Module):
             if cfg.position_embedding_type == "absolute" else None
         self.segment = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.hidden_dropout)
+        self.drop = Dropout(cfg.hidden_dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> Tensor:
         x = self.word(input_ids) + self.segment(token_type_ids)
@@ -141,7 +141,7 @@ class Block(nn.Module):
         super().__init__()
         self.attn, self.norm1 = SelfAttention(cfg), nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.mlp, self.norm2 = FeedForward(cfg), nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.hidden_dropout)
+        self.drop = Dropout(cfg.hidden_dropout)
         self.pre_norm = cfg.norm_position == "pre"
 
     def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
@@ -355,7 +355,7 @@ class BertForSequenceClassification(Head):
         self.config, self.num_labels = cfg, num_labels
         self.problem = problem or ("regression" if num_labels == 1 else "single_label")
         self.bert = BertModel(cfg)
-        self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
+        self.drop = Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
 
     def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None
@@ -382,7 +382,7 @@ class BertForTokenClassification(Head):
         super().__init__()
         self.config, self.num_labels = cfg, num_labels
         self.bert = BertModel(cfg, add_pooler=False)
-        self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
+        self.drop = Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
 
     def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None
@@ -445,7 +445,7 @@ class BertForMultipleChoice(Head):
         super().__init__()
         self.config = cfg
         self.bert = BertModel(cfg)
-        self.drop = nn.Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
+        self.drop = Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, 1)
 
     def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None
