@@ -402,6 +402,11 @@ def test_cpu_dropout_drops_p_unbiased_and_seeded(dtype):
     assert torch.equal(x.grad, torch.where(kept, y.detach(), 0))         # d/dx: mask * 1 / (1 - p)
     assert torch.equal(dropout(x, 0.1, training=False), x)
     assert torch.equal(dropout(x, 0.0), x)
+    for p in (1e-6, 1 - 1e-6):                                          # finer than 1/65,536: F.dropout's own draw
+        torch.manual_seed(1)
+        want = torch.nn.functional.dropout(x, p)
+        torch.manual_seed(1)
+        assert torch.equal(dropout(x, p), want)
     m = Dropout(0.5).eval()
     assert torch.equal(m(x), x)
     rows = dropout(torch.ones(4, 65536), 0.5) == 0                       # no lane is biased: each of the four

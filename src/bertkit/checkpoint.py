@@ -474,7 +474,7 @@ def load_probe(path: str | Path, config_json: tuple[BertConfig, dict[str, Any]],
     path = Path(path)
     raw = config_json[1]
     spec = raw.get("bertkit_probe")
-    if spec is None:                                    # an older bertkit's spelling
+    if spec is None and "bertkit_probe_layers" in raw:  # an older bertkit's spelling
         raise CheckpointError(f"{path}/config.json: bertkit_probe_layers K is now "
                               f"bertkit_probe {{\"features\": \"concat_last_K\"}}")
     if not isinstance(spec, dict) or not isinstance(spec.get("features"), str):

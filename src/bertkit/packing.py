@@ -172,13 +172,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout: each element zeroed with probability p, the kept ones scaled by 1 / (1 - p).
-    On a GPU `F.dropout`. On the CPU torch draws one Bernoulli a element from its scalar generator
-    (and F.dropout multiplies twice): here each element gets 16 bits of `torch.randint`'s 64-bit draws
-    (the same generator, so seeds and resumed runs are exact), p rounded to a multiple of 1/65,536
-    (0.1 drops 0.1000061) and the scale taken from that p: unbiased, and about 3x as fast."""
-    if not training or not 0 < p < 1 or x.device.type != "cpu":
-        return F.dropout(x, p, training)
+    On a GPU `F.dropout`. On the CPU torch draws one Bernoulli an element from its scalar generator:
+    here each element gets 16 bits of `torch.randint`'s 64-bit draws (the same generator, so seeds
+    and resumed runs are exact), p rounded to a multiple of 1/65,536 (0.1 drops 0.1000061) and the
+    scale taken from that p: unbiased, and about 3x as fast. A p that rounds to 0 or 1 there (finer
+    than 1/65,536 from either end) goes to `F.dropout` too, so it is never silently changed."""
     cut = round(p * 65536)
+    if not training or not 0 < cut < 65536 or x.device.type != "cpu":
+        return F.dropout(x, p, training)
     words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((x.numel() + 3) // 4,), dtype=torch.int64)
     keep = words.view(torch.int16)[:x.numel()].view(x.shape) >= cut - 32768
     return torch.where(keep, x * (65536 / (65536 - cut)), 0)
