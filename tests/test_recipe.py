@@ -182,3 +182,6 @@ def test_packed_auto_follows_the_device_the_data_and_what_varlen_can_run():
     assert packed is False and "dropout" in why
     if packing._varlen_attn is not None:
         assert resolve_packed("auto", gpu, torch.bfloat16, nodrop) == (True, "auto: packed (varlen flash attention)")
+        alibi = BertConfig(attention_dropout=0.0, position_embedding_type="alibi")   # packed: padded SDPA + gathers
+        packed, why = resolve_packed("auto", gpu, torch.bfloat16, alibi)
+        assert packed is False and "ALiBi" in why

@@ -123,7 +123,7 @@ def segment_ids(p: Packed) -> Tensor:
     return torch.repeat_interleave(torch.arange(p.batch_size, device=lengths.device), lengths)
 
 
-def varlen_runs(device: torch.device, dtype: torch.dtype, dropout_p: float) -> str | None:
+def varlen_runs(device: torch.device, dtype: torch.dtype, dropout_p: float, alibi: bool = False) -> str | None:
     """None when `packed_attention` runs torch's varlen flash attention for these, else why not."""
     if _varlen_attn is None:
         return "this torch has no varlen flash attention"
@@ -133,6 +133,8 @@ def varlen_runs(device: torch.device, dtype: torch.dtype, dropout_p: float) -> s
         return "varlen flash attention needs bf16/fp16"
     if dropout_p > 0:
         return f"attention dropout {dropout_p} - varlen flash attention has none"
+    if alibi:
+        return "ALiBi - varlen flash attention takes no score bias"
     return None
 
 
@@ -197,7 +199,7 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     """Attention of (N, H, D) queries/keys/values within each sequence of the batch -> (N, H, D).
     `slopes` (H,): ALiBi's distance penalty (positions counted within each sequence); `kernel`:
     what runs the padded buffers on the CPU (`attention`)."""
-    if slopes is None and varlen_runs(q.device, q.dtype, dropout_p) is None:
+    if varlen_runs(q.device, q.dtype, dropout_p, slopes is not None) is None:
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
                             **_VARLEN_DIRECTION[causal])
     # Length groups pay on the CPU, where an extra attention call costs about as much as a thousand

@@ -339,7 +339,8 @@ def resolve_packed(name: str, device: torch.device, precision: torch.dtype, mode
             return True, f"auto: padding-free on the CPU ({share}hidden {model_cfg.hidden_size})"
         return False, f"auto: padded on the CPU ({share}hidden {model_cfg.hidden_size}: padding-free pays " \
                       f"below {CPU_PACK_BELOW_FILL:.0%} real tokens above hidden {CPU_PACK_ABOVE_WIDTH})"
-    why_not = varlen_runs(device, precision, model_cfg.attention_dropout)
+    why_not = varlen_runs(device, precision, model_cfg.attention_dropout,
+                          model_cfg.position_embedding_type == "alibi")
     if why_not is not None:
         return False, f"auto: padded ({why_not})"
     return True, "auto: packed (varlen flash attention)"

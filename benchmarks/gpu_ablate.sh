@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 32's GPU grid (configs/ablate/gpu-10min.yaml) in one prepared run on a lent GPU machine (no
+# package registry there: bertkit runs from src/; torch, tokenizers, safetensors, numpy, tqdm, pyyaml and
+# matplotlib are in its image). What comes back: at most 8 files in $OUT.
+#   run: command "GIT_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_ablate.sh", carry [".gpu"], timeout_s 590
+# .gpu is git-ignored (add "/.gpu/" to .git/info/exclude); make it here first (about 10 MB):
+#   mkdir -p .gpu/data/pretrain .gpu/data/glue .gpu/data/blimp
+#   cp ../shared/data/pretrain/{wiki_vital_leads,brown,gutenberg_books}.txt.gz .gpu/data/pretrain/
+#   cp -r ../shared/data/glue/SST-2 ../shared/data/glue/MRPC .gpu/data/glue/
+#   cp -r ../shared/data/conll2003 .gpu/data/; cp ../shared/data/blimp/* .gpu/data/blimp/
+# Stages, each inside a deadline (LIMIT seconds from the start, default 520), so the report and the
+# results come back even when a stage runs out of time (its arms are then rows saying 'interrupted'):
+#   1. every arm's pre-training and zero-shot scores (held-out MLM at [MASK], BLiMP, NSP's topic
+#      shortcut): --pretrain-only, 13 processes sharing the GPU (a BERT-mini step leaves most of it idle)
+#   2. fine-tuning (lr chosen on dev, 5 seeds) of every arm, 16 processes
+#   3. the report (REPORT.md, plots), then the grid folder without weights as one archive
+set -uo pipefail
+FINAL="${OUT:?set OUT}"
+[ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
+command -v python >/dev/null || { mkdir -p /tmp/shim && printf '#!/bin/sh\nexec python3 "$@"\n' > /tmp/shim/python \
+  && chmod +x /tmp/shim/python && export PATH=$PATH:/tmp/shim; }
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+START=$(date +%s); LIMIT=${LIMIT:-520}; FT_RESERVE=${FT_RESERVE:-200}
+G=${GRID:-configs/ablate/gpu-10min.yaml}; O=${GRID_OUT:-.gpu/ablate-gpu-10min}; D=${DATA:-.gpu/data}
+PRE_JOBS=${PRE_JOBS:-13}; FT_JOBS=${FT_JOBS:-16}
+left() { echo $(( LIMIT - ($(date +%s) - START) )); }
+t() { echo "[$(date -u +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$FINAL/timeline.txt"; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+  python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  echo "commit ${GIT_COMMIT:-unknown}"; date -u; echo "cpus $(nproc)"; } > "$FINAL/machine.txt"
+t start
+timeout -s INT $(( $(left) - FT_RESERVE )) python -m bertkit ablate "$G" --out "$O" --data-dir "$D" --pretrain-only \
+  --jobs "$PRE_JOBS" --threads 1 --no-report > "$FINAL/grid.log" 2>&1; t "pre-training stage exit $?"
+timeout -s INT $(( $(left) - 30 )) python -m bertkit ablate "$G" --out "$O" --data-dir "$D" \
+  --jobs "$FT_JOBS" --threads 1 --no-report >> "$FINAL/grid.log" 2>&1; t "fine-tuning stage exit $?"
+timeout 25 python -m bertkit ablate "$G" --out "$O" --data-dir "$D" --report-only >> "$FINAL/grid.log" 2>&1
+t "report exit $?"
+nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv >> "$FINAL/machine.txt" 2>&1
+tar czf "$FINAL/grid.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' --exclude='tokenizer.json' \
+  --exclude='vocab.txt' --exclude="$O/shared/corpus" --exclude="$O/shared/data" "$O" 2>>"$FINAL/timeline.txt"
+t "archived $(du -h "$FINAL/grid.tgz" | cut -f1)"
+cp "$O/REPORT.md" "$FINAL/" 2>/dev/null; tail -c 3000 "$FINAL/grid.log"
