@@ -208,6 +208,28 @@ def test_a_pretraining_stopped_by_a_signal_resumes_instead_of_counting_as_done(g
     assert json.loads(card_path.read_text())["stop_reason"] != "signal SIGTERM"
 
 
+def test_a_pretraining_the_trainer_stops_on_a_signal_leaves_the_arm_interrupted(grid, monkeypatch):
+    """The trainer catches SIGINT/SIGTERM, saves a checkpoint and returns its card: the arm must not go
+    on to be scored and fine-tuned on the cut-short model (a GPU grid's stage deadline did that)."""
+    import bertkit.train as train
+    path, _ = grid
+    copy = path.parent / "out_signal_live"
+    shutil.copytree(path.parent / "out", copy)
+    cfg = ablate_config.load_ablate_config(path)
+    cfg.out, cfg.pretrain["optim"]["lr"] = str(copy), 3e-4        # new settings: the arm pre-trains again
+    real = train.pretrain
+
+    def stopped(pcfg, command=""):
+        return {**real(pcfg, command=command), "stop_reason": "signal SIGINT"}
+    monkeypatch.setattr(train, "pretrain", stopped)
+    arm = next(a for a in cfg.arms if a.name == "base")
+    with pytest.raises(KeyboardInterrupt):
+        ablate.run_arm(cfg, arm, ablate.Shared(cfg), ablate.RunOptions())
+    state = json.loads((copy / "arms" / "base" / "arm.json").read_text())
+    assert state["status"] == "interrupted" and "mlm" not in state
+    assert (copy / "arms" / "base" / "pretrain" / "checkpoints").is_dir()        # kept: a rerun resumes
+
+
 def test_claims_leave_running_arms_to_their_process(grid, tmp_path):
     path, _ = grid
     cfg = ablate_config.load_ablate_config(path)

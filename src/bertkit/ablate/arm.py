@@ -333,6 +333,12 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
             _write_json(out / "ablate_key.json", {"key": key, "cpu_s": round(time.process_time() - c0, 1)})
         if not card:
             raise BertkitError(f"{out}: pre-training ended without a run card")
+        if str(card.get("stop_reason", "")).startswith("signal"):
+            # the trainer saved a checkpoint and returned: the arm is interrupted (a rerun resumes it),
+            # never scored or fine-tuned as if its budget were spent
+            log.warning("ablate: arm %s: pre-training stopped by a %s at update %s of its budget; the arm is "
+                        "interrupted (rerun to resume)", arm.name, card["stop_reason"], card.get("updates"))
+            raise KeyboardInterrupt
         _keep_steps(out, read_steps(cfg, arm))
         if not cfg.keep_models:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)   # final/ (and at-step-K/) are the models
