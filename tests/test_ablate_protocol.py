@@ -101,6 +101,30 @@ def test_the_rate_with_the_best_dev_mean_over_the_selection_seeds_wins(monkeypat
     assert [(r["lr"], r["seed"]) for r in rows if r["status"] == "ok"] == [(chosen, 0), (chosen, 1)]
     assert sum(r["status"] == "lr_candidate" for r in rows) == (4 if on == "all" else 2)
     assert ablate_measure.choose_lr({1e-3: [None], 1e-4: [0.1]})[0] == 1e-4
+
+
+def test_a_diverging_candidate_rate_is_the_searchs_worst_not_the_arms_failure(monkeypatch, tmp_path):
+    """A random-init model diverged at lr 1e-3 on a GPU (bf16) and failed its whole arm: the candidate is
+    a row saying so, the search picks among the rest; only when every candidate diverges does the task fail."""
+    from bertkit.errors import DivergedError
+
+    def fake(cfg, arm, task, seed, model, init, d, pre, lr=None):
+        if lr == 1e-3:
+            raise DivergedError("loss is nan at update 216; lower the learning rate")
+        return {"arm": arm.name, "task": task, "seed": seed, "lr": lr, "value": 0.7, "status": "ok"}
+
+    monkeypatch.setattr(ablate.arm, "_finetune_one", fake)
+    cfg = ablate_config.AblateConfig(out=str(tmp_path), tasks={"sst2": {}}, seeds=[0, 1], source="g.yaml",
+                                     lr_search={"lrs": [1e-3, 1e-4]}, arms=[ablate.Arm("base")])
+    state: dict = {}
+    rows = ablate.arm._finetune_task(cfg, cfg.arms[0], "sst2", tmp_path / "m", "random", tmp_path, {}, state)
+    assert state["lr_chosen"] == {"sst2": 1e-4}
+    diverged = [r for r in rows if r.get("diverged")]
+    assert len(diverged) == 1 and diverged[0]["status"] == "lr_candidate" and diverged[0]["value"] is None
+    assert [(r["lr"], r["seed"]) for r in rows if r["status"] == "ok"] == [(1e-4, 0), (1e-4, 1)]
+    cfg.lr_search = {"lrs": [1e-3]}
+    with pytest.raises(DivergedError, match="every candidate rate diverged"):
+        ablate.arm._finetune_task(cfg, cfg.arms[0], "sst2", tmp_path / "m", "random", tmp_path, {}, {})
     assert ablate_measure.choose_lr({1e-3: [0.5], 1e-4: [0.5]})[0] == 1e-3
 
 

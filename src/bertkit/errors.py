@@ -8,3 +8,8 @@ class BertkitError(Exception):
 class DataError(BertkitError, ValueError):
     """A data file - task data, raw text or prepared pre-training data - is missing, empty, malformed or
     inconsistent with the model; the message names the file (and line, or id). One class for all data."""
+
+
+class DivergedError(BertkitError):
+    """A training run's loss stopped being finite (the message names the update; a lower learning
+    rate is the usual cure). An lr search counts such a candidate rate as the worst, not as a failure."""

@@ -49,7 +49,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .checkpoint import build, check_inputs_fit, load_model, read_config, save_model
-from .errors import BertkitError
+from .errors import BertkitError, DivergedError
 from .finetune_card import batch_flops, build_card, eval_flops, write_card
 from .finetune_config import FinetuneConfig
 from .hardware import PRECISION_NAMES, attention_kernel, choose_precision, machine_facts
@@ -373,7 +373,7 @@ def train(loop: Loop, desc: str, batches: Callable[[random.Random], list[list[in
             step = loop.step
             bar.update(1)
             if not math.isfinite(loss.item()):
-                raise BertkitError(f"loss is {loss.item()} at update {step}; lower the learning rate")
+                raise DivergedError(f"loss is {loss.item()} at update {step}; lower the learning rate")
             if step % cfg.log_every == 0 or step == loop.total:
                 rate = loop.tokens / max(time.time() - t_train, 1e-9)
                 loop.metrics_log.write({"step": step, "epoch": round(step / loop.steps_per_epoch, 3),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from ..errors import BertkitError
+from ..errors import BertkitError, DivergedError
 from ..runconfig import AT_LEAST_1, THREADS, Checked
 from .config import AblateConfig, Arm, _key, _read_json, _write_json, describe, lr_search_of, merge
 from .measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm, weights_id
@@ -423,9 +423,19 @@ def _finetune_task(cfg: AblateConfig, arm: Arm, task: str, model: Path, init: st
     search = lr_search_of(cfg, arm)
     if search is None:
         return [run(seed) for seed in cfg.seeds]
+    def candidate(seed: int, lr: float) -> dict:
+        try:
+            return run(seed, lr)
+        except DivergedError as e:         # too high a rate for this arm: the search's worst, not the arm's end
+            log.warning("ablate: arm %s %s: lr %g diverged at seed %d (%s)", arm.name, task, lr, seed, one_line(e))
+            return {"arm": arm.name, "setting": describe(arm), "task": task, "seed": seed, "lr": lr, "value": None,
+                    "init": init, "diverged": one_line(e), "status": "ok"}
+
     on = cfg.seeds if search["seeds"] == "all" else cfg.seeds[:1]
-    tried = {lr: {seed: run(seed, lr) for seed in on} for lr in search["lrs"]}
+    tried = {lr: {seed: candidate(seed, lr) for seed in on} for lr in search["lrs"]}
     best, means = choose_lr({lr: [r["value"] for r in rows.values()] for lr, rows in tried.items()})
+    if all("diverged" in r for rows in tried.values() for r in rows.values()):
+        raise DivergedError(f"{task}: every candidate rate diverged ({', '.join(f'{lr:g}' for lr in means)})")
     log.info("ablate: arm %s %s: lr %g chosen on dev (%s)", arm.name, task, best,
              ", ".join(f"{lr:g}: " + ("—" if m is None else f"{m:.4f}") for lr, m in means.items()))
     state.setdefault("lr_chosen", {})[task] = best
