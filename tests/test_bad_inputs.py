@@ -49,6 +49,23 @@ def load_cases() -> list[dict]:
     return cases
 
 
+def test_the_corpus_is_what_its_generator_writes():
+    """generate.py saves typing the cases; a case edited in one place only would be lost or revived the
+    next time someone runs it. (A file it does not write, such as inspect.jsonl, is kept by hand.)"""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bad_inputs_generate", CASES_DIR / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    written = {f.stem: [json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+               for f in CASES_DIR.glob("*.jsonl")}
+    generated = gen.groups()
+    assert set(generated) <= set(written)
+    for name, cases in generated.items():
+        differ = [c["id"] for c, w in zip(cases, written[name]) if c != w]
+        assert len(cases) == len(written[name]) and not differ, f"{name}.jsonl differs from generate.py: {differ[:5]}"
+
+
 # ---- the models and files the cases start from ---------------------------------------------------
 def build_fixtures(root: Path) -> dict[str, str]:
     """A tiny masked-LM checkpoint ({model}, 64 positions), an encoder-only one ({encoder}), a

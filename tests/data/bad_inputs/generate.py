@@ -718,10 +718,10 @@ def cases_predict() -> list[dict]:
         for option, values in bad.items():
             for name, value in values.items():
                 out.append({"id": f"{cmd}-{option}-{name}", "args": [*args, f"--{option}", value], "files": inputs,
-                            "match": option})
+                            "match": option.replace("-", ".")})       # the field's name, either spelling
     deep = '{"text": ' + "[" * 100000 + "]" * 100000 + "}\n"
     out += [
-        {"id": "predict-top-k-zero", "args": [*runs["predict-mlm"], "--top-k", "0"], "files": inputs, "match": "top-k"},
+        {"id": "predict-top-k-zero", "args": [*runs["predict-mlm"], "--top-k", "0"], "files": inputs, "match": "top.k"},
         {"id": "predict-jsonl-nested-100000-deep", "args": ["predict", "{tmp}/deep.jsonl", "--model", "{cls}"],
          "files": {"deep.jsonl": deep}, "match": "deep.jsonl:1.*nested too deeply"},
         {"id": "predict-mlm-tokenizer-larger-than-vocab", "args": ["predict", "{tmp}/mask.jsonl", "--model", "{m}"],
@@ -757,14 +757,14 @@ def cases_serve_export() -> list[dict]:
         {"id": "serve-device-bogus", "args": [*serve, "--device", "bogus"], "match": "--device 'bogus'"},
         {"id": "serve-device-bad-index", "args": [*serve, "--device", "cuda:x"], "match": "--device 'cuda:x'"},
         {"id": "serve-device-unknown-type", "args": [*serve, "--device", "tpu"], "match": "--device 'tpu'"},
-        {"id": "export-opset-1", "args": [*export, "--opset", "1"], "match": "--opset 1: bertkit exports opsets 17"},
-        {"id": "export-opset-16", "args": [*export, "--opset", "16"], "match": "--opset 16"},
-        {"id": "export-opset-23", "args": [*export, "--opset", "23"], "match": "--opset 23"},
+        {"id": "export-opset-1", "args": [*export, "--opset", "1"], "match": "opset must be 17 to 22 .*got 1$"},
+        {"id": "export-opset-16", "args": [*export, "--opset", "16"], "match": "opset must be 17 to 22 .*got 16"},
+        {"id": "export-opset-23", "args": [*export, "--opset", "23"], "match": "opset must be 17 to 22 .*got 23"},
         {"id": "export-opset-text", "args": [*export, "--opset", "x"], "match": "--opset"},
-        {"id": "export-threads-negative", "args": [*export, "--threads", "-1"], "match": "--threads"},
-        {"id": "export-min-cosine-nan", "args": [*export, "--min-cosine", "nan"], "match": "--min-cosine"},
-        {"id": "export-min-cosine-above-one", "args": [*export, "--min-cosine", "2"], "match": "--min-cosine"},
-        {"id": "export-max-abs-diff-negative", "args": [*export, "--max-abs-diff", "-1"], "match": "--max-abs-diff"},
+        {"id": "export-threads-negative", "args": [*export, "--threads", "-1"], "match": "threads"},
+        {"id": "export-min-cosine-nan", "args": [*export, "--min-cosine", "nan"], "match": "min.cosine"},
+        {"id": "export-min-cosine-above-one", "args": [*export, "--min-cosine", "2"], "match": "min.cosine"},
+        {"id": "export-max-abs-diff-negative", "args": [*export, "--max-abs-diff", "-1"], "match": "max.abs.diff"},
         {"id": "export-tokenizer-larger-than-vocab", "args": ["export", "onnx", "--model", "{m}", "--out", "{tmp}/o/m.onnx"],
          "model": {"delete": ["tokenizer.json"], "files": {"vocab.txt": BIG_VOCAB}}, "match": "605 ids.*400 embedding"},
     ]
@@ -791,13 +791,17 @@ def cases_tokenizer() -> list[dict]:
     return out
 
 
+def groups() -> dict[str, list[dict]]:
+    """Each JSONL file's cases, by file name (tests/test_bad_inputs.py checks the files are these)."""
+    return {"cli": cases_cli(), "info": cases_info(), "tokenize": cases_tokenize(), "embed": cases_embed(),
+            "fill_mask": cases_fill_mask(), "score": cases_score(), "pretrain_config": cases_pretrain(),
+            "finetune": cases_finetune(), "predict": cases_predict(), "quickstart": cases_quickstart(),
+            "serve_export": cases_serve_export(), "tokenizer": cases_tokenizer()}
+
+
 def main() -> None:
-    groups = {"cli": cases_cli(), "info": cases_info(), "tokenize": cases_tokenize(), "embed": cases_embed(),
-              "fill_mask": cases_fill_mask(), "score": cases_score(), "pretrain_config": cases_pretrain(),
-              "finetune": cases_finetune(), "predict": cases_predict(), "quickstart": cases_quickstart(),
-              "serve_export": cases_serve_export(), "tokenizer": cases_tokenizer()}
     total = 0
-    for name, cases in groups.items():
+    for name, cases in groups().items():
         lines = [json.dumps(c) for c in cases]
         (HERE / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
         total += len(cases)
