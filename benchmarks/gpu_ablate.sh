@@ -17,6 +17,11 @@
 #      shortcut): --pretrain-only, 13 processes sharing the GPU (a BERT-mini step leaves most of it idle)
 #   2. fine-tuning (lr chosen on dev, 5 seeds) of every arm, 16 processes
 #   3. the report (REPORT.md, plots), then the grid folder without weights as one archive
+# STAGES (default "1 2"): which of stages 1 and 2 this call runs. One call is at most 10 minutes, so the
+# whole grid takes two on one warm machine: STAGES=1 LIMIT=560 (timeout_s 595), then at once (the machine
+# goes back after 30 s idle) STAGES=2 with the same GRID_OUT. Keep GRID_OUT outside the repository
+# (default /root/ablate-gpu-10min): a carried .gpu is replaced on every call, a folder outside is kept
+# while the machine is. The shared inputs made here (.gpu/ablate-gpu-10min/shared) are copied in once.
 set -uo pipefail
 FINAL="${OUT:?set OUT}"
 [ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
@@ -24,8 +29,9 @@ command -v python >/dev/null || { mkdir -p /tmp/shim && printf '#!/bin/sh\nexec 
   && chmod +x /tmp/shim/python && export PATH=$PATH:/tmp/shim; }
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 START=$(date +%s); LIMIT=${LIMIT:-520}
-G=${GRID:-configs/ablate/gpu-10min.yaml}; O=${GRID_OUT:-.gpu/ablate-gpu-10min}; D=${DATA:-.gpu/data}
-PRE_JOBS=${PRE_JOBS:-13}; FT_JOBS=${FT_JOBS:-16}
+G=${GRID:-configs/ablate/gpu-10min.yaml}; O=${GRID_OUT:-/root/ablate-gpu-10min}; D=${DATA:-.gpu/data}
+PRE_JOBS=${PRE_JOBS:-13}; FT_JOBS=${FT_JOBS:-16}; STAGES=${STAGES:-1 2}
+if [ ! -d "$O/shared" ] && [ -d .gpu/ablate-gpu-10min/shared ]; then mkdir -p "$O" && cp -r .gpu/ablate-gpu-10min/shared "$O/"; fi
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 t() { echo "[$(date -u +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$FINAL/timeline.txt"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
@@ -33,9 +39,13 @@ t() { echo "[$(date -u +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$FINAL/t
   echo "commit ${GIT_COMMIT:-unknown}"; date -u; echo "cpus $(nproc)"; } > "$FINAL/machine.txt"
 t start
 # SIGINT to every job (timeout signals its process group); -k: the parent waits for its children
-timeout -k 20 -s INT $(( $(left) - 45 )) python -m bertkit ablate "$G" --out "$O" --data-dir "$D" --pretrain-only \
-  --jobs "$PRE_JOBS" --threads 1 --no-report > "$FINAL/grid.log" 2>&1; t "pre-training stage exit $?"
-if [ "$(left)" -gt 75 ]; then
+if [[ " $STAGES " == *" 1 "* ]]; then
+  timeout -k 20 -s INT $(( $(left) - 45 )) python -m bertkit ablate "$G" --out "$O" --data-dir "$D" --pretrain-only \
+    --jobs "$PRE_JOBS" --threads 1 --no-report >> "$FINAL/grid.log" 2>&1; t "pre-training stage exit $?"
+fi
+if [[ " $STAGES " != *" 2 "* ]]; then
+  t "fine-tuning stage not asked for (STAGES=$STAGES)"
+elif [ "$(left)" -gt 75 ]; then
   timeout -k 20 -s INT $(( $(left) - 45 )) python -m bertkit ablate "$G" --out "$O" --data-dir "$D" \
     --jobs "$FT_JOBS" --threads 1 --no-report >> "$FINAL/grid.log" 2>&1; t "fine-tuning stage exit $?"
 else
@@ -45,6 +55,6 @@ timeout 25 python -m bertkit ablate "$G" --out "$O" --data-dir "$D" --report-onl
 t "report exit $?"
 nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv >> "$FINAL/machine.txt" 2>&1
 tar czf "$FINAL/grid.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' --exclude='tokenizer.json' \
-  --exclude='vocab.txt' --exclude="$O/shared/corpus" --exclude="$O/shared/data" "$O" 2>>"$FINAL/timeline.txt"
+  --exclude='vocab.txt' --exclude='shared/corpus' --exclude='shared/data' -C "$(dirname "$O")" "$(basename "$O")" 2>>"$FINAL/timeline.txt"
 t "archived $(du -h "$FINAL/grid.tgz" | cut -f1)"
 cp "$O/REPORT.md" "$FINAL/" 2>/dev/null; tail -c 3000 "$FINAL/grid.log"
