@@ -122,6 +122,8 @@ def test_a_diverging_candidate_rate_is_the_searchs_worst_not_the_arms_failure(mo
     diverged = [r for r in rows if r.get("diverged")]
     assert len(diverged) == 1 and diverged[0]["status"] == "lr_candidate" and diverged[0]["value"] is None
     assert [(r["lr"], r["seed"]) for r in rows if r["status"] == "ok"] == [(1e-4, 0), (1e-4, 1)]
+    table = "\n".join(ablate.report.lr_section(cfg, rows))
+    assert "| base | sst2 | **0.700** | diverged |" in table           # rates sorted: 1e-4, 1e-3
     cfg.lr_search = {"lrs": [1e-3]}
     with pytest.raises(DivergedError, match="every candidate rate diverged"):
         ablate.arm._finetune_task(cfg, cfg.arms[0], "sst2", tmp_path / "m", "random", tmp_path, {}, {})

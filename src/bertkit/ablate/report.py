@@ -208,12 +208,15 @@ def summarize(cfg: AblateConfig, rows: list[dict]) -> tuple[dict, list[str]]:
 
 
 def lr_candidates(rows: list[dict]) -> dict:
-    """{(arm, task): {lr: [dev values of the candidate runs]}} of the lr searches, and which was chosen."""
+    """{(arm, task): {scores: {lr: [dev values of the candidate runs]}, chosen, diverged: rates whose run's
+    loss stopped being finite}} of the lr searches."""
     out: dict = {}
     for r in rows:
         if r.get("status") == "lr_candidate":
-            c = out.setdefault((r["arm"], r["task"]), {"scores": {}, "chosen": None})
+            c = out.setdefault((r["arm"], r["task"]), {"scores": {}, "chosen": None, "diverged": set()})
             c["scores"].setdefault(r.get("lr"), []).append(r.get("value"))
+            if r.get("diverged"):
+                c["diverged"].add(r.get("lr"))
             if r.get("chosen"):
                 c["chosen"] = r.get("lr")
     return out
@@ -369,7 +372,7 @@ def lr_section(cfg: AblateConfig, rows: list[dict]) -> list[str]:
         cells = []
         for lr in rates:
             vals = [v for v in c["scores"].get(lr, []) if v is not None]
-            text = "—" if not vals else f"{sum(vals) / len(vals):.3f}"
+            text = f"{sum(vals) / len(vals):.3f}" if vals else "diverged" if lr in c["diverged"] else "—"
             cells.append(f"**{text}**" if lr == c["chosen"] else text)
         out.append(f"| {arm} | {task} | " + " | ".join(cells) + " |")
     return out
