@@ -7,7 +7,9 @@ are one name.
     cfg = from_dict(FinetuneConfig, {**yaml_mapping, **values}, source)     # bertkit.runconfig
 
 One option per field, named like the attribute; the kebab spelling (`--batch-size`) works too, and a
-one-letter field is a short option too (`-n`).
+one-letter field is a short option too (`-n`). A field without a default is a required option, a
+`tuple[str, ...]` field takes one or more values, and `Annotated[str, POSITIONAL]` is an argument
+(the command's input files: `bertkit predict IN.jsonl --model DIR`).
 Help is the field's docstring (the string literal right after it in the class body), choices come
 from `Literal[...]` annotations, bool fields are `--x/--no-x`, values are checked as `from_dict`
 checks YAML values (`runconfig._coerce`). An option that is not given is absent from the namespace,
@@ -28,6 +30,9 @@ import typing
 from typing import Any, Iterable
 
 from .runconfig import Rule, RunConfigError, _coerce, moved
+
+POSITIONAL = "positional"
+"""`Annotated[str, POSITIONAL]`: the field is a positional argument, optional where it has a default."""
 
 
 @functools.cache
@@ -130,7 +135,7 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
     the namespace, or with `defaults` holds the field's default. A former flag - a key renamed in
     `runconfig.MOVED`, or one of `old`: '--masked_lm_prob': 'masking_config.mask_prob' (a field) or
     '--span': '--masking_config.mode=span' - is the one-line error "X is now Y", never taken silently."""
-    hints = typing.get_type_hints(cls)
+    hints, extras = typing.get_type_hints(cls), typing.get_type_hints(cls, include_extras=True)
     docs = field_docs(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     chosen = [n for n in (names if names is not None else by_name) if n not in set(exclude)]
@@ -147,6 +152,14 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
         own = (help or {}).get(key)               # the command's own text says its default itself
         text = _help(own or docs.get(name, ""), default, show_defaults and own is None)
         common = {"dest": key, "default": default if defaults else argparse.SUPPRESS}
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if typing.get_origin(kind) is tuple and typing.get_args(kind)[1:] == (Ellipsis,):   # one or more (a list)
+            kind, common["nargs"] = typing.get_args(kind)[0], "+" if required else "*"
+        if POSITIONAL in getattr(extras[name], "__metadata__", ()):     # the text as typed, no YAML reading
+            parser.add_argument(key, nargs=common.get("nargs") or (None if required else "?"), help=text,
+                                default=default)
+            continue
+        common["required"] = required
         if _strip_optional(kind) is bool:
             flags += [f"--no-{key}"] + ([f"--no-{key.replace('_', '-')}"] if "_" in key else [])
             parser.add_argument(*flags, action=_Switch, help=text, **common)

@@ -6,11 +6,34 @@ import json
 import logging
 import shlex
 import sys
+from dataclasses import dataclass
+from typing import Annotated
 
+from ..cliconfig import POSITIONAL, add_options, given, suggest_unknown
 from ..errors import BertkitError
 from .basic import options_of
 
 log = logging.getLogger("bertkit")
+
+
+@dataclass(kw_only=True)
+class DataArgs:
+    """What `bertkit tokenizer|prepare|data` read and write (each its own flags of these; how they read
+    it: the options dataclass of each)."""
+    files: Annotated[tuple[str, ...], POSITIONAL]
+    """.txt / .txt.gz files, globs or folders"""
+    dir: Annotated[str, POSITIONAL]
+    """prepared data folder"""
+    input: tuple[str, ...]
+    """.txt / .txt.gz files, globs or folders: one sentence per line, blank line between documents"""
+    model: str
+    """tokenizer or checkpoint folder (vocab.txt / tokenizer.json)"""
+    out: str
+    """folder to write (tokenizer train: the tokenizer; prepare: meta.json + shard-*/)"""
+    json: bool = False
+    """print one JSON object"""
+    progress: bool = True
+    """a progress bar (where stderr is a terminal)"""
 
 
 def _sub(parser: argparse.ArgumentParser, name: str, help_: str) -> argparse.ArgumentParser:
@@ -28,20 +51,16 @@ def _load_tokenizer(path: str):
 
 # ---- tokenizer ----------------------------------------------------------------------------------
 def setup_tokenizer(parser: argparse.ArgumentParser) -> None:
-    from ..cliconfig import add_options
     from ..data.stats import TokenizerStatsOptions
     from ..tokenizer import TokenizerTrainOptions
 
     p = _sub(parser, "train", "learn a WordPiece vocabulary (vocab.txt, tokenizer.json, tokenizer_config.json)")
-    p.add_argument("files", nargs="+", help=".txt / .txt.gz files, globs or folders")
+    add_options(p, DataArgs, names=("files", "out"), defaults=True)
     add_options(p, TokenizerTrainOptions)
-    p.add_argument("--out", required=True, help="folder to write the tokenizer to")
     p.set_defaults(run=run_tokenizer_train)
     p = _sub(parser, "stats", "measure a tokenizer on your text: pieces per word, [UNK] rate, truncation")
-    p.add_argument("files", nargs="+", help=".txt / .txt.gz files, globs or folders")
-    p.add_argument("--model", required=True, help="tokenizer or checkpoint folder")
+    add_options(p, DataArgs, names=("files", "model", "json"), defaults=True)
     add_options(p, TokenizerStatsOptions)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_tokenizer_stats)
     parser.set_defaults(run=lambda a: (parser.print_help(), 2)[1])
 
@@ -91,14 +110,10 @@ def setup_prepare(parser: argparse.ArgumentParser) -> None:
     """Every data option is a PrepareConfig field of the same name (`bertkit.cliconfig`), masking ones
     as `--masking_config.KEY`, and how it runs a PrepareRunOptions field; Google's spellings
     (--masked-lm-prob, ...) say what replaced them."""
-    from ..cliconfig import add_options, suggest_unknown
     from ..data.prepare import PrepareConfig, PrepareRunOptions
 
     p = parser
-    p.add_argument("--model", required=True, help="tokenizer or checkpoint folder (vocab.txt / tokenizer.json)")
-    p.add_argument("--input", nargs="+", required=True, help=".txt / .txt.gz files, globs or folders: one sentence "
-                   "per line, blank line between documents")
-    p.add_argument("--out", required=True, help="output folder (meta.json + shard-*/)")
+    add_options(p, DataArgs, names=("model", "input", "out"), defaults=True)
     add_options(p, PrepareRunOptions)
     add_options(p, PrepareConfig, old=MOVED_FLAGS, help={
         "masking_config.max_predictions": "Cap on predictions per sequence (default: max_length x mask_prob "
@@ -110,7 +125,6 @@ def setup_prepare(parser: argparse.ArgumentParser) -> None:
 def prepare_config(args: argparse.Namespace):
     """PrepareConfig from the options given (defaults for the rest); the prediction cap, when not
     given, follows the length and the masking rate (`masking.default_max_predictions`)."""
-    from ..cliconfig import given
     from ..data.masking import default_max_predictions
     from ..data.prepare import PrepareConfig
     from ..runconfig import RunConfigError, from_dict
@@ -129,7 +143,6 @@ def prepare_config(args: argparse.Namespace):
 def command_line(args: argparse.Namespace) -> str:
     """The command as it would be typed again: every option given but --[no-]progress, in its canonical
     spelling."""
-    from ..cliconfig import given
     from ..data.prepare import PrepareConfig, PrepareRunOptions
 
     parts = ["bertkit", "prepare", "--model", args.model, "--input", *args.input, "--out", args.out]
@@ -163,26 +176,23 @@ def run_prepare(args) -> int:
 
 # ---- data ---------------------------------------------------------------------------------------
 def setup_data(parser: argparse.ArgumentParser) -> None:
-    from ..cliconfig import add_options
     from ..data.stats import DataStatsOptions, ShowOptions
     from ..nsp_probe import ShortcutOptions
 
     p = _sub(parser, "stats", "instances, tokens, lengths, NSP and masking fractions of prepared data")
-    p.add_argument("dir", help="prepared data folder")
+    add_options(p, DataArgs, names=("dir", "json"), defaults=True)
     add_options(p, DataStatsOptions, old={"--whole_word": "--mask_mode=whole_word", "--span": "--mask_mode=span"})
-    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_data_stats)
     p = _sub(parser, "show", "print decoded instances with segments and masks marked {shown|target}")
-    p.add_argument("dir", help="prepared data folder")
+    add_options(p, DataArgs, names=("dir",), defaults=True)
     add_options(p, ShowOptions)
     p.set_defaults(run=run_data_show)
     p = _sub(parser, "nsp-shortcut", "NSP's topic shortcut: a checkpoint's NSP head on next, other-document and "
              "same-document pairs of held-out text, beside a bag-of-words baseline")
-    p.add_argument("files", nargs="+", help="held-out .txt / .txt.gz: one sentence per line, blank line between documents")
-    p.add_argument("--model", required=True, help="checkpoint with an NSP head (or, with --topic_only, a tokenizer)")
+    add_options(p, DataArgs, names=("files", "model", "progress", "json"), defaults=True, help={
+        "files": "held-out .txt / .txt.gz: one sentence per line, blank line between documents",
+        "model": "checkpoint with an NSP head (or, with --topic_only, a tokenizer)"})
     add_options(p, ShortcutOptions)
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_nsp_shortcut)
     parser.set_defaults(run=lambda a: (parser.print_help(), 2)[1])
 
@@ -245,7 +255,7 @@ def run_nsp_shortcut(args) -> int:
     from ..nsp_probe import ShortcutOptions, nsp_shortcut, report_text
 
     r = nsp_shortcut(args.model, args.files, **vars(options_of(args, ShortcutOptions)),
-                     progress=not args.no_progress and sys.stderr.isatty())
+                     progress=args.progress and sys.stderr.isatty())
     if args.json:
         print(json.dumps(r))
         return 0
