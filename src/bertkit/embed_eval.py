@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from .errors import BertkitError
 from .runconfig import AT_LEAST_1, check_fields
-from .tasks import BadRows, DataError, open_text
+from .tasks import BadRows, DataError, SkipBadRows, open_text
 
 log = logging.getLogger("bertkit")
 
@@ -48,7 +48,7 @@ BLOCK = 2048          # texts per call to the Predictor (the progress bar moves;
 
 
 @dataclass
-class EmbedEvalOptions:
+class EmbedEvalOptions(SkipBadRows):
     """How `bertkit embed-eval` reads its data and which poolings it measures (its flags:
     `cliconfig.add_options`; how the model runs is `PredictorOptions`)."""
     split: str = "dev"
@@ -62,8 +62,6 @@ class EmbedEvalOptions:
     """Only the first N pairs / queries of each source."""
     batch_size: Annotated[int, AT_LEAST_1] = 32
     """Texts per batch."""
-    skip_bad_rows: bool = False
-    """Skip (and count) malformed rows instead of stopping at the first."""
 
     def __post_init__(self):
         check_fields(self)                          # the ranges on the fields

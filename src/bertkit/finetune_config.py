@@ -13,12 +13,12 @@ from .errors import BertkitError
 from .probe import DEFAULT_FEATURES, probe_layers
 from .runconfig import (AT_LEAST_1, HALF_OPEN_UNIT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, THREADS,
                         check_fields)
-from .tasks import get_task
+from .tasks import SkipBadRows, get_task
 from .tasks.plumbing import CUSTOM, Columns
 
 
 @dataclass
-class FinetuneConfig(Columns):
+class FinetuneConfig(Columns, SkipBadRows):
     task: str = "sst2"
     """Task name (sst2, mrpc, stsb, cola, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003, squad,
     squad2, swag) or your own data: classify, regress, tokens (see the *_column fields); or
@@ -108,8 +108,6 @@ class FinetuneConfig(Columns):
     packed: bool = True
     """Padding-free training batches (`bertkit.packing.pack`) on heads that accept them (evaluation
     runs through `infer.Predictor`, always padding-free)."""
-    skip_bad_rows: bool = False
-    """Skip (and count) malformed rows instead of stopping at the first."""
     threads: Annotated[int, THREADS] = 0
     """torch CPU threads (0 = default)."""
     device: str = "auto"

@@ -224,6 +224,14 @@ class BadRows:
             log.warning("%s: skipped %d bad row%s (first: %s)", path, self.count, "s" * (self.count > 1), self.first)
 
 
+@dataclass
+class SkipBadRows:
+    """The setting of every reader of labelled rows (finetune, evaluate, score, embed-eval), declared once:
+    field, YAML key and flag; `BadRows(skip=...)` acts on it."""
+    skip_bad_rows: bool = False
+    """Skip (and count) malformed rows instead of stopping at the first."""
+
+
 def open_text(path: str | Path) -> io.TextIOBase:
     """Open a plain or .gz text file as UTF-8; a leading byte-order mark is dropped."""
     path = Path(path)

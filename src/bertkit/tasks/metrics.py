@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import BertkitError
 from ..runconfig import Checked, Rule
 from ..sources import jsonl_objects
+from . import SkipBadRows
 
 log = logging.getLogger("bertkit")
 
@@ -518,12 +519,10 @@ def _reference_of(task, example) -> Any:
 
 
 @dataclass
-class ScoreOptions(Checked):
+class ScoreOptions(SkipBadRows, Checked):
     """How `score_files` scores (the flags of `bertkit score`: `cliconfig.add_options`)."""
     na_prob_thresh: Annotated[float, Rule("a finite number", math.isfinite)] = 1.0
     """SQuAD 2.0: answer 'no answer' where the null odds exceed this (as evaluate-v2.0.py)."""
-    skip_bad_rows: bool = False
-    """Skip malformed reference rows (counted) instead of stopping at the first."""
 
 
 def score_files(task_name: str, predictions: str | Path, references: str | Path, null_odds: str | Path | None = None,
