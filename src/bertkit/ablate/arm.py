@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from ..errors import BertkitError, DivergedError
-from ..runconfig import AT_LEAST_1, THREADS, Checked
+from ..runconfig import AT_LEAST_1, Checked
 from .config import AblateConfig, Arm, _key, _read_json, _write_json, describe, lr_search_of, merge
 from .measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm, weights_id
 from .shared import Shared
@@ -37,11 +37,6 @@ class RunOptions(Checked):
     command: str = ""
     verbose: bool = False
     """Show every run's log on the console (always written to OUT/arms/NAME/log.txt)."""
-    jobs: Annotated[int | None, AT_LEAST_1] = None
-    """Arms run in this many processes at once on this machine (each takes the next unclaimed arm);
-    None = the config's `jobs`."""
-    threads: Annotated[int | None, THREADS] = None
-    """Override the config's torch threads per run."""
     pretrain_only: bool = False
     """Pre-train and score each arm (held-out MLM, BLiMP, NSP shortcut) without fine-tuning: status
     'pretrained'; probe arms still run their probes. A later run without it fine-tunes on the same

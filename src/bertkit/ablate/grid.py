@@ -2,7 +2,6 @@
 processes sharing OUT through atomic claims (`run_grid`)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -101,15 +100,9 @@ def _finetune_plan(cfg: AblateConfig, arm: Arm, tasks: dict) -> dict:
 def run_grid(cfg: AblateConfig, arms: Sequence[Arm] | None = None, opts: RunOptions | None = None) -> dict:
     """Run the selected arms (skipping finished ones and arms another process holds); the report over
     everything finished is `report.write_report`, which `bertkit ablate` calls next. With
-    opts.jobs > 1 the arms run in that many processes."""
+    cfg.jobs > 1 the arms run in that many processes."""
     opts = opts or RunOptions()
     arms = list(cfg.arms if arms is None else arms)
-    if opts.threads is not None:
-        cfg.threads = opts.threads
-    jobs = cfg.jobs if opts.jobs is None else opts.jobs
-    if jobs < 1:
-        raise BertkitError(f"jobs must be >= 1, got {jobs}")
-    opts = dataclasses.replace(opts, jobs=jobs)
     check_base(cfg)
     check_inputs(cfg)
     shared = Shared(cfg)
@@ -117,7 +110,7 @@ def run_grid(cfg: AblateConfig, arms: Sequence[Arm] | None = None, opts: RunOpti
     for h in quiet:
         h.addFilter(_QUIET)
     try:
-        summary = _run_jobs(cfg, arms, shared, opts) if opts.jobs > 1 else _run_arms(cfg, arms, shared, opts)
+        summary = _run_jobs(cfg, arms, shared, opts) if cfg.jobs > 1 else _run_arms(cfg, arms, shared, opts)
     finally:
         for h in quiet:
             h.removeFilter(_QUIET)
@@ -196,7 +189,7 @@ def _one_arm(cfg, arm, shared, opts, ran, k, total, t0, left) -> None:
     log.info("ablate: arm %s %s in %.1f min%s; %d arm(s) left, about %.0f min at this pace", arm.name,
              state["status"], (time.time() - t) / 60,
              f" ({state['warnings']} warnings in its log.txt)" if state.get("warnings") else "", left,
-             left * mean / max(opts.jobs, 1) / 60)
+             left * mean / cfg.jobs / 60)
 
 
 def _claim(d: Path) -> Path | None:
@@ -234,7 +227,7 @@ def _claimed(d: Path) -> bool:
 
 
 def _run_jobs(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptions) -> dict:
-    """opts.jobs processes (`bertkit ablate CONFIG --arms ... --jobs 1`) share the arms through claims;
+    """cfg.jobs processes (`bertkit ablate CONFIG --arms ... --jobs 1`) share the arms through claims;
     the shared inputs are made first, here, so the jobs do not make them twice."""
     if not Path(cfg.source).is_file():
         raise BertkitError("--jobs re-reads the grid config: give it as a file")
@@ -246,13 +239,13 @@ def _run_jobs(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
                 shared.prepared(merge(cfg.prepare, arm.prepare), float(arm.corpus_fraction))
             except (BertkitError, ValueError):
                 pass                                   # the arm itself will fail as a row, with this error
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // opts.jobs)
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs)
     cmd = [sys.executable, "-m", "bertkit"] + (["-v"] if opts.verbose else []) + [
         "ablate", cfg.source, "--out", cfg.out, "--data-dir", cfg.data_dir, "--no-report", "--jobs", "1",
         "--threads", str(threads), "--arms", ",".join(a.name for a in arms)] + (
         ["--pretrain-only"] if opts.pretrain_only else [])
-    log.info("ablate: %d jobs of %d thread(s) each over %d arms", opts.jobs, threads, len(arms))
-    procs = [subprocess.Popen(cmd, env={**os.environ, "BERTKIT_ABLATE_JOB": str(j)}) for j in range(opts.jobs)]
+    log.info("ablate: %d jobs of %d thread(s) each over %d arms", cfg.jobs, threads, len(arms))
+    procs = [subprocess.Popen(cmd, env={**os.environ, "BERTKIT_ABLATE_JOB": str(j)}) for j in range(cfg.jobs)]
     try:
         codes = [p.wait() for p in procs]
     except KeyboardInterrupt:                      # the jobs got the Ctrl-C too: let them record it
@@ -263,7 +256,7 @@ def _run_jobs(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
                 p.terminate()
         raise
     states = [_read_json(Path(cfg.out) / "arms" / a.name / "arm.json") or {} for a in arms]
-    return {"jobs": opts.jobs, "exit_codes": codes,
+    return {"jobs": cfg.jobs, "exit_codes": codes,
             "done": [s.get("name") for s in states if s.get("status") in ("done", "pretrained")],
             "failed": [s.get("name") for s in states if s.get("status") in ("failed", "interrupted")],
             "wall_s": round(time.time() - t0, 1)}
