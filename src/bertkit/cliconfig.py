@@ -29,7 +29,7 @@ import types
 import typing
 from typing import Any, Iterable
 
-from .runconfig import Rule, RunConfigError, _coerce, moved
+from .runconfig import RunConfigError, _coerce, moved
 
 POSITIONAL = "positional"
 """`Annotated[str, POSITIONAL]`: the field is a positional argument, optional where it has a default."""
@@ -87,23 +87,6 @@ def _converter(kind: Any, flag: str):
         except RunConfigError as e:
             raise argparse.ArgumentTypeError(str(e).removeprefix(f"{flag}: ")) from None
     convert.__name__ = getattr(base, "__name__", "value")     # argparse names it in "invalid int value"
-    return convert
-
-
-def checked(kind: type, rule: Rule):
-    """An argparse `type` for an option that is no config field: the text as `kind` (int or float),
-    within `rule` (`runconfig.AT_LEAST_1`, `THREADS`, ...); a bad value is argparse's one-line error
-    naming the option."""
-
-    def convert(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
-        if problem := rule.problem(value):
-            raise argparse.ArgumentTypeError(problem)
-        return value
-    convert.__name__ = kind.__name__
     return convert
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from ..cliconfig import POSITIONAL, add_options
+from ..cliconfig import POSITIONAL, add_options, given
 from ..errors import BertkitError
 from ..predict import PredictOptions
 from ..tasks import SkipBadRows
@@ -61,9 +61,7 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
 
 def _columns(args: argparse.Namespace) -> dict:
     """The --text_column ... --format options given (evaluate, predict: the rest come from the checkpoint)."""
-    from ..tasks.plumbing import COLUMN_KEYS
-
-    return {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None}
+    return {k: v for k, v in given(args, Columns).items() if v is not None}
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
