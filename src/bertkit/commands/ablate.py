@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from ..errors import BertkitError
+from .basic import options_of
 
 
 # AblateConfig fields that are options too (the rest of a grid is structure: corpus, arms, tasks, ...)
@@ -27,8 +28,7 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "  bertkit ablate --contract-test [MODEL]     # right-hand context and the causal mask, checked\n"
         "A finished arm is skipped on a rerun; a failing arm becomes a row saying so, and the command exits 1\n"
         "naming the failed arms (--dry-run: the arms that would fail). See bertkit/ablate/__init__.py.")
-    from ..ablate import RunOptions
-    from ..ablate import AblateConfig
+    from ..ablate import AblateConfig, RunOptions
     from ..cliconfig import add_options, suggest_unknown
 
     p.add_argument("config", nargs="?", help="grid YAML (configs/ablate/small.yaml, configs/ablate/gpu.yaml)")
@@ -68,9 +68,8 @@ def run_ablate(args: argparse.Namespace) -> int:
     values = {k: v for k, v in given(args, ablate.AblateConfig).items() if k in GRID_OPTIONS}   # --arms selects
     cfg = ablate.load_ablate_config(args.config, values=values)       # every grid key checked here
     command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    opts = ablate.RunOptions(launcher=args.launcher, nproc=args.nproc, command=command,
-                             pretrain_only=args.pretrain_only,
-                             verbose=bool(getattr(args, "verbose", False)))      # --nproc checked here
+    # --launcher, --nproc (checked here), --pretrain-only, and bertkit's -v as `verbose`; args.command is 'ablate'
+    opts = options_of(args, ablate.RunOptions, ("command",), command=command)
     if args.report_only:
         print(ablate.write_report(cfg, command))
         return 0
