@@ -110,8 +110,9 @@ def _help(doc: str, default: Any, show_default: bool) -> str:
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
                 names: Iterable[str] | None = None, exclude: Iterable[str] = (), show_defaults: bool = True,
                 help: dict[str, str] | None = None, defaults: bool = False,
-                old: dict[str, str] | None = None, prefix: str = "") -> list[str]:
+                old: dict[str, str] | None = None, prefix: str = "", required: Iterable[str] = ()) -> list[str]:
     """One option per field of `cls` (those in `names`, else all but `exclude`); returns their names.
+    An option is required where its field has no default or the command names it in `required`.
     A field that is itself a dataclass is a section: its fields become `--section.key` options (an
     argument group in --help). `help` replaces a field's docstring (by option name, 'section.key' in
     a section) where the command means something more specific. An option not given is absent from
@@ -135,14 +136,14 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
         own = (help or {}).get(key)               # the command's own text says its default itself
         text = _help(own or docs.get(name, ""), default, show_defaults and own is None)
         common = {"dest": key, "default": default if defaults else argparse.SUPPRESS}
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        needed = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING or name in required
         if typing.get_origin(kind) is tuple and typing.get_args(kind)[1:] == (Ellipsis,):   # one or more (a list)
-            kind, common["nargs"] = typing.get_args(kind)[0], "+" if required else "*"
+            kind, common["nargs"] = typing.get_args(kind)[0], "+" if needed else "*"
         if POSITIONAL in getattr(extras[name], "__metadata__", ()):     # the text as typed, no YAML reading
-            parser.add_argument(key, nargs=common.get("nargs") or (None if required else "?"), help=text,
+            parser.add_argument(key, nargs=common.get("nargs") or (None if needed else "?"), help=text,
                                 default=default)
             continue
-        common["required"] = required
+        common["required"] = needed
         if _strip_optional(kind) is bool:
             flags += [f"--no-{key}"] + ([f"--no-{key.replace('_', '-')}"] if "_" in key else [])
             parser.add_argument(*flags, action=_Switch, help=text, **common)

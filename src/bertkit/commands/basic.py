@@ -10,12 +10,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Iterator, Literal
 
-from ..cliconfig import add_options, given
+from ..cliconfig import POSITIONAL, add_options, given
 from ..errors import BertkitError
 from ..runconfig import AT_LEAST_1, Rule, check_fields
 from ..sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
+
+
+@dataclass(kw_only=True)
+class Args:
+    """What the commands read and write: one field per option whatever the command (how each runs: its options)."""
+    input: Annotated[str, POSITIONAL]
+    """JSONL file, one input per line ('-' = stdin)"""
+    model: str
+    """checkpoint folder (any head) with its tokenizer"""
+    task: str | None = None
+    """task whose input format and post-processing to use (default: the checkpoint's)"""
+    data: str
+    """a data file with references (also Parquet / Arrow / JSONL), a task folder (--split) or NAME:CONFIG[:SPLIT]"""
+    split: str = "dev"
+    """split to read when --data is a folder"""
+    predictions: str | None = None
+    """also write {id, prediction} JSONL here (input to `bertkit score`)"""
+    head: str | None = None
+    """head to load or export (default: the one config.json names)"""
+    out: str | None = None
+    """output JSONL (default stdout)"""
+    references: str
+    """the task's file as distributed (GLUE TSV, CoNLL columns, SQuAD JSON, SWAG CSV; plain or .gz); ids are its
+    id column, else the 0-based data row (CoNLL: sentence)"""
+    null_odds: str | None = None
+    """SQuAD 2.0: {id: null odds} JSON (evaluate-v2.0.py's --na-prob-file); adds best_exact, best_f1, thresholds"""
+    published: str | None = None
+    """per-paradigm accuracies to show beside (default: the BLiMP paper's, bundled)"""
+    json: bool = False
+    """print one JSON object"""
 
 
 # ---- reading inputs ------------------------------------------------------------------------------
@@ -85,10 +115,8 @@ def check_device(device: str | None) -> None:
 
 def add_predictor_options(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
                           help: dict[str, str] | None = None, **defaults) -> None:
-    """One flag per `PredictorOptions` field (`bertkit.cliconfig`): --device, --threads, --precision,
-    --int8, --compile, --backend, --onnx_file, --[no-]prepack, --[no-]small_batches,
-    --small_batch_tokens, --max_length (kebab spellings too); `defaults` are this command's own
-    (a one-shot command times no engine of short batches: small_batches=False)."""
+    """One flag per `PredictorOptions` field (`bertkit.cliconfig`); `defaults` are this command's own (a
+    one-shot command times no engine of short batches: small_batches=False)."""
     from ..infer import PredictorOptions
 
     add_options(p.add_argument_group("how the model runs (bertkit.infer.PredictorOptions)"), PredictorOptions,
@@ -153,7 +181,7 @@ def _write_jsonl(rows, output: str | None) -> None:
 # ---- info ----------------------------------------------------------------------------------------
 def setup_info(p) -> None:
     p.add_argument("model", metavar="DIR", help="checkpoint folder (Hugging Face format)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_options(p, Args, names=("json",), defaults=True)
     p.set_defaults(run=run_info)
 
 
@@ -278,7 +306,7 @@ class TokenizeOptions:
 def setup_tokenize(p) -> None:
     p.add_argument("input", metavar="INPUT", help="text file (one text per line), '-' for stdin, or JSONL "
                    "with 'text' and optional 'text_pair'")
-    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint or tokenizer folder")
+    add_options(p, Args, names=("model",), defaults=True, help={"model": "checkpoint or tokenizer folder"})
     add_options(p, TokenizeOptions)
     p.set_defaults(run=run_tokenize)
     p.epilog = "example: bertkit tokenize --model DIR --max-length 128 texts.txt"
@@ -324,7 +352,7 @@ class EmbedOptions:
 
 def setup_embed(p) -> None:
     p.add_argument("input", metavar="INPUT", help="text file (one per line), '-' for stdin, or JSONL")
-    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder")
+    add_options(p, Args, names=("model",), defaults=True)
     add_options(p, EmbedOptions)
     p.add_argument("--output", metavar="FILE", help="FILE.jsonl or FILE.npy (default: JSONL on stdout)")
     add_predictor_options(p, small_batches=False)           # one pass over a file: no start-up timing
@@ -419,10 +447,9 @@ def setup_fill_mask(p) -> None:
     from ..predict import PredictOptions
 
     p.add_argument("texts", nargs="+", metavar="TEXT", help="texts with one or more [MASK] tokens")
-    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint with a masked-LM head")
+    add_options(p, Args, names=("model", "json"), defaults=True, help={"model": "checkpoint with a masked-LM head",
+                "json": "print JSON: a list per text of lists per [MASK] of {token, id, score}"})
     add_options(p, PredictOptions, names=("top_k",))            # predict's --top-k: the same setting
-    p.add_argument("--json", action="store_true",
-                   help="print JSON: a list per text of lists per [MASK] of {token, id, score}")
     add_predictor_options(p, small_batches=False)
     p.set_defaults(run=run_fill_mask)
 

@@ -20,20 +20,17 @@ def setup_blimp(p) -> None:
     """Positional files, --model, the outputs; one flag per BlimpOptions field (`bertkit.cliconfig`)."""
     from ..blimp import BlimpOptions
     from ..cliconfig import add_options
+    from .basic import Args
 
     p.epilog = ("BLiMP files: github.com/alexwarstadt/blimp, data/*.jsonl (CC BY 4.0): one JSON object per pair "
                 "with UID, linguistics_term, pairID, sentence_good, sentence_bad. A pair counts when the good "
                 "sentence scores strictly higher; ties fail.")
     p.add_argument("files", nargs="+", metavar="FILE", help="BLiMP JSONL files (.jsonl or .jsonl.gz) or folders of them")
-    p.add_argument("--model", required=True, metavar="DIR",
-                   help="checkpoint folder with an MLM head (bertkit pretrain's final/ or a checkpoint, a Hugging "
-                        "Face BERT folder) and its tokenizer")
+    add_options(p, Args, names=("model", "out", "json", "published"), defaults=True, help={
+        "model": "checkpoint folder with an MLM head (bertkit pretrain's final/ or a checkpoint, a Hugging Face BERT "
+                 "folder) and its tokenizer",
+        "out": "a folder (results.json + pairs.jsonl) or FILE.json (pairs in FILE.pairs.jsonl)"})
     add_options(p, BlimpOptions)
-    p.add_argument("--out", metavar="PATH",
-                   help="a folder (results.json + pairs.jsonl) or FILE.json (pairs in FILE.pairs.jsonl)")
-    p.add_argument("--json", action="store_true", help="print the results JSON instead of the tables")
-    p.add_argument("--published", metavar="FILE",
-                   help="per-paradigm accuracies to show beside (default: the BLiMP paper's, bundled)")
     p.set_defaults(run=run_blimp)
 
 

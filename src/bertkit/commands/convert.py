@@ -12,7 +12,7 @@ import json
 
 from ..cliconfig import add_options, field_docs
 from ..convert import ConvertOptions, convert
-from .basic import options_of
+from .basic import Args, options_of
 
 
 def _flag(text: str) -> bool:
@@ -27,13 +27,13 @@ def setup_convert(parser) -> None:
                         help="a folder as Google's releases ship it (bert_model.ckpt.index, "
                              "bert_model.ckpt.data-*, bert_config.json, vocab.txt), or a checkpoint prefix in "
                              "such a folder (DIR/model.ckpt-100000)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="the folder to write (a previous checkpoint "
-                        "there is replaced whole, at the end)")
+    add_options(parser, Args, names=("out",), defaults=True, required=("out",),
+                help={"out": "the folder to write (a previous checkpoint there is replaced whole, at the end)"})
     # Google's flag takes a value (--do_lower_case false), which a generated switch does not
     parser.add_argument("--do_lower_case", "--do-lower-case", type=_flag, metavar="true|false",
                         default=argparse.SUPPRESS, help=field_docs(ConvertOptions)["do_lower_case"])
     add_options(parser, ConvertOptions, exclude=("do_lower_case",))
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    add_options(parser, Args, names=("json",), defaults=True)
     parser.set_defaults(run=run_convert)
 
 

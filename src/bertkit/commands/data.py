@@ -18,8 +18,7 @@ log = logging.getLogger("bertkit")
 
 @dataclass(kw_only=True)
 class DataArgs:
-    """What `bertkit tokenizer|prepare|data` read and write (each its own flags of these; how they read
-    it: the options dataclass of each)."""
+    """What `bertkit tokenizer|prepare|data` read and write (how each reads it: its options dataclass)."""
     files: Annotated[tuple[str, ...], POSITIONAL]
     """.txt / .txt.gz files, globs or folders"""
     dir: Annotated[str, POSITIONAL]

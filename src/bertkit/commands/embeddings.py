@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BertkitError
-from .basic import add_predictor_options, predictor_options
+from .basic import Args, add_predictor_options, predictor_options
 
 
 def setup_embed_eval(p) -> None:
@@ -20,7 +20,8 @@ def setup_embed_eval(p) -> None:
 
     p.epilog = ("metrics as sentence-transformers' EmbeddingSimilarityEvaluator (cosine Pearson / Spearman) and "
                 "InformationRetrievalEvaluator (recall@k, MRR@10, nDCG@10) compute them")
-    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder (any head; its encoder embeds)")
+    add_options(p, Args, names=("model",), defaults=True,
+                help={"model": "checkpoint folder (any head; its encoder embeds)"})
     p.add_argument("--sts", action="append", default=[], metavar="SOURCE",
                    help="scored pairs: a GLUE STS-B folder, or a CSV / TSV / JSONL / Parquet file or dataset name "
                         "with sentence1, sentence2, score (repeatable)")
@@ -28,7 +29,7 @@ def setup_embed_eval(p) -> None:
                    help="queries and passages: a SQuAD file, folder or dataset name (each question retrieves its "
                         "paragraph), or a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) (repeatable)")
     add_options(p, EmbedEvalOptions)
-    p.add_argument("--json", action="store_true", help="one JSON object per source and pooling")
+    add_options(p, Args, names=("json",), defaults=True, help={"json": "one JSON object per source and pooling"})
     add_predictor_options(p, precision="fp32", small_batches=False, help={
         "precision": "fp32 (default: the same figures on every CPU), bf16, or auto (bf16 where this CPU measures "
                      "it faster and it keeps cosine 0.999 to fp32)"})

@@ -9,15 +9,14 @@ from ..errors import BertkitError
 def setup_export(p: argparse.ArgumentParser) -> None:
     from ..cliconfig import add_options
     from ..infer.export import ExportOptions
+    from .basic import Args
 
     sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
     o = sub.add_parser("onnx", help="ONNX with dynamic batch and sequence axes, checked against PyTorch",
                        description="Export a checkpoint to ONNX (dynamo exporter), then check it on "
                                    "onnxruntime against PyTorch on new batch sizes, lengths and padding.")
-    o.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder")
-    o.add_argument("--out", required=True, metavar="FILE.onnx", help="output file (DIR/model.onnx is what "
-                   "--backend onnx looks for by default)")
-    o.add_argument("--head", default=None, help="head to export (default: the one config.json names)")
+    add_options(o, Args, names=("model", "out", "head"), defaults=True, required=("out",), help={
+        "out": "output FILE.onnx (DIR/model.onnx is what --backend onnx looks for by default)"})
     add_options(o, ExportOptions)
     p.set_defaults(run=run_export)
 

@@ -11,7 +11,7 @@ import json
 
 from ..cliconfig import add_options
 from ..inspect import InspectOptions, inspect, load
-from .basic import options_of
+from .basic import Args, options_of
 
 
 def setup_inspect(p) -> None:
@@ -20,10 +20,9 @@ def setup_inspect(p) -> None:
     p.add_argument("text", help="the text ([MASK] where an MLM checkpoint should predict)")
     p.add_argument("pair", nargs="?", default=None,
                    help="the right-hand segment (default: the text's second half of words, for the segment test)")
-    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder (any head) with its tokenizer")
-    p.add_argument("--out", metavar="DIR", help="write the report here (report.html, *.png, report.json)")
+    add_options(p, Args, names=("model", "out", "json"), defaults=True, help={
+        "out": "write the report here (report.html, *.png, report.json)", "json": "print the measurements as JSON"})
     add_options(p, InspectOptions)
-    p.add_argument("--json", action="store_true", help="print the measurements as JSON instead of the summary")
     p.set_defaults(run=run_inspect)
 
 

@@ -5,38 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
-from ..cliconfig import POSITIONAL, add_options, given
+from ..cliconfig import add_options, given
 from ..errors import BertkitError
 from ..predict import PredictOptions
 from ..tasks import SkipBadRows
 from ..tasks.plumbing import Columns
-from .basic import add_predictor_options, options_of, predictor_options
-
-
-@dataclass(kw_only=True)
-class PredictArgs:
-    """What `bertkit evaluate` and `bertkit predict` read and write (how: PredictOptions, PredictorOptions)."""
-    input: Annotated[str, POSITIONAL]
-    """JSONL file, one input per line ('-' = stdin)"""
-    model: str
-    """checkpoint folder (any head)"""
-    task: str | None = None
-    """task whose input format and post-processing to use (default: the checkpoint's)"""
-    data: str
-    """a data file with references (also Parquet / Arrow / JSONL), a task folder (see --split), or a dataset
-    name NAME:CONFIG[:SPLIT]"""
-    split: str = "dev"
-    """split to read when --data is a folder"""
-    predictions: str | None = None
-    """also write {id, prediction} JSONL here (input to `bertkit score`)"""
-    out: str | None = None
-    """output JSONL (default stdout)"""
-    json: bool = False
-    """print the metrics as one JSON object"""
+from .basic import Args, add_predictor_options, options_of, predictor_options
 
 
 def column_options(p: argparse.ArgumentParser, show_defaults: bool = False) -> None:
@@ -48,11 +24,10 @@ def column_options(p: argparse.ArgumentParser, show_defaults: bool = False) -> N
 # ---- evaluate -----------------------------------------------------------------------------------
 def setup_evaluate(p: argparse.ArgumentParser) -> None:
     p.epilog = "example: bertkit evaluate --model runs/sst2 --data ../shared/data/glue/SST-2/dev.tsv.gz"
-    add_options(p, PredictArgs, names=("model", "task", "data", "split"), defaults=True,
-                help={"model": "fine-tuned checkpoint folder"})
+    add_options(p, Args, names=("model", "task", "data", "split", "predictions", "json"), defaults=True,
+                help={"model": "fine-tuned checkpoint folder", "json": "print the metrics as one JSON object"})
     add_options(p, PredictOptions, exclude=("top_k",))
     add_options(p, SkipBadRows, defaults=True)
-    add_options(p, PredictArgs, names=("predictions", "json"), defaults=True)
     add_predictor_options(p, exclude=("max_length",), small_batches=False, help={
         "precision": "auto (fp32, the precision fine-tuning evaluated in), fp32, bf16 or fp16 (GPU)"})
     column_options(p)
@@ -110,7 +85,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
 def setup_predict(p: argparse.ArgumentParser) -> None:
     p.epilog = ('input lines: classification {"text": .., "text_pair": ..}; NER {"tokens": [..]} or {"text": ..}; '
                 'QA {"question": .., "context": ..}; masked LM {"text": "paris is the [MASK] of france."}')
-    add_options(p, PredictArgs, names=("input", "model", "task", "out"), defaults=True)
+    add_options(p, Args, names=("input", "model", "task", "out"), defaults=True,
+                help={"model": "checkpoint folder (any head)"})
     add_options(p, PredictOptions)
     add_predictor_options(p, exclude=("max_length",), small_batches=False, help={
         "precision": "auto (fp32 for a fine-tuned task model, as fine-tuning evaluated; a masked LM as fill-mask), "

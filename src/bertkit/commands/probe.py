@@ -24,19 +24,17 @@ def setup_probe(p) -> None:
     from ..cliconfig import add_options
     from ..finetune_config import FinetuneConfig
     from ..linear_probe import ProbeSpec
+    from .basic import Args
 
     p.epilog = ("Each feature (x pooling, sentence tasks) is a logistic regression on the standardised frozen "
                 "states, fitted by L-BFGS to convergence; C is chosen by k-fold cross-validation on the training "
                 "data only, then the dev set is scored with the task's own metric beside the majority class's.")
-    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder (bertkit or Hugging Face BERT) "
-                   "with its tokenizer")
-    p.add_argument("--task", required=True, help="a classification or tagging task: sst2, mrpc, cola, qqp, mnli, "
-                   "qnli, rte, wnli, conll2003")
+    add_options(p, Args, names=("model", "task", "json"), defaults=True, required=("task",), help={
+        "task": "a classification or tagging task: sst2, mrpc, cola, qqp, mnli, qnli, rte, wnli, conll2003"})
     add_options(p, FinetuneConfig, names=RUN_OPTIONS, help={
         "dev_file": "Dev file (instead of --data).", "device": "cpu (default), cuda, cuda:1 ...",
         "out": "Folder for results.json and fits.jsonl (default runs/probe-TASK)."})
     add_options(p, ProbeSpec)
-    p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
     p.set_defaults(run=run_probe, device="cpu")
 
 

@@ -13,24 +13,17 @@ import math
 
 from ..cliconfig import add_options
 from ..tasks.metrics import ScoreOptions, score_files
-from .basic import options_of
+from .basic import Args, options_of
 
 
 def setup_score(parser) -> None:
-    parser.add_argument("--task", required=True,
-                        help="cola, sst2, mrpc, stsb, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003 (ner), "
-                             "squad, squad2 or swag")
-    parser.add_argument("--predictions", required=True, metavar="FILE",
-                        help='JSONL lines {"id": .., "prediction": ..} (a label, a score, a list of tags, an '
-                             'answer, a choice index), or the official SQuAD {id: answer} JSON')
-    parser.add_argument("--references", required=True, metavar="FILE",
-                        help="the task's file as distributed (GLUE TSV, CoNLL columns, SQuAD JSON, SWAG CSV; "
-                             "plain or .gz); ids are its id column, else the 0-based data row (CoNLL: sentence)")
-    parser.add_argument("--null-odds", metavar="FILE",
-                        help="SQuAD 2.0: {id: null odds} JSON (evaluate-v2.0.py's --na-prob-file); adds "
-                             "best_exact/best_f1 and their thresholds")
+    add_options(parser, Args, names=("task", "predictions", "references", "null_odds"), defaults=True,
+                required=("task", "predictions"), help={
+        "task": "cola, sst2, mrpc, stsb, qqp, mnli, mnli-mm, qnli, rte, wnli, conll2003 (ner), squad, squad2 or swag",
+        "predictions": 'JSONL lines {"id": .., "prediction": ..} (a label, a score, a list of tags, an answer, a '
+                       'choice index), or the official SQuAD {id: answer} JSON'})
     add_options(parser, ScoreOptions)
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    add_options(parser, Args, names=("json",), defaults=True)
     parser.set_defaults(run=run_score)
 
 

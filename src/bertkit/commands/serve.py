@@ -8,16 +8,10 @@ import os
 from pathlib import Path
 
 from ..errors import BertkitError
-from .basic import add_predictor_options, predictor_options
+from ..cliconfig import add_options
+from .basic import Args, add_predictor_options, predictor_options
 
 log = logging.getLogger("bertkit")
-
-
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    """--model, --head and one flag per PredictorOptions field but max_length (ServeConfig's)."""
-    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint folder (config.json, weights, vocab)")
-    p.add_argument("--head", default=None, help="head to load (default: the one config.json names)")
-    add_predictor_options(p, exclude=("max_length",))
 
 
 def load_predictor(args, max_length: int | None = None):
@@ -58,11 +52,12 @@ _FORMER = {"--header-timeout": "header_timeout_s", "--body-timeout": "body_timeo
 def setup_serve(p: argparse.ArgumentParser) -> None:
     """Model options (how a Predictor loads), then one option per ServeConfig field (`bertkit.cliconfig`):
     the flag and the attribute are one name (--max_batch_tokens, also --max-batch-tokens)."""
-    from ..cliconfig import add_options, suggest_unknown
+    from ..cliconfig import suggest_unknown
     from ..predict import PredictOptions
     from ..serve import ServeConfig
 
-    add_model_options(p)
+    add_options(p, Args, names=("model", "head"), defaults=True)
+    add_predictor_options(p, exclude=("max_length",))           # its max_length is ServeConfig's
     add_options(p, ServeConfig, exclude=_FROM_CHECKPOINT, defaults=True, old=_FORMER, help={
         "max_batch_tokens": f"Most real tokens one batching round may hold (default {CPU_BATCH_TOKENS} on the CPU, "
                             f"{GPU_BATCH_TOKENS} on a GPU).",

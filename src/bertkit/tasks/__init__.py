@@ -226,8 +226,7 @@ class BadRows:
 
 @dataclass
 class SkipBadRows:
-    """The setting of every reader of labelled rows (finetune, evaluate, score, embed-eval), declared once:
-    field, YAML key and flag; `BadRows(skip=...)` acts on it."""
+    """The one declaration of every labelled-row reader's setting (finetune, evaluate, score, embed-eval)."""
     skip_bad_rows: bool = False
     """Skip (and count) malformed rows instead of stopping at the first."""
 
