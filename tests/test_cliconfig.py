@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Literal
+from typing import Annotated, Literal
 
 import pytest
 
 from bertkit.cli import build_parser, main
-from bertkit.cliconfig import add_options, field_docs, given, suggest_unknown
+from bertkit.cliconfig import POSITIONAL, add_options, field_docs, given, suggest_unknown
 from bertkit.commands.finetune import finetune_config
 from bertkit.finetune_config import FinetuneConfig
 
@@ -98,6 +98,57 @@ def test_generator_on_a_small_dataclass(capsys):
     with pytest.raises(SystemExit):
         p.parse_args(["--sise", "3"])
     assert "did you mean --size?" in capsys.readouterr().err
+
+
+@dataclasses.dataclass(kw_only=True)
+class Io:
+    text: Annotated[str, POSITIONAL]
+    """The text."""
+    more: Annotated[tuple[str, ...], POSITIONAL] = ()
+    """More texts."""
+    model: str
+    """A folder."""
+    inputs: tuple[str, ...]
+    """Files."""
+    out: str | None = None
+    """Where to write."""
+
+
+def test_required_many_and_positional_fields(capsys):
+    """A field without a default is a required option (or `required=` names it), `tuple[str, ...]` takes one
+    or more values, `Annotated[str, POSITIONAL]` is an argument kept as typed (no YAML reading); a missing one
+    is argparse's one line naming it."""
+    from bertkit.cli import Parser
+
+    p = Parser(prog="bertkit io")
+    add_options(p, Io, defaults=True)
+    args = p.parse_args(["'quoted'", "a", "b", "--model", "m", "--inputs", "x", "y"])
+    assert (args.text, args.more, args.model, args.inputs, args.out) == ("'quoted'", ["a", "b"], "m", ["x", "y"], None)
+    assert p.parse_args(["t", "--model", "m", "--inputs", "x"]).more == ()
+    for argv, missing in (([], "text, --model, --inputs"), (["t", "--inputs", "x"], "--model")):
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(argv)
+        assert e.value.code == 1
+        assert capsys.readouterr().err == f"bertkit io: error: the following arguments are required: {missing}\n"
+    p = Parser(prog="bertkit io")
+    add_options(p, Io, names=("out",), required=("out",))
+    with pytest.raises(SystemExit):
+        p.parse_args([])
+    assert capsys.readouterr().err.endswith("required: --out\n")
+
+
+def test_skip_bad_rows_is_one_declaration_with_generated_flags():
+    """skip_bad_rows is declared once (tasks.SkipBadRows) for fine-tuning, score and embed-eval, and evaluate's
+    flag is generated from it (both spellings)."""
+    from bertkit.embed_eval import EmbedEvalOptions
+    from bertkit.tasks import SkipBadRows
+    from bertkit.tasks.metrics import ScoreOptions
+
+    for cls in (FinetuneConfig, ScoreOptions, EmbedEvalOptions):
+        assert issubclass(cls, SkipBadRows) and field_docs(cls)["skip_bad_rows"] == field_docs(SkipBadRows)["skip_bad_rows"]
+    for flag in ("--skip-bad-rows", "--skip_bad_rows"):
+        assert build_parser("evaluate").parse_args(["evaluate", "--model", "m", "--data", "d", flag]).skip_bad_rows
+    assert not build_parser("evaluate").parse_args(["evaluate", "--model", "m", "--data", "d"]).skip_bad_rows
 
 
 def test_a_renamed_key_is_a_one_line_error_naming_the_new_one():
@@ -190,6 +241,8 @@ def test_every_command_takes_both_spellings_of_an_option():
     args = build_parser("prepare").parse_args(["prepare", "--model", "m", "--input", "a", "--out", "o",
                                                "--num_shards", "2", "--shard-index=1", "--no_progress"])
     assert (args.num_shards, args.shard_index, args.progress) == (2, 1, False)
+    args = build_parser("data").parse_args(["data", "nsp-shortcut", "f.txt", "--model", "m", "--no_progress"])
+    assert (args.files, args.progress) == (["f.txt"], False)
     args = build_parser("tokenizer").parse_args(["tokenizer", "train", "a.txt", "--out", "o", "--vocab_size", "100",
                                                  "--min_frequency=1"])
     assert (args.vocab_size, args.min_frequency) == (100, 1)
