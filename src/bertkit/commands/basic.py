@@ -23,6 +23,10 @@ class Args:
     """What the commands read and write: one field per option whatever the command (how each runs: its options)."""
     input: Annotated[str, POSITIONAL]
     """JSONL file, one input per line ('-' = stdin)"""
+    text: Annotated[str, POSITIONAL]
+    """the text ([MASK] where an MLM checkpoint should predict)"""
+    pair: Annotated[str | None, POSITIONAL] = None
+    """the right-hand segment (default: the text's second half of words, for the segment test)"""
     model: str
     """checkpoint folder (any head) with its tokenizer"""
     task: str | None = None

@@ -17,10 +17,7 @@ from .basic import Args, options_of
 def setup_inspect(p) -> None:
     p.epilog = ("Prints [CLS]'s attention mass per layer and the segment-change test; --out writes report.html "
                 "(figures embedded), one PNG per figure and report.json (needs matplotlib: bertkit[plot]).")
-    p.add_argument("text", help="the text ([MASK] where an MLM checkpoint should predict)")
-    p.add_argument("pair", nargs="?", default=None,
-                   help="the right-hand segment (default: the text's second half of words, for the segment test)")
-    add_options(p, Args, names=("model", "out", "json"), defaults=True, help={
+    add_options(p, Args, names=("text", "pair", "model", "out", "json"), defaults=True, help={
         "out": "write the report here (report.html, *.png, report.json)", "json": "print the measurements as JSON"})
     add_options(p, InspectOptions)
     p.set_defaults(run=run_inspect)
