@@ -7,11 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from ..cliconfig import add_options, given
+from ..cliconfig import add_options
 from ..errors import BertkitError
 from ..predict import PredictOptions
 from ..tasks import SkipBadRows
-from ..tasks.plumbing import Columns
+from ..tasks.plumbing import COLUMN_KEYS, Columns
 from .basic import Args, add_predictor_options, options_of, predictor_options
 
 
@@ -36,7 +36,7 @@ def setup_evaluate(p: argparse.ArgumentParser) -> None:
 
 def _columns(args: argparse.Namespace) -> dict:
     """The --text_column ... --format options given (evaluate, predict: the rest come from the checkpoint)."""
-    return {k: v for k, v in given(args, Columns).items() if v is not None}
+    return {k: getattr(args, k) for k in COLUMN_KEYS if getattr(args, k, None) is not None}
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
