@@ -32,8 +32,10 @@ log = logging.getLogger("bertkit")
 @dataclass
 class RunOptions(Checked):
     launcher: Literal["inprocess", "torchrun"] = "inprocess"
-    """'inprocess' or 'torchrun' (pre-training as a subprocess over `nproc` processes)."""
+    """Pre-train in this process, or as `torchrun --nproc_per_node N -m bertkit pretrain`."""
     nproc: Annotated[int, AT_LEAST_1] = 1
+    """Processes per arm with launcher torchrun (e.g. GPUs); train.batch_size is split over them, so the
+    global batch and the matched budget stay the same."""
     command: str = ""
     verbose: bool = False
     """Show every run's log on the console (always written to OUT/arms/NAME/log.txt)."""

@@ -39,10 +39,7 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "jobs": "run arms in N processes at once on this machine (default: the config's `jobs`); each takes "
                 "the next unclaimed arm",
         "threads": "torch threads per run (default: the config's; with --jobs N, cores / N)"})
-    add_options(p, RunOptions, names=("launcher", "nproc", "pretrain_only"), help={
-        "launcher": "pre-train in this process (default) or as `torchrun --nproc_per_node N -m bertkit pretrain`",
-        "nproc": "processes per arm with --launcher torchrun (e.g. GPUs); train.batch_size is split over them, "
-                 "so the global batch and the matched budget stay the same"}, defaults=True)
+    add_options(p, RunOptions, names=("launcher", "nproc", "pretrain_only"), defaults=True)
     suggest_unknown(p)
     p.add_argument("--arms", help="run only these arms (comma-separated names)")
     p.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based): for N machines sharing --out")
