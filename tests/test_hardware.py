@@ -131,6 +131,9 @@ def test_gemm_peak_is_measured_once_per_device_dtype_and_threads(monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert hardware.gemm_peak("cpu") == 1e9 and len(calls) == 3
+    assert [c[2] for c in calls] == [1024] * 3                       # the CPU's product size
+    hardware.gemm_peak("cuda")                                       # not run: the size a GPU needs
+    assert calls[-1][0] == torch.device("cuda") and calls[-1][2] == 8192
 
 
 def test_gemm_peak_measures_a_real_matmul():

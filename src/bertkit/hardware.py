@@ -169,15 +169,17 @@ def measure_bf16_speedup(hidden: int = 384, intermediate: int = 1536, tokens: in
 _PEAKS: dict[tuple, float] = {}     # gemm_peak's figures in this process: (device, dtype, threads, n) -> FLOP/s
 
 
-def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024,
+def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int | None = None,
               repeats: int = 5, budget_s: float = 1.0) -> float:
-    """Best FLOP/s of an n x n @ n x n matmul (the MFU denominator), measured at its first call in
-    this process for a device, dtype and thread count, and reused after (~1 s each: many runs in
+    """Best FLOP/s of an n x n @ n x n matmul (the MFU denominator; n: 1024 on the CPU, 8192 on a GPU,
+    where a 1024 product is mostly launch: it read an H200 at 135-176 of its ~790 bf16 TFLOP/s), measured
+    at its first call in this process for a device, dtype and thread count, and reused after (~1 s each: many runs in
     one process - ablation arms, tests - measure once). The size grows from 128 to n only while one
     product takes under 20 ms (bf16 emulated on an AVX2-only CPU runs 1024^3 in ~1.5 s), and the
     repeats stop after `budget_s`: the figure of a slow path costs a fraction of a second, not half
     a minute at the end of every run."""
     device = torch.device(device)
+    n = n or (8192 if device.type == "cuda" else 1024)
     key = (str(device), dtype, torch.get_num_threads(), n)
     if key not in _PEAKS:
         _PEAKS[key] = _measure_gemm_peak(device, dtype, n, repeats, budget_s)
