@@ -476,3 +476,29 @@ def test_report_reads_an_arms_shape_from_its_model_folder(tmp_path):
     assert _shape({"model": str(model)}, {}) == "L4/H256/A4"
     assert _shape({}, {"layers": 2, "hidden_size": 128, "heads": 2}) == "L2/H128/A2"
     assert _shape({"model": str(tmp_path / "missing")}, {}) == "—"
+
+
+def test_stopped_jobs_share_one_grace_period():
+    """After a Ctrl-C the grid waits for its jobs together, not for each in turn, then terminates the rest."""
+    import subprocess
+    import time
+
+    from bertkit.ablate import grid
+
+    class Job:
+        def __init__(self):
+            self.timeouts, self.terminated = [], False
+
+        def wait(self, timeout=None):
+            self.timeouts.append(timeout)
+            time.sleep(min(timeout, 0.05))
+            raise subprocess.TimeoutExpired("job", timeout)
+
+        def terminate(self):
+            self.terminated = True
+
+    jobs = [Job() for _ in range(5)]
+    t0 = time.monotonic()
+    grid._stop_jobs(jobs, 0.1)
+    assert time.monotonic() - t0 < 0.4 and all(j.terminated for j in jobs)
+    assert jobs[0].timeouts[0] > 0.05 and jobs[-1].timeouts[0] < 0.06        # what is left of one period

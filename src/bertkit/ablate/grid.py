@@ -226,6 +226,20 @@ def _claimed(d: Path) -> bool:
     return True
 
 
+JOB_GRACE_S = 60.0       # after a Ctrl-C, how long the jobs get together to record their arms as interrupted
+
+
+def _stop_jobs(procs: list, grace_s: float) -> None:
+    """Wait for every job to exit within one shared grace period (not one each: 13 jobs could hold a
+    stopped grid for 13 minutes), then terminate the ones still running."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.terminate()
+
+
 def _run_jobs(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptions) -> dict:
     """cfg.jobs processes (`bertkit ablate CONFIG --arms ... --jobs 1`) share the arms through claims;
     the shared inputs are made first, here, so the jobs do not make them twice."""
@@ -249,11 +263,7 @@ def _run_jobs(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
     try:
         codes = [p.wait() for p in procs]
     except KeyboardInterrupt:                      # the jobs got the Ctrl-C too: let them record it
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.terminate()
+        _stop_jobs(procs, JOB_GRACE_S)
         raise
     states = [_read_json(Path(cfg.out) / "arms" / a.name / "arm.json") or {} for a in arms]
     return {"jobs": cfg.jobs, "exit_codes": codes,
