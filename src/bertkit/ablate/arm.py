@@ -285,6 +285,11 @@ def _model_of_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions,
     return d / "pretrain" / "final", "pretrained", _pretrain(cfg, arm, pcfg, opts, d, data)
 
 
+def _stopped_by_signal(card: dict | None) -> bool:
+    """Whether a pre-training's run card says a signal (SIGTERM, Ctrl-C) stopped it before its budget."""
+    return str((card or {}).get("stop_reason", "")).startswith("signal")
+
+
 def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data: dict) -> dict:
     from ..runconfig import save_config
 
@@ -293,7 +298,7 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
     card = _read_json(out / "run_card.json")
     same = (_read_json(out / "ablate_key.json") or {}).get("key") == key
     # a run stopped by a signal (SIGTERM, Ctrl-C) also writes its card and final/: it resumes, it is not done
-    stopped = str((card or {}).get("stop_reason", "")).startswith("signal")
+    stopped = _stopped_by_signal(card)
     finished = bool(card) and (out / "final" / "config.json").is_file() and not stopped
     if finished and same:
         log.info("ablate: arm %s: pre-training finished before; reusing %s", arm.name, out / "final")
@@ -330,7 +335,7 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
             _write_json(out / "ablate_key.json", {"key": key, "cpu_s": round(time.process_time() - c0, 1)})
         if not card:
             raise BertkitError(f"{out}: pre-training ended without a run card")
-        if str(card.get("stop_reason", "")).startswith("signal"):
+        if _stopped_by_signal(card):
             # the trainer saved a checkpoint and returned: the arm is interrupted (a rerun resumes it),
             # never scored or fine-tuned as if its budget were spent
             log.warning("ablate: arm %s: pre-training stopped by a %s at update %s of its budget; the arm is "
