@@ -152,3 +152,44 @@ def test_the_run_card_says_which_kernel_trained(tmp_path, monkeypatch):
         # autograd) run SDPA's forward either way
         assert any(not g for g in seen)
         assert any(seen) == (kernel == "sdpa"), seen
+
+
+def test_gpu_training_with_a_mask_leaves_out_cudnn_attention():
+    """cuDNN attention's backward returns NaN in dQ at lengths 64 mod 128 with a mask (torch >= 2.11 on
+    H100/H200, pytorch/pytorch#196678): the GPU grid's fine-tuning went NaN the update after every
+    batch padded to 64. Training on a GPU with a mask runs without it; everything else is torch's choice."""
+    from torch.nn.attention import SDPBackend
+    from bertkit.packing import sdpa_backends
+    chosen = sdpa_backends("cuda", masked=True, grad=True)
+    assert SDPBackend.CUDNN_ATTENTION not in chosen and SDPBackend.EFFICIENT_ATTENTION in chosen
+    assert sdpa_backends("cuda", masked=False, grad=True) is None      # flash takes no mask anyway
+    assert sdpa_backends("cuda", masked=True, grad=False) is None      # forward only: cuDNN is right
+    assert sdpa_backends("cpu", masked=True, grad=True) is None
+
+
+@pytest.mark.parametrize("form", ["keys", "alibi"])
+def test_the_kernels_left_after_cudnn_compute_sdpa(form):
+    """The restricted kernel list runs (on this machine's device) and computes what torch's own choice does."""
+    from torch.nn.attention import sdpa_kernel
+    from bertkit.packing import _NOT_CUDNN
+    mask, _ = _masks()[form]
+    q, k, v = _qkv()
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with sdpa_kernel(list(_NOT_CUDNN)):
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_masked_attention_backward_at_length_64_is_finite_on_a_gpu():
+    """The upstream report's inputs (every score ~ -120, so each row's log-sum-exp is below ln(FLT_MAX))
+    at length 64 with an all-True mask: through `attention` every gradient is finite."""
+    import math
+    g = torch.Generator(device="cuda").manual_seed(0)
+    L, Dh = 64, 32
+    q, k, v = (torch.randn(2, 2, L, Dh, device="cuda", generator=g, dtype=torch.bfloat16) * 0.1 for _ in range(3))
+    q[..., 0], k[..., 0] = 1.0, -120 * math.sqrt(Dh)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    mask = torch.ones(L, L, dtype=torch.bool, device="cuda")[None, None]
+    attention(q, k, v, mask).float().backward(torch.randn(2, 2, L, Dh, device="cuda"))
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))

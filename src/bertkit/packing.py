@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 try:  # torch >= 2.10 ships variable-length flash attention
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
@@ -146,6 +147,16 @@ def alibi_bias(slopes: Tensor, T: int, q: Tensor) -> Tensor:
 
 
 KERNELS = ("sdpa", "math")           # what `attention` can compute with
+_NOT_CUDNN = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def sdpa_backends(device_type: str, masked: bool, grad: bool) -> list[SDPBackend] | None:
+    """The SDPA kernels a call may use (None: torch's choice). Training on a GPU with a mask leaves out
+    cuDNN attention: its backward returns NaN in dQ when the length is 64 mod 128 and a row's
+    log-sum-exp falls below ln(FLT_MAX) (pytorch/pytorch#196678, H100/H200, torch >= 2.11). The
+    GPU ablation grid hit it: every fine-tuning loss that went NaN was the update after a batch
+    padded to 64 tokens (docs/REPRODUCTION.md). The memory-efficient kernel takes the same masks."""
+    return list(_NOT_CUDNN) if device_type == "cuda" and masked and grad else None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0,
@@ -159,7 +170,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
     trains faster (docs/pretrain.md); `hardware.attention_kernel` measures which one a run takes. Without autograd
     (evaluation, inference) SDPA's forward is the faster one, so 'math' falls back to it."""
     if kernel != "math" or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        backends = sdpa_backends(q.device.type, mask is not None, torch.is_grad_enabled())
+        if backends is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
     scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5          # (B, H, T, T), fp32
     if is_causal:
         T = q.shape[-2]
