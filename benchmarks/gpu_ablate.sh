@@ -22,6 +22,11 @@
 # goes back after 30 s idle) STAGES=2 with the same GRID_OUT. Keep GRID_OUT outside the repository
 # (default /root/ablate-gpu-10min): a carried .gpu is replaced on every call, a folder outside is kept
 # while the machine is. The shared inputs made here (.gpu/ablate-gpu-10min/shared) are copied in once.
+# ARMS (default: all): a comma-separated subset for both stages (bertkit ablate --arms). Runs do not
+# survive a session and run 3 (benchmarks/results/ablate-gpu-2026-12-04) measured stage 1 at ~520 s for
+# all arms and a fine-tuning run at ~15 s among 16 processes (~330 runs for the whole grid), so a
+# 15-minute session fine-tunes a subset: pre-train and fine-tune e.g.
+# ARMS=base,no_pretraining,mlm_only,mask_100_0_0,mask_0_0_100,ltr,paper_arch,steps_half.
 set -uo pipefail
 FINAL="${OUT:?set OUT}"
 [ -d /opt/torch/.venv/bin ] && export PATH=/opt/torch/.venv/bin:$PATH
@@ -31,6 +36,7 @@ export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 START=$(date +%s); LIMIT=${LIMIT:-520}
 G=${GRID:-configs/ablate/gpu-10min.yaml}; O=${GRID_OUT:-/root/ablate-gpu-10min}; D=${DATA:-.gpu/data}
 PRE_JOBS=${PRE_JOBS:-13}; FT_JOBS=${FT_JOBS:-16}; STAGES=${STAGES:-1 2}
+SEL=(); [ -n "${ARMS:-}" ] && SEL=(--arms "$ARMS")
 if [ ! -d "$O/shared" ] && [ -d .gpu/ablate-gpu-10min/shared ]; then mkdir -p "$O" && cp -r .gpu/ablate-gpu-10min/shared "$O/"; fi
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 t() { echo "[$(date -u +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$FINAL/timeline.txt"; }
@@ -40,13 +46,13 @@ t() { echo "[$(date -u +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$FINAL/t
 t start
 # SIGINT to every job (timeout signals its process group); -k: the parent waits for its children
 if [[ " $STAGES " == *" 1 "* ]]; then
-  timeout -k 20 -s INT $(( $(left) - 45 )) python -m bertkit ablate "$G" --out "$O" --data-dir "$D" --pretrain-only \
+  timeout -k 20 -s INT $(( $(left) - 45 )) python -m bertkit ablate "$G" --out "$O" --data-dir "$D" --pretrain-only "${SEL[@]}" \
     --jobs "$PRE_JOBS" --threads 1 --no-report >> "$FINAL/grid.log" 2>&1; t "pre-training stage exit $?"
 fi
 if [[ " $STAGES " != *" 2 "* ]]; then
   t "fine-tuning stage not asked for (STAGES=$STAGES)"
 elif [ "$(left)" -gt 75 ]; then
-  timeout -k 20 -s INT $(( $(left) - 45 )) python -m bertkit ablate "$G" --out "$O" --data-dir "$D" \
+  timeout -k 20 -s INT $(( $(left) - 45 )) python -m bertkit ablate "$G" --out "$O" --data-dir "$D" "${SEL[@]}" \
     --jobs "$FT_JOBS" --threads 1 --no-report >> "$FINAL/grid.log" 2>&1; t "fine-tuning stage exit $?"
 else
   t "fine-tuning stage skipped: $(left) s left"
