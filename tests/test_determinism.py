@@ -65,6 +65,7 @@ def test_same_command_twice_gives_identical_weights_and_records_its_choices(data
     assert json.loads((ckpt / "trainer.json").read_text())["state"]["choices"] == recorded
     # the measurement behind 'auto' was made once, by the first process, and read by the second
     assert "measured once on this machine" in card["precision_reason"]
+    assert card["deterministic"].startswith("off: the CPU path is deterministic")
     measured = json.loads((Path(machine["BERTKIT_CACHE_DIR"]) / "measurements.json").read_text())
     assert any("bf16 GEMM speedup" in k for k in measured)
 
@@ -176,3 +177,29 @@ def test_precision_is_one_option_on_every_command_that_runs_a_model(minilm, tmp_
         flag = "--train.precision" if command == "pretrain" else "--precision"   # pretrain: flag = YAML key
         option = next(a for a in sub._actions if flag in a.option_strings)
         assert set(option.choices) <= {"auto", "fp32", "bf16", "fp16"} and "auto" in option.choices, command
+
+
+def test_deterministic_on_a_gpu_switches_torchs_deterministic_algorithms(monkeypatch):
+    """train.deterministic / finetune --deterministic: on a GPU torch's deterministic algorithms with
+    cuBLAS's fixed workspace (read when cuBLAS starts, so set first); on the CPU nothing changes."""
+    import torch
+
+    from bertkit.hardware import deterministic
+    calls = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, **kw: calls.append(on))
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert deterministic(torch.device("cpu"), True).startswith("on: the CPU path is deterministic")
+    assert deterministic(torch.device("cuda"), False).startswith("off: GPU atomics")
+    assert calls == [] and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert deterministic(torch.device("cuda"), True) == \
+        "on: torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8"
+    assert calls == [True] and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")
+def test_same_command_twice_on_a_gpu_with_deterministic_gives_identical_weights(data64, machine, tmp_path):
+    for name in ("a", "b"):
+        r = _pretrain(machine, _args(_config(data64, tmp_path / name, **{"train.deterministic": True})))
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert _card(tmp_path / "a")["deterministic"].startswith("on: torch.use_deterministic_algorithms")
+    assert _weights(tmp_path / "a") == _weights(tmp_path / "b")

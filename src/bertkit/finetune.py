@@ -52,7 +52,7 @@ from .checkpoint import build, check_inputs_fit, load_model, read_config, save_m
 from .errors import BertkitError, DivergedError
 from .finetune_card import batch_flops, build_card, eval_flops, write_card
 from .finetune_config import FinetuneConfig
-from .hardware import PRECISION_NAMES, attention_kernel, choose_precision, machine_facts
+from .hardware import PRECISION_NAMES, attention_kernel, choose_precision, deterministic, machine_facts
 from .infer import Predictor
 from .model import set_attention_kernel
 from .optim import build_optimizer, lr_at
@@ -327,6 +327,7 @@ def start_loop(cfg: FinetuneConfig, model: nn.Module, n_train: int, max_length: 
     """The model on the device with the precision and attention kernel chosen for this machine, the
     optimizer, the number of updates; finetune.yaml written, metrics.jsonl started."""
     device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    determinism = deterministic(device, cfg.deterministic)         # before the first GPU matrix product
     model.to(device).train()
     precision, precision_reason = choose_precision(cfg.precision, device, model.config)
     kernel, kernel_reason = attention_kernel(device, precision, model.config, max_length)
@@ -336,7 +337,7 @@ def start_loop(cfg: FinetuneConfig, model: nn.Module, n_train: int, max_length: 
     steps_per_epoch = math.ceil(n_train / cfg.batch_size)
     save_config(cfg, out / "finetune.yaml")
     chosen = {"precision": str(precision).replace("torch.", ""), "precision_reason": precision_reason,
-              "attention_kernel": kernel, "attention_kernel_reason": kernel_reason}
+              "attention_kernel": kernel, "attention_kernel_reason": kernel_reason, "deterministic": determinism}
     return Loop(cfg, model, out, main_metric, optimizer, precision, chosen, steps_per_epoch,
                 max(1, round(steps_per_epoch * cfg.epochs)), MetricsLog(out / "metrics.jsonl"))
 

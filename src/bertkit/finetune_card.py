@@ -91,6 +91,7 @@ def build_card(cfg, task, model, labels, result: dict, command: str, facts: dict
         "precision": result.get("precision", "float32"), "precision_reason": result.get("precision_reason"),
         "attention_kernel": result.get("attention_kernel", "sdpa"),
         "attention_kernel_reason": result.get("attention_kernel_reason"),
+        "deterministic": result.get("deterministic"),
         "data": f"{result['train_file']} ({result['train_examples']} examples), dev {result['dev_file']}",
         "best_step": result["best_step"],
         "final_eval": {k: v for k, v in (result["dev"] or {}).items() if not isinstance(v, dict)},
@@ -131,6 +132,7 @@ def write_card(out: Path, card: dict) -> None:
                           else card["precision"]),
             ("attention kernel (training)", f"{card['attention_kernel']} ({card['attention_kernel_reason']})"
                                             if card.get("attention_kernel_reason") else card["attention_kernel"]),
+            ("deterministic", card.get("deterministic") or "-"),
             ("wall time (s)", card["wall_time_s"])]
     if "null_threshold" in card:
         rows.append(("SQuAD 2.0 null threshold (best F1 on dev, saved)", card["null_threshold"]))

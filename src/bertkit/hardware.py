@@ -374,6 +374,23 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
                    f"(measured once on this machine)"
 
 
+def deterministic(device: torch.device, on: bool) -> str:
+    """Deterministic training on `device`, switched on or off; returns what the run card says. On a GPU
+    `on` calls torch.use_deterministic_algorithms (and fixes cuBLAS's workspace, which it requires):
+    two runs of one command then give the same weights bit for bit, at some cost in speed. Off, the
+    GPU's backward adds with unordered atomics (the embedding gradient, attention's), and two GPU
+    runs differ in the last bits, then more (docs/REPRODUCTION.md, GPU run 3: 0.008 on BLiMP). The
+    CPU path is deterministic for a given number of threads either way. Call it before the first GPU
+    matrix product of the process: cuBLAS reads its workspace setting when it starts."""
+    if device.type != "cuda":
+        return f"{'on' if on else 'off'}: the CPU path is deterministic for a given number of threads either way"
+    if not on:
+        return "off: GPU atomics make two runs differ in the last bits (pretrain --train.deterministic, finetune --deterministic)"
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    return f"on: torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}"
+
+
 PRECISION_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}   # one name everywhere
 
 

@@ -218,6 +218,11 @@ class TrainSection:
     for data under 75% real tokens and a model wider than 128, else padded, as measured; a GPU: packed
     only where varlen flash attention runs it - bf16/fp16 without attention dropout - else padded,
     measured faster; the run card says which and why), 'true', 'false'."""
+    deterministic: bool = False
+    """On a GPU, torch's deterministic algorithms (`hardware.deterministic`): the same command gives the
+    same weights bit for bit, at some cost in speed; an operation with no deterministic GPU version
+    stops the run with torch's error naming it. Off, two GPU runs differ (GPU atomics). The CPU path
+    is deterministic either way."""
     compile: bool = False
     """torch.compile the model."""
     clip_norm: Annotated[float, NON_NEGATIVE] = 1.0

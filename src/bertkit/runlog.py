@@ -244,7 +244,7 @@ def pretrain_card(run: Run, world, stop_reason: str, final_eval: dict | None, co
         "precision": str(run.precision).replace("torch.", ""), "precision_reason": run.precision_reason,
         "packed": run.packed, "packed_reason": run.packed_reason,
         "attention_kernel": run.attention_kernel, "attention_kernel_reason": run.attention_kernel_reason,
-        "world_size": world.world_size, "wall_time_s": round(st.elapsed, 1),
+        "deterministic": run.deterministic, "world_size": world.world_size, "wall_time_s": round(st.elapsed, 1),
         "tokens_per_s": st.tokens / max(st.elapsed, 1e-9), "train_flops": st.flops,
         "achieved_flops_per_s": achieved, "gemm_peak_flops_per_s": peak, "mfu": achieved / peak if peak else None,
         "stop_reason": stop_reason, "data": [p.path for p in ph], "seed": cfg.train.seed,
@@ -281,7 +281,7 @@ def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
                 "reproduce", "choices_changed", "tokens_seen",
                 "optimizer", "peak_lr", "schedule",
                 "precision", "precision_reason", "packed", "packed_reason", "attention_kernel",
-                "attention_kernel_reason", "world_size",
+                "attention_kernel_reason", "deterministic", "world_size",
                 "wall_time_s", "tokens_per_s", "train_flops", "achieved_flops_per_s", "gemm_peak_flops_per_s",
                 "mfu", "stop_reason", "data", "seed"):
         if key in card:

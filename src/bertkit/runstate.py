@@ -102,6 +102,7 @@ class Run:
     packed_reason: str
     attention_kernel: str        # what computes attention while training: 'sdpa' or 'math' (`packing.attention`)
     attention_kernel_reason: str
+    deterministic: str           # `hardware.deterministic`'s account: on / off, and what that means here
     budget: float                # train.budget in seconds; 0: the run is bounded by train.max_steps
     resumed: bool                # restored from a checkpoint
     eval_batches: list[dict]     # this rank's held-out micro-batches, masked once

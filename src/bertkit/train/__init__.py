@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .. import distributed as D
-from ..hardware import PRECISION_NAMES, attention_kernel, choose_precision
+from ..hardware import PRECISION_NAMES, attention_kernel, choose_precision, deterministic
 from ..model import num_parameters, set_attention_kernel
 from ..optim import build_optimizer, lr_at
 from ..packing import varlen_runs
@@ -175,6 +175,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     if out.exists() and not out.is_dir():
         raise RunConfigError(f"out {cfg.out}: a file, not a folder")
     budget = parse_duration(tc.budget, "train.budget") if tc.budget else 0.0
+    determinism = deterministic(world.device, tc.deterministic)     # before the first GPU matrix product
     phases, tokenizer = build_phases(cfg, world)
     ckpt = find_checkpoint(out / "checkpoints") if cfg.resume else None
     if cfg.resume and ckpt is None:
@@ -211,7 +212,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     run = Run(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,
               state=state, phases=phases, tokenizer=tokenizer, precision=precision,
               precision_reason=precision_reason, packed=packed, packed_reason=packed_reason,
-              attention_kernel=kernel, attention_kernel_reason=kernel_reason,
+              attention_kernel=kernel, attention_kernel_reason=kernel_reason, deterministic=determinism,
               budget=budget, resumed=ckpt is not None, eval_batches=eval_batches(cfg, phases[0], world),
               pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"))
     if ckpt is not None:
