@@ -45,8 +45,8 @@ t() { echo "[$(date -u +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$FINAL/t
   echo "commit ${GIT_COMMIT:-unknown}"; date -u; echo "cpus $(nproc)"; } > "$FINAL/machine.txt"
 t start
 # MPS=1: start CUDA's Multi-Process Service first, so the jobs' kernels share the GPU at once instead of
-# taking turns (without it 13 pre-trainings ran at 1.84M tokens/s together against 0.61M for one of
-# three, and a fine-tuning run took 15 s among 16 against 7 s among 3: time-slicing). Not yet tried.
+# taking turns (without it 13 pre-trainings ran at 1.84M tokens/s together, two at 1.22M: 0.61M each;
+# a fine-tuning run took 15 s among 16 against 7 s among 3: time-slicing). Not yet tried.
 if [ "${MPS:-0}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
   mkdir -p /tmp/mps-pipe /tmp/mps-log; nvidia-cuda-mps-control -d && echo "MPS started" >> "$FINAL/machine.txt"
