@@ -302,7 +302,7 @@ def test_an_arm_finished_before_gets_the_mask_figure_on_the_next_run(grid, tmp_p
     outcomes = out / "arms" / "base" / ablate_measure.OUTCOMES
     kept = json.loads(outcomes.read_text())
     outcomes.unlink()
-    cfg = ablate_config.load_ablate_config(path, out=str(out))
+    cfg = ablate_config.load_ablate_config(path, values={"out": str(out)})
     assert ablate.run_grid(cfg, ablate_config.select_arms(cfg, ["base"]))["skipped"] == ["base"]
     assert json.loads(arm_json.read_text())["mlm"] == want
     assert json.loads(outcomes.read_text()) == kept

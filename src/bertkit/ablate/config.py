@@ -143,8 +143,7 @@ def _unknown(key: str, known: Sequence[str], where: str) -> str:
                                                f"; known: {', '.join(known)}")
 
 
-def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str | None = None,
-                       values: dict | None = None) -> AblateConfig:
+def load_ablate_config(path: str | Path, values: dict | None = None) -> AblateConfig:
     """The grid from YAML, then `values` (grid keys given as options) on top. Grid-level mistakes are
     errors now; an arm's mistakes become its failed row."""
     from ..runconfig import read_yaml_mapping
@@ -177,10 +176,6 @@ def load_ablate_config(path: str | Path, out: str | None = None, data_dir: str |
         cfg = AblateConfig(**kw, budget=Budget(**_typed(Budget, budget, "budget.")), source=str(path))
     except BertkitError as e:
         raise BertkitError(f"{path}{' + options' if values else ''}: {e}") from None
-    if out:
-        cfg.out = out
-    if data_dir:
-        cfg.data_dir = data_dir
     cfg.arms = [_read_arm(a, i, str(path)) for i, a in enumerate(arms)]
     _check_grid(cfg)
     return cfg
