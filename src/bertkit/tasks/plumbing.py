@@ -208,16 +208,13 @@ def evaluate(predictor, task: Task, examples: list, features: list, labels, batc
     return task.metrics(predictions, examples), predictions
 
 
-def write_predictions(predictions: dict, path: Path, extra: dict | None = None) -> None:
+def write_predictions(predictions: dict, path: Path) -> None:
     """{id, prediction} JSONL (what `bertkit score` reads); SQuAD 2.0 null odds go next to it
     as <name>_null_odds.json (evaluate-v2.0.py's --na-prob-file)."""
     path = Path(path)
     with open(path, "w", encoding="utf-8") as f:
         for pid, pred in predictions.items():
-            row = {"id": pid, "prediction": pred}
-            if extra and pid in extra:
-                row.update(extra[pid])
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(json.dumps({"id": pid, "prediction": pred}, ensure_ascii=False) + "\n")
     odds = getattr(predictions, "null_odds", None)
     if odds:
         path.with_name(path.stem + "_null_odds.json").write_text(json.dumps(odds) + "\n", encoding="utf-8")
