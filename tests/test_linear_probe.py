@@ -216,36 +216,8 @@ def test_ablate_probe_rows_are_reused_until_the_data_changes(tiny_model, sst_dir
     mtime = (tmp_path / "probe" / "sst2" / "results.json").stat().st_mtime_ns
     assert probe_rows(arm, c, pre, [["model.safetensors", 1, 2]], "x")[0]["value"] == r["value"]
     assert (tmp_path / "probe" / "sst2" / "results.json").stat().st_mtime_ns == mtime          # reused
-    _results_of_version_1_get_their_outcomes(arm, c, pre, tmp_path / "probe" / "sst2")
     c2 = cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=c.out, train_limit=200)
     assert probe_rows(arm, c2, pre, [["model.safetensors", 1, 2]], "x")[0]["train_examples"] == 200   # redone
-
-
-def _results_of_version_1_get_their_outcomes(arm, c, pre, out) -> None:
-    """results.json written before the outcomes were kept (no dev_ids, no outcomes, the key without a
-    version): the next run adds them by one refit per probe at its chosen C, the cross-validation kept;
-    where a refit's dev score differs from the recorded one, the probes run again in full."""
-    import bertkit.linear_probe as lp
-
-    full = json.loads((out / "results.json").read_text())
-    weights = [["model.safetensors", 1, 2]]
-    old = {k: v for k, v in full.items() if k != "dev_ids"}
-    old.update(probes=[{k: v for k, v in p.items() if k != "outcomes"} for p in full["probes"]],
-               ablate_key=lp._ablate_key({k: getattr(c, k) for k in lp.DATA_KEYS}, probe_spec(arm.probe), weights, 1))
-    (out / "results.json").write_text(json.dumps(old))
-    fits = (out / "fits.jsonl").read_text()
-    rows = probe_rows(arm, c, pre, weights, "x")
-    saved = json.loads((out / "results.json").read_text())
-    assert saved["ablate_key"] == full["ablate_key"] and saved["dev_ids"] == full["dev_ids"]
-    assert [p["outcomes"] for p in saved["probes"]] == [p["outcomes"] for p in full["probes"]]
-    assert [p["cv"] for p in saved["probes"]] == [p["cv"] for p in full["probes"]] and saved["outcomes_added"]
-    assert (out / "fits.jsonl").read_text() == fits and [r["value"] for r in rows] == [p["value"] for p in full["probes"]]
-    old["probes"][0]["value"] += 0.01                                  # not what the refit gives: all redone
-    (out / "results.json").write_text(json.dumps(old))
-    probe_rows(arm, c, pre, weights, "x")
-    saved = json.loads((out / "results.json").read_text())
-    assert "outcomes_added" not in saved and saved["probes"][0]["value"] == full["probes"][0]["value"]
-    assert saved["probes"][0]["outcomes"] == full["probes"][0]["outcomes"] and saved["probes"][0]["cv"]
 
 
 def probe_grid() -> str:

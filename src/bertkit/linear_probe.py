@@ -329,19 +329,18 @@ def combinations(head: str, spec: ProbeSpec, config) -> tuple[list[tuple[str, st
 
 
 def fit_probe(X: Tensor, y: np.ndarray, groups: np.ndarray, X_dev: Tensor, spec: ProbeSpec, num_classes: int,
-              score: Callable[[LogReg, np.ndarray, Tensor], float], report: Callable[[dict], None],
-              C: float | None = None) -> dict:
-    """C by k-fold cross-validation (`cross_validate`) unless given, then the refit on every training row
-    and the dev rows' log-probabilities: {C, cv (None when C was given), model, dev_logp, fit_wall_s}.
-    `score(model, held-out rows, their X)` is the task metric."""
+              score: Callable[[LogReg, np.ndarray, Tensor], float], report: Callable[[dict], None]) -> dict:
+    """C by k-fold cross-validation (`cross_validate`), then the refit on every training row and the dev
+    rows' log-probabilities: {C, cv, model, dev_logp, fit_wall_s}. `score(model, held-out rows, their X)`
+    is the task metric."""
     t0 = time.perf_counter()
-    means = cross_validate(X, y, groups, spec, num_classes, score, report) if C is None else None
-    C = choose_c(means) if means is not None else C
+    means = cross_validate(X, y, groups, spec, num_classes, score, report)
+    C = choose_c(means)
     Xt, Xd = standardise(X, X_dev)
     model = fit_logreg(Xt, torch.from_numpy(y).to(Xt.device), num_classes, C, spec.tol, spec.max_iter)
     report({"fold": "all", "C": C, "iterations": model.iterations, "converged": model.converged,
             "grad_max": model.grad_max})
-    return {"C": C, "cv": None if means is None else {f"{c:g}": round(m, 6) for c, m in means.items()},
+    return {"C": C, "cv": {f"{c:g}": round(m, 6) for c, m in means.items()},
             "model": model, "dev_logp": model.log_proba(Xd).cpu().numpy(),
             "fit_wall_s": round(time.perf_counter() - t0, 2)}
 
@@ -392,7 +391,7 @@ def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
 
 
 def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool = False,
-          fits_log: Path | None = None, chosen: dict | None = None) -> dict:
+          fits_log: Path | None = None) -> dict:
     """Probe `cfg.model` on `cfg.task` (`cfg`'s data options; its training options are not used).
 
     Returns {task, model, metric, labels, train_examples, dev_examples, dev_ids, train_rows, dev_rows,
@@ -400,10 +399,7 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
     pooling, metric, value, dev: {<metrics>}, C, cv: {C: mean score}, iterations, converged,
     grad_max, width, fit_wall_s, outcomes: {num, den} per dev example in dev_ids' order (`dev_outcomes`;
     None for a metric that is not a ratio of sums)}]}. `fits_log`: one JSONL line per fit (fold, C,
-    score, iterations). `chosen`: {(features, pooling): C} of an earlier run, refitted at that C without
-    the cross-validation (their `cv` None)."""
-
-
+    score, iterations)."""
     spec = spec or ProbeSpec()
     t0 = time.perf_counter()
     if cfg.threads:
@@ -433,14 +429,12 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
               "max_length": cfg.max_length, "device": str(device), "threads": torch.get_num_threads(),
               "encode_wall_s": round(encode_wall, 2), "probes": []}
     log_file = open(fits_log, "w", encoding="utf-8") if fits_log else None
-    chosen = chosen or {}
-    bar = tqdm(total=sum(1 if pair in chosen else spec.folds * len(spec.C) + 1 for pair in pairs),
+    bar = tqdm(total=len(pairs) * (spec.folds * len(spec.C) + 1),
                desc="probe fits", unit="fit", disable=not progress or None, leave=False)
     try:
         for features, pooling in pairs:
             result["probes"].append(_one_probe(task, labels, train, dev, features, pooling, L, spec, device,
-                                               lambda rec: _fit_done(bar, log_file, features, pooling, rec),
-                                               chosen.get((features, pooling))))
+                                               lambda rec: _fit_done(bar, log_file, features, pooling, rec)))
     finally:
         bar.close()
         if log_file:
@@ -457,7 +451,7 @@ def _fit_done(bar, log_file, features: str, pooling: str | None, rec: dict) -> N
 
 
 def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, features: str, pooling: str | None,
-               num_layers: int, spec: ProbeSpec, device, report: Callable[[dict], None], C: float | None) -> dict:
+               num_layers: int, spec: ProbeSpec, device, report: Callable[[dict], None]) -> dict:
     X = feature_matrix(train.enc, features, pooling, num_layers).to(device)
     X_dev = feature_matrix(dev.enc, features, pooling, num_layers).to(device)
 
@@ -467,7 +461,7 @@ def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, featur
                              model.log_proba(Xh).cpu().numpy(), rows, keep)
         return scores[task.main_metric]
 
-    fit = fit_probe(X, train.enc.labels, train.enc.groups, X_dev, spec, len(labels), score, report, C)
+    fit = fit_probe(X, train.enc.labels, train.enc.groups, X_dev, spec, len(labels), score, report)
     predictions, _ = task_predictions(task, labels, dev.examples, dev.feats, dev.enc, fit["dev_logp"],
                                       np.arange(len(dev.enc.labels)), range(len(dev.examples)))
     scores = task.metrics(predictions, dev.examples)
@@ -486,8 +480,7 @@ def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, featur
 # ---- the probe arms of `bertkit ablate` ---------------------------------------------------------
 RESULTS_VERSION = 2
 """What a probe's results.json holds: 2 = each probe's per-dev-example outcomes (`dev_outcomes`). Part
-of the probe arms' reuse key and of their plan (`ablate.arm.plan_key`): results of version 1 get their
-outcomes by a refit at the C they chose (`_with_outcomes`), others are redone."""
+of the probe arms' reuse key and of their plan (`ablate.arm.plan_key`): results of another version are redone."""
 
 # FinetuneConfig keys that change a probe's numbers (the training options do not apply to it)
 DATA_KEYS = ("task", "model", "data", "train_file", "dev_file", "text_column", "pair_column", "label_column",
@@ -500,8 +493,7 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
 
     Results are kept in fcfg.out (results.json, with each probe's per-dev-example outcomes that the
     report pairs across arms; fits.jsonl) and reused while the data options, the spec, the model's
-    weights (`weights`, ablate's weights_id) and `RESULTS_VERSION` are unchanged (results written before
-    outcomes were kept get them by one refit per probe). Row keys: arm,
+    weights (`weights`, ablate's weights_id) and `RESULTS_VERSION` are unchanged. Row keys: arm,
     setting, task, seed (0: nothing is random), metric, value and best (the dev score of the main
     metric), dev (every dev metric), majority (the dev score of always answering the training
     majority class), probe ('lbfgs'), probe_features, probe_pooling (None for tagging), variant
@@ -513,21 +505,18 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
     out = Path(fcfg.out)
     spec = probe_spec(arm.probe, f"arm {arm.name} probe")
     given = {k: getattr(fcfg, k) for k in DATA_KEYS}
-    key, key_v1 = (_ablate_key(given, spec, weights, v) for v in (RESULTS_VERSION, 1))
+    key = _ablate_key(given, spec, weights)
     try:
         result = json.loads((out / "results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         result = None
     if not (isinstance(result, dict) and result.get("ablate_key") == key):
         out.mkdir(parents=True, exist_ok=True)
-        result = _with_outcomes(fcfg, spec, result) if isinstance(result, dict) and result.get(
-            "ablate_key") == key_v1 else None
-        if result is None:
-            log.info("ablate: arm %s: probing %s (L-BFGS, %d features x poolings)", arm.name, fcfg.task,
-                     len(spec.features) * len(spec.pooling))
-            c0 = time.process_time()
-            result = probe(fcfg, spec, fits_log=out / "fits.jsonl")
-            result["cpu_s"] = round(time.process_time() - c0, 1)
+        log.info("ablate: arm %s: probing %s (L-BFGS, %d features x poolings)", arm.name, fcfg.task,
+                 len(spec.features) * len(spec.pooling))
+        c0 = time.process_time()
+        result = probe(fcfg, spec, fits_log=out / "fits.jsonl")
+        result["cpu_s"] = round(time.process_time() - c0, 1)
         result["ablate_key"] = key
         write_results(out / "results.json", result)
     return [{"arm": arm.name, "setting": setting, "task": fcfg.task, "seed": 0, "metric": p["metric"],
@@ -542,27 +531,10 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
              "run_card": str(out / "results.json"), "status": "ok"} for p in result["probes"]]
 
 
-def _ablate_key(given: dict, spec: ProbeSpec, weights: list, version: int) -> str:
-    """The reuse key of a probe arm's results.json (version 1: as written before RESULTS_VERSION)."""
-    keyed = {"given": given, "spec": vars(spec), "weights": weights, **({"version": version} if version > 1 else {})}
+def _ablate_key(given: dict, spec: ProbeSpec, weights: list) -> str:
+    """The reuse key of a probe arm's results.json."""
+    keyed = {"given": given, "spec": vars(spec), "weights": weights, "version": RESULTS_VERSION}
     return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _with_outcomes(fcfg: "FinetuneConfig", spec: ProbeSpec, earlier: dict) -> dict | None:
-    """Results of version 1 (no per-example outcomes) with them added: each probe refitted at the C its
-    cross-validation chose (the fits are deterministic), the cross-validation not redone; None (probe
-    again in full) when a refit does not give the recorded dev score."""
-    log.info("ablate: %s: adding each dev example's outcome (a refit per probe at the C chosen before)", fcfg.out)
-    c0 = time.process_time()
-    new = probe(fcfg, spec, chosen={(p["features"], p["pooling"]): p["C"] for p in earlier["probes"]})
-    if [(p["features"], p["pooling"], p["value"]) for p in new["probes"]] != \
-            [(p["features"], p["pooling"], p["value"]) for p in earlier["probes"]]:
-        log.warning("ablate: %s: refitted at the chosen C, a probe's dev score differs from the one recorded; "
-                    "probing again in full", fcfg.out)
-        return None
-    return {**earlier, "dev_ids": new["dev_ids"],
-            "probes": [{**p, "outcomes": q["outcomes"]} for p, q in zip(earlier["probes"], new["probes"])],
-            "outcomes_added": {"wall_s": new["wall_s"], "cpu_s": round(time.process_time() - c0, 1)}}
 
 
 def write_results(path: Path, result: dict) -> None:
