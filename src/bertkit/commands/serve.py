@@ -35,10 +35,9 @@ def report_int8(args, predictor) -> dict:
 
 
 # ---- serve ---------------------------------------------------------------------------------------
-# Default token budget of one batching round. On 2 CPU cores with 128 concurrent clients, 2048
-# gave twice the requests/s of 8192 and a p95 of 2.2 s instead of 7.8 s (a round of 8192 tokens
-# takes seconds; requests arriving meanwhile wait for it and then for their own). A GPU round of
-# 8192 tokens takes milliseconds, and larger batches use it better.
+# Default token budget of one batching round: on the CPU a round of 8192 tokens takes seconds, and
+# requests arriving meanwhile wait for it and then for their own (docs/serve-measurements.md: 2048
+# gave twice the requests/s); a GPU round of 8192 takes milliseconds, and larger batches use it better.
 CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 2048, 8192
 
 # ServeConfig fields a checkpoint decides (sentence-transformers pooling), not options

@@ -35,10 +35,8 @@ SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
 TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts
 SETTLE_S = 0.1                           # sleep before each timed run: the last runtime's threads go idle
 # The engine of short batches runs on one thread, and is kept where it is no more than SMALL_TIE slower than
-# PyTorch: a short batch gains little from a second thread (1 x 16 on OpenVINO, 2-vCPU Xeon with AMX: 5.8-8.9
-# ms on one thread, 6.3-8.9 on two), and one thread never waits at a barrier for a core another process
-# holds (beside one busy process: 5.2-9.0 ms on one thread, 8-72 on two; PyTorch on two 24-26 ms against
-# 8-11 quiet). docs/serve-measurements.md, "Short batches on one thread".
+# PyTorch: a short batch gains little from a second thread, and one thread never waits at a barrier for a
+# core another process holds (docs/serve-measurements.md, "Short batches on one thread").
 SMALL_THREADS = 1
 SMALL_TIE = 1.05
 
