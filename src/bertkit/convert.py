@@ -15,7 +15,6 @@ table; Adam's slots and the step counter are left out.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,8 +26,6 @@ from .config import BertConfig, ConfigError
 from .outdir import staged_dir
 from .tfckpt import Checkpoint
 from .tokenizer import Tokenizer, read_vocab
-
-log = logging.getLogger("bertkit")
 
 # the keys of Google's bert_config.json that fix the weights' shapes (the rest have defaults)
 GOOGLE_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import logging
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -14,8 +13,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-
-log = logging.getLogger("bertkit")
 
 
 @dataclass

@@ -27,7 +27,6 @@ where the checkpoint has its weights). `available_poolings` lists what a checkpo
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Sequence
@@ -39,8 +38,6 @@ import torch.nn.functional as F
 from .errors import BertkitError
 from .runconfig import AT_LEAST_1, check_fields
 from .tasks import BadRows, DataError, SkipBadRows, open_text
-
-log = logging.getLogger("bertkit")
 
 POOLINGS = ("mean", "cls", "pooler")
 RETRIEVAL_METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")

@@ -417,11 +417,6 @@ def choose_precision(name: str, device: torch.device, model_cfg, key: str = "pre
     return dtypes[name], f"asked: {key}={name}"
 
 
-def summary() -> str:
-    """One line: the CPU, its bf16/AVX flags and the measured bf16 speed."""
-    return capabilities().summary()
-
-
 def git_commit() -> str:
     """The checkout's short commit (+ 'uncommitted changes'), or the version outside a git checkout: what a
     dated figure names beside the CPU."""

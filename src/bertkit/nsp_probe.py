@@ -29,7 +29,6 @@ report_text(result) -> the table the command prints.
 """
 from __future__ import annotations
 
-import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +45,6 @@ from .data.text import TextCounts, expand_inputs, read_documents
 from .errors import DataError
 from .runconfig import AT_LEAST_1, SEED, THREADS, Rule, check_fields
 from .tokenizer import Tokenizer
-
-log = logging.getLogger("bertkit")
 
 KINDS = ("is_next", "random_document", "same_document")
 NEGATIVES = KINDS[1:]

@@ -9,7 +9,6 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import logging
 import os
 import typing
 from dataclasses import dataclass, field
@@ -19,8 +18,6 @@ from typing import Annotated, Any, Literal, Sequence
 from ..errors import BertkitError
 from ..runconfig import AT_LEAST_1, SEED, THREADS, check_fields, parse_duration
 from ..sources import jsonl_objects
-
-log = logging.getLogger("bertkit")
 
 
 # ---- configuration ------------------------------------------------------------------------------

@@ -2,10 +2,8 @@
 under BERT's mask, and a causal mask changes the contract (`bertkit ablate --contract-test`)."""
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
-log = logging.getLogger("bertkit")
 
 # ---- the paper note's minimal implementation test --------------------------------------------------
 def contract_test(model: str | Path | None = None, seed: int = 0) -> dict:

@@ -32,8 +32,6 @@ from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Checked, Rule
 from .choose import sample_lines
 from .engines import INPUTS, load_session
 
-log = logging.getLogger("bertkit")
-
 
 class ExportError(BertkitError):
     """The export failed or its output disagrees with PyTorch."""

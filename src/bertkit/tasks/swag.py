@@ -11,7 +11,6 @@ the head scores each from its [CLS] vector and a softmax runs over the four. Met
 from __future__ import annotations
 
 import csv
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -19,8 +18,6 @@ from typing import Sequence
 import numpy as np
 
 from . import BadRows, DataError, Task, open_text, predicted, require_examples
-
-log = logging.getLogger("bertkit")
 
 ENDINGS = ("ending0", "ending1", "ending2", "ending3")
 REQUIRED = ("sent1", "sent2", *ENDINGS)
