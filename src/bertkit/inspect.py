@@ -159,14 +159,13 @@ class Trace:
 
 
 @torch.no_grad()
-def trace(encoder: BertModel, ids: list[int], types: list[int], causal: bool | None = None) -> Trace:
+def trace(encoder: BertModel, ids: list[int], types: list[int]) -> Trace:
     """One sequence through the encoder twice: the model's own path (SDPA) and with the attention
-    written out, recording its probabilities; `causal` overrides the attention direction."""
+    written out, recording its probabilities."""
     x = torch.tensor([ids]), torch.tensor([types])
-    with direction(encoder, causal):
-        reference = torch.stack(encoder(*x, all_layers=True))[:, 0]             # (L+1, T, C)
-        with recording(encoder) as probs:
-            states = torch.stack(encoder(*x, all_layers=True))[:, 0]
+    reference = torch.stack(encoder(*x, all_layers=True))[:, 0]                 # (L+1, T, C)
+    with recording(encoder) as probs:
+        states = torch.stack(encoder(*x, all_layers=True))[:, 0]
     p = torch.cat(probs)                                                        # (L, H, T, T)
     return Trace(states, p, float((states - reference).abs().max()), float((p.sum(-1) - 1).abs().max()))
 
