@@ -327,7 +327,6 @@ def combinations(head: str, spec: ProbeSpec, config) -> tuple[list[tuple[str, st
     return pairs, skipped
 
 
-
 def fit_probe(X: Tensor, y: np.ndarray, groups: np.ndarray, X_dev: Tensor, spec: ProbeSpec, num_classes: int,
               score: Callable[[LogReg, np.ndarray, Tensor], float], report: Callable[[dict], None]) -> dict:
     """C by k-fold cross-validation (`cross_validate`), then the refit on every training row and the dev

@@ -21,7 +21,6 @@ from typing import Annotated, Any, Callable, Literal
 from .errors import BertkitError
 
 
-
 class RunConfigError(BertkitError, ValueError):
     """A configuration file or override is wrong; the message names the key."""
 

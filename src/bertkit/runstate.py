@@ -130,7 +130,6 @@ class Step:
     flops: float
 
 
-
 # ---- state as tensors + JSON ---------------------------------------------------------------------
 def _encode(obj, tensors: dict[str, torch.Tensor]):
     """A JSON-able tree of `obj`; tensors (and numpy arrays) go into `tensors` under t0, t1, ..."""

@@ -10,7 +10,6 @@ from ..errors import BertkitError
 from .predict import column_options
 
 
-
 # ---- finetune -----------------------------------------------------------------------------------
 def setup_finetune(p: argparse.ArgumentParser) -> None:
     """Every option is a FinetuneConfig field of the same name (`bertkit.cliconfig`): the flag, the

@@ -470,6 +470,5 @@ class Predictor:
                  **({"null_odds": preds.null_odds[ex.id]} if ex.id in preds.null_odds else {})} for ex in examples]
 
 
-
 def _rows(encodings: Sequence[Encoding]) -> list[tuple[list[int], list[int]]]:
     return [(e.input_ids, e.token_type_ids) for e in encodings]
