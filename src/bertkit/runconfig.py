@@ -207,7 +207,7 @@ class TrainSection:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """'auto' (bf16 autocast on a GPU with bf16, and on a CPU where a bf16 GEMM is measured faster than
     fp32: AMX, AVX512-BF16, measured once per machine; else fp32; a resumed run keeps the precision it ran
-    in), 'fp32', 'bf16' or 'fp16' (GPU, with a scaler). Weights stay fp32. Also --precision."""
+    in), 'fp32', 'bf16' or 'fp16' (GPU, with a scaler). Weights stay fp32."""
     attention: Literal["auto", "sdpa", "math"] = "auto"
     """What computes attention while training: 'sdpa' (torch's scaled_dot_product_attention), 'math'
     (the formula written out, `packing.attention`) or 'auto' (SDPA, except on a CPU where the formula is
