@@ -500,14 +500,14 @@ def test_masking_column_never_prints_minus_zero():
 
 
 def test_rewording_a_setting_reruns_nothing_but_a_changed_override_does(tmp_path):
-    """The plan key holds what decides an arm's numbers; the `setting` text is a label. Arms finished
-    under the older key (label included) still count as finished after the label is reworded."""
+    """The plan key holds what decides an arm's numbers; the `setting` text is a label: an arm finished
+    still counts as finished after its label is reworded."""
     arm = ablate.Arm(name="m", setting="masking 80/0/20", pretrain={"data": {"mask_token_fraction": 0.8}})
     cfg = ablate_config.AblateConfig(out=str(tmp_path), tasks={"sst2": {}}, source="g.yaml", arms=[arm])
     d = tmp_path / "arms" / "m"
     d.mkdir(parents=True)
-    legacy = ablate.arm._labelled_plan_key(cfg, arm, "masking 80/0/20")
-    (d / "arm.json").write_text(json.dumps({"status": "done", "setting": "masking 80/0/20", "plan": legacy}))
+    (d / "arm.json").write_text(json.dumps({"status": "done", "setting": "masking 80/0/20",
+                                            "plan": ablate.plan_key(cfg, arm)}))
     reworded = ablate.Arm(name="m", setting="[MASK]/random/kept 80/0/20", pretrain=arm.pretrain)
     cfg.arms = [reworded]
     assert ablate.finished(cfg, reworded)

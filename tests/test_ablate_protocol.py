@@ -285,8 +285,8 @@ def test_the_probe_table_has_paired_deltas_against_the_base_models_probes(tmp_pa
     alone = [r for r in rows if r["arm"] == "probe_mlm_only"]
     assert "| task | features | probe_mlm_only (mlm_only) | majority |" in probe_section(cfg, alone)
     # probe arms finished before their results kept outcomes are redone on the next run
-    assert ablate.arm._plan(cfg, arms[3], False)["probe_results"] >= 2
-    assert "probe_results" not in ablate.arm._plan(cfg, arms[0], False)
+    assert ablate.arm._plan(cfg, arms[3])["probe_results"] >= 2
+    assert "probe_results" not in ablate.arm._plan(cfg, arms[0])
 
 
 def test_an_arm_finished_before_gets_the_mask_figure_on_the_next_run(grid, tmp_path):

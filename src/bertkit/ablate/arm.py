@@ -171,8 +171,7 @@ def finished(cfg: AblateConfig, arm: Arm, pretrain_only: bool = False) -> bool:
     redone); with pretrain_only, an arm pre-trained and scored under the current plan counts too."""
     info = _read_json(Path(cfg.out) / "arms" / arm.name / "arm.json") or {}
     ok = ("done", "pretrained") if pretrain_only else ("done",)
-    if info.get("status") not in ok or info.get("plan") not in (plan_key(cfg, arm),
-                                                                _labelled_plan_key(cfg, arm, info.get("setting"))):
+    if info.get("status") not in ok or info.get("plan") != plan_key(cfg, arm):
         return False
     return arm.model_from is None or weights_id(Path(info.get("model", ""))) == info.get("weights")
 
@@ -181,20 +180,15 @@ def plan_key(cfg: AblateConfig, arm: Arm) -> str:
     """Everything that decides an arm's numbers (a finished arm with another plan is rerun). Fields at
     their defaults are left out, so a later version that adds an arm field keeps finished arms; the
     `setting` text is a label, so rewording it reruns nothing."""
-    return _key(_plan(cfg, arm, label=False))
+    return _key(_plan(cfg, arm))
 
 
-def _labelled_plan_key(cfg: AblateConfig, arm: Arm, setting: str | None) -> str:
-    """The plan key of an arm finished before labels were left out, with the label it ran under."""
-    return _key(_plan(cfg, dataclasses.replace(arm, setting=setting or ""), label=True))
-
-
-def _plan(cfg: AblateConfig, arm: Arm, label: bool) -> dict:
-    return {"arm": _given(arm, label), "base": [cfg.corpus, cfg.eval_documents, cfg.split_seed,
+def _plan(cfg: AblateConfig, arm: Arm) -> dict:
+    return {"arm": _given(arm), "base": [cfg.corpus, cfg.eval_documents, cfg.split_seed,
             cfg.tokenizer, cfg.prepare, cfg.pretrain, cfg.finetune, cfg.tasks, cfg.seeds,
             dataclasses.asdict(cfg.budget), cfg.mlm_eval_instances]
             + ([cfg.blimp] if cfg.blimp else []),
-            "source": [_given(a, label) for a in cfg.arms if a.name == arm.model_from],
+            "source": [_given(a) for a in cfg.arms if a.name == arm.model_from],
             **_protocol_plan(cfg, arm), **_probe_plan(arm)}
 
 
@@ -224,10 +218,10 @@ def _protocol_plan(cfg: AblateConfig, arm: Arm) -> dict:
     return out
 
 
-def _given(arm: Arm, label: bool = False) -> dict:
+def _given(arm: Arm) -> dict:
     defaults = Arm(name=arm.name)
     return {k: v for k, v in dataclasses.asdict(arm).items()
-            if (v != getattr(defaults, k) or k == "name") and (label or k != "setting")}
+            if (v != getattr(defaults, k) or k == "name") and k != "setting"}
 
 
 def one_line(e: BaseException) -> str:
