@@ -289,26 +289,6 @@ def test_the_probe_table_has_paired_deltas_against_the_base_models_probes(tmp_pa
     assert "probe_results" not in ablate.arm._plan(cfg, arms[0])
 
 
-def test_an_arm_finished_before_gets_the_mask_figure_on_the_next_run(grid, tmp_path):
-    import shutil
-    path, _ = grid
-    out = tmp_path / "out"
-    shutil.copytree(path.parent / "out", out)
-    arm_json = out / "arms" / "base" / "arm.json"
-    state = json.loads(arm_json.read_text())
-    want = state["mlm"]
-    state["mlm"] = {k: v for k, v in want.items() if k in ("accuracy", "loss", "predictions", "instances", "protocol")}
-    arm_json.write_text(json.dumps(state))
-    outcomes = out / "arms" / "base" / ablate_measure.OUTCOMES
-    kept = json.loads(outcomes.read_text())
-    outcomes.unlink()
-    cfg = ablate_config.load_ablate_config(path, values={"out": str(out)})
-    assert ablate.run_grid(cfg, ablate_config.select_arms(cfg, ["base"]))["skipped"] == ["base"]
-    assert json.loads(arm_json.read_text())["mlm"] == want
-    assert json.loads(outcomes.read_text()) == kept
-    assert {r["mlm_accuracy_mask"] for r in rows_of(out / "arms" / "base" / "results.jsonl")} == {want["accuracy_mask"]}
-
-
 # ---- collapsed seeds ------------------------------------------------------------------------------
 def test_collapsed_seeds_are_recorded_and_counted(grid):
     from bertkit.finetune import predicted_counts

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import BertkitError
-from .arm import RunOptions, _now, _write_rows, finetune_config, finished, one_line, pretrain_config, run_arm
-from .config import AblateConfig, Arm, _read_json, _read_rows, _write_json, describe, flatten, lr_search_of, merge
-from .measure import OUTCOMES, budget_info, heldout_mlm, weights_id
+from .arm import RunOptions, _now, finetune_config, finished, one_line, pretrain_config, run_arm
+from .config import AblateConfig, Arm, _read_json, describe, flatten, lr_search_of, merge
+from .measure import budget_info
 from .shared import Shared
 
 log = logging.getLogger("bertkit")
@@ -131,7 +131,6 @@ def _run_arms(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
             d = Path(cfg.out) / "arms" / arm.name
             if finished(cfg, arm, opts.pretrain_only):
                 log.info("ablate: arm %s finished before; skipped", arm.name)
-                _add_mask_accuracy(d, cfg, shared)
                 skipped.append(arm.name)
             elif arm.model_from and _claimed(Path(cfg.out) / "arms" / arm.model_from):
                 continue                                   # its model is still being trained elsewhere
@@ -154,30 +153,6 @@ def _run_arms(cfg: AblateConfig, arms: list[Arm], shared: Shared, opts: RunOptio
     return {"ran": [s["name"] for s in ran],
             "failed": [s["name"] for s in ran if s["status"] not in ("done", "pretrained")],
             "skipped": skipped, "elsewhere": elsewhere, "wall_s": round(time.time() - t0, 1)}
-
-
-def _add_mask_accuracy(d: Path, cfg: AblateConfig, shared: Shared) -> None:
-    """An arm finished before held-out MLM was scored at [MASK] positions, or before its per-sequence
-    outcomes were kept (the paired difference from the base needs them), gets them now (a minute, on the
-    model it holds; nothing else of it changes), so a resumed grid's report has them for every arm."""
-    state = _read_json(d / "arm.json") or {}
-    model, pre = Path(state.get("model") or ""), state.get("pretrain") or {}
-    if pre.get("model_from") and not pre.get("checkpoint"):
-        return                                         # a probe arm: the source's row holds its model's figures
-    if not isinstance(state.get("mlm"), dict) or not (model / "config.json").is_file() or (
-            "accuracy_mask" in state["mlm"]
-            and (_read_json(d / OUTCOMES) or {}).get("weights") == weights_id(model)):
-        return
-    try:
-        state["mlm"] = heldout_mlm(cfg, shared, model, d)
-    except Exception as e:  # noqa: BLE001 - the arm stays as it was
-        log.warning("ablate: arm %s: held-out MLM at [MASK] not added: %s", state.get("name"), one_line(e))
-        return
-    rows = _read_rows(d / "results.jsonl")
-    _write_rows(d / "results.jsonl", [{**r, "mlm_accuracy_mask": state["mlm"]["accuracy_mask"]} for r in rows])
-    _write_json(d / "arm.json", state)
-    log.info("ablate: arm %s: held-out MLM accuracy at [MASK] %.4f added", state.get("name"),
-             state["mlm"]["accuracy_mask"])
 
 
 def _one_arm(cfg, arm, shared, opts, ran, k, total, t0, left) -> None:
