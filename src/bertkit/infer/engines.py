@@ -233,27 +233,17 @@ def load_runner(name: str, graph: bytes, threads: int, precision: str | None = N
     return OnnxRuntimeGraph(graph, threads)
 
 
-def length_buckets(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
-    """Indices sorted by length (longest first), cut into batches of <= batch_size items and,
-    when given, <= max_tokens real tokens (a single longer input still gets its own batch)."""
+def length_buckets(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices sorted by length (longest first), cut into batches of <= batch_size items."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches, cur, tokens = [], [], 0
-    for i in order:
-        if cur and (len(cur) >= batch_size or (max_tokens and tokens + lengths[i] > max_tokens)):
-            batches.append(cur)
-            cur, tokens = [], 0
-        cur.append(i)
-        tokens += lengths[i]
-    if cur:
-        batches.append(cur)
-    return batches
+    return [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
 
 
-def make_batches(rows: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int, max_tokens: int | None,
+def make_batches(rows: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int,
                  device: torch.device) -> list[Batch]:
     """Length-sorted, packed batches of (input_ids, token_type_ids) rows on `device` (not yet run)."""
     out = []
-    for idx in length_buckets([len(r[0]) for r in rows], batch_size, max_tokens):
+    for idx in length_buckets([len(r[0]) for r in rows], batch_size):
         tensors, p = pack_rows([rows[i] for i in idx])
         if device.type != "cpu":
             tensors, p = {k: v.to(device) for k, v in tensors.items()}, packed_to(p, device)

@@ -210,10 +210,9 @@ class Predictor:
         limit = min(max_length or self.max_length, self.max_length)
         return self.tokenizer.encode_batch(list(texts), list(pairs) if pairs is not None else None, limit)
 
-    def batches(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32,
-                max_tokens: int | None = None) -> list[Batch]:
+    def batches(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32) -> list[Batch]:
         """Length-sorted, packed batches of (input_ids, token_type_ids) rows (not yet run)."""
-        return make_batches(rows, batch_size, max_tokens, self.device)
+        return make_batches(rows, batch_size, self.device)
 
     def hidden(self, b: Batch) -> Tensor:
         """(N, C) last-layer states of a packed batch."""
@@ -253,11 +252,11 @@ class Predictor:
         return list(zip(*cols))
 
     def _run(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], fn: Callable[[Batch], list],
-             batch_size: int = 32, max_tokens: int | None = None, desc: str | None = None) -> list:
+             batch_size: int = 32, desc: str | None = None) -> list:
         """fn(batch) -> one result per row of the batch; returns results in input order (`desc`:
         a progress bar of that name on a terminal)."""
         results: list = [None] * len(rows)
-        batches = self.batches(rows, batch_size, max_tokens)
+        batches = self.batches(rows, batch_size)
         if desc:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc=desc, disable=None, leave=False)
