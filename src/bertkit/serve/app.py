@@ -17,7 +17,7 @@ from .api import (Api, Batcher, ClassifyRequest, ClassifyResponse, EmbedRequest,
                   FillMaskResponse, LimitError, NerRequest, NerResponse, Plan, QaRequest, QaResponse, add_post,
                   texts_and_pairs, validate, vectors)
 from .compat import add_compat_routes
-from .http import Guard, GuardConfig, Heap, Metrics, ServeConfig, error_payload, guarded_protocol
+from .http import Guard, Heap, Metrics, ServeConfig, error_payload, guarded_protocol
 from .inspect import add_inspect_route
 
 log = logging.getLogger("bertkit")
@@ -40,7 +40,7 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
     add_task_routes(app, api)
     add_compat_routes(app, api)
     add_inspect_route(app, api)
-    guarded = Guard(app, GuardConfig(cfg.max_body_bytes, cfg.body_timeout_s, cfg.api_key), metrics.request,
+    guarded = Guard(app, cfg, metrics.request,
                     headers={"X-Bertkit-Precision": str(predictor.precision)})   # which precision made a vector
     guarded.fastapi = app
     add_service_routes(app, api, metrics, guarded)

@@ -187,13 +187,6 @@ def dump_json(value: Any) -> bytes:
 
 
 # ---- the ASGI guard -------------------------------------------------------------------------------
-@dataclass
-class GuardConfig:
-    max_body_bytes: int
-    body_timeout_s: float
-    api_key: str | None = None
-
-
 async def send_json(send, status: int, payload: dict, close: bool = False, headers: list | None = None) -> None:
     body = dump_json(payload)
     h = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())] + (headers or [])
@@ -215,11 +208,11 @@ def error_payload(path: str, status: int, message: str) -> dict:
 
 class Guard:
     """ASGI middleware: the API key, then the whole request body read under a size limit and a
-    deadline before the app sees it; the app's uncaught errors become 500 (the server keeps
-    serving). `observe(path, status, seconds)` is called once per request. `headers` go on every
-    response (the precision that computed it: X-Bertkit-Precision)."""
+    deadline (`cfg`'s api_key, max_body_bytes, body_timeout_s) before the app sees it; the app's
+    uncaught errors become 500 (the server keeps serving). `observe(path, status, seconds)` is called
+    once per request. `headers` go on every response (the precision that computed it: X-Bertkit-Precision)."""
 
-    def __init__(self, app, cfg: GuardConfig, observe: Callable[[str, int, float], None],
+    def __init__(self, app, cfg: ServeConfig, observe: Callable[[str, int, float], None],
                  headers: dict[str, str] | None = None):
         self.app, self.cfg, self.observe = app, cfg, observe
         self.extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
