@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from .inspect import InspectError, tiny as _tiny
+from .outdir import write_whole
 
 MODE_TITLES = {"bidirectional": "bidirectional mask (BERT's)", "causal": "causal mask"}
 
@@ -215,11 +216,8 @@ def write_report(r: dict, out: str | Path) -> Path:
     meta = facts()
     paths = figures(r, out, meta)
     (out / "report.json").write_text(json.dumps({**r, "run": meta}, indent=1) + "\n", encoding="utf-8")
-    page = out / "report.html"
-    tmp = out / ".report.html.tmp"
-    tmp.write_text(page_html(r, paths, meta), encoding="utf-8")
-    tmp.replace(page)
-    return page
+    write_whole(out / "report.html", page_html(r, paths, meta))
+    return out / "report.html"
 
 
 def page_html(r: dict, paths: dict[str, Path], meta: dict) -> str:

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from .checkpoint import load_model
 from .errors import BertkitError
 from .model import pool_tokens
+from .outdir import write_whole
 from .packing import pack
 from .probe import POOLINGS, check_pooling, probe_layers
 from .tasks import collate
@@ -539,9 +540,7 @@ def _ablate_key(given: dict, spec: ProbeSpec, weights: list) -> str:
 def write_results(path: Path, result: dict) -> None:
     """results.json, written whole (a temporary file renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(results_json(result) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_whole(path, results_json(result) + "\n")
 
 
 def results_json(result: dict) -> str:

@@ -98,6 +98,14 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+def write_whole(path: Path, text: str) -> None:
+    """`text` as the file `path`, whole or not at all: written under a temporary name of this process
+    beside it, then renamed over it (a reader never sees half a file; two writers: the last wins)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def mark_incomplete(config: dict, why: str) -> dict:
     """config.json keys for a checkpoint saved into a staging folder."""
     return {**config, INCOMPLETE_KEY: why}

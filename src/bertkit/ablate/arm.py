@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from ..errors import BertkitError, DivergedError
+from ..outdir import write_whole
 from ..runconfig import AT_LEAST_1, Checked
 from .config import AblateConfig, Arm, _key, _read_json, _write_json, describe, lr_search_of, merge
 from .measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm, weights_id
@@ -486,6 +487,4 @@ def _finetune_one(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
+    write_whole(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))

@@ -9,13 +9,13 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Sequence
 
 from ..errors import BertkitError
+from ..outdir import write_whole
 from ..runconfig import AT_LEAST_1, SEED, THREADS, check_fields, parse_duration
 from ..sources import jsonl_objects
 
@@ -364,9 +364,7 @@ def _key(obj: Any) -> str:
 
 def _write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_whole(path, json.dumps(obj, indent=1, default=str) + "\n")
 
 
 def _read_json(path: Path) -> Any:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Sequence
 
+from ..outdir import write_whole
 from .arm import _write_rows, finished, probe_dir
 from .cards import as_trained_section, checklist_section
 from .config import AblateConfig, _read_json, _read_rows, describe
@@ -170,9 +170,7 @@ def write_report(cfg: AblateConfig, command: str = "") -> Path:
               "gpu": hw.get("gpu"), "torch": hw.get("torch"), "threads": cfg.threads or hw.get("torch_threads")}
     plots = write_plots(cfg, states, rows, summarize(cfg, rows)[0], out / "plots", header)
     text = report_markdown(cfg, states, rows, header, command, plots)
-    tmp = out / f".REPORT.md.{os.getpid()}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out / "REPORT.md")
+    write_whole(out / "REPORT.md", text)
     log.info("ablate: report %s (%d of %d arms finished, %d more pre-trained and scored)", out / "REPORT.md",
              sum(s["status"] == "done" for s in states), len(states), sum(s["status"] == "pretrained" for s in states))
     return out / "REPORT.md"

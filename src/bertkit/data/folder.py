@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ..errors import BertkitError
+from ..outdir import write_whole
 from ..tokenizer import Tokenizer
 from .masking import TokenInfo
 from .pretraining import FORMAT_VERSION, shard_name
@@ -34,9 +35,7 @@ EVAL_DIR = "eval"
 def write_meta(out: Path, meta: dict, num_shards: int, shard_index: int) -> None:
     """The completion mark: meta.json (machine I of N: its own part), written aside and renamed."""
     name = "meta.json" if num_shards == 1 else f"meta-{shard_index:05d}-of-{num_shards:05d}.json"
-    tmp = out / f".{name}.tmp"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, out / name)
+    write_whole(out / name, json.dumps(meta, indent=1) + "\n")
 
 
 def check_existing(out: Path, tok_hash: str, overwrite: bool) -> None:
