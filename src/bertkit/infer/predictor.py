@@ -261,8 +261,8 @@ class Predictor:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc=desc, disable=None, leave=False)
         for b in batches:
-            short = self.small is not None and self.small.takes(b.packed)     # its pooling and head on its threads
-            with torch.inference_mode(), torch_threads(self.small.threads if short else None):
+            engine = self.small if self.small is not None and self.small.takes(b.packed) else self.engine
+            with torch.inference_mode(), torch_threads(getattr(engine, "threads", None)):   # pooling, head: its threads
                 for i, r in zip(b.index, fn(b)):
                     results[i] = r
         return results
