@@ -169,6 +169,7 @@ class GraphEngine:
 
     def describe(self) -> dict:
         return {"engine": self.name, "precision": self.precision, "threads": self.threads,
+                "runtime_threads": getattr(self.runner, "threads", None),
                 "max_tokens": self.max_tokens, "latency_ms": self.latency_ms, "agreement": self.agreement}
 
 
@@ -191,7 +192,8 @@ class OnnxRuntimeGraph:
 
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads, so.inter_op_num_threads = max(1, threads), 1
+        self.threads = max(1, threads)
+        so.intra_op_num_threads, so.inter_op_num_threads = self.threads, 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
 
@@ -210,7 +212,8 @@ class OpenVINOGraph:
         import openvino as ov
 
         core = ov.Core()
-        config: dict = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": max(1, threads)}
+        self.threads = max(1, threads)
+        config: dict = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": self.threads}
         if precision:
             config["INFERENCE_PRECISION_HINT"] = {"float32": "f32", "bfloat16": "bf16"}[precision]
         self.compiled = core.compile_model(core.read_model(io.BytesIO(graph)), "CPU", config)
