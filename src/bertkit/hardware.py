@@ -385,7 +385,8 @@ def deterministic(device: torch.device, on: bool) -> str:
     if device.type != "cuda":
         return f"{'on' if on else 'off'}: the CPU path is deterministic for a given number of threads either way"
     if not on:
-        return "off: GPU atomics make two runs differ in the last bits (pretrain --train.deterministic, finetune --deterministic)"
+        return ("off: GPU atomics make two runs differ in the last bits (pretrain --train.deterministic, "
+                "finetune --deterministic)")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     return f"on: torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}"

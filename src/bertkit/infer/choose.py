@@ -315,8 +315,9 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
     c = p.config
     name = (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
             f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {p.precision} "
-            f"[{' '.join(f'{k}:{v.precision}' for k, v in agreeing.items())}] settled t{SMALL_THREADS}-t{torch.get_num_threads()}")
-    timed: dict = {}    # settled t1: timed with SETTLE_S, the engines on one thread (older decisions are not reused)
+            f"[{' '.join(f'{k}:{v.precision}' for k, v in agreeing.items())}] "
+            f"settled t{SMALL_THREADS}-t{torch.get_num_threads()}")
+    timed: dict = {}    # settled t1-tN: timed with SETTLE_S, the runtimes on one thread and on torch's N (`_wider`)
 
     def decide() -> dict:
         loaded = hardware.busy()
@@ -373,8 +374,8 @@ def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngi
         if t > SMALL_TIE * t_torch:
             break
         chosen.max_tokens = n
-    n = getattr(chosen.runner, "threads", 1)
-    on = "one thread" if n == 1 else f"{n} threads: {wide[f'{best} x{n}']:.2f} ms"
+    k = getattr(chosen.runner, "threads", 1)
+    on = "one thread" if k == 1 else f"{k} threads: {wide[f'{best} x{k}']:.2f} ms"
     return chosen, (f"{best} ({chosen.precision}, {on}) as fast as PyTorch or faster up to {chosen.max_tokens} "
                     f"tokens here ({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]})")
 
