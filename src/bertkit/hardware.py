@@ -379,7 +379,7 @@ def deterministic(device: torch.device, on: bool) -> str:
     `on` calls torch.use_deterministic_algorithms (and fixes cuBLAS's workspace, which it requires):
     two runs of one command then give the same weights bit for bit, at some cost in speed. Off, the
     GPU's backward adds with unordered atomics (the embedding gradient, attention's), and two GPU
-    runs differ in the last bits, then more (docs/REPRODUCTION.md, GPU run 3: 0.008 on BLiMP). The
+    runs differ in the last bits, then more (measured: docs/REPRODUCTION.md, the GPU grid). The
     CPU path is deterministic for a given number of threads either way. Call it before the first GPU
     matrix product of the process: cuBLAS reads its workspace setting when it starts."""
     if device.type != "cuda":

@@ -38,9 +38,8 @@ TIMING_ROUNDS = 7                        # interleaved rounds per length; the fa
 SETTLE_S = 0.1                           # sleep before each timed run: the last runtime's threads go idle
 # The engine of short batches runs its PyTorch part on one thread, and its runtime on one thread unless
 # torch's threads time more than SMALL_TIE faster at load (`_wider`): one thread never waits at a barrier for
-# a core another process holds, and on a Xeon with AMX a second gained nothing; on Zen 4 OpenVINO answers
-# 1 x 16 in ~2.3-2.8 ms on two against 3.8-4.0 on one (docs/serve-measurements.md). It is kept where it is
-# no more than SMALL_TIE slower than PyTorch.
+# a core another process holds; a second gained nothing on a Xeon with AMX and much on Zen 4
+# (docs/serve-measurements.md). It is kept where it is no more than SMALL_TIE slower than PyTorch.
 SMALL_THREADS = 1
 SMALL_TIE = 1.05
 
@@ -120,7 +119,7 @@ def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
     g, fp32 = graph.encoder_graph(p.encoder), p.model
     name = dtype_name(dtype) if dtype is not None else None
     # its PyTorch part (the embedding lookup) on one thread: two would leave an OpenMP worker spinning on
-    # the core OpenVINO is about to use (1 x 16 on Zen 4: 3.6 ms against OpenVINO's own 2.2; 2.3 on one)
+    # the core OpenVINO is about to use (docs/serve-measurements.md, Zen 4)
     run = lambda precision: GraphEngine(OpenVINOGraph(g, threads or torch.get_num_threads(), precision),  # noqa: E731
                                         "openvino", p.encoder, sys.maxsize, threads=1)
     p.engine = run(name)
