@@ -80,6 +80,37 @@ def test_math_kernel_dropout_drops_and_scales():
     assert abs(y.mean().item() - 1.0) < 0.1
 
 
+@pytest.mark.parametrize("form", list(_masks()))
+@pytest.mark.parametrize("chunk", [1, 1 << 30])          # one sequence at a time / all at once
+def test_chunked_kernel_equals_sdpa_without_autograd(form, chunk, monkeypatch):
+    from bertkit import packing
+
+    monkeypatch.setattr(packing, "CHUNK_SCORE_BYTES", chunk)
+    mask, causal = _masks()[form]
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    q, k, v = (t.detach().transpose(1, 2).contiguous().transpose(1, 2) for t in _qkv())   # the projections' strides
+    with torch.inference_mode():
+        want = attention(q, k, v, mask, is_causal=causal)
+        got = attention(q, k, v, mask, is_causal=causal, kernel="chunked")
+    assert calls == [1]                                  # SDPA once, for `want`
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert got.transpose(1, 2).is_contiguous()          # (B, T, H, D): tokens without a copy
+    qg, kg, vg = _qkv()                                  # while autograd records: the 'math' formula, differentiable
+    attention(qg, kg, vg, mask, is_causal=causal, kernel="chunked").sum().backward()
+    assert qg.grad is not None and calls == [1]
+
+
+def test_chunked_kernel_in_bf16_keeps_fp32_softmax_accuracy():
+    q, k, v = (t.detach() for t in _qkv())
+    exact = attention(q, k, v)
+    with torch.inference_mode():
+        err = {kernel: float((attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), kernel=kernel).float()
+                              - exact).abs().max()) for kernel in ("sdpa", "chunked")}
+    assert err["chunked"] <= 2 * err["sdpa"] + 1e-3, err
+
+
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_a_model_trains_the_same_through_either_kernel(layout):
     """The encoder's loss and gradients with every layer on 'math' equal SDPA's (fp32), in the

@@ -506,6 +506,30 @@ def test_predictor_prepacks_on_cpu_only_when_it_applies(minilm_default, monkeypa
         minilm_default.compile()
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_predictor_takes_the_chunked_attention_kernel_where_it_times_faster(monkeypatch, precision):
+    """choose.choose_attention: the kernel timed faster for the model's heads is set on every layer
+    (the prepacked ones too) before the fp32 check; the embeddings agree with SDPA's."""
+    from bertkit import hardware
+
+    speed = {}
+    monkeypatch.setattr(hardware, "attention_forward_speedup", lambda h, d, t, dtype: speed.setdefault(dtype, 2.0))
+    fast = Predictor.from_dir(minilm_dir(), device="cpu", precision=precision)
+    assert fast.attention_kernel == "chunked" and "2x SDPA's forward" in fast.attention_reason
+    layers = [m for m in fast.model.modules() if hasattr(m, "kernel")]
+    assert len(layers) == fast.config.num_layers and {m.kernel for m in layers} == {"chunked"}
+    assert fast.describe()["attention"]["kernel"] == "chunked"
+    assert list(speed) == [{"fp32": torch.float32, "bf16": torch.bfloat16}[precision]]
+    monkeypatch.setattr(hardware, "attention_forward_speedup", lambda *a: 1.0)
+    plain = Predictor.from_dir(minilm_dir(), device="cpu", precision=precision)
+    assert plain.attention_kernel == "sdpa" and {m.kernel for m in plain.model.modules() if hasattr(m, "kernel")} == {"sdpa"}
+    texts = TEXTS + [" ".join(TEXTS)]                    # a length group of its own: a masked padded call
+    if precision == "fp32":
+        assert_fp32_close(fast.embed(texts), plain.embed(texts), plain.config, "chunked vs SDPA attention")
+    else:
+        assert _cosines(fast.embed(texts), plain.embed(texts)).min() >= 0.9999
+
+
 # ---- precision: bf16 where it is faster and accurate, fp32 elsewhere --------------------------
 def _cosines(a, b):
     return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))

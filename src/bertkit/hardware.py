@@ -374,6 +374,28 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
                    f"(measured once on this machine)"
 
 
+
+def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: torch.dtype, batch: int = 32,
+                              rounds: int = 7) -> float:
+    """SDPA time / `packing.attention(kernel='chunked')` time for the attention of one inference batch
+    (`batch` sequences of `length`, no mask, (batch, length, heads, head_dim) as the model's projections
+    leave them) on torch's threads, measured once per machine (`measured_once`): which one a Predictor
+    runs (the written-out formula in cache-sized chunks reads 1.2-1.5x SDPA's forward in bf16 on a
+    Zen 4; docs/serve-measurements.md)."""
+    from .packing import attention
+
+    def measure() -> float:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(batch, length, heads, head_dim, generator=g).to(dtype).transpose(1, 2)
+                   for _ in range(3))
+        with torch.inference_mode():
+            sdpa, chunked = best_times([lambda: attention(q, k, v), lambda: attention(q, k, v, kernel="chunked")],
+                                       rounds)
+        return sdpa / chunked
+    name = str(dtype).replace("torch.", "")
+    return measured_once(f"attention forward chunked/SDPA speedup {batch}x{heads}x{head_dim} T{length} {name}", measure)
+
+
 def deterministic(device: torch.device, on: bool) -> str:
     """Deterministic training on `device`, switched on or off; returns what the run card says. On a GPU
     `on` calls torch.use_deterministic_algorithms (and fixes cuBLAS's workspace, which it requires):

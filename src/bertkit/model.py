@@ -85,11 +85,12 @@ class SelfAttention(nn.Module):
 
 
 def set_attention_kernel(model: nn.Module, kernel: str) -> None:
-    """Every attention layer of `model` trains with `kernel` ('sdpa' or 'math': `packing.attention`)."""
+    """Every attention layer of `model` (its own or inference's fused one) computes with `kernel`
+    ('sdpa', 'math' or 'chunked': `packing.attention`)."""
     if kernel not in KERNELS:
         raise ValueError(f"attention kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     for m in model.modules():
-        if isinstance(m, SelfAttention):
+        if isinstance(m, SelfAttention) or hasattr(m, "kernel") and hasattr(m, "num_heads"):
             m.kernel = kernel
 
 

@@ -146,7 +146,8 @@ def alibi_bias(slopes: Tensor, T: int, q: Tensor) -> Tensor:
     return -slopes.to(device=q.device, dtype=q.dtype)[:, None, None] * distance
 
 
-KERNELS = ("sdpa", "math")           # what `attention` can compute with
+KERNELS = ("sdpa", "math", "chunked")   # what `attention` can compute with
+CHUNK_SCORE_BYTES = 4 << 20             # "chunked": fp32 scores of at most this many bytes at a time
 _NOT_CUDNN = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
@@ -168,8 +169,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
     records: the same formula written out, Q K^T and P V as bf16/fp32 batched GEMMs in q's dtype,
     the scores, mask and softmax in fp32. On CPUs whose bf16 flash-attention backward is slow this
     trains faster (docs/pretrain.md); `hardware.attention_kernel` measures which one a run takes. Without autograd
-    (evaluation, inference) SDPA's forward is the faster one, so 'math' falls back to it."""
-    if kernel != "math" or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    (evaluation, inference) SDPA's forward is the faster one, so 'math' falls back to it.
+
+    kernel 'chunked', for inference (the Predictor takes it where it times faster than SDPA's forward
+    at load, `hardware.attention_forward_speedup`): the same formula on contiguous copies of a few
+    sequences at a time, their fp32 scores within CHUNK_SCORE_BYTES (they stay in cache); with
+    autograd it is 'math'."""
+    recording = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if kernel == "chunked" and not recording and dropout_p == 0:
+        return _chunked_attention(q, k, v, mask, is_causal)
+    if kernel == "sdpa" or not recording:
         backends = sdpa_backends(q.device.type, mask is not None, torch.is_grad_enabled())
         if backends is None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -185,6 +194,27 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
     if dropout_p > 0:
         probs = dropout(probs, dropout_p)
     return probs.to(v.dtype) @ v
+
+
+def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+    """`attention`'s formula without autograd, a few sequences at a time: (B, H, T, D) -> (B, H, T, D),
+    a view of one contiguous (B, T, H, D) buffer (what the callers reshape to tokens without a copy)."""
+    B, H, T, D = q.shape
+    S = k.shape[-2]
+    out = q.new_empty(B, T, H, D)
+    if is_causal:
+        causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()
+        mask = causal if mask is None else mask & causal if mask.dtype == torch.bool else \
+            mask.masked_fill(~causal, float("-inf"))
+    step = max(1, CHUNK_SCORE_BYTES // (4 * H * T * S))
+    for a in range(0, B, step):
+        b = min(a + step, B)
+        scores = (q[a:b].contiguous() @ k[a:b].contiguous().transpose(-1, -2)).float().mul_(D ** -0.5)
+        if mask is not None:
+            m = mask[a:b] if mask.dim() == 4 and mask.shape[0] == B else mask
+            scores = scores.masked_fill_(~m, float("-inf")) if m.dtype == torch.bool else scores.add_(m)
+        torch.matmul(scores.softmax(-1).to(v.dtype), v[a:b].contiguous(), out=out[a:b].transpose(1, 2))
+    return out.transpose(1, 2)
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

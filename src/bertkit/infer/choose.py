@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import hardware
-from ..model import BertModel
+from ..model import BertModel, set_attention_kernel
 from ..tokenizer import Tokenizer
 from . import engines, graph
 from .engines import Batch, GraphEngine, OpenVINOGraph, TorchEngine, encoder_of, split_packed
@@ -48,13 +48,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, small: bool | int) -> None:
-    """Set p.model to the int8 / bf16 / fp32 model that will run, and say why (and, on the CPU
-    when `small`, the engine of short batches)."""
+def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, small: bool | int,
+                     attention: bool = True) -> None:
+    """Set p.model to the int8 / bf16 / fp32 model that will run, and say why (and, on the CPU,
+    its attention kernel where `attention`, before the model is checked against fp32, and when
+    `small` the engine of short batches)."""
     fp32, cfg = p.model, p.config
+    kernel = choose_attention if attention else (lambda p: None)
     if int8:
         down = torch.bfloat16 if hardware.bf16_fast(cfg.hidden_size, cfg.intermediate_size) else torch.float32
         p.model, p.int8, p.precision = quantize_int8(fp32, down, prepack), True, "int8"
+        kernel(p)
         p.precision_check = check_against(p, fp32)
         p.precision_reason = (f"int8=True (dynamic, per output channel; FFN down projection in {dtype_name(down)}); "
                               f"cosine {p.precision_check['cosine_min']:.4f} to fp32 on the sample")
@@ -71,6 +75,7 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
             bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
             packed = prepack and prepack_linears(bf16)
             p.model = bf16
+            kernel(p)
             check = check_against(p, fp32)
             cos = _worst(check)
             if cos >= BF16_MIN_COSINE:
@@ -85,8 +90,25 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
     found = load_engines(p.encoder, SMALL_THREADS, "float32" if exact else None) if small else None
     if prepack and p.device.type == "cpu":    # (the engines take the plain weights, before prepacking)
         p.prepacked = prepack_linears(p.model)
+    kernel(p)
     if found is not None:
         _short_batches(p, small, None, found, exact)
+
+
+def choose_attention(p) -> None:
+    """On the CPU, attention written out in cache-sized chunks (`packing.attention`, kernel 'chunked')
+    where it times more than SMALL_TIE faster than SDPA's forward for the model's heads, on a full
+    batch (32 sequences of up to 128 tokens) in the precision chosen, once per machine."""
+    if p.device.type != "cpu":
+        return
+    c = p.config
+    dtype = next((w.dtype for w in p.encoder.blocks.parameters() if w.is_floating_point()), torch.float32)
+    speedup = hardware.attention_forward_speedup(c.num_heads, c.hidden_size // c.num_heads, min(128, p.max_length),
+                                                 dtype)
+    p.attention_kernel = "chunked" if speedup > SMALL_TIE else "sdpa"
+    set_attention_kernel(p.model, p.attention_kernel)
+    p.attention_reason = (f"{p.attention_kernel}: the chunked kernel {speedup:.3g}x SDPA's forward "
+                          f"(measured once on this machine)")
 
 
 def _short_batches(p, small: bool | int, reference: BertModel | None, found=None, exact: bool = False) -> None:

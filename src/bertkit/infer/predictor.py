@@ -88,6 +88,7 @@ class Predictor:
         self.null_threshold: float | None = None      # SQuAD v2.0: overrides the checkpoint's (serve --null-threshold)
         self.small: GraphEngine | None = None           # the engine of short batches (onnxruntime / OpenVINO)
         self.small_reason = "not asked for"
+        self.attention_kernel, self.attention_reason = "sdpa", "as loaded"   # packing.attention's (choose_attention)
         self.source: Path | None = None                 # the checkpoint folder (from_dir): /v1/inspect reloads it
 
     @property
@@ -153,7 +154,8 @@ class Predictor:
                if dt not in (None, torch.float32) else None)
         if off:
             self.small_reason, small = f"off: {off}", False
-        choose.choose_precision(self, dt, o.int8, prepack=o.prepack and not o.compile, small=small)
+        choose.choose_precision(self, dt, o.int8, prepack=o.prepack and not o.compile, small=small,
+                                attention=not o.compile)
         if small:
             log.info("short batches: %s", self.small_reason)
         if o.compile:
@@ -165,6 +167,7 @@ class Predictor:
         info = {"backend": self.backend, "device": str(self.device), "precision": self.precision,
                 "precision_reason": self.precision_reason, "precision_check": self.precision_check,
                 "prepacked": self.prepacked, "compiled": self.compiled, "threads": torch.get_num_threads(),
+                "attention": {"kernel": self.attention_kernel, "reason": self.attention_reason},
                 "small_batches": {**(self.small.describe() if self.small is not None else {"engine": None}),
                                   "reason": self.small_reason}}
         if self.device.type == "cpu":

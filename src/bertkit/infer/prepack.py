@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model import Block, SelfAttention, attention_bias
-from ..packing import Packed, packed_attention
+from ..packing import Packed, attention, packed_attention
 
 log = logging.getLogger("bertkit")
 
@@ -132,19 +132,20 @@ class FusedSelfAttention(nn.Module):
     x [W_q; W_k; W_v]^T: one weight read and one kernel call instead of three (`prepack_linears`)."""
 
     def __init__(self, num_heads: int, causal: bool, qkv: PrepackedLinear, out: PrepackedLinear,
-                 slopes: torch.Tensor | None = None):
+                 slopes: torch.Tensor | None = None, kernel: str = "sdpa"):
         super().__init__()
         self.num_heads, self.causal, self.qkv, self.out, self.slopes = num_heads, causal, qkv, out, slopes
+        self.kernel = kernel                               # packing.attention's
 
     def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
         q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)      # (..., H, D) each
         if isinstance(layout, Packed):                     # (N, H, D)
-            y = packed_attention(q, k, v, layout, causal=self.causal, slopes=self.slopes)
+            y = packed_attention(q, k, v, layout, causal=self.causal, slopes=self.slopes, kernel=self.kernel)
         else:                                              # (B, T, H, D) -> (B, H, T, D), as SelfAttention
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             mask = attention_bias(layout, q, self.causal, self.slopes)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal and layout is None
-                                               and self.slopes is None).transpose(1, 2)
+            y = attention(q, k, v, mask, 0.0, self.causal and layout is None and self.slopes is None,
+                          self.kernel).transpose(1, 2)
         return self.out(y.flatten(-2))                     # (..., C)
 
 
@@ -177,7 +178,8 @@ def prepack_linears(model: nn.Module, rtol: float | None = None) -> bool:
                           ((qkv, ("none", "")), (out, ("none", "")), (up, act), (down, ("none", "")))]
                 if any(p is None for p in packed):
                     return False
-                swaps.append((block, FusedSelfAttention(attn.num_heads, attn.causal, packed[0], packed[1], attn.slopes),
+                swaps.append((block, FusedSelfAttention(attn.num_heads, attn.causal, packed[0], packed[1], attn.slopes,
+                                                       attn.kernel),
                                packed[2], packed[3], bool(fused)))
     except (RuntimeError, NotImplementedError, AttributeError) as e:   # a torch build without these oneDNN ops
         log.info("oneDNN prepacked Linear unavailable (%s); kept the plain layers", str(e).splitlines()[0])
