@@ -59,6 +59,31 @@ def test_graph_equals_the_model_padded_and_packed(act, positions, norm, engine):
         assert torch.allclose(small.hidden(one, alone), got[13:19], atol=1e-5)   # padding changes nothing
 
 
+def test_the_int8_graph_holds_int8_weights_and_follows_the_model():
+    """graph.encoder_graph(int8=True): every block Linear's weight int8 (one scale per output channel)
+    behind a DequantizeLinear; on OpenVINO with per-token activation quantization the states keep
+    the int8 class's cosine to the fp32 model; int8 engines are OpenVINO's only."""
+    import onnx
+
+    model = _model("gelu", "absolute", "post")
+    m = onnx.load_from_string(graph.encoder_graph(model, int8=True))
+    int8 = [t for t in m.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert len(int8) == 4 * model.config.num_layers                  # QKV (one MatMul), out, up, down per block
+    assert sum(n.op_type == "DequantizeLinear" for n in m.graph.node) == len(int8)
+    runners, why = choose.load_engines(model, 1, int8=True)
+    assert set(runners) <= {"openvino"}
+    if not runners:
+        assert why == "int8 engines need openvino (pip install openvino)"
+        return
+    small = engines.GraphEngine(runners["openvino"], "openvino", model, max_tokens=1 << 20)
+    assert small.precision == "int8" and small.runner.threads == 1
+    flat, layout = pack(torch.randint(5, 500, (3, 13)), torch.tensor([[1] * 13, [1] * 6 + [0] * 7, [1] * 9 + [0] * 4]))
+    with torch.inference_mode():
+        want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
+        got = small.hidden(flat, layout)
+    assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.98
+
+
 def test_a_wrong_graph_is_caught_by_the_bound():
     """The comparison above fails when the graph differs from the model in one operation."""
     model = _model("gelu", "absolute", "post")
@@ -148,9 +173,9 @@ def test_a_disagreeing_graph_is_discarded(checkpoints, monkeypatch):
     """A graph that computes something else (here: another model's weights) never serves."""
     real = graph.encoder_graph
 
-    def other_weights(bert):
+    def other_weights(bert, int8=False):
         torch.manual_seed(1)
-        return real(BertModel(bert.config).eval())
+        return real(BertModel(bert.config).eval(), int8)
 
     monkeypatch.setattr(graph, "encoder_graph", other_weights)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batch_tokens=1 << 20, small_batches=True)
@@ -173,14 +198,14 @@ class FakeEngine:
 def _with_fakes(monkeypatch, fakes: dict, ms: dict, cache_dir):
     """choose.load_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch']).
     Returns the list of the engine sets made, one per Predictor loaded."""
-    def load(encoder, threads, precision=None):
+    def load(encoder, threads, precision=None, int8=False):
         assert threads == 1                  # short batches run on one thread, whatever the model's threads
         g = graph.encoder_graph(encoder)
         engines_made.append({name: make(g) for name, make in fakes.items()})
         return engines_made[-1], ""
 
     def fake_times(fns, rounds, settle=0.0):
-        made, out = engines_made[-1], []
+        made, out = engines_made[-1] if engines_made else {}, []      # (nothing loaded yet: the attention kernel)
         for fn in fns:
             before = {n: e.calls for n, e in made.items()}
             fn()
@@ -335,10 +360,27 @@ def test_an_engine_that_fails_at_run_time_hands_back_to_pytorch(checkpoints, cap
     assert "PyTorch runs them from now on" in caplog.text
 
 
+def test_an_int8_predictor_asks_for_int8_engines_held_to_its_own_class(checkpoints, monkeypatch, tmp_path):
+    """int8=True loads the int8-weight graph (`load_engines(int8=True)`), and an engine serves if its
+    sentences stay within 0.99 of fp32 or no further than the int8 model's own (which a noisy engine
+    here is not)."""
+    asked = []
+    _with_fakes(monkeypatch, {"fast": FakeEngine}, {"torch": 5.0, "fast": 2.0}, tmp_path)
+    load = choose.load_engines
+    monkeypatch.setattr(choose, "load_engines", lambda *a, **k: asked.append(k.get("int8", False)) or load(*a, **k))
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", int8=True, small_batches=True)
+    assert asked == [True] and p.small is not None and p.small.name == "fast", p.small_reason
+    assert p.small.agreement["cosine_min"] >= min(0.99, p.precision_check["cosine_min"])
+    _with_fakes(monkeypatch, {"noisy": lambda g: FakeEngine(g, noise=0.5)}, {"torch": 5.0, "noisy": 2.0}, tmp_path)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", int8=True, small_batches=True)
+    assert p.small is None and "noisy (float32) disagrees" in p.small_reason
+
+
 def test_short_batches_run_on_one_thread_and_longer_ones_on_the_models(checkpoints, monkeypatch, tmp_path):
     """The engine of short batches, its PyTorch embedding layer, pooling and head run on one thread
-    (a second thread waits at every op for a core another process holds); longer batches and
-    everything after keep the model's threads."""
+    (a second thread waits at every op for a core another process holds); longer batches that PyTorch
+    runs and everything after keep the model's threads; a long batch with little padding goes to the
+    engine where it timed faster on a full batch (here 5 against 2 ms: up to 2.38x padding)."""
     made = _with_fakes(monkeypatch, {"fast": FakeEngine}, {"torch": 5.0, "fast": 2.0}, tmp_path)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -351,8 +393,11 @@ def test_short_batches_run_on_one_thread_and_longer_ones_on_the_models(checkpoin
         p.embed(["a short text"])
         assert made[-1]["fast"].torch_threads == 1 and pooled == [1] and torch.get_num_threads() == 2
         assert p.describe()["small_batches"]["threads"] == 1                  # what ran, as /v1/model says
-        p.embed([" ".join(["word"] * 200)] * 4)            # 4 x over 100 tokens: PyTorch, two threads
+        assert p.small.max_padding == pytest.approx(5.0 / 2.0 / 1.05, abs=1e-3), p.small_reason
+        p.embed([" ".join(["word"] * 200)] + ["a b"] * 3)  # 4 x 202 positions for 214 tokens: PyTorch, two threads
         assert pooled == [1, 2]
+        p.embed([" ".join(["word"] * 200)] * 4)            # no padding: the engine, one thread
+        assert pooled == [1, 2, 1]
     finally:
         torch.set_num_threads(before)
 

@@ -7,10 +7,15 @@ head outputs keep cosine >= 0.999 to fp32; otherwise, and on GPUs, fp32. int8 (`
 OpenVINO's bf16 (`openvino`) are measured against fp32 the same way.
 
 The engine of short batches (`choose_engine`): every installed engine of the encoder's graph
-(`engines.GraphEngine`) must follow the fp32 model on the sample; of those the fastest on one
-sequence of 16 tokens, if within 5% of PyTorch, takes batches up to the longest length (16, 32, ...
-256 tokens) at which it stays so, its runtime on one thread or on torch's where that is 5% faster,
-timed once per machine (`hardware.decided_once`).
+(`engines.GraphEngine`; for an int8 Predictor the graph with int8 weights on OpenVINO) must follow
+the fp32 model on the sample; of those the fastest on one sequence of 16 tokens, if within 5% of
+PyTorch, takes batches up to the longest length (16, 32, ... 256 tokens) at which it stays so, its
+runtime on one thread or on torch's where that is 5% faster, and larger batches with little padding
+where it is more than 5% faster on a full batch (`_dense`), timed once per machine
+(`hardware.decided_once`).
+
+Attention (`choose_attention`): SDPA or the written-out formula in cache-sized chunks, whichever
+times faster for the model's heads, also once per machine.
 """
 from __future__ import annotations
 
@@ -22,10 +27,11 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import hardware
-from ..model import BertModel, set_attention_kernel
+from ..model import BertModel, pool_tokens, set_attention_kernel
 from ..tokenizer import Tokenizer
 from . import engines, graph
 from .engines import Batch, GraphEngine, OpenVINOGraph, TorchEngine, encoder_of, split_packed
@@ -33,6 +39,8 @@ from .options import PredictorError
 from .prepack import prepack_linear, prepack_linears
 
 BF16_MIN_COSINE = 0.999     # bf16 keeps every sample sentence, token state and head output this close to fp32
+INT8_MIN_COSINE = 0.99      # an int8 Predictor's engine keeps every sample sentence this close to fp32 (or as the int8 model)
+DENSE_BATCH = 32            # sequences of the full batch the engine is timed on against PyTorch (`_dense`)
 SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
 TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts
 SETTLE_S = 0.1                           # sleep before each timed run: the last runtime's threads go idle
@@ -62,6 +70,8 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
         p.precision_check = check_against(p, fp32)
         p.precision_reason = (f"int8=True (dynamic, per output channel; FFN down projection in {dtype_name(down)}); "
                               f"cosine {p.precision_check['cosine_min']:.4f} to fp32 on the sample")
+        if small:
+            _short_batches(p, small, encoder_of(fp32), load_engines(encoder_of(fp32), SMALL_THREADS, int8=True))
         return
     if dtype is not None:
         p.model, p.precision = fp32.to(dtype), dtype_name(dtype)
@@ -271,25 +281,29 @@ def agreement(candidate, reference, texts: Sequence[str], pairs: Sequence[str | 
 
 
 # ---- the engine of short batches ------------------------------------------------------------------
-def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = None) -> tuple[dict[str, Any], str]:
+def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = None,
+                 int8: bool = False) -> tuple[dict[str, Any], str]:
     """Every installed engine's runner on the encoder's graph, by name, and a reason when there is
     none (no engine installed, no graph for this encoder, or none could load it). `precision`:
-    OpenVINO's ('float32' when fp32 was asked for; None: its own, bf16 where the CPU has it)."""
+    OpenVINO's ('float32' when fp32 was asked for; None: its own, bf16 where the CPU has it).
+    `int8`: the graph with int8 weights on OpenVINO, which quantizes the activations per token at
+    run time (`engines.OpenVINOGraph`; onnxruntime would run it dequantized, in fp32)."""
     why = graph.supported(fp32_encoder)
-    installed = engines.installed_engines()
+    installed = [n for n in engines.installed_engines() if n == "openvino" or not int8]
     if why or not installed:
-        return {}, (f"no ONNX graph for {why}" if why else
-                    "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
+        return {}, (f"no ONNX graph for {why}" if why else "int8 engines need openvino (pip install openvino)"
+                    if int8 else "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
     try:
-        g = graph.encoder_graph(fp32_encoder)
+        g = graph.encoder_graph(fp32_encoder, int8)
     except ValueError as e:                      # over protobuf's 2 GB
         return {}, str(e)
+    group = fp32_encoder.config.hidden_size if int8 else 0
     runners, failed = {}, []
     for name in installed:
         try:
-            runners[name] = engines.load_runner(name, g, threads, precision)
+            runners[name] = engines.load_runner(name, g, threads, precision, group)
             # the same engine on more threads, for `_wider` (dropped once the short engine is chosen)
-            runners[name].reload = lambda n, name=name: engines.load_runner(name, g, n, precision)
+            runners[name].reload = lambda n, name=name: engines.load_runner(name, g, n, precision, group)
         except Exception as e:            # a build that cannot take the graph: say so, keep the others
             failed.append(f"{name} could not load the graph ({type(e).__name__}: {str(e)[:100]})")
     return runners, "; ".join(failed)
@@ -337,7 +351,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
     name = (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
             f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {p.precision} "
             f"[{' '.join(f'{k}:{v.precision}' for k, v in agreeing.items())}] "
-            f"settled t{SMALL_THREADS}-t{torch.get_num_threads()}")
+            f"settled t{SMALL_THREADS}-t{torch.get_num_threads()} dense")
     timed: dict = {}    # settled t1-tN: timed with SETTLE_S, the runtimes on one thread and on torch's N (`_wider`)
 
     def decide() -> dict:
@@ -348,6 +362,8 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
                      "to time it again)")
         timed["chosen"] = chosen
         return {"engine": chosen.name if chosen else None, "max_tokens": chosen.max_tokens if chosen else 0,
+                "max_padding": chosen.max_padding if chosen else 0.0,
+                "large_threads": getattr(chosen.wide, "threads", 0) if chosen else 0,
                 "runtime_threads": getattr(chosen.runner, "threads", 1) if chosen else 1, "note": note}
     d = hardware.decided_once(name, decide, lambda v: isinstance(v, dict) and (v.get("engine") in agreeing or
                                                                                v.get("engine") is None))
@@ -359,7 +375,9 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
     n, reload = int(d.get("runtime_threads", 1)), getattr(agreeing[d["engine"]].runner, "reload", None)
     if n > 1 and reload is not None:                     # as timed: the runtime on n threads
         chosen = replace(chosen, runner=reload(n))
-    chosen.max_tokens = int(d["max_tokens"])
+    chosen.max_tokens, chosen.max_padding = int(d["max_tokens"]), float(d.get("max_padding", 0.0))
+    if int(d.get("large_threads", 0)) and reload is not None:          # larger batches on more threads, as timed
+        chosen.wide = reload(int(d["large_threads"]))
     return chosen, d["note"] + " (timed once on this machine)"
 
 
@@ -395,10 +413,32 @@ def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngi
         if t > SMALL_TIE * t_torch:
             break
         chosen.max_tokens = n
+    dense = _dense(p, chosen, stream, ms, run)
     k = getattr(chosen.runner, "threads", 1)
     on = "one thread" if k == 1 else f"{k} threads: {wide[f'{best} x{k}']:.2f} ms"
     return chosen, (f"{best} ({chosen.precision}, {on}) as fast as PyTorch or faster up to {chosen.max_tokens} "
-                    f"tokens here ({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]})")
+                    f"tokens here ({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]}); {dense}")
+
+
+def _dense(p, chosen: GraphEngine, stream: list[int], ms, run) -> str:
+    """Time `chosen` against PyTorch on a full batch without padding (DENSE_BATCH sequences of up to
+    128 tokens, the sample's tokens over and over); where the engine is more than SMALL_TIE faster it
+    also takes larger batches while their padding costs less than that lead: `max_padding`, padded
+    positions per real token, is the speed ratio over SMALL_TIE (PyTorch's padding-free batches pay
+    for real tokens only, the engine for every padded position). Returns what it found."""
+    T, tok = min(128, p.max_length), p.tokenizer
+    rows = [[tok.cls_id, *(stream[(i * (T - 2) + j) % len(stream)] for j in range(T - 2)), tok.sep_id]
+            for i in range(DENSE_BATCH)]
+    b = p.batches([(r, [0] * T) for r in rows], batch_size=DENSE_BATCH)[0]
+    n, reload = torch.get_num_threads(), getattr(chosen.runner, "reload", None)
+    wide = reload(n) if getattr(chosen.runner, "threads", 1) < n and reload is not None else None
+    t_torch, t = ms([run(p.engine, b), run(replace(chosen, runner=wide) if wide else chosen, b)])
+    chosen.latency_ms[f"{DENSE_BATCH}x{T}"] = {"torch": round(t_torch, 3), chosen.name: round(t, 3)}
+    lead = t_torch / t / SMALL_TIE
+    chosen.max_padding, chosen.wide = (round(lead, 3), wide) if lead >= 1 else (0.0, None)
+    said = f"{DENSE_BATCH} x {T}{f' on {n} threads' if wide else ''}: {t:.1f} ms against PyTorch's {t_torch:.1f}"
+    return (f"and batches padded to at most {chosen.max_padding:.2f}x their tokens ({said})" if chosen.max_padding
+            else f"not larger batches ({said})")
 
 
 def _wider(chosen: GraphEngine, b, ms, run) -> tuple[GraphEngine, dict]:
@@ -417,14 +457,19 @@ def _wider(chosen: GraphEngine, b, ms, run) -> tuple[GraphEngine, dict]:
 
 def _agreement(p, candidate: GraphEngine, rows: list, reference: BertModel | None, exact: bool = False) -> dict:
     """How closely an engine follows the fp32 model on the sample rows: an fp32 Predictor and engine
-    within fp32 rounding, bf16 in either within BF16_MIN_COSINE; with `exact` (fp32 asked for) only an
-    fp32 engine within fp32 rounding."""
+    within fp32 rounding, bf16 in either within BF16_MIN_COSINE per token; with `exact` (fp32 asked
+    for) only an fp32 engine within fp32 rounding; an int8 Predictor's engine per text (mean-pooled, as
+    the int8 model itself is checked) within INT8_MIN_COSINE or no further than the int8 model is."""
     ref = TorchEngine(reference if reference is not None else p.model)
-    diff, cos = 0.0, 1.0
+    diff, cos, pooled = 0.0, 1.0, 1.0
     for b in p.batches(rows, batch_size=8):
         want, got = ref.run(b)["last_hidden_state"].float(), candidate.run(b)["last_hidden_state"].float()
         diff = max(diff, float((want - got).abs().max()))
-        cos = min(cos, float(torch.nn.functional.cosine_similarity(want, got, dim=-1).min()))
+        cos = min(cos, float(F.cosine_similarity(want, got, dim=-1).min()))
+        pooled = min(pooled, float(F.cosine_similarity(pool_tokens(want, "mean", b.packed),
+                                                       pool_tokens(got, "mean", b.packed), dim=-1).min()))
     fp32 = p.precision == "float32" and (exact or candidate.precision == "float32")   # bf16 anywhere: bf16's bar
-    ok = (candidate.precision == "float32" and diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= BF16_MIN_COSINE
-    return {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos, "ok": ok}
+    int8_bar = min(INT8_MIN_COSINE, (p.precision_check or {}).get("cosine_min", 1.0))
+    ok = (pooled >= int8_bar if p.int8 else
+          (candidate.precision == "float32" and diff <= 1e-3 and cos >= 0.9999) if fp32 else cos >= BF16_MIN_COSINE)
+    return {"texts": len(rows), "max_abs_diff": diff, "token_cosine_min": cos, "cosine_min": pooled, "ok": ok}

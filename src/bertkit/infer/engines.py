@@ -132,13 +132,15 @@ def torch_threads(n: int | None):
 @dataclass
 class GraphEngine:
     """The encoder's graph on a `runner` (onnxruntime or OpenVINO) for batches of at most
-    `max_tokens` padded positions (B x T), on `threads` threads, its PyTorch part (the embedding
-    layer) too. `latency_ms` holds what was timed at load (per sequence
+    `max_tokens` padded positions (B x T), and for larger ones with little padding (`max_padding`), on
+    `threads` threads, its PyTorch part (the embedding layer) too. `latency_ms` holds what was timed at load (per sequence
     length: PyTorch and the engines), `agreement` how closely it follows the fp32 model on the sample."""
     runner: Any
     name: str
     bert: BertModel                  # whose embedding layer runs in PyTorch
     max_tokens: int = 0
+    max_padding: float = 0.0         # larger batches too, while padded positions <= this x real tokens (0: none)
+    wide: Any = None                 # the runtime on more threads for those larger batches (None: `runner`)
     latency_ms: dict = field(default_factory=dict)
     agreement: dict = field(default_factory=dict)
     threads: int | None = None
@@ -149,7 +151,8 @@ class GraphEngine:
         return self.runner.precision
 
     def takes(self, p: Packed) -> bool:
-        return p.batch_size * p.max_seqlen <= self.max_tokens
+        padded = p.batch_size * p.max_seqlen
+        return padded <= self.max_tokens or padded <= self.max_padding * p.indices.numel()
 
     def run(self, b: Batch) -> dict[str, Tensor]:
         with torch_threads(self.threads):
@@ -159,18 +162,22 @@ class GraphEngine:
         """(N, C) last hidden states of a packed batch, in the embedding layer's dtype."""
         x = self.bert.embeddings(tensors["input_ids"], tensors["token_type_ids"], tensors["position_ids"])   # (N, C)
         dtype, x = x.dtype, x.detach().float()
+        large = self.wide is not None and p.batch_size * p.max_seqlen > self.max_tokens
+        runner = self.wide if large else self.runner
         if p.batch_size == 1:                                             # one sequence: nothing to pad
-            h = self.runner.run(x[None].numpy(), np.ones((1, x.shape[0]), np.int64))[0]
+            h = runner.run(x[None].numpy(), np.ones((1, x.shape[0]), np.int64))[0]
             return torch.from_numpy(h).to(dtype)
         buf = x.new_zeros(p.batch_size * p.max_seqlen, x.shape[-1])
         buf[p.pad_indices] = x                                            # (B * T, C), T the longest here
-        h = self.runner.run(buf.view(p.batch_size, p.max_seqlen, -1).numpy(), p.key_mask.long().numpy())
+        h = runner.run(buf.view(p.batch_size, p.max_seqlen, -1).numpy(), p.key_mask.long().numpy())
         return torch.from_numpy(h).flatten(0, 1)[p.pad_indices].to(dtype)                  # (B, T, C) -> (N, C)
 
     def describe(self) -> dict:
         return {"engine": self.name, "precision": self.precision, "threads": self.threads,
                 "runtime_threads": getattr(self.runner, "threads", None),
-                "max_tokens": self.max_tokens, "latency_ms": self.latency_ms, "agreement": self.agreement}
+                "max_tokens": self.max_tokens, "max_padding": self.max_padding,
+                "large_runtime_threads": getattr(self.wide or self.runner, "threads", None), "latency_ms": self.latency_ms,
+                "agreement": self.agreement}
 
 
 def installed_engines() -> list[str]:
@@ -204,9 +211,11 @@ class OnnxRuntimeGraph:
 class OpenVINOGraph:
     """The graph compiled by OpenVINO for the CPU with its latency hint, in `precision` ('float32'
     or 'bfloat16'; default OpenVINO's own: bf16 where the CPU has AMX or AVX512_BF16, and the
-    agreement check at load decides whether it may serve)."""
+    agreement check at load decides whether it may serve). `int8_group`: a graph with int8 weights
+    (`graph.encoder_graph(int8=True)`) whose activations OpenVINO quantizes to int8 at run time in
+    groups of this many values (the hidden size: one scale per token), so its GEMMs run int8 x int8."""
 
-    def __init__(self, graph: bytes, threads: int, precision: str | None = None):
+    def __init__(self, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0):
         import io
 
         import openvino as ov
@@ -216,12 +225,14 @@ class OpenVINOGraph:
         config: dict = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": self.threads}
         if precision:
             config["INFERENCE_PRECISION_HINT"] = {"float32": "f32", "bfloat16": "bf16"}[precision]
+        if int8_group:
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = str(int8_group)
         self.compiled = core.compile_model(core.read_model(io.BytesIO(graph)), "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.lock = threading.Lock()                     # one request object: one call at a time
         hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
         name = hint.split("'")[1] if "'" in hint else hint
-        self.precision = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
+        self.precision = "int8" if int8_group else {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
 
     def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with self.lock:
@@ -229,10 +240,10 @@ class OpenVINOGraph:
             return np.array(out[self.compiled.outputs[0]])      # a copy: the request reuses its buffers
 
 
-def load_runner(name: str, graph: bytes, threads: int, precision: str | None = None):
-    """One of ENGINES on the graph (`precision`: OpenVINO's, see OpenVINOGraph)."""
+def load_runner(name: str, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0):
+    """One of ENGINES on the graph (`precision`, `int8_group`: OpenVINO's, see OpenVINOGraph)."""
     if name == "openvino":
-        return OpenVINOGraph(graph, threads, precision)
+        return OpenVINOGraph(graph, threads, precision, int8_group)
     return OnnxRuntimeGraph(graph, threads)
 
 

@@ -48,9 +48,9 @@ def supported(bert: BertModel) -> str | None:
 class _Builder:
     """Nodes and initializers of one graph, each value given a fresh name."""
 
-    def __init__(self):
+    def __init__(self, int8: bool = False):
         from onnx import helper, numpy_helper
-        self.helper, self.numpy_helper = helper, numpy_helper
+        self.helper, self.numpy_helper, self.int8 = helper, numpy_helper, int8
         self.nodes: list = []
         self.inits: list = []
         self.count = 0
@@ -68,16 +68,24 @@ class _Builder:
         return names[0] if outputs == 1 else names
 
     def linear(self, x: str, weight: Tensor, bias: Tensor) -> str:
-        """x W^T + b, the weight stored as (in, out) for MatMul."""
-        return self.op("Add", self.op("MatMul", x, self.const(weight.t())), self.const(bias))
+        """x W^T + b, the weight stored as (in, out) for MatMul; with `int8`, as int8 with one scale per
+        output channel (max |w| / 127) behind a DequantizeLinear, which OpenVINO runs as int8 weights."""
+        w = weight.detach().float().t()                                    # (in, out)
+        if not self.int8:
+            return self.op("Add", self.op("MatMul", x, self.const(w)), self.const(bias))
+        scale = w.abs().amax(0).clamp_min(1e-12) / 127
+        q = self.const(torch.round(w / scale).clamp(-127, 127).to(torch.int8).numpy(), np.int8)
+        return self.op("Add", self.op("MatMul", x, self.op("DequantizeLinear", q, self.const(scale), axis=1)),
+                       self.const(bias))
 
     def norm(self, x: str, ln: torch.nn.LayerNorm) -> str:
         return self.op("LayerNormalization", x, self.const(ln.weight), self.const(ln.bias),
                        axis=-1, epsilon=float(ln.eps))
 
 
-def encoder_graph(bert: BertModel) -> bytes:
-    """The serialized ONNX model of `bert`'s forward pass on padded inputs (see the module doc)."""
+def encoder_graph(bert: BertModel, int8: bool = False) -> bytes:
+    """The serialized ONNX model of `bert`'s forward pass on padded inputs (see the module doc);
+    `int8`: the blocks' Linear weights int8, one scale per output channel (`_Builder.linear`)."""
     from onnx import TensorProto, helper
 
     why = supported(bert)
@@ -86,7 +94,7 @@ def encoder_graph(bert: BertModel) -> bytes:
     size = 4 * sum(p.numel() for p in bert.blocks.parameters())
     if size > MAX_GRAPH_BYTES:
         raise ValueError(f"no ONNX graph for {size / 2**30:.1f} GB of weights (one protobuf holds at most 2 GB)")
-    cfg, g = bert.config, _Builder()
+    cfg, g = bert.config, _Builder(int8)
     H, C = cfg.num_heads, cfg.hidden_size
     D = C // H
     x = "embeddings"                              # (B, T, C): the embedding layer's output, from PyTorch

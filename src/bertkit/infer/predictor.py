@@ -149,7 +149,7 @@ class Predictor:
         """backend torch: precision, prepacking, the engine of short batches, compile."""
         small = (o.small_batch_tokens or True) if o.small_batches else False
         off = ("small_batches=False" if not small else "compile=True" if o.compile
-               else "int8 runs on PyTorch" if o.int8 else f"on {self.device.type}" if self.device.type != "cpu"
+               else f"on {self.device.type}" if self.device.type != "cpu"
                else f"precision {o.precision} asked for (the engines start from fp32 weights)"
                if dt not in (None, torch.float32) else None)
         if off:
