@@ -84,6 +84,29 @@ def test_the_int8_graph_holds_int8_weights_and_follows_the_model():
     assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.98
 
 
+def test_a_large_batch_runs_on_the_engine_in_runs_of_similar_lengths():
+    """engines.padded_runs: a length-sorted batch cut where padding to the run's longest costs more than
+    one more call; the engine's states for the whole batch equal those of each sequence alone; `takes`
+    counts the padding of the runs."""
+    lengths = [128, 120, 100, 96, 60, 40, 12, 8]
+    ids = torch.randint(5, 500, (len(lengths), 128))
+    rows = [(ids[i, :n].tolist(), [0] * n) for i, n in enumerate(lengths)]
+    tensors, p = engines.pack_rows(rows)
+    runs = engines.padded_runs(p)
+    assert [(g.batch_size, g.max_seqlen) for _, _, g in runs] == [(4, 128), (2, 60), (2, 12)]
+    assert [(a, b) for a, b, _ in runs] == [(0, 444), (444, 544), (544, 564)] and engines.padded_runs(p) is runs
+    model = _model("gelu", "alibi", "pre")
+    small = engines.GraphEngine(engines.load_runner("onnxruntime", graph.encoder_graph(model), 1), "onnxruntime",
+                                model, max_tokens=64, max_padding=1.2)
+    assert small.takes(p)                                  # 4 x 128 + 2 x 60 + 2 x 12 = 656 <= 1.2 x 564
+    small.max_padding = 656 / 564 - 0.01
+    assert not small.takes(p)
+    with torch.inference_mode():
+        got = small.hidden(tensors, p)
+        alone = [small.hidden(*engines.pack_rows([r])) for r in rows]
+    torch.testing.assert_close(got, torch.cat(alone), atol=1e-4, rtol=1e-4)
+
+
 def test_a_wrong_graph_is_caught_by_the_bound():
     """The comparison above fails when the graph differs from the model in one operation."""
     model = _model("gelu", "absolute", "post")
@@ -394,9 +417,12 @@ def test_short_batches_run_on_one_thread_and_longer_ones_on_the_models(checkpoin
         assert made[-1]["fast"].torch_threads == 1 and pooled == [1] and torch.get_num_threads() == 2
         assert p.describe()["small_batches"]["threads"] == 1                  # what ran, as /v1/model says
         assert p.small.max_padding == pytest.approx(5.0 / 2.0 / 1.05, abs=1e-3), p.small_reason
-        p.embed([" ".join(["word"] * 200)] + ["a b"] * 3)  # 4 x 202 positions for 214 tokens: PyTorch, two threads
+        long = [" ".join(["word"] * 200)] * 4
+        p.small.max_padding, timed = 0.0, p.small.max_padding
+        p.embed(long)                                      # 4 x over 100 tokens, the engine slower there: PyTorch
         assert pooled == [1, 2]
-        p.embed([" ".join(["word"] * 200)] * 4)            # no padding: the engine, one thread
+        p.small.max_padding = timed
+        p.embed(long)                                      # as timed: the engine, its PyTorch part on one thread
         assert pooled == [1, 2, 1]
     finally:
         torch.set_num_threads(before)
