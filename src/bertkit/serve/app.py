@@ -207,6 +207,7 @@ def serve(predictor: Predictor, cfg: ServeConfig, log_level: str = "info") -> in
                 self._captured_signals.remove(sig)
 
     Heap().limit_arenas(2)          # threads otherwise each grow their own malloc arena, kept forever
+    Heap().keep_while_busy()        # one batch's activations reuse the last one's pages (trimmed when idle)
     app = create_app(predictor, cfg)
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, access_log=False,
                             http=guarded_protocol(cfg.header_timeout_s, cfg.send_timeout_s),
