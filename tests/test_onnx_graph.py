@@ -233,7 +233,7 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict, cache_dir):
             before = {n: e.calls for n, e in made.items()}
             fn()
             ran = [n for n, e in made.items() if e.calls > before[n]]
-            out.append((ms[ran[0]] if ran else ms["torch"]) / 1e3)
+            out.append((ms[ran[0]] if ran else ms["torch"]) * getattr(fn, "calls", 1) / 1e3)   # a burst: per call
         return out
 
     engines_made = []
@@ -381,6 +381,24 @@ def test_an_engine_that_fails_at_run_time_hands_back_to_pytorch(checkpoints, cap
     np.testing.assert_allclose(p.embed(["a b c"]), want, atol=1e-5)      # answered, by PyTorch
     assert p.small is None and p.small_reason == "off: onnxruntime failed at run time (RuntimeError)"
     assert "PyTorch runs them from now on" in caplog.text
+
+
+def test_a_timed_run_is_a_burst_of_back_to_back_calls(monkeypatch):
+    """choose._timed: a run of a 16-token batch is 10 calls, of a 32 x 128 one a single call (a
+    server's steady state: one call after a pause mismeasures a runtime's threads), per call in ms."""
+    class Counting:
+        calls = 0
+
+        def run(self, b):
+            self.calls += 1
+
+    def batch(rows, length):
+        return engines.make_batches([([101] * length, [0] * length)] * rows, rows, torch.device("cpu"))[0]
+
+    monkeypatch.setattr(hardware, "best_times", lambda fns, rounds, settle=0.0: [f() and 0.0 or 1.0 for f in fns])
+    short, long = Counting(), Counting()
+    assert choose._timed([(short, batch(1, 16)), (long, batch(32, 128))]) == [100.0, 1000.0]
+    assert (short.calls, long.calls) == (choose.BURST_TOKENS // 16, 1)
 
 
 def test_an_int8_predictor_asks_for_int8_engines_held_to_its_own_class(checkpoints, monkeypatch, tmp_path):

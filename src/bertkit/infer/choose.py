@@ -44,6 +44,7 @@ DENSE_BATCH = 32            # sequences of the full batch the engine is timed on
 SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
 TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts
 SETTLE_S = 0.1                           # sleep before each timed run: the last runtime's threads go idle
+BURST_TOKENS = 160                       # a timed run: back-to-back calls of this many padded positions (`_timed`)
 # The engine of short batches runs its PyTorch part on one thread, and its runtime on one thread unless
 # torch's threads time more than SMALL_TIE faster at load (`_wider`): one thread never waits at a barrier for
 # a core another process holds; a second gained nothing on a Xeon with AMX and much on Zen 4
@@ -351,7 +352,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
     name = (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
             f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {p.precision} "
             f"[{' '.join(f'{k}:{v.precision}' for k, v in agreeing.items())}] "
-            f"settled t{SMALL_THREADS}-t{torch.get_num_threads()} dense")
+            f"settled t{SMALL_THREADS}-t{torch.get_num_threads()} dense burst")
     timed: dict = {}    # settled t1-tN: timed with SETTLE_S, the runtimes on one thread and on torch's N (`_wider`)
 
     def decide() -> dict:
@@ -382,45 +383,57 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
 
 
 def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngine | None, str]:
-    """Time PyTorch and each engine, interleaved (`hardware.best_times`), on one sequence of each
-    SMALL_LENGTHS; the fastest engine if it is within SMALL_TIE of PyTorch at the first length, up to
-    the longest length at which it stays so, with its reason, else None and why not."""
+    """Time PyTorch and each engine, interleaved (`_timed`), on one sequence of each SMALL_LENGTHS; the
+    fastest engine, its runtime on one thread or torch's (`_wider`), if it is then within SMALL_TIE of
+    PyTorch at the first length, up to the longest length at which it stays so, with its reason, else
+    None and why not."""
     tok = p.tokenizer
     stream = [i for r in rows for i in r[0][1:-1]]
     lengths = [n for n in SMALL_LENGTHS if n <= min(p.max_length, len(stream) + 2)]
     if not lengths:
         return None, f"the model takes fewer than {SMALL_LENGTHS[0]} tokens: nothing to time"
     batch = {n: p.batches([([tok.cls_id, *stream[:n - 2], tok.sep_id], [0] * n)])[0] for n in lengths}
-    run = lambda c, b: (lambda: c.run(b))    # noqa: E731
-
-    def ms(fns: list) -> list[float]:
-        return [1e3 * t for t in hardware.best_times(fns, TIMING_ROUNDS, settle=SETTLE_S)]
-
     b = batch[lengths[0]]
-    ms_torch, *ms_engines = ms([run(p.engine, b), *(run(c, b) for c in agreeing.values())])
+    ms_torch, *ms_engines = _timed([(p.engine, b), *((c, b) for c in agreeing.values())])
     timed = dict(zip(agreeing, ms_engines))
     times = ", ".join(f"{k} {v:.2f} ms" for k, v in timed.items())
     best = min(timed, key=timed.get)
-    if timed[best] > SMALL_TIE * ms_torch:
-        return None, f"slower than PyTorch on {lengths[0]} tokens here ({times} vs {ms_torch:.2f} ms)"
-    chosen, wide = _wider(agreeing[best], b, ms, run)
+    chosen, wide = _wider(agreeing[best], b)               # on one thread or torch's, before the comparison
+    k = getattr(chosen.runner, "threads", 1)
+    if wide.get(f"{best} x{k}", timed[best]) > SMALL_TIE * ms_torch:
+        on = f"; {best} on {torch.get_num_threads()} threads {wide[f'{best} x{torch.get_num_threads()}']:.2f} ms" \
+            if wide else ""
+        return None, f"slower than PyTorch on {lengths[0]} tokens here ({times}{on} vs {ms_torch:.2f} ms)"
     chosen.latency_ms[lengths[0]] = {"torch": round(ms_torch, 3), **{k: round(v, 3) for k, v in timed.items()},
                                      **wide}
     chosen.max_tokens = lengths[0]
     for n in lengths[1:]:
-        t_torch, t = ms([run(p.engine, batch[n]), run(chosen, batch[n])])
+        t_torch, t = _timed([(p.engine, batch[n]), (chosen, batch[n])])
         chosen.latency_ms[n] = {"torch": round(t_torch, 3), best: round(t, 3)}
         if t > SMALL_TIE * t_torch:
             break
         chosen.max_tokens = n
-    dense = _dense(p, chosen, stream, ms, run)
-    k = getattr(chosen.runner, "threads", 1)
+    dense = _dense(p, chosen, stream)
     on = "one thread" if k == 1 else f"{k} threads: {wide[f'{best} x{k}']:.2f} ms"
     return chosen, (f"{best} ({chosen.precision}, {on}) as fast as PyTorch or faster up to {chosen.max_tokens} "
                     f"tokens here ({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]}); {dense}")
 
 
-def _dense(p, chosen: GraphEngine, stream: list[int], ms, run) -> str:
+def _timed(calls: list) -> list[float]:
+    """Milliseconds per call of each (engine, batch), interleaved (`hardware.best_times`, SETTLE_S
+    between runtimes); each timed run is a burst of back-to-back calls worth BURST_TOKENS padded
+    positions (at least one): a server's steady state. One call after a pause read 3.6-3.7 ms for
+    OpenVINO's int8 engine on 16 tokens on one thread and on two; back to back, 3.9 against 2.8 ms."""
+    fns = []
+    for engine, b in calls:
+        n = max(1, BURST_TOKENS // (b.packed.batch_size * b.packed.max_seqlen))
+        fn = lambda engine=engine, b=b, n=n: [engine.run(b) for _ in range(n)]   # noqa: E731
+        fn.calls = n
+        fns.append(fn)
+    return [1e3 * t / f.calls for t, f in zip(hardware.best_times(fns, TIMING_ROUNDS, settle=SETTLE_S), fns)]
+
+
+def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
     """Time `chosen` against PyTorch on a full batch without padding (DENSE_BATCH sequences of up to
     128 tokens, the sample's tokens over and over); where the engine is more than SMALL_TIE faster it
     also takes larger batches while their padding costs less than that lead: `max_padding`, padded
@@ -432,7 +445,7 @@ def _dense(p, chosen: GraphEngine, stream: list[int], ms, run) -> str:
     b = p.batches([(r, [0] * T) for r in rows], batch_size=DENSE_BATCH)[0]
     n, reload = torch.get_num_threads(), getattr(chosen.runner, "reload", None)
     wide = reload(n) if getattr(chosen.runner, "threads", 1) < n and reload is not None else None
-    t_torch, t = ms([run(p.engine, b), run(replace(chosen, runner=wide) if wide else chosen, b)])
+    t_torch, t = _timed([(p.engine, b), (replace(chosen, runner=wide) if wide else chosen, b)])
     chosen.latency_ms[f"{DENSE_BATCH}x{T}"] = {"torch": round(t_torch, 3), chosen.name: round(t, 3)}
     lead = t_torch / t / SMALL_TIE
     chosen.max_padding, chosen.wide = (round(lead, 3), wide) if lead >= 1 else (0.0, None)
@@ -441,7 +454,7 @@ def _dense(p, chosen: GraphEngine, stream: list[int], ms, run) -> str:
             else f"not larger batches ({said})")
 
 
-def _wider(chosen: GraphEngine, b, ms, run) -> tuple[GraphEngine, dict]:
+def _wider(chosen: GraphEngine, b) -> tuple[GraphEngine, dict]:
     """`chosen`, or the same engine with its runtime on torch's threads instead of one where that
     times more than SMALL_TIE faster on the batch `b` (one thread is kept on a tie: it never waits at a
     barrier for a core another process holds). Its PyTorch part stays on one thread either way.
@@ -450,7 +463,7 @@ def _wider(chosen: GraphEngine, b, ms, run) -> tuple[GraphEngine, dict]:
     if n <= 1 or reload is None:
         return chosen, {}
     wider = replace(chosen, runner=reload(n), latency_ms={}, agreement=dict(chosen.agreement))
-    t_one, t_n = ms([run(chosen, b), run(wider, b)])
+    t_one, t_n = _timed([(chosen, b), (wider, b)])
     times = {f"{chosen.name} x{n}": round(t_n, 3), f"{chosen.name} x1": round(t_one, 3)}
     return (wider if t_n * SMALL_TIE < t_one else chosen), times
 
