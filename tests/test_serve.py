@@ -267,3 +267,30 @@ def test_sigterm_finishes_in_flight_and_exits_0(encoder_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_server_keeps_its_heap_while_busy_and_trims_when_idle():
+    """serve.http.Heap: glibc's thresholds set for a busy server (blocks under 64 MB from the heap, 512 MB
+    of freed pages kept), malloc_trim when idle, two arenas; a no-op without glibc."""
+    from bertkit.serve.http import Heap
+
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+
+        def malloc_trim(self, pad):
+            calls.append(("trim", pad))
+
+    heap = Heap()
+    heap.libc = FakeLibc()
+    heap.limit_arenas(2)
+    heap.keep_while_busy()
+    heap.trim()
+    assert calls == [(Heap.M_ARENA_MAX, 2), (Heap.M_MMAP_THRESHOLD, 64 << 20), (Heap.M_TRIM_THRESHOLD, 512 << 20),
+                     ("trim", 0)]
+    heap.libc = None                                    # not glibc: nothing to set
+    heap.keep_while_busy()
+    heap.trim()
+    assert len(calls) == 4
