@@ -39,7 +39,7 @@ from .options import PredictorError
 from .prepack import prepack_linear, prepack_linears
 
 BF16_MIN_COSINE = 0.999     # bf16 keeps every sample sentence, token state and head output this close to fp32
-INT8_MIN_COSINE = 0.99      # an int8 Predictor's engine keeps every sample sentence this close to fp32 (or as the int8 model)
+INT8_MIN_COSINE = 0.99      # an int8 Predictor's engine: every sample sentence this close to fp32 (or as the int8 model)
 DENSE_BATCH = 32            # sequences of the full batch the engine is timed on against PyTorch (`_dense`)
 SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
 TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts

@@ -132,9 +132,10 @@ def torch_threads(n: int | None):
 @dataclass
 class GraphEngine:
     """The encoder's graph on a `runner` (onnxruntime or OpenVINO) for batches of at most
-    `max_tokens` padded positions (B x T), and for larger ones with little padding (`max_padding`), on
-    `threads` threads, its PyTorch part (the embedding layer) too. `latency_ms` holds what was timed at load (per sequence
-    length: PyTorch and the engines), `agreement` how closely it follows the fp32 model on the sample."""
+    `max_tokens` padded positions (B x T), and for larger ones with little padding (`max_padding`),
+    on `threads` threads, its PyTorch part (the embedding layer) too. `latency_ms` holds what was
+    timed at load (per sequence length: PyTorch and the engines), `agreement` how closely it follows
+    the fp32 model on the sample."""
     runner: Any
     name: str
     bert: BertModel                  # whose embedding layer runs in PyTorch
@@ -183,11 +184,13 @@ class GraphEngine:
         return {"engine": self.name, "precision": self.precision, "threads": self.threads,
                 "runtime_threads": getattr(self.runner, "threads", None),
                 "max_tokens": self.max_tokens, "max_padding": self.max_padding,
-                "large_runtime_threads": getattr(self.wide or self.runner, "threads", None), "latency_ms": self.latency_ms,
-                "agreement": self.agreement}
+                "large_runtime_threads": getattr(self.wide or self.runner, "threads", None),
+                "latency_ms": self.latency_ms, "agreement": self.agreement}
 
 
-# One more runtime call costs about as much as this many padded positions (OpenVINO, all-MiniLM-L6-v2).
+# A sequence that would be padded by more than this many positions opens a new run: a round figure, on
+# the side of few runs (one more OpenVINO call, ~0.1-0.3 ms, costs what 2-5 padded positions of a full
+# all-MiniLM-L6-v2 batch cost, ~0.066 ms each on a Zen 4; larger runs keep the GEMMs efficient).
 RUN_OVERHEAD_TOKENS = 32
 
 
@@ -268,7 +271,8 @@ class OpenVINOGraph:
         self.lock = threading.Lock()                     # one request object: one call at a time
         hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
         name = hint.split("'")[1] if "'" in hint else hint
-        self.precision = "int8" if int8_group else {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}.get(name, name)
+        names = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+        self.precision = "int8" if int8_group else names.get(name, name)
 
     def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with self.lock:
