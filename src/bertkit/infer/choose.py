@@ -444,7 +444,9 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
             for i in range(DENSE_BATCH)]
     b = p.batches([(r, [0] * T) for r in rows], batch_size=DENSE_BATCH)[0]
     n, reload = torch.get_num_threads(), getattr(chosen.runner, "reload", None)
-    wide = reload(n) if getattr(chosen.runner, "threads", 1) < n and reload is not None else None
+    wide = None
+    if getattr(chosen.runner, "threads", 1) < n and reload is not None:
+        wide = chosen.wide or reload(n)                   # the copy `_wider` loaded and timed, where it did
     t_torch, t = _timed([(p.engine, b), (replace(chosen, runner=wide) if wide else chosen, b)])
     chosen.latency_ms[f"{DENSE_BATCH}x{T}"] = {"torch": round(t_torch, 3), chosen.name: round(t, 3)}
     lead = t_torch / t / SMALL_TIE
@@ -465,7 +467,10 @@ def _wider(chosen: GraphEngine, b) -> tuple[GraphEngine, dict]:
     wider = replace(chosen, runner=reload(n), latency_ms={}, agreement=dict(chosen.agreement))
     t_one, t_n = _timed([(chosen, b), (wider, b)])
     times = {f"{chosen.name} x{n}": round(t_n, 3), f"{chosen.name} x1": round(t_one, 3)}
-    return (wider if t_n * SMALL_TIE < t_one else chosen), times
+    if t_n * SMALL_TIE < t_one:
+        return wider, times
+    chosen.wide = wider.runner                            # kept for `_dense` to time, not loaded twice
+    return chosen, times
 
 
 def _agreement(p, candidate: GraphEngine, rows: list, reference: BertModel | None, exact: bool = False) -> dict:
