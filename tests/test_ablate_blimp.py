@@ -9,7 +9,8 @@ import pytest
 
 from bertkit import ablate, blimp
 
-from bertkit.ablate import config as ablate_config, report as ablate_report, zeroshot as ablate_zeroshot
+from bertkit.ablate import config as ablate_config, measure as ablate_measure, report as ablate_report
+from bertkit.ablate import zeroshot as ablate_zeroshot
 from bertkit.errors import BertkitError
 from test_ablate import write_tasks
 
@@ -125,6 +126,28 @@ def test_the_paired_difference_is_the_mean_of_per_pair_differences_with_its_norm
     sd = (2 / 3) ** 0.5
     assert d == 0 and lo == pytest.approx(-1.959964 * sd / 2) and hi == pytest.approx(1.959964 * sd / 2)
     assert ablate_zeroshot.paired_difference("11", "1") is None        # not the same pairs
+
+
+def test_the_unpaired_difference_is_two_independent_proportions():
+    d, lo, hi = ablate_zeroshot.unpaired_difference({"accuracy": 0.6, "pairs": 100}, {"accuracy": 0.5, "pairs": 100})
+    half = 1.959964 * ((0.6 * 0.4 + 0.5 * 0.5) / 100) ** 0.5
+    assert d == pytest.approx(0.1) and lo == pytest.approx(0.1 - half) and hi == pytest.approx(0.1 + half)
+    assert ablate_zeroshot.unpaired_difference({"accuracy": 0.6, "pairs": 100}, {"accuracy": 0.5, "pairs": 99}) is None
+
+
+def test_an_arm_without_its_per_pair_outcomes_is_compared_unpaired_and_says_so(grid, tmp_path):
+    import dataclasses
+    import shutil
+
+    cfg, _ = grid
+    shutil.copytree(cfg.out, tmp_path / "out")
+    (tmp_path / "out" / "arms" / "base" / "blimp_correct.txt").unlink()     # the base scored elsewhere
+    lines = ablate_zeroshot.blimp_section(dataclasses.replace(cfg, out=str(tmp_path / "out")),
+                                          ablate_report.collect(dataclasses.replace(cfg, out=str(tmp_path / "out")))[0])
+    row = next(x for x in lines if x.startswith("| ltr |"))
+    arms = {n: json.loads((tmp_path / "out" / "arms" / n / "arm.json").read_text())["blimp"] for n in ("base", "ltr")}
+    want = ablate_zeroshot.unpaired_difference(arms["ltr"], arms["base"])
+    assert row.split("|")[4].strip() == f"{ablate_measure.delta_cell(want)} unpaired"
 
 
 def test_pretrain_only_scores_without_fine_tuning_and_the_full_run_reuses_it(tmp_path, monkeypatch):

@@ -95,6 +95,18 @@ def paired_difference(a: str, b: str, z: float = 1.959964) -> tuple[float, float
     return mean, mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
 
 
+def unpaired_difference(a: dict, b: dict, z: float = 1.959964) -> tuple[float, float, float] | None:
+    """(difference, 95% low, high) of two arms' BLiMP accuracies on the same number of pairs when
+    their per-pair outcomes are not both at hand (an arm scored on another machine whose
+    blimp_correct.txt was not kept): the normal interval of two independent proportions. It ignores
+    that both read the same pairs, so it is wider than the paired one, never narrower in expectation."""
+    if not a.get("pairs") or a.get("pairs") != b.get("pairs"):
+        return None
+    n, p, q = a["pairs"], a["accuracy"], b["accuracy"]
+    half = z * math.sqrt((p * (1 - p) + q * (1 - q)) / n)
+    return p - q, p - q - half, p - q + half
+
+
 def _outcomes(cfg: AblateConfig, name: str) -> str:
     p = Path(cfg.out) / "arms" / name / "blimp_correct.txt"
     return p.read_text(encoding="utf-8").strip() if p.is_file() else ""
@@ -109,20 +121,29 @@ def blimp_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
     if not cfg.blimp or not scored:
         return []
     base = _outcomes(cfg, cfg.base_arm)
+    base_blimp = next((s["blimp"] for s in scored if s["name"] == cfg.base_arm), {})
     one = scored[0]["blimp"]
     out = ["## BLiMP, zero-shot", "",
            f"{one['pairs']:,} minimal pairs ({Path(one['data']).name}"
            + (f", the first {one['limit']} of each paradigm" if one.get("limit") else "")
            + "): the grammatical sentence must score higher than the ungrammatical one (pseudo-log-likelihood, "
            "a left-to-right model its log-likelihood; a tie counts as wrong, chance 0.500). Δ: the arm minus "
-           f"the base arm `{cfg.base_arm}` on the same pairs, with the paired 95% interval (* = excludes 0).", "",
+           f"the base arm `{cfg.base_arm}` on the same pairs, with the paired 95% interval (* = excludes 0; "
+           "'unpaired': one arm's per-pair outcomes were not kept, so the interval of two independent "
+           "proportions, wider).", "",
            "| arm | method | BLiMP accuracy [95%] | Δ vs base [95%] | ties |", "|---|---|---:|---:|---:|"]
     for s in scored:
         b = s["blimp"]
         if s["name"] == cfg.base_arm:
             delta = "base"
         else:
-            delta = delta_cell(paired_difference(_outcomes(cfg, s["name"]), base))
+            own = _outcomes(cfg, s["name"])
+            d = paired_difference(own, base)
+            if d is None and not (own and base):
+                d = unpaired_difference(b, base_blimp)
+                delta = delta_cell(d) + (" unpaired" if d else "")
+            else:
+                delta = delta_cell(d)
         out.append(f"| {s['name']} | {b['method']} | {b['accuracy']:.3f} [{b['low']:.3f}, {b['high']:.3f}] | "
                    f"{delta} | {b.get('ties', 0)} |")
     try:
