@@ -422,8 +422,8 @@ def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngi
 def _timed(calls: list) -> list[float]:
     """Milliseconds per call of each (engine, batch), interleaved (`hardware.best_times`, SETTLE_S
     between runtimes); each timed run is a burst of back-to-back calls worth BURST_TOKENS padded
-    positions (at least one): a server's steady state. One call after a pause read 3.6-3.7 ms for
-    OpenVINO's int8 engine on 16 tokens on one thread and on two; back to back, 3.9 against 2.8 ms."""
+    positions (at least one): a server's steady state, which one call after a pause misreads
+    (docs/serve-measurements.md, "The choice at load times bursts")."""
     fns = []
     for engine, b in calls:
         n = max(1, BURST_TOKENS // (b.packed.batch_size * b.packed.max_seqlen))

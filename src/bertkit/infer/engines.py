@@ -189,8 +189,8 @@ class GraphEngine:
 
 
 # A sequence that would be padded by more than this many positions opens a new run: a round figure, on
-# the side of few runs (one more OpenVINO call, ~0.1-0.3 ms, costs what 2-5 padded positions of a full
-# all-MiniLM-L6-v2 batch cost, ~0.066 ms each on a Zen 4; larger runs keep the GEMMs efficient).
+# the side of few runs (one more runtime call costs what a few padded positions of a full batch cost;
+# larger runs keep the GEMMs efficient; docs/serve-measurements.md).
 RUN_OVERHEAD_TOKENS = 32
 
 

@@ -470,8 +470,7 @@ class Heap:
         """Blocks under `mmap_mb` from the heap, and up to `keep_mb` of freed heap kept, so that the
         activations of one batch reuse the pages of the last instead of faulting fresh ones in (glibc's
         own thresholds move with what was freed, and every trimmed or mmapped block costs page faults
-        on its next use: PyTorch int8 on a 32 x 128 batch read 352-396 ms that way, 296-310 kept,
-        docs/serve-measurements.md). The server still trims when it goes idle (`trim`)."""
+        on its next use; docs/serve-measurements.md). The server still trims when it goes idle (`trim`)."""
         if self.libc is not None:
             self.libc.mallopt(self.M_MMAP_THRESHOLD, mmap_mb << 20)
             self.libc.mallopt(self.M_TRIM_THRESHOLD, keep_mb << 20)
