@@ -18,7 +18,10 @@ each forced one. Contenders (each optional runtime skipped with a note when not 
   fp32 and int8 - `onnxruntime.transformers.optimizer`); OpenVINO (its default precision: bf16
   where the CPU has it) on that graph; CTranslate2 int8.
 Rounds are interleaved (contenders in a rotated order each round) after a warm-up; figures are
-medians over --reps rounds. Agreement: min cosine of the mean-pooled embeddings over the ragged
+medians over --reps rounds. CTranslate2 is timed after the others, in rounds of its own beside
+transformers fp32 (its ratios are to that second reference): once its threads have run, GNU
+OpenMP's worker pools outnumber the cores and every PyTorch contender in the process slows by
+12-30% (docs/serve-measurements.md); --ct2-together times it in the same rounds. Agreement: min cosine of the mean-pooled embeddings over the ragged
 and fixed sequences to sentence-transformers' (= transformers fp32, mean pooling).
 
     nice -n 10 python benchmarks/infer_vs_hf.py [--reps 5] [--threads 2] [--only bertkit,onnxruntime]
