@@ -100,7 +100,7 @@ def unpaired_difference(a: dict, b: dict, z: float = 1.959964) -> tuple[float, f
     their per-pair outcomes are not both at hand (an arm scored on another machine whose
     blimp_correct.txt was not kept): the normal interval of two independent proportions. It ignores
     that both read the same pairs, so it is wider than the paired one wherever two models agree on
-    pairs more than chance would (models scored on the same pairs do: 1.5x here)."""
+    pairs more than chance would, as models scored on the same pairs do."""
     if not a.get("pairs") or a.get("pairs") != b.get("pairs"):
         return None
     n, p, q = a["pairs"], a["accuracy"], b["accuracy"]
