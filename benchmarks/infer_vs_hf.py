@@ -21,8 +21,8 @@ Rounds are interleaved (contenders in a rotated order each round) after a warm-u
 medians over --reps rounds. CTranslate2 is timed after the others, in rounds of its own beside
 transformers fp32 (its ratios are to that second reference): once its threads have run, GNU
 OpenMP's worker pools outnumber the cores and every PyTorch contender in the process slows by
-12-30% (docs/serve-measurements.md); --ct2-together times it in the same rounds. Agreement: min cosine of the mean-pooled embeddings over the ragged
-and fixed sequences to sentence-transformers' (= transformers fp32, mean pooling).
+12-30% (docs/serve-measurements.md); --ct2-together times it in the same rounds. Agreement: min
+cosine of the mean-pooled embeddings over the ragged and fixed sequences to sentence-transformers' (= transformers fp32, mean pooling).
 
     nice -n 10 python benchmarks/infer_vs_hf.py [--reps 5] [--threads 2] [--only bertkit,onnxruntime]
     python benchmarks/infer_vs_hf.py --device cuda --reps 10      (GPU: transformers vs bertkit, fp16)
@@ -202,9 +202,7 @@ def build_contenders(path: Path, args, tmp: Path, notes: list[str]) -> dict[str,
         _add_onnxruntime(c, path, args, tmp, notes)
     if args.want("OpenVINO"):
         _add_openvino(c, path, args, tmp, notes)
-    if args.want("CTranslate2") and not args.ct2_together:
-        notes.append("CTranslate2 timed after every other contender, beside transformers fp32 again (see --ct2-together)")
-    elif args.want("CTranslate2"):
+    if args.want("CTranslate2") and args.ct2_together:     # otherwise `time_apart`, after the others
         _add_ctranslate2(c, path, args, tmp, notes)
     return c
 
@@ -310,6 +308,22 @@ def measure(contenders: dict[str, Callable], workloads: dict[str, dict], reps: i
     return {key: statistics.median(v) for key, v in times.items()}, emb
 
 
+def time_apart(late: dict[str, Callable], timing: Callable, med: dict, emb: dict, contenders: dict) -> None:
+    """Time `late` (transformers fp32, then the contenders kept apart) in rounds of their own, after
+    the others, and add those contenders to `med`, `emb` and `contenders`: their ratios are to
+    transformers fp32 timed beside them, their milliseconds in the first rounds' units."""
+    if len(late) < 2:
+        return
+    print("note: CTranslate2 timed after every other contender, beside transformers fp32 again (see --ct2-together)")
+    med2, emb2 = timing(late)
+    ref = "transformers fp32"
+    for n in list(late)[1:]:
+        contenders[n] = late[n]
+        for k in {k for _, k in med2}:
+            med[(n, k)] = med2[(n, k)] * med[(ref, k)] / med2[(ref, k)]
+            emb[(n, k)] = emb2[(n, k)]
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
@@ -399,18 +413,16 @@ def main() -> int:
               f"{args.clock} clock")
         for n in notes:
             print(f"note: {n}")
+        len_notes = len(notes)
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        med, emb = measure(contenders, workloads, args.reps, args.latency_calls, clock, args.settle)
+        timing = lambda c: measure(c, workloads, args.reps, args.latency_calls, clock, args.settle)   # noqa: E731
+        med, emb = timing(contenders)
         if args.want("CTranslate2") and not args.ct2_together:
             late: dict = {"transformers fp32": contenders["transformers fp32"]}
             _add_ctranslate2(late, path, args, Path(tmp), notes)
-            if len(late) > 1:
-                med2, emb2 = measure(late, workloads, args.reps, args.latency_calls, clock, args.settle)
-                for n in list(late)[1:]:      # its ratios to the second reference; ms in the first's units
-                    contenders[n] = late[n]
-                    for k in workloads:
-                        med[(n, k)] = med2[(n, k)] * med[("transformers fp32", k)] / med2[("transformers fp32", k)]
-                        emb[(n, k)] = emb2[(n, k)]
+            time_apart(late, timing, med, emb, contenders)
+        for n in notes[len_notes:]:
+            print(f"note: {n}")
     result = report(med, emb, list(contenders), workloads)
     result.update({"cpu": caps.cpu, "cpu_flags": list(caps.flags), "bf16_speedup_gemm": caps.bf16_speedup,
                    "threads": args.threads, "reps": args.reps, "clock": args.clock, "short_batches": args.short})

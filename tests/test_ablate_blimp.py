@@ -140,10 +140,12 @@ def test_an_arm_without_its_per_pair_outcomes_is_compared_unpaired_and_says_so(g
     import shutil
 
     cfg, _ = grid
+    paired = next(x for x in ablate_zeroshot.blimp_section(cfg, ablate_report.collect(cfg)[0]) if x.startswith("| ltr |"))
+    assert "unpaired" not in paired                                        # both kept: the paired interval
     shutil.copytree(cfg.out, tmp_path / "out")
     (tmp_path / "out" / "arms" / "base" / "blimp_correct.txt").unlink()     # the base scored elsewhere
-    lines = ablate_zeroshot.blimp_section(dataclasses.replace(cfg, out=str(tmp_path / "out")),
-                                          ablate_report.collect(dataclasses.replace(cfg, out=str(tmp_path / "out")))[0])
+    moved = dataclasses.replace(cfg, out=str(tmp_path / "out"))
+    lines = ablate_zeroshot.blimp_section(moved, ablate_report.collect(moved)[0])
     row = next(x for x in lines if x.startswith("| ltr |"))
     arms = {n: json.loads((tmp_path / "out" / "arms" / n / "arm.json").read_text())["blimp"] for n in ("base", "ltr")}
     want = ablate_zeroshot.unpaired_difference(arms["ltr"], arms["base"])

@@ -138,13 +138,11 @@ def blimp_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
         if s["name"] == cfg.base_arm:
             delta = "base"
         else:
-            own = _outcomes(cfg, s["name"])
+            own, how = _outcomes(cfg, s["name"]), ""
             d = paired_difference(own, base)
-            if d is None and not (own and base):
-                d = unpaired_difference(b, base_blimp)
-                delta = delta_cell(d) + (" unpaired" if d else "")
-            else:
-                delta = delta_cell(d)
+            if d is None and not (own and base):           # outcomes not kept: unpaired, and said so
+                d, how = unpaired_difference(b, base_blimp), " unpaired"
+            delta = delta_cell(d) + (how if d else "")
         out.append(f"| {s['name']} | {b['method']} | {b['accuracy']:.3f} [{b['low']:.3f}, {b['high']:.3f}] | "
                    f"{delta} | {b.get('ties', 0)} |")
     try:
