@@ -3,6 +3,7 @@ Predictor's loader and the task's settings), whatever the head."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def checkpoint(path: Path, head: str, **extra) -> Path:
 
 @pytest.fixture
 def reads(monkeypatch) -> list[Path]:
-    """Every `checkpoint.read_config` call from here on (callers import it when they run)."""
+    """Every `checkpoint.read_config` call from here on, through every module that imported it."""
     calls: list[Path] = []
     real = bertkit.checkpoint.read_config
 
@@ -39,7 +40,9 @@ def reads(monkeypatch) -> list[Path]:
         calls.append(Path(path))
         return real(path)
 
-    monkeypatch.setattr(bertkit.checkpoint, "read_config", counted)
+    for module in [m for name, m in sys.modules.items() if name.startswith("bertkit")]:
+        if getattr(module, "read_config", None) is real:
+            monkeypatch.setattr(module, "read_config", counted)
     return calls
 
 

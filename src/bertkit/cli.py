@@ -12,6 +12,9 @@ import importlib
 import logging
 import os
 import sys
+from . import __version__
+from .cliconfig import suggest_unknown
+from .errors import BertkitError
 
 # name -> (module under bertkit.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -65,8 +68,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def _did_you_mean(parser: argparse.ArgumentParser) -> None:
     """Every command (and sub-command: `tokenizer train`) names its unknown option and the closest
     known one (`cliconfig.suggest_unknown`), not only those whose options come from a config class."""
-    from .cliconfig import suggest_unknown
-
     if "parse_known_args" not in vars(parser):          # not done by the command itself
         suggest_unknown(parser)
     for action in parser._actions:
@@ -76,7 +77,6 @@ def _did_you_mean(parser: argparse.ArgumentParser) -> None:
 
 
 def _version() -> str:
-    from . import __version__
     return __version__
 
 
@@ -84,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=command if command in COMMANDS else None)
-    from .errors import BertkitError
     try:
         args = parser.parse_args(argv)
     except BertkitError as e:          # a command that reads its own options (pretrain) found a bad one

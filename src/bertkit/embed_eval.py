@@ -37,7 +37,11 @@ import torch.nn.functional as F
 
 from .errors import BertkitError
 from .runconfig import AT_LEAST_1, check_fields
-from .tasks import BadRows, DataError, SkipBadRows, open_text
+from .sources import open_table
+from .st_files import sentence_transformers_pooling
+from .tasks import BadRows, DataError, SkipBadRows, get_task, open_text
+from .tasks.custom import custom_task
+from .tasks.metrics import pearson_spearman
 
 POOLINGS = ("mean", "cls", "pooler")
 RETRIEVAL_METRICS = ("recall@1", "recall@10", "mrr@10", "ndcg@10")
@@ -101,9 +105,6 @@ def read_scored_pairs(source: str | Path, split: str = "dev", columns: Sequence[
                       skip_bad_rows: bool = False, limit: int | None = None) -> ScoredPairs:
     """Scored pairs from a GLUE STS-B folder (`split`'s file) or a CSV / TSV / JSONL / Parquet file
     or dataset name with the columns `columns` (first sentence, second sentence, score)."""
-    from .tasks import get_task
-    from .tasks.custom import custom_task
-
     if len(columns) != 3:
         raise BertkitError(f"columns: give three names (sentence 1, sentence 2, score), not {list(columns)}")
     bad = BadRows(skip=skip_bad_rows)
@@ -124,8 +125,6 @@ def read_scored_pairs(source: str | Path, split: str = "dev", columns: Sequence[
 def read_retrieval(source: str | Path, split: str = "dev", skip_bad_rows: bool = False,
                    limit: int | None = None) -> Retrieval:
     """A SQuAD file, folder or dataset name (questions -> their paragraphs) or a BEIR folder."""
-    from .tasks import get_task
-
     path = Path(source)
     if path.is_dir() and any((path / f).is_file() for f in ("corpus.jsonl", "corpus.jsonl.gz")):
         return read_beir(path, split, limit)
@@ -148,8 +147,6 @@ def squad_retrieval(examples: Sequence, name: str = "squad") -> Retrieval:
 
 def read_beir(folder: Path, split: str, limit: int | None = None) -> Retrieval:
     """A BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv (plain or .gz)."""
-    from .sources import open_table
-
     qrels = next((folder / "qrels" / n for n in (f"{split}.tsv", f"{split}.tsv.gz")
                   if (folder / "qrels" / n).is_file()), None)
     if qrels is None:
@@ -193,8 +190,6 @@ def _beir_rows(open_table, folder: Path, name: str):
 # ---- embedding and metrics ----------------------------------------------------------------------
 def own_pooling(path: str | Path) -> str | None:
     """The pooling a checkpoint folder's sentence-transformers config names (None: no such config)."""
-    from .st_files import sentence_transformers_pooling
-
     return sentence_transformers_pooling(path)[0] if (Path(path) / "modules.json").is_file() else None
 
 
@@ -223,8 +218,6 @@ def embed_texts(predictor, texts: Sequence[str], pooling: str, batch_size: int =
 
 def similarity_metrics(vectors1: np.ndarray, vectors2: np.ndarray, scores: Sequence[float]) -> dict[str, float]:
     """Pearson and Spearman of the pairs' cosine similarities against the gold scores."""
-    from .tasks.metrics import pearson_spearman
-
     a, b = (torch.as_tensor(v, dtype=torch.float64) for v in (vectors1, vectors2))
     cosine = F.cosine_similarity(a, b, dim=-1).numpy()
     r = pearson_spearman(list(scores), cosine)

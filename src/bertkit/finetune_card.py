@@ -16,6 +16,7 @@ import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Sequence
+from .runlog import _fmt, matmul_weights, md_section
 
 FILES = ("config.json + model.safetensors + tokenizer files: the best checkpoint on dev; finetune.yaml: the "
          "resolved config; metrics.json, metrics.jsonl, dev_predictions.jsonl; run_card.json")
@@ -24,8 +25,6 @@ FILES = ("config.json + model.safetensors + tokenizer files: the best checkpoint
 def forward_flops(config, tokens: int, squares: int) -> float:
     """Encoder forward FLOPs over `tokens` processed tokens whose sequences' squared lengths sum
     to `squares`."""
-    from .runlog import matmul_weights
-
     return 2.0 * matmul_weights(config) * tokens + 4.0 * squares * config.hidden_size * config.num_layers
 
 
@@ -104,8 +103,6 @@ def build_card(cfg, task, model, labels, result: dict, command: str, facts: dict
 
 def write_card(out: Path, card: dict) -> None:
     """run_card.json and run_card.md."""
-    from .runlog import _fmt, md_section
-
     (out / "run_card.json").write_text(json.dumps(card, indent=2, default=str) + "\n", encoding="utf-8")
     probe = card["probe"]
     mode = card["mode"] + (f" on {probe['features']} (layers {probe['layers']}"
@@ -149,8 +146,6 @@ def write_card(out: Path, card: dict) -> None:
 def seeds_card_lines(summary: dict) -> list[str]:
     """The run card's section of a `--seeds` run (`bertkit.finetune_seeds`): per dev metric the
     seeds' mean, standard deviation and min-max, the collapsed seeds, the chosen seed and why."""
-    from .runlog import _fmt
-
     n, gone = len(summary["seeds"]), summary["collapse"]["seeds"]
     lines = ["## Seeds", "", f"{n} seeds ({', '.join(map(str, summary['seeds']))}), each in `seed-N/`; this "
              f"folder's model is seed {summary['chosen_seed']}, {summary['chosen_by']}.", "",

@@ -40,7 +40,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from . import __version__
 from .errors import BertkitError
+from .packing import attention
 
 log = logging.getLogger("bertkit")
 
@@ -321,8 +323,6 @@ def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtyp
     (forward + backward, an additive ALiBi-style mask, (batch, heads, length, head_dim) in `dtype`),
     on one thread: about 0.1-0.3 s in all. Which is faster depends on the CPU (the module's doc), so
     it is timed, not assumed."""
-    from .packing import attention
-
     threads = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
     T = length
@@ -382,8 +382,6 @@ def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: tor
     leave them) on torch's threads, measured once per machine (`measured_once`): which one a Predictor
     runs (the written-out formula in cache-sized chunks reads 1.2-1.5x SDPA's forward in bf16 on a
     Zen 4; docs/serve-measurements.md)."""
-    from .packing import attention
-
     def measure() -> float:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(batch, length, heads, head_dim, generator=g).to(dtype).transpose(1, 2)
@@ -455,6 +453,5 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     if not sha:
-        from . import __version__
         return f"bertkit {__version__} (not a git checkout)"
     return sha + (" + uncommitted changes" if dirty else "")

@@ -28,6 +28,7 @@ from typing import Annotated, Iterator
 import torch
 from torch import Tensor, nn
 
+from .checkpoint import load_model, model_folder
 from .errors import BertkitError
 from .model import BertModel, SelfAttention
 from .packing import alibi_bias
@@ -78,8 +79,6 @@ class Loaded:
 def load(path: str | Path) -> Loaded:
     """A checkpoint folder as inspection runs it: plain fp32 modules on the CPU (a pre-training
     checkpoint folder, checkpoints/step-N, is read from its model/)."""
-    from .checkpoint import load_model, model_folder
-
     if not Path(path).is_dir():
         raise InspectError(f"--model {path}: no such folder")
     path = model_folder(path)

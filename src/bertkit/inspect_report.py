@@ -9,6 +9,7 @@ import html
 import json
 from pathlib import Path
 
+from .hardware import cpu_model, git_commit
 from .inspect import InspectError, tiny as _tiny
 from .outdir import write_whole
 
@@ -17,9 +18,6 @@ MODE_TITLES = {"bidirectional": "bidirectional mask (BERT's)", "causal": "causal
 
 def facts() -> dict:
     """Date, commit and machine: every figure and the page carry them."""
-    from .hardware import git_commit
-    from .hardware import cpu_model
-
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": git_commit(), "cpu": cpu_model()}
 

@@ -45,11 +45,13 @@ from tqdm.auto import tqdm
 
 from .checkpoint import load_model
 from .errors import BertkitError
+from .finetune import check_checkpoint, columns_of, read_task_data, task_max_length
 from .model import pool_tokens
 from .outdir import write_whole
 from .packing import pack
 from .probe import POOLINGS, check_pooling, probe_layers
 from .tasks import collate
+from .tasks.metrics import example_counts
 from .tasks.plumbing import resolve_task
 from .tokenizer import Tokenizer
 
@@ -296,8 +298,6 @@ def dev_outcomes(task: "Task", predictions: dict, examples: Sequence) -> dict | 
     """Each dev example's share of the main metric, {num: [...], den: [...]} in the order of `examples`
     (sum(num) / sum(den) is the metric: `tasks.metrics.example_counts`), so two probes scored on the
     same examples are compared pairwise; None where the metric is not a ratio of sums (mcc, ...)."""
-    from .tasks.metrics import example_counts
-
     if task.head == "token_classification":
         metric = "conll_f1" if task.main_metric == "f1" else task.main_metric
         refs, preds = [list(ex.tags) for ex in examples], [list(predictions[ex.id]) for ex in examples]
@@ -376,8 +376,6 @@ class Split:
 def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
     """The task, its labels and the train / dev splits featurized as fine-tuning does (limits,
     max_length, windows), every problem one line before the encoder runs."""
-    from .finetune import check_checkpoint, columns_of, read_task_data, task_max_length
-
     task = resolve_task(cfg.task, columns_of(cfg))
     if task.head not in ("sequence_classification", "token_classification") or task.problem == "regression":
         raise BertkitError(f"a logistic-regression probe needs a classification or tagging task; {task.name} is "

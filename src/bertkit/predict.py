@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+from .checkpoint import check_inputs_fit, read_config
 from .config import BertConfig
 from .errors import BertkitError
 from .infer import Predictor, PredictorOptions
 from .runconfig import AT_LEAST_1, Checked
 from .tasks import DataError
+from .tasks.glue import class_probabilities
 from .tasks.plumbing import checkpoint_task, featurize, inference_stride, parse_rows, qa_options
 
 
@@ -51,8 +53,6 @@ def load_task_predictor(model_dir: str | Path, task_name: str | None = None, col
     on any machine), the task it was trained on (or `task_name`),
     its label names. `max_length` is checked against the positions before the weights load;
     `config_json`: the folder's (BertConfig, raw dict) when the caller has read it (else read here, once)."""
-    from .checkpoint import check_inputs_fit, read_config
-
     o = options or PredictorOptions(small_batches=False)
     config_json = config_json or read_config(Path(model_dir))
     config, raw = config_json
@@ -82,8 +82,6 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
     A masked-LM checkpoint answers each [MASK] with its top-k words; a task checkpoint runs the
     task's own input parsing and post-processing (classification adds class scores, NER the words,
     SQuAD v2.0 the null odds)."""
-    from .checkpoint import read_config
-
     config_json = read_config(Path(model_dir))          # the one read of config.json: handed down from here
     raw = config_json[1]
     archs = raw.get("architectures") or ["BertModel"]
@@ -103,7 +101,6 @@ def predict(model_dir: str | Path, rows: list[tuple[str, dict]], task_name: str 
                                    **qa_options(task, raw, str(model_dir), null_threshold))
     extra: dict = {}
     if head == "sequence_classification" and labels is not None:
-        from .tasks.glue import class_probabilities
         extra = {k: {"scores": v} for k, v in class_probabilities(outputs, feats, examples, labels).items()}
     if head == "token_classification":
         extra = {ex.id: {"words": ex.words} for ex in examples}

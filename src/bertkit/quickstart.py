@@ -11,8 +11,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Callable, Literal
 
+from .data.prepare import PrepareConfig, prepare
 from .errors import BertkitError
-from .runconfig import AT_LEAST_1, SEED, THREADS, Rule, check_fields
+from .runconfig import AT_LEAST_1, PretrainConfig, Rule, SEED, THREADS, check_fields, load_config
+from .tokenizer import Tokenizer
 
 log = logging.getLogger("bertkit")
 
@@ -146,8 +148,6 @@ class QuickstartOptions:
 def training_config(root: Path, budget_s: float, updates: int | None, seed: int, threads: int, precision: str):
     """The PretrainConfig of the quickstart's training: the CPU recipe on its data, for `budget_s`
     seconds (planned into updates when training starts) or exactly `updates`."""
-    from .runconfig import PretrainConfig, load_config
-
     length = {"train.budget": f"{budget_s:.0f}s", "train.max_steps": 10_000_000, "train.eval_every": 0,
               "train.eval_minutes": round(budget_s / 60 / 12, 4)} if updates is None else \
         {"train.budget": None, "train.max_steps": updates, "train.eval_every": max(1, updates // 12)}
@@ -169,9 +169,7 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
     root = Path(out)
     QuickstartOptions(out, minutes, updates, seed, threads, precision)      # checked before anything is written
     training_config(root, max(minutes * 60 - 15, 10), updates, seed, threads, precision)   # its keys checked now
-    from .data.prepare import PrepareConfig, prepare
     from .runlog import read_jsonl
-    from .tokenizer import Tokenizer
     from .train import pretrain
 
     (root / "text").mkdir(parents=True, exist_ok=True)

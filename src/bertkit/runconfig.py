@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
+from .config import ACTIVATIONS, PRESETS
 from .errors import BertkitError
 
 
@@ -303,8 +304,6 @@ class PretrainConfig:
 
 def _check_values(cfg: "PretrainConfig") -> None:
     """Ranges of the model, train and optim numbers (data: DataSection.check), named in the error."""
-    from .config import ACTIVATIONS, PRESETS
-
     m, o = cfg.model, cfg.optim
     if m.preset not in PRESETS:
         close = difflib.get_close_matches(m.preset, PRESETS, n=1)

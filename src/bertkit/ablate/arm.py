@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
+from ..config import BertConfig, preset
 from ..errors import BertkitError, DivergedError
 from ..outdir import write_whole
-from ..runconfig import AT_LEAST_1, Checked
+from ..runconfig import AT_LEAST_1, Checked, PretrainConfig, from_dict, save_config
 from .config import AblateConfig, Arm, _key, _read_json, _write_json, describe, lr_search_of, merge
 from .measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm, weights_id
 from .shared import Shared
@@ -56,8 +57,6 @@ def arm_budget(cfg: AblateConfig, arm: Arm) -> dict:
 
 def pretrain_config(cfg: AblateConfig, arm: Arm, train: Path, heldout: Path, out: Path):
     """The arm's PretrainConfig: base sections, the arm's, the budget, the shared data."""
-    from ..runconfig import PretrainConfig, from_dict
-
     fixed = {"out": str(out), "data": {"path": str(train), "eval_path": str(heldout)},
              "train": {"progress": False}}
     if cfg.threads:
@@ -81,7 +80,6 @@ def finetune_config(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Pa
     """The FinetuneConfig of one run: the grid's finetune keys, the task's, the arm's; `lr`: a candidate
     rate of the learning-rate search (over them all)."""
     from ..finetune import FinetuneConfig
-    from ..runconfig import from_dict
 
     spec = dict(cfg.tasks[task] or {})
     data = spec.pop("data", None)
@@ -286,8 +284,6 @@ def _stopped_by_signal(card: dict | None) -> bool:
 
 
 def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data: dict) -> dict:
-    from ..runconfig import save_config
-
     out = Path(pcfg.out)
     key = _given_key(pcfg, data=data["key"])      # the launcher changes no number: not in the key
     card = _read_json(out / "run_card.json")
@@ -387,7 +383,6 @@ def _random_model(pcfg, shared: Shared, out: Path) -> Path:
     import torch
 
     from ..checkpoint import build, save_model
-    from ..config import BertConfig, preset
 
     mc = pcfg.model
     names = {f.name for f in dataclasses.fields(BertConfig)}

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Sequence
 
 from ..errors import BertkitError
 from ..outdir import write_whole
-from ..runconfig import AT_LEAST_1, SEED, THREADS, check_fields, parse_duration
+from ..runconfig import AT_LEAST_1, SEED, THREADS, _coerce, check_fields, parse_duration, read_yaml_mapping
 from ..sources import jsonl_objects
 
 
@@ -143,8 +143,6 @@ def _unknown(key: str, known: Sequence[str], where: str) -> str:
 def load_ablate_config(path: str | Path, values: dict | None = None) -> AblateConfig:
     """The grid from YAML, then `values` (grid keys given as options) on top. Grid-level mistakes are
     errors now; an arm's mistakes become its failed row."""
-    from ..runconfig import read_yaml_mapping
-
     path = Path(path)
     raw = read_yaml_mapping(path, "grid keys")
     kw: dict[str, Any] = {}
@@ -183,7 +181,6 @@ def _typed(cls: type, values: dict, prefix: str) -> dict:
     values of a run config are: `runconfig._coerce`); lists and mappings are checked where used."""
     import typing
 
-    from ..runconfig import _coerce
 
     hints = typing.get_type_hints(cls)
     return {k: _coerce(v, hints[k], f"{prefix}{k}") if hints[k] in (int, float, str, bool, str | None) else v

@@ -3,6 +3,8 @@ under BERT's mask, and a causal mask changes the contract (`bertkit ablate --con
 from __future__ import annotations
 
 from pathlib import Path
+from ..config import preset
+from ..tokenizer import Tokenizer
 
 
 # ---- the paper note's minimal implementation test --------------------------------------------------
@@ -19,14 +21,12 @@ def contract_test(model: str | Path | None = None, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
     if model is not None:
         from ..checkpoint import load_model
-        from ..tokenizer import Tokenizer
         enc = load_model(model, head="encoder").eval()
         tok = Tokenizer.from_dir(model)
         e = tok.encode("the river bank was steep and muddy", "so we walked along the road to the town")
         ids, types = torch.tensor([e.input_ids]), torch.tensor([e.token_type_ids])
         special = {tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]")}
     else:
-        from ..config import preset
         torch.manual_seed(seed)
         enc = BertModel(preset("tiny", vocab_size=1000, hidden_size=64, num_heads=2, intermediate_size=128)).eval()
         from ..model import init_weights

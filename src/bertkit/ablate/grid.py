@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from ..data.prepare import PrepareConfig
 from ..errors import BertkitError
+from ..runconfig import from_dict, to_dict
 from .arm import RunOptions, _now, finetune_config, finished, one_line, pretrain_config, run_arm
 from .config import AblateConfig, Arm, _read_json, describe, flatten, lr_search_of, merge
 from .measure import budget_info
@@ -31,9 +33,6 @@ class _GridLines(logging.Filter):
 
 def resolve(cfg: AblateConfig, arm: Arm) -> dict:
     """The arm's configs with placeholder paths (no data made): raises what running the arm would."""
-    from ..data.prepare import PrepareConfig
-    from ..runconfig import from_dict, to_dict
-
     if arm.error:
         raise BertkitError(arm.error)
     prep = to_dict(from_dict(PrepareConfig, merge(cfg.prepare, arm.prepare), f"arm {arm.name} prepare"))

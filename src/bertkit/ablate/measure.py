@@ -21,9 +21,14 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from .config import AblateConfig, Arm, _read_json, _write_json, merge
+from ..config import preset
+from ..data.masking import Collator, MaskingConfig, num_to_predict
+from ..data.prepare import PrepareConfig
+from ..data.pretraining import open_dataset
 from ..errors import BertkitError
 from ..finetune_seeds import one_answer
+from ..runconfig import PretrainConfig, from_dict
+from .config import AblateConfig, Arm, _read_json, _write_json, merge
 
 
 # ---- the budget -----------------------------------------------------------------------------------
@@ -51,10 +56,6 @@ def update_flops(cfg: AblateConfig, arm: Arm) -> float:
     max_length token slots. The head projects what the objective predicts: masked LM only the selected
     positions (`num_to_predict` of a full sequence's maskable tokens: ~15%, capped), next-token every
     position but the last. V is the configured vocabulary size (the same for every arm)."""
-    from ..config import preset
-    from ..data.masking import num_to_predict
-    from ..data.prepare import PrepareConfig
-    from ..runconfig import PretrainConfig, from_dict
     from ..runlog import step_flops
 
     prep = from_dict(PrepareConfig, merge(cfg.prepare, arm.prepare), f"arm {arm.name} prepare")
@@ -104,8 +105,6 @@ def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path, arm_dir: Path | None
     import torch
 
     from ..checkpoint import load_model
-    from ..data.masking import Collator, MaskingConfig
-    from ..data.pretraining import open_dataset
 
     raw = _read_json(model_dir / "config.json") or {}
     if raw.get("bertkit_causal") or raw.get("is_decoder"):

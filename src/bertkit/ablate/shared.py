@@ -10,7 +10,10 @@ import os
 import shutil
 from pathlib import Path
 
+from ..data.prepare import PrepareConfig, prepare as run_prepare
 from ..errors import BertkitError
+from ..runconfig import from_dict
+from ..tokenizer import Tokenizer
 from .config import AblateConfig, _key, _read_json, _write_json, flatten
 
 log = logging.getLogger("bertkit")
@@ -72,8 +75,6 @@ class Shared:
         return path
 
     def tokenizer(self):
-        from ..tokenizer import Tokenizer
-
         if self._tokenizer is not None:
             return self._tokenizer
         split = self.split()
@@ -96,9 +97,6 @@ class Shared:
 
     def prepared(self, prepare: dict, fraction: float = 1.0) -> tuple[Path, Path, dict]:
         """(train data, held-out data, key info) prepared with these PrepareConfig keys."""
-        from ..data.prepare import PrepareConfig, prepare as run_prepare
-        from ..runconfig import from_dict
-
         tok = self.tokenizer()
         names = {f.name for f in dataclasses.fields(PrepareConfig)}
         opts = dict(prepare)

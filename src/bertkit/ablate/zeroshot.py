@@ -18,6 +18,7 @@ import math
 import time
 from pathlib import Path
 
+from ..errors import DataError
 from .config import AblateConfig, _key, _read_json, _write_json
 from .measure import delta_cell, weights_id
 
@@ -59,7 +60,6 @@ def arm_nsp_shortcut(cfg: AblateConfig, shared, model: Path, d: Path) -> dict | 
     baseline (tf-idf cosine of the two segments) solves, and the arm's NSP head on next, other-document
     and same-document non-adjacent pairs (`bertkit.nsp_probe.nsp_shortcut`). None when the model has no
     NSP head (MLM only, left-to-right). Cached in d/nsp_shortcut.json by the model's weights."""
-    from ..errors import DataError
     from ..nsp_probe import NoNSPHead, nsp_shortcut
 
     heldout = shared.root / "corpus" / "heldout.txt"

@@ -6,6 +6,9 @@ import json
 import shlex
 import sys
 
+from .. import ablate
+from ..ablate import AblateConfig, RunOptions, contract_test
+from ..cliconfig import add_options, given, suggest_unknown
 from ..errors import BertkitError
 from .basic import options_of
 
@@ -28,8 +31,6 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
         "  bertkit ablate --contract-test [MODEL]     # right-hand context and the causal mask, checked\n"
         "A finished arm is skipped on a rerun; a failing arm becomes a row saying so, and the command exits 1\n"
         "naming the failed arms (--dry-run: the arms that would fail). See bertkit/ablate/__init__.py.")
-    from ..ablate import AblateConfig, RunOptions
-    from ..cliconfig import add_options, suggest_unknown
 
     p.add_argument("config", nargs="?", help="grid YAML (configs/ablate/small.yaml, configs/ablate/gpu.yaml)")
     grid = p.add_argument_group("grid keys (override the config file's)")
@@ -54,13 +55,10 @@ def setup_ablate(p: argparse.ArgumentParser) -> None:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    from .. import ablate
-
     if args.contract_test is not None:
         return _contract(args.contract_test or None)
     if not args.config:
         raise BertkitError("give a grid config (e.g. configs/ablate/small.yaml), or --contract-test")
-    from ..cliconfig import given
 
     values = {k: v for k, v in given(args, ablate.AblateConfig).items() if k in GRID_OPTIONS}   # --arms selects
     cfg = ablate.load_ablate_config(args.config, values=values)       # every grid key checked here
@@ -98,8 +96,6 @@ def _failed(names: list[str], total: int, what: str) -> int:
 
 
 def _contract(model: str | None) -> int:
-    from ..ablate import contract_test
-
     r = contract_test(model)
     yes = {True: "yes", False: "NO"}
     print(f"minimal implementation test (paper note) on {r['model']}, {r['tokens']} tokens, "

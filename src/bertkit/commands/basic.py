@@ -14,6 +14,8 @@ from ..cliconfig import POSITIONAL, add_options, given
 from ..errors import BertkitError
 from ..runconfig import AT_LEAST_1, Rule, check_fields
 from ..sources import jsonl_objects
+from ..st_files import sentence_transformers_pooling
+from ..tokenizer import Tokenizer, TokenizerError
 
 log = logging.getLogger("bertkit")
 
@@ -192,7 +194,6 @@ def setup_info(p) -> None:
 def describe(path: str | Path) -> dict:
     """Config, parameter count, heads and tokenizer casing of a checkpoint folder."""
     from ..checkpoint import _IGNORED, _rename, check_weights_fit_config, heads_in, read_config, read_state_dict
-    from ..tokenizer import Tokenizer, TokenizerError
 
     path = Path(path)
     cfg, raw = read_config(path)
@@ -317,8 +318,6 @@ def setup_tokenize(p) -> None:
 
 
 def run_tokenize(args) -> int:
-    from ..tokenizer import Tokenizer
-
     o = options_of(args, TokenizeOptions)
     tok = Tokenizer.from_dir(args.model)
     texts, pairs = read_inputs(args.input, o.jsonl)
@@ -367,7 +366,6 @@ def run_embed(args) -> int:
     from tqdm.auto import tqdm
 
     from ..infer import Predictor
-    from ..st_files import sentence_transformers_pooling
 
     o, how = options_of(args, EmbedOptions), predictor_options(args)
     _check_max_length(how.max_length)

@@ -11,17 +11,19 @@ import json
 import time
 from pathlib import Path
 
+from .. import __version__
+from ..blimp import (BlimpOptions, PUBLISHED, load, method_for, pair_rows, published, read_pairs, score_pairs,
+                     summarize)
+from ..cliconfig import add_options
 from ..errors import BertkitError
+from ..hardware import cpu_model
+from .basic import Args, check_device, options_of
 
 COLUMNS = {"ngram": "5-gram", "lstm": "LSTM", "txl": "TXL", "gpt2": "GPT-2"}     # the paper's models, short
 
 
 def setup_blimp(p) -> None:
     """Positional files, --model, the outputs; one flag per BlimpOptions field (`bertkit.cliconfig`)."""
-    from ..blimp import BlimpOptions
-    from ..cliconfig import add_options
-    from .basic import Args
-
     p.epilog = ("BLiMP files: github.com/alexwarstadt/blimp, data/*.jsonl (CC BY 4.0): one JSON object per pair "
                 "with UID, linguistics_term, pairID, sentence_good, sentence_bad. A pair counts when the good "
                 "sentence scores strictly higher; ties fail.")
@@ -37,8 +39,6 @@ def setup_blimp(p) -> None:
 def run_blimp(args) -> int:
     from tqdm.auto import tqdm
 
-    from ..blimp import BlimpOptions, load, method_for, published, read_pairs, score_pairs, summarize
-    from .basic import check_device, options_of
 
     o = options_of(args, BlimpOptions)
     check_device(o.device)
@@ -83,8 +83,6 @@ def _run_facts(pred, wall: float, pairs: int, tokens_read: int) -> dict:
 
     import torch
 
-    from .. import __version__
-    from ..hardware import cpu_model
 
     return {"wall_s": round(wall, 2), "sentences": 2 * pairs, "sentences_per_s": round(2 * pairs / max(wall, 1e-9), 1),
             "tokens_read": int(tokens_read), "precision": pred.precision, "precision_reason": pred.precision_reason,
@@ -95,8 +93,6 @@ def _run_facts(pred, wall: float, pairs: int, tokens_read: int) -> dict:
 
 
 def _write(out: tuple[Path, Path], result: dict, pairs, scored: dict, correct) -> None:
-    from ..blimp import pair_rows
-
     out[0].parent.mkdir(parents=True, exist_ok=True)
     for path, text in ((out[1], "".join(json.dumps(r) + "\n" for r in pair_rows(pairs, scored, correct))),
                        (out[0], json.dumps(result, indent=1) + "\n")):
@@ -106,8 +102,6 @@ def _write(out: tuple[Path, Path], result: dict, pairs, scored: dict, correct) -
 
 
 def _print_tables(r: dict, precision: str) -> None:
-    from ..blimp import PUBLISHED
-
     o, run = r["overall"], r["run"]
     print(f"BLiMP, {r['model']}: {r['method']}, {precision}; {o['pairs']:,} pairs of {o['paradigms']} paradigms "
           f"({len(r['phenomena'])} phenomena) in {run['wall_s']:.1f} s ({run['sentences_per_s']:,.0f} sentences/s)")

@@ -10,7 +10,15 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from ..cliconfig import POSITIONAL, add_options, given, suggest_unknown
+from ..data.masking import default_max_predictions
+from ..data.prepare import PrepareConfig, PrepareRunOptions, prepare
+from ..data.pretraining import open_dataset
+from ..data.stats import (DataStatsOptions, ShowOptions, TokenizerStatsOptions, data_stats, show_instances,
+                          tokenizer_stats)
+from ..data.text import expand_inputs
 from ..errors import BertkitError
+from ..runconfig import RunConfigError, from_dict
+from ..tokenizer import Tokenizer, TokenizerTrainOptions, train_to_folder
 from .basic import options_of
 
 log = logging.getLogger("bertkit")
@@ -44,15 +52,11 @@ def _sub(parser: argparse.ArgumentParser, name: str, help_: str) -> argparse.Arg
 
 
 def _load_tokenizer(path: str):
-    from ..tokenizer import Tokenizer
     return Tokenizer.from_dir(path)
 
 
 # ---- tokenizer ----------------------------------------------------------------------------------
 def setup_tokenizer(parser: argparse.ArgumentParser) -> None:
-    from ..data.stats import TokenizerStatsOptions
-    from ..tokenizer import TokenizerTrainOptions
-
     p = _sub(parser, "train", "learn a WordPiece vocabulary (vocab.txt, tokenizer.json, tokenizer_config.json)")
     add_options(p, DataArgs, names=("files", "out"), defaults=True)
     add_options(p, TokenizerTrainOptions)
@@ -65,9 +69,6 @@ def setup_tokenizer(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tokenizer_train(args) -> int:
-    from ..data.text import expand_inputs
-    from ..tokenizer import TokenizerTrainOptions, train_to_folder
-
     o = options_of(args, TokenizerTrainOptions)
     files = expand_inputs(args.files)
     # written as OUT.incomplete and swapped in whole: a killed rerun never mixes old and new files
@@ -78,8 +79,6 @@ def run_tokenizer_train(args) -> int:
 
 
 def run_tokenizer_stats(args) -> int:
-    from ..data.stats import TokenizerStatsOptions, tokenizer_stats
-
     o = options_of(args, TokenizerStatsOptions)                 # checked before the tokenizer loads
     s = tokenizer_stats(_load_tokenizer(args.model), args.files, o)
     if args.json:
@@ -109,8 +108,6 @@ def setup_prepare(parser: argparse.ArgumentParser) -> None:
     """Every data option is a PrepareConfig field of the same name (`bertkit.cliconfig`), masking ones
     as `--masking_config.KEY`, and how it runs a PrepareRunOptions field; Google's spellings
     (--masked-lm-prob, ...) say what replaced them."""
-    from ..data.prepare import PrepareConfig, PrepareRunOptions
-
     p = parser
     add_options(p, DataArgs, names=("model", "input", "out"), defaults=True)
     add_options(p, PrepareRunOptions)
@@ -124,10 +121,6 @@ def setup_prepare(parser: argparse.ArgumentParser) -> None:
 def prepare_config(args: argparse.Namespace):
     """PrepareConfig from the options given (defaults for the rest); the prediction cap, when not
     given, follows the length and the masking rate (`masking.default_max_predictions`)."""
-    from ..data.masking import default_max_predictions
-    from ..data.prepare import PrepareConfig
-    from ..runconfig import RunConfigError, from_dict
-
     values = given(args, PrepareConfig)
     masking = values.setdefault("masking_config", {})
     if "max_predictions" not in masking:
@@ -142,8 +135,6 @@ def prepare_config(args: argparse.Namespace):
 def command_line(args: argparse.Namespace) -> str:
     """The command as it would be typed again: every option given but --[no-]progress, in its canonical
     spelling."""
-    from ..data.prepare import PrepareConfig, PrepareRunOptions
-
     parts = ["bertkit", "prepare", "--model", args.model, "--input", *args.input, "--out", args.out]
 
     def flat(values: dict, prefix: str = "") -> None:
@@ -161,7 +152,6 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run_prepare(args) -> int:
-    from ..data.prepare import PrepareRunOptions, prepare
     cfg, run = prepare_config(args), options_of(args, PrepareRunOptions)
     meta = prepare(args.input, _load_tokenizer(args.model), args.out, cfg, **vars(run), command=command_line(args))
     c = meta["counts"]
@@ -175,7 +165,6 @@ def run_prepare(args) -> int:
 
 # ---- data ---------------------------------------------------------------------------------------
 def setup_data(parser: argparse.ArgumentParser) -> None:
-    from ..data.stats import DataStatsOptions, ShowOptions
     from ..nsp_probe import ShortcutOptions
 
     p = _sub(parser, "stats", "instances, tokens, lengths, NSP and masking fractions of prepared data")
@@ -197,9 +186,6 @@ def setup_data(parser: argparse.ArgumentParser) -> None:
 
 
 def run_data_stats(args) -> int:
-    from ..data.pretraining import open_dataset
-    from ..data.stats import DataStatsOptions, data_stats
-
     o = options_of(args, DataStatsOptions)                      # checked before the data opens
     s = data_stats(open_dataset(args.dir), o)
     if args.json:
@@ -263,9 +249,6 @@ def run_nsp_shortcut(args) -> int:
 
 
 def run_data_show(args) -> int:
-    from ..data.pretraining import open_dataset
-    from ..data.stats import ShowOptions, show_instances
-
     o = options_of(args, ShowOptions)
     ds = open_dataset(args.dir)
     if o.start >= len(ds):

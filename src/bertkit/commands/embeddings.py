@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 
+from ..cliconfig import add_options
+from ..embed_eval import (EmbedEvalOptions, RETRIEVAL_METRICS, available_poolings, evaluate_retrieval,
+                          evaluate_similarity, own_pooling, read_retrieval, read_scored_pairs)
 from ..errors import BertkitError
-from .basic import Args, add_predictor_options, predictor_options
+from ..infer import Predictor
+from .basic import Args, add_predictor_options, check_device, check_fits, options_of, predictor_options
 
 
 def setup_embed_eval(p) -> None:
-    from ..cliconfig import add_options
-    from ..embed_eval import EmbedEvalOptions
-
     p.epilog = ("metrics as sentence-transformers' EmbeddingSimilarityEvaluator (cosine Pearson / Spearman) and "
                 "InformationRetrievalEvaluator (recall@k, MRR@10, nDCG@10) compute them")
     add_options(p, Args, names=("model",), defaults=True,
@@ -37,11 +38,6 @@ def setup_embed_eval(p) -> None:
 
 
 def run_embed_eval(args) -> int:
-    from ..embed_eval import (RETRIEVAL_METRICS, EmbedEvalOptions, available_poolings, evaluate_retrieval,
-                              evaluate_similarity, own_pooling, read_retrieval, read_scored_pairs)
-    from ..infer import Predictor
-    from .basic import check_device, check_fits, options_of
-
     if not args.sts and not args.retrieval:
         raise BertkitError("give data to evaluate on: --sts SOURCE and/or --retrieval SOURCE")
     o, how = options_of(args, EmbedEvalOptions), predictor_options(args)

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import argparse
 
+from ..cliconfig import add_options
 from ..errors import BertkitError
+from ..infer.export import ExportOptions, export_onnx
+from .basic import Args, options_of
 
 
 def setup_export(p: argparse.ArgumentParser) -> None:
-    from ..cliconfig import add_options
-    from ..infer.export import ExportOptions
-    from .basic import Args
-
     sub = p.add_subparsers(dest="format", metavar="FORMAT", required=True)
     o = sub.add_parser("onnx", help="ONNX with dynamic batch and sequence axes, checked against PyTorch",
                        description="Export a checkpoint to ONNX (dynamo exporter), then check it on "
@@ -22,8 +21,6 @@ def setup_export(p: argparse.ArgumentParser) -> None:
 
 
 def run_export(args) -> int:
-    from ..infer.export import ExportOptions, export_onnx
-    from .basic import options_of
     try:
         import onnx, onnxruntime, onnxscript  # noqa: F401,E401 - the exporter's and the parity check's, imported late
     except ImportError as e:

@@ -6,7 +6,14 @@ import json
 import shlex
 import sys
 
+from ..biencoder import finetune_embedding
+from ..cliconfig import add_options, given, suggest_unknown
 from ..errors import BertkitError
+from ..finetune import finetune, grid
+from ..finetune_config import FinetuneConfig
+from ..finetune_seeds import finetune_seeds, parse_seeds, summary_lines
+from ..runconfig import RunConfigError, from_dict, read_yaml_mapping
+from ..tasks.plumbing import COLUMN_KEYS
 from .predict import column_options
 
 
@@ -14,10 +21,6 @@ from .predict import column_options
 def setup_finetune(p: argparse.ArgumentParser) -> None:
     """Every option is a FinetuneConfig field of the same name (`bertkit.cliconfig`): the flag, the
     YAML key and the attribute are one name; --batch-size is accepted for --batch_size."""
-    from ..cliconfig import add_options, suggest_unknown
-    from ..finetune_config import FinetuneConfig
-    from ..tasks.plumbing import COLUMN_KEYS
-
     p.epilog = ("example: bertkit finetune --task sst2 --data ../shared/data/glue/SST-2 --model MODEL_DIR "
                 "--out runs/sst2   |   bertkit finetune configs/finetune/sst2_minilm.yaml --seed 1")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -36,8 +39,6 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
 
 def _seeds(text: str) -> list[int]:
     """--seeds 0,1,2: argparse's one-line error for a bad list."""
-    from ..finetune_seeds import parse_seeds
-
     try:
         return parse_seeds(text)
     except BertkitError as e:
@@ -46,10 +47,6 @@ def _seeds(text: str) -> list[int]:
 
 def finetune_config(args: argparse.Namespace):
     """FinetuneConfig from the YAML file (if any), then the options given (same names, checked alike)."""
-    from ..cliconfig import given
-    from ..finetune_config import FinetuneConfig
-    from ..runconfig import RunConfigError, from_dict, read_yaml_mapping
-
     data: dict = {}
     source = "options"
     if args.config:
@@ -66,15 +63,11 @@ def finetune_config(args: argparse.Namespace):
 
 
 def run_finetune(args: argparse.Namespace) -> int:
-    from ..biencoder import finetune_embedding
-    from ..finetune import finetune, grid
-
     if args.seeds is not None and (hasattr(args, "seed") or args.grid):
         raise BertkitError(f"give --seeds or {'--seed' if hasattr(args, 'seed') else '--grid'}, not both")
     cfg = finetune_config(args)
     command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     if args.seeds is not None:
-        from ..finetune_seeds import finetune_seeds, summary_lines
         summary = finetune_seeds(cfg, args.seeds, command)
         print("\n".join(summary_lines(summary, cfg.out)))
     elif args.grid:

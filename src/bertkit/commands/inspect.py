@@ -11,6 +11,7 @@ import json
 
 from ..cliconfig import add_options
 from ..inspect import InspectOptions, inspect, load
+from ..inspect_report import check_out, summary_lines, write_report
 from .basic import Args, options_of
 
 
@@ -26,7 +27,6 @@ def setup_inspect(p) -> None:
 def run_inspect(args) -> int:
     import torch
 
-    from ..inspect_report import check_out, summary_lines, write_report
 
     o = options_of(args, InspectOptions)
     if o.threads:                                   # set here, not in inspect(): a server shares its process

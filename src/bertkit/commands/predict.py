@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 from ..cliconfig import add_options
-from ..errors import BertkitError
-from ..predict import PredictOptions
-from ..tasks import SkipBadRows
-from ..tasks.plumbing import COLUMN_KEYS, Columns
+from ..errors import BertkitError, DataError
+from ..predict import PredictOptions, load_task_predictor, predict
+from ..sources import jsonl_objects
+from ..tasks import BadRows, SkipBadRows
+from ..tasks.plumbing import (COLUMN_KEYS, Columns, check_references, evaluate, featurize, inference_stride, qa_options,
+                              write_predictions)
 from .basic import Args, add_predictor_options, options_of, predictor_options
 
 
@@ -40,10 +42,7 @@ def _columns(args: argparse.Namespace) -> dict:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from ..finetune_seeds import read_summary, spread_footer, spread_text
-    from ..predict import load_task_predictor
-    from ..tasks import BadRows
-    from ..tasks.plumbing import check_references, evaluate, featurize, inference_stride, qa_options, write_predictions
+    from ..finetune_seeds import read_summary, spread_footer, spread_text   # only here: predicting never loads fine-tuning
 
     o, how = options_of(args, PredictOptions), predictor_options(args, ("max_length",))
     predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), how, max_length=o.max_length)
@@ -96,9 +95,6 @@ def setup_predict(p: argparse.ArgumentParser) -> None:
 
 
 def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
-    from ..errors import DataError
-    from ..sources import jsonl_objects
-
     with sys.stdin if path == "-" else open(path, encoding="utf-8-sig") as f:
         rows = [(f"{path}:{lineno}", obj) for lineno, obj in jsonl_objects(f, path)]
     if not rows:
@@ -107,8 +103,6 @@ def read_jsonl_inputs(path: str) -> list[tuple[str, dict]]:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from ..predict import predict
-
     rows = read_jsonl_inputs(args.input)
     o, how = options_of(args, PredictOptions), predictor_options(args, ("max_length",))
     records = predict(args.model, rows, args.task, _columns(args), **vars(o), options=how, where=args.input)

@@ -5,14 +5,15 @@ import argparse
 import logging
 import shlex
 import sys
+from ..cliconfig import add_options, given, suggest_unknown
+from ..quickstart import QuickstartOptions, quickstart
+from ..runconfig import PretrainConfig, load_config
+from .basic import options_of
 
 log = logging.getLogger("bertkit")
 
 
 def setup_pretrain(parser: argparse.ArgumentParser) -> None:
-    from ..cliconfig import add_options, suggest_unknown
-    from ..runconfig import PretrainConfig
-
     parser.usage = "bertkit pretrain [CONFIG.yaml] [--resume] [--section.key=value ...]"
     parser.description = (
         "Pre-train BERT with MLM (+ NSP) on data written by `bertkit prepare`. Every option is a config key "
@@ -27,8 +28,6 @@ def setup_pretrain(parser: argparse.ArgumentParser) -> None:
 
 
 def run_pretrain(args) -> int:
-    from ..cliconfig import given
-    from ..runconfig import PretrainConfig, load_config
     from ..train import pretrain
 
     cfg = load_config(PretrainConfig, args.config, values=given(args, PretrainConfig))
@@ -43,9 +42,6 @@ def run_pretrain(args) -> int:
 
 
 def setup_quickstart(parser: argparse.ArgumentParser) -> None:
-    from ..cliconfig import add_options
-    from ..quickstart import QuickstartOptions
-
     parser.description = ("The whole pipeline in about five minutes on the bundled corpus (US inaugural addresses "
                           "and 11 Project Gutenberg books, "
                           "public domain): train a WordPiece vocabulary, prepare data, pre-train a small BERT with "
@@ -56,9 +52,6 @@ def setup_quickstart(parser: argparse.ArgumentParser) -> None:
 
 
 def run_quickstart(args) -> int:
-    from ..quickstart import QuickstartOptions, quickstart
-    from .basic import options_of
-
     card = quickstart(**vars(options_of(args, QuickstartOptions)), say=lambda line: print(line, flush=True))
     print("\n".join(card["summary"]), flush=True)
     return 0

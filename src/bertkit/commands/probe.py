@@ -10,7 +10,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from ..checkpoint import read_config
+from ..cliconfig import add_options, given
 from ..errors import BertkitError
+from ..finetune_config import FinetuneConfig
+from ..linear_probe import ProbeSpec, probe, results_json, write_results
+from ..tasks.plumbing import CUSTOM
+from .basic import Args, check_device
 
 log = logging.getLogger("bertkit")
 
@@ -21,11 +27,6 @@ RUN_OPTIONS = ("data", "train_file", "dev_file", "train_limit", "dev_limit", "ma
 
 def setup_probe(p) -> None:
     """--model, --task, --json; one flag per ProbeSpec field and per RUN_OPTIONS field (`bertkit.cliconfig`)."""
-    from ..cliconfig import add_options
-    from ..finetune_config import FinetuneConfig
-    from ..linear_probe import ProbeSpec
-    from .basic import Args
-
     p.epilog = ("Each feature (x pooling, sentence tasks) is a logistic regression on the standardised frozen "
                 "states, fitted by L-BFGS to convergence; C is chosen by k-fold cross-validation on the training "
                 "data only, then the dev set is scored with the task's own metric beside the majority class's.")
@@ -39,12 +40,6 @@ def setup_probe(p) -> None:
 
 
 def run_probe(args) -> int:
-    from ..cliconfig import given
-    from ..finetune_config import FinetuneConfig
-    from ..tasks.plumbing import CUSTOM
-    from ..linear_probe import ProbeSpec, probe, results_json, write_results
-    from .basic import check_device
-
     check_device(args.device)
     if args.task in CUSTOM or args.task == "embedding":
         raise BertkitError(f"--task {args.task}: bertkit probe takes a task from the table (sst2, mrpc, conll2003, ...)")
@@ -73,8 +68,6 @@ def run_probe(args) -> int:
 
 
 def _default_pooling(model: str) -> list[str]:
-    from ..checkpoint import read_config
-
     return ["last", "mean"] if read_config(Path(model))[0].causal else ["cls", "mean"]
 
 

@@ -12,6 +12,7 @@ import json
 import math
 
 from ..cliconfig import add_options
+from ..errors import BertkitError
 from ..tasks.metrics import ScoreOptions, score_files
 from .basic import Args, options_of
 
@@ -59,7 +60,6 @@ def _check_text_file(option: str, path: str) -> None:
     import zlib
     from pathlib import Path
 
-    from ..errors import BertkitError
 
     p = Path(path)
     if not p.exists():

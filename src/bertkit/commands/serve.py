@@ -7,24 +7,23 @@ import math
 import os
 from pathlib import Path
 
+from ..cliconfig import add_options, suggest_unknown
 from ..errors import BertkitError
-from ..cliconfig import add_options
+from ..infer import Predictor, agreement
+from ..infer.choose import sample_lines
+from ..predict import PredictOptions
+from ..serve import ServeConfig
 from .basic import Args, add_predictor_options, predictor_options
 
 log = logging.getLogger("bertkit")
 
 
 def load_predictor(args, max_length: int | None = None):
-    from ..infer import Predictor
-
     return Predictor.from_dir(args.model, predictor_options(args, ("max_length",), max_length=max_length), head=args.head)
 
 
 def report_int8(args, predictor) -> dict:
     """Log how closely the int8 model follows fp32 on the bundled sample sentences."""
-    from ..infer import Predictor, agreement
-    from ..infer.choose import sample_lines
-
     reference = Predictor.from_dir(args.model, head=args.head, device="cpu", precision="fp32",
                                    max_length=predictor.max_length, small_batches=False)
     rep = agreement(predictor, reference, sample_lines())
@@ -51,10 +50,6 @@ _FORMER = {"--header-timeout": "header_timeout_s", "--body-timeout": "body_timeo
 def setup_serve(p: argparse.ArgumentParser) -> None:
     """Model options (how a Predictor loads), then one option per ServeConfig field (`bertkit.cliconfig`):
     the flag and the attribute are one name (--max_batch_tokens, also --max-batch-tokens)."""
-    from ..cliconfig import suggest_unknown
-    from ..predict import PredictOptions
-    from ..serve import ServeConfig
-
     add_options(p, Args, names=("model", "head"), defaults=True)
     add_predictor_options(p, exclude=("max_length",))           # its max_length is ServeConfig's
     add_options(p, ServeConfig, exclude=_FROM_CHECKPOINT, defaults=True, old=_FORMER, help={

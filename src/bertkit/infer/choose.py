@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import hardware
-from ..model import BertModel, pool_tokens, set_attention_kernel
+from ..model import BertModel, Block, pool_tokens, set_attention_kernel
 from ..tokenizer import Tokenizer
 from . import engines, graph
 from .engines import Batch, GraphEngine, OpenVINOGraph, TorchEngine, encoder_of, split_packed
@@ -183,7 +183,6 @@ def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, pre
     from torch.ao.quantization import quantize_dynamic
     from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
 
-    from ..model import Block
 
     class Int8Linear(DynamicLinear):
         def forward(self, x: Tensor) -> Tensor:

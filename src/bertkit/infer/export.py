@@ -27,8 +27,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..checkpoint import check_inputs_fit, load_model
 from ..errors import BertkitError
 from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Checked, Rule
+from ..tokenizer import Tokenizer
 from .choose import sample_lines
 from .engines import INPUTS, load_session
 
@@ -101,8 +103,6 @@ def export_onnx(model_dir: str | Path, out: str | Path, options: ExportOptions |
     """Export a checkpoint folder to `out` as `options` say (`ExportOptions`; keyword arguments of its
     fields change single options); returns the parity report (raises ExportError over tolerance:
     default max abs diff 1e-3 and cosine 0.9999 for fp32, cosine 0.98 for int8)."""
-    from ..checkpoint import check_inputs_fit, load_model
-
     o = dataclasses.replace(options or ExportOptions(), **changes)
     out = Path(out)
     if out.suffix != ".onnx":
@@ -173,8 +173,6 @@ def _example_batch(vocab: int, lengths: Sequence[int], seed: int, pairs: bool = 
 
 def _tokenizer_of(model_dir: Path | None):
     """The folder's tokenizer, or None (a folder of weights only: parity is checked on random ids)."""
-    from ..tokenizer import Tokenizer
-
     try:
         return Tokenizer.from_dir(model_dir)
     except Exception:                      # noqa: BLE001 - no usable tokenizer: the random batches only

@@ -29,13 +29,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checkpoint import check_inputs_fit, length_limit, load_model
 from ..config import BertConfig
+from ..hardware import cpu_flags, cpu_model
 from ..model import BertModel, pool_tokens
 from ..packing import segment_ids
+from ..tasks.metrics import get_entities
+from ..tasks.ner import TaggedExample, featurize_tokens, postprocess_tokens
+from ..tasks.squad import QAExample, featurize_qa, postprocess_qa, qa_settings
 from ..tokenizer import Encoding, Tokenizer
 from . import choose
-from .engines import Batch, ExportedEngine, GraphEngine, TorchEngine, encoder_of, load_session, make_batches
-from .engines import packed_to, split_packed, torch_threads
+from .engines import (Batch, ExportedEngine, GraphEngine, TorchEngine, encoder_of, load_session, make_batches, packed_to,
+                      split_packed, torch_threads)
 from .options import PredictorError, PredictorOptions
 
 log = logging.getLogger("bertkit")
@@ -63,8 +68,6 @@ class Predictor:
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: str | torch.device = "cpu",
                  max_length: int | None = None, labels: dict[int, str] | None = None):
-        from ..checkpoint import length_limit
-
         self.engine: TorchEngine | ExportedEngine | GraphEngine = TorchEngine(model)   # runs every batch
         self.model, self.tokenizer = model, tokenizer
         self.device = torch.device(device)
@@ -114,8 +117,6 @@ class Predictor:
 
         head: which head to load (default: the one config.json names); config_json: the folder's
         config.json as `checkpoint.read_config` returns it, when the caller has read it already."""
-        from ..checkpoint import check_inputs_fit, load_model
-
         try:
             o = dataclasses.replace(options or DEFAULT_OPTIONS, **changes)
         except TypeError as e:
@@ -171,7 +172,6 @@ class Predictor:
                 "small_batches": {**(self.small.describe() if self.small is not None else {"engine": None}),
                                   "reason": self.small_reason}}
         if self.device.type == "cpu":
-            from ..hardware import cpu_flags, cpu_model
             info["cpu"] = f"{cpu_model()} ({' '.join(cpu_flags())}; torch {torch.backends.cpu.get_cpu_capability()})"
         return info
 
@@ -408,9 +408,6 @@ class Predictor:
         [{"type", "text", "start", "end", "first_word", "last_word"}]} with character offsets into
         the string (for word lists: into the words joined by single spaces). Long texts are cut
         into overlapping windows (`stride` pieces), each word read where it has most context."""
-        from ..tasks.metrics import get_entities
-        from ..tasks.ner import TaggedExample, featurize_tokens, postprocess_tokens
-
         self._require("token_classification", "ner")
         examples, spans = [], []
         for i, t in enumerate(texts):
@@ -452,8 +449,6 @@ class Predictor:
         are read in windows `stride` pieces apart; the answer rules are run_squad.py's
         (`bertkit.tasks.squad`). max_length, stride and the null threshold default to what the
         checkpoint was fine-tuned with (`self.null_threshold` overrides the saved threshold)."""
-        from ..tasks.squad import QAExample, featurize_qa, postprocess_qa, qa_settings
-
         self._require("question_answering", "qa")
         if len(questions) != len(contexts):
             raise PredictorError(f"{len(questions)} questions but {len(contexts)} contexts")

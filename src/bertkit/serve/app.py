@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from .. import __version__
 from ..infer import Predictor, PredictorError
+from ..infer.prepack import warm_gemm_shapes
 from .api import (Api, Batcher, ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, FillMaskRequest,
                   FillMaskResponse, LimitError, NerRequest, NerResponse, Plan, QaRequest, QaResponse, add_post,
                   texts_and_pairs, validate, vectors)
@@ -181,8 +182,6 @@ def warm_up(predictor: Predictor, cfg: ServeConfig) -> None:
     """One request's worth of work, then (cfg.warmup, prepacked weights) every GEMM shape."""
     predictor.embed(["warm up"])
     if cfg.warmup and predictor.prepacked:
-        from ..infer.prepack import warm_gemm_shapes
-
         t0, before = time.perf_counter(), Heap.rss_mb()
         n = warm_gemm_shapes(predictor.model, cfg.max_batch_tokens)
         Heap().trim()                                 # the warm-up's inputs and outputs are gone

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ..inspect import InspectError, encode, inspect, load
 from .api import Api, LimitError, body_schema, validate
 
 
@@ -32,8 +33,6 @@ def add_inspect_route(app: FastAPI, api: Api) -> None:
     loaded: list = []
 
     def work(body: bytes) -> dict:
-        from ..inspect import InspectError, encode, inspect, load
-
         req = validate(InspectRequest, body)
         with lock:
             if not loaded:

@@ -63,6 +63,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import BertkitError, DataError
+from ..sources import dataset_name, is_saved_dataset, is_table_file
 
 log = logging.getLogger("bertkit")
 
@@ -123,7 +124,6 @@ class Task:
         Also: a dataset name (``nyu-mll/glue:sst2`` -> ``nyu-mll/glue:sst2:validation`` for dev; one
         that names its split is used as is) and a split stored as a table in the folder
         (``validation.parquet``, ``train-*.parquet``, a save_to_disk folder): `bertkit.tasks.tables`."""
-        from ..sources import dataset_name, is_saved_dataset, is_table_file
         from .tables import find_split, hub_split, reads
 
         named = dataset_name(data) if reads(self) else None

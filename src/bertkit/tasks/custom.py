@@ -17,8 +17,8 @@ import csv
 from pathlib import Path
 from typing import Sequence
 
-from ..sources import dataset_name, is_saved_dataset, jsonl_objects
-from . import BadRows, DataError, Task, finite_number, open_text, predicted, require_examples
+from ..sources import dataset_name, is_saved_dataset, jsonl_objects, open_table
+from . import BadRows, DataError, Task, finite_number, metrics as M, open_text, predicted, require_examples
 from .glue import TextExample, sentence_task
 from .ner import TAG, TaggedExample, read_conll, tagging_task
 
@@ -73,7 +73,6 @@ def data_rows(path: str | Path, fmt: str | None = None, bad: BadRows | None = No
 
 def _table_rows(path: Path):
     """Rows of a dataset name or Parquet/Arrow table; class ids of ClassLabel columns become their names."""
-    from ..sources import open_table
     table = open_table(str(path))
     for where, row in table.rows():
         for col, names in table.label_names.items():
@@ -148,8 +147,6 @@ def read_tagged(path: str | Path, bad: BadRows | None, tokens_column: str, tags_
 
 
 def classify_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict:
-    from . import metrics as M
-
     ref, pred = [str(ex.label) for ex in examples], [str(p) for p in predicted(predictions, examples)]
     classes = sorted(set(ref) | set(pred))
     out = {"accuracy": M.accuracy(ref, pred),
@@ -160,8 +157,6 @@ def classify_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict
 
 
 def regress_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict:
-    from . import metrics as M
-
     return M.pearson_spearman([float(ex.label) for ex in examples], [float(p) for p in predicted(predictions, examples)])
 
 

@@ -21,7 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from . import BadRows, DataError, Task, finite_number, open_text, predicted, require_examples
+from ..tokenizer import longest_first
+from . import BadRows, DataError, Task, finite_number, metrics as M, open_text, predicted, require_examples
 
 log = logging.getLogger("bertkit")
 
@@ -131,8 +132,6 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
     tokenizer.stats); with it (overlap in tokens) the longer side is cut into overlapping windows
     (the shorter side, capped at half the budget, repeated in each; what the cap cuts is counted
     as truncation) and their logits are averaged in `postprocess_classification`."""
-    from ..tokenizer import longest_first
-
     index = {name: i for i, name in enumerate(labels)} if labels is not None else None
     ids_a = tokenizer.encode_ids([ex.text for ex in examples])
     pairs = [i for i, ex in enumerate(examples) if ex.pair is not None]
@@ -228,8 +227,6 @@ def parse_text(obj: dict, where: str) -> TextExample:
 # ---- metrics ------------------------------------------------------------------------------------
 def _metrics(kind: str):
     def compute(predictions: dict, examples: Sequence[TextExample]) -> dict:
-        from . import metrics as M
-
         pred, ref = predicted(predictions, examples), [ex.label for ex in examples]
         if kind == "pearson":
             return M.pearson_spearman([float(r) for r in ref], [float(p) for p in pred])

@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import BertkitError
 from ..runconfig import Checked, Rule
 from ..sources import jsonl_objects
-from . import SkipBadRows
+from . import BadRows, SkipBadRows, get_task
 
 log = logging.getLogger("bertkit")
 
@@ -530,8 +530,6 @@ def score_files(task_name: str, predictions: str | Path, references: str | Path,
     """The official metrics of `task_name` for a predictions file against a reference file read
     as distributed (GLUE TSV, CoNLL columns, SQuAD JSON, SWAG CSV). Ids: the references' id
     column, else the 0-based data row (CoNLL: sentence) index."""
-    from . import BadRows, get_task
-
     o = options or ScoreOptions()
     task = get_task(task_name)
     bad = BadRows(skip=o.skip_bad_rows)

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import BadRows, DataError, Task, open_text, predicted, require_examples
 from .glue import windows
+from .metrics import conll_f1
 
 log = logging.getLogger("bertkit")
 TAG = re.compile(r"^(O|[BIES]-\S+)$")
@@ -161,8 +162,6 @@ def postprocess_tokens(outputs: Sequence[np.ndarray], features: Sequence[dict],
 
 
 def ner_metrics(predictions: dict, examples: Sequence[TaggedExample]) -> dict:
-    from .metrics import conll_f1
-
     pred = [list(p) for p in predicted(predictions, examples)]
     ref = [list(ex.tags) for ex in examples]
     result = conll_f1(ref, pred)

@@ -18,6 +18,9 @@ from typing import Literal, Sequence
 
 from ..errors import BertkitError
 from . import Task, check_labels, get_task
+from .custom import custom_task
+from .ner import check_tags
+from .squad import qa_settings
 
 log = logging.getLogger("bertkit")
 
@@ -52,7 +55,6 @@ COLUMN_KEYS = tuple(f.name for f in fields(Columns))
 def resolve_task(name: str, columns: dict | None = None) -> Task:
     """A task from the table, or classify/regress/tokens over your own columns."""
     if name in CUSTOM:
-        from .custom import custom_task
         return custom_task(name, **(columns or {}))
     return get_task(name)
 
@@ -174,7 +176,6 @@ def qa_options(task: Task | None, raw: dict, where: str, null_threshold: float |
         if threshold is not None:
             raise BertkitError("--null-threshold applies to SQuAD v2.0 question answering")
         return {}
-    from .squad import qa_settings
     if threshold is not None and task.name != "squad2":
         raise BertkitError(f"--null-threshold applies to SQuAD v2.0 models; this one answers {task.name}")
     try:
@@ -192,7 +193,6 @@ def check_references(task: Task, examples: list, labels, where: str) -> None:
     if labels is None:
         return
     if task.head == "token_classification":
-        from .ner import check_tags
         check_tags(examples, labels)
     else:
         check_labels(examples, labels, where)

@@ -37,7 +37,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import BertkitError
 from . import BadRows, DataError, Task, open_text, require_examples
+from .metrics import squad_v1, squad_v2
 
 log = logging.getLogger("bertkit")
 
@@ -359,7 +361,6 @@ def references(examples: Sequence[QAExample]) -> dict[str, list[str]]:
 
 
 def metrics_v1(predictions: dict, examples: Sequence[QAExample]) -> dict:
-    from .metrics import squad_v1
     return squad_v1(references(examples), predictions)
 
 
@@ -371,7 +372,6 @@ def metrics_v2(predictions: dict, examples: Sequence[QAExample]) -> dict:
     when "no answer" everywhere is best, a threshold below every null odds, not 0). The answers
     are scored as given: not cut again at the official script's default of 1.0 (a probability,
     not a logit difference), which would hide every threshold above 1.0."""
-    from .metrics import squad_v2
     odds = getattr(predictions, "null_odds", None) or None
     out = squad_v2(references(examples), predictions, odds, na_prob_thresh=float("inf"))
     if odds and getattr(predictions, "nbest", None):
@@ -384,8 +384,6 @@ def metrics_v2(predictions: dict, examples: Sequence[QAExample]) -> dict:
 def qa_settings(raw: dict) -> dict:
     """How a fine-tuned QA checkpoint reads inputs and answers, from its config.json: SQuAD
     version, max_length, doc stride and the v2.0 null threshold tuned on dev (defaults otherwise)."""
-    from ..errors import BertkitError
-
     task = raw.get("bertkit_task")
     out = {"version": 2 if isinstance(task, dict) and task.get("name") == "squad2" else 1,
            "max_length": raw.get("bertkit_max_length", 384), "doc_stride": raw.get("bertkit_stride", 128),

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from . import BadRows, DataError, Task, open_text, predicted, require_examples
+from .metrics import accuracy
 
 ENDINGS = ("ending0", "ending1", "ending2", "ending3")
 REQUIRED = ("sent1", "sent2", *ENDINGS)
@@ -114,8 +115,6 @@ def postprocess_choices(outputs: Sequence[np.ndarray], features: Sequence[dict],
 
 
 def metrics_choices(predictions: dict, examples: Sequence[ChoiceExample]) -> dict:
-    from .metrics import accuracy
-
     pred = predicted(predictions, examples)
     unlabelled = next((ex for ex in examples if ex.label is None), None)
     if unlabelled is not None:

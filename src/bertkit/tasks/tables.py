@@ -31,6 +31,10 @@ from typing import Callable
 
 from ..sources import dataset_name, is_saved_dataset, open_table
 from . import BadRows, DataError, Task, finite_number, require_examples
+from .glue import BINARY, ENTAIL, NLI, TextExample
+from .ner import TAG, TaggedExample
+from .squad import _read_question
+from .swag import ChoiceExample, ENDINGS
 
 HF_SPLITS: dict[str, dict[str, str]] = {
     "mnli": {"dev": "validation_matched", "test": "test_matched"},
@@ -118,7 +122,6 @@ def _column(table, candidates: tuple[str, ...], what: str, task: Task, required:
 
 # ---- GLUE ----------------------------------------------------------------------------------------
 def _glue_spec(name: str):
-    from .glue import BINARY, ENTAIL, NLI
     pairs = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
              "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"),
              "mnli": ("premise", "hypothesis"), "mnli-mm": ("premise", "hypothesis"),
@@ -161,7 +164,6 @@ def glue_label(value, allowed: tuple[str, ...] | None, names: list[str] | None) 
 
 
 def _glue(task: Task, table, bad: BadRows) -> list:
-    from .glue import TextExample
     texts, pairs, allowed, hub_names = _glue_spec(task.name)
     text_col = _column(table, texts, "text", task)
     pair_col = _column(table, pairs, "second text", task) if pairs else None
@@ -189,7 +191,6 @@ CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC
 
 
 def _conll(task: Task, table, bad: BadRows) -> list:
-    from .ner import TAG, TaggedExample
     words_col = _column(table, ("tokens", "words"), "words", task)
     tags_col = _column(table, ("ner_tags", "tags"), "tags", task, False)
     id_col = _column(table, ("id",), "id", task, False)
@@ -216,7 +217,6 @@ def _conll(task: Task, table, bad: BadRows) -> list:
 
 # ---- SQuAD ---------------------------------------------------------------------------------------
 def _squad(task: Task, table, bad: BadRows) -> list:
-    from .squad import _read_question
     version = 2 if task.name == "squad2" else 1
     for col in ("id", "question", "context", "answers"):
         _column(table, (col,), col, task)
@@ -244,7 +244,6 @@ def _squad(task: Task, table, bad: BadRows) -> list:
 
 # ---- SWAG ----------------------------------------------------------------------------------------
 def _swag(task: Task, table, bad: BadRows) -> list:
-    from .swag import ENDINGS, ChoiceExample
     for col in ("sent1", "sent2", *ENDINGS):
         _column(table, (col,), col, task)
     examples = []
