@@ -516,3 +516,20 @@ def test_rewording_a_setting_reruns_nothing_but_a_changed_override_does(tmp_path
                          pretrain={"data": {"mask_token_fraction": 0.7}})
     cfg.arms = [changed]
     assert not ablate.finished(cfg, changed)
+
+
+def test_as_trained_reads_arm_json_where_run_cards_are_absent(tmp_path):
+    """An arm copied from a committed result has arm.json but no run cards: its row gives batch, length,
+    updates and precision from arm.json (marked so), not 'no pre-training'; a random-init arm keeps that."""
+    from bertkit.ablate.cards import as_trained_section
+
+    cfg = ablate_config.AblateConfig(out=str(tmp_path), tasks={"sst2": {}}, seeds=[0],
+                                     arms=[ablate_config.Arm(name="base")])
+    states = [{"name": "base", "status": "pretrained",
+               "pretrain": {"tokens": 34868423, "updates": 10000, "global_batch": 32, "sequence_lengths": [128],
+                            "precision": "bfloat16", "objective": "MLM + NSP"}},
+              {"name": "no_pretraining", "status": "pretrained", "init": "random",
+               "pretrain": {"tokens": 0, "updates": 0}}]
+    rows = {ln.split(" | ")[0].strip("| "): ln for ln in as_trained_section(cfg, states) if ln.startswith("| ")}
+    assert "| 32 x 128, 10000 (arm.json) |" in rows["base"] and "| bfloat16 |" in rows["base"]
+    assert "no pre-training" not in rows["base"] and "| no pre-training |" in rows["no_pretraining"]

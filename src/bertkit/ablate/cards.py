@@ -64,8 +64,12 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
         pre = st.get("pretrain") or {}
         held = card.get("held_out") or {}
         updates = pre.get("updates") if pre.get("checkpoint") else card.get("updates")
-        run = (f"{card.get('global_batch')} x {(card.get('sequence_lengths') or ['?'])[0]}, {updates}"
-               if card else "no pre-training")
+        if card:
+            run = f"{card.get('global_batch')} x {(card.get('sequence_lengths') or ['?'])[0]}, {updates}"
+        elif pre.get("updates"):            # an arm whose run cards are not here (copied from a committed result)
+            run = f"{pre.get('global_batch', '?')} x {(pre.get('sequence_lengths') or ['?'])[0]}, {pre['updates']} (arm.json)"
+        else:
+            run = "no pre-training"
         probe = ft.get("probe")
         if isinstance(probe, dict):
             probe = f"{probe.get('features')}" + (f" ({probe['pooling']})" if probe.get("pooling") else "")
@@ -73,7 +77,7 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
         out.append(f"| {st['name']} | {_objective(card)} | {card.get('attention') or ft.get('attention', '—')} | "
                    f"{ft.get('normalization') or model.get('norm_position', '—')} | {_masking(card)} | {shape}"
                    f"{f', {params / 1e6:.2f}M' if params else ''} | {run} | "
-                   f"{_fmt(held.get('overlap'), '.4f')} | {card.get('precision', '—')} | {tune} |")
+                   f"{_fmt(held.get('overlap'), '.4f')} | {card.get('precision') or pre.get('precision') or '—'} | {tune} |")
     return out
 
 
@@ -121,8 +125,8 @@ def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
             + ", ".join(f"{n}: {_objective(_cards(cfg, names[n])[0])}" for n in names
                         if (names[n].get("pretrain") or {}).get("objective") and not
                         (names[n].get("pretrain") or {}).get("model_from")) + ").",
-            f"- Depth, width, heads, normalisation placement: base {_shape(base, ft)}, "
-            f"{model.get('norm_position')}-LN; other arms in the table above.",
+            f"- Depth, width, heads, normalisation placement: base {_shape(base, ft)}"
+            f"{', ' + model['norm_position'] + '-LN' if model.get('norm_position') else ''}; other arms in the table above.",
             f"- Pre-training heads apart from task heads: fine-tuning loads the encoder with a new "
             f"{ft.get('head', 'task')} head (init {ft.get('init', '?')}); the MLM/NSP heads are not used downstream.",
             f"- Frozen probing vs full fine-tuning: base arm {ft.get('mode', '?')}; probe arms: "
