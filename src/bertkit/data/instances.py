@@ -108,6 +108,14 @@ def _pair(cls: np.ndarray, a: np.ndarray, sep: np.ndarray, b: np.ndarray, label:
     return Instance([cls, a, sep, b, sep], len(a) + len(b) + 3, len(a) + 2, label, short)
 
 
+def _document(docs: list[Doc], doc_index: int, counts: BuildCounts) -> tuple[np.ndarray, np.ndarray, int]:
+    """(token ids, sentence offsets, number of sentences) of one document; one-sentence documents counted."""
+    flat, off = docs[doc_index]
+    if len(off) == 2:
+        counts.one_sentence_documents += 1
+    return flat, off, len(off) - 1
+
+
 def nsp_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_prob: float,
                   rng: random.Random, cls_id: int, sep_id: int, counts: BuildCounts,
                   lone_segment: str = "next") -> list[Instance]:
@@ -118,12 +126,9 @@ def nsp_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
     the random-next share over 50% (about 59% on the shared corpus). 'next' (default) flips the
     same fair coin as for longer chunks and, for is-next, takes the next sentence as B (or, in a
     one-sentence document, splits the sentence at a random token), keeping the share at 50%."""
-    flat, off = docs[doc_index]
-    n_sent = len(off) - 1
+    flat, off, n_sent = _document(docs, doc_index, counts)
     cls, sep = np.array([cls_id]), np.array([sep_id])
     max_num_tokens, target_seq_length, short = _target_length(max_length, short_seq_prob, rng)
-    if n_sent == 1:
-        counts.one_sentence_documents += 1
     instances: list[Instance] = []
     count = 0                                   # len(current_chunk): sentences i - count + 1 .. i
     current_length = 0
@@ -230,12 +235,9 @@ def sop_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
     accumulation, the split point and truncation are those of `nsp_instances`. A lone sentence takes
     the next sentence as B, or (the document's last) is split at a random token; a one-token
     sentence left alone is dropped. `counts.random_next` counts the swapped pairs."""
-    flat, off = docs[doc_index]
-    n_sent = len(off) - 1
+    flat, off, n_sent = _document(docs, doc_index, counts)
     cls, sep = np.array([cls_id]), np.array([sep_id])
     max_num_tokens, target_seq_length, short = _target_length(max_length, short_seq_prob, rng)
-    if n_sent == 1:
-        counts.one_sentence_documents += 1
     instances: list[Instance] = []
     count, current_length, i = 0, 0, 0
     while i < n_sent:
