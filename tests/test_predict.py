@@ -2,6 +2,7 @@
 Predictor's loader and the task's settings), whatever the head."""
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ def reads(monkeypatch) -> list[Path]:
         calls.append(Path(path))
         return real(path)
 
+    importlib.import_module("bertkit.commands.predict")     # every module on the predict path, bound first
     for module in [m for name, m in sys.modules.items() if name.startswith("bertkit")]:
         if getattr(module, "read_config", None) is real:
             monkeypatch.setattr(module, "read_config", counted)
