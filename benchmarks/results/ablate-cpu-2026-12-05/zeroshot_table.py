@@ -1,0 +1,44 @@
+"""The zero-shot table of docs/REPRODUCTION.md: every measured CPU-grid arm against the base pre-trained
+again on the Zen 4 (2026-12-05), from the files committed here and in ../ablate-cpu-2026-12-03/.
+Held-out MLM: paired on the same [MASK] positions, 95% interval clustered by sequence. BLiMP: paired on
+the same 6,700 pairs where both per-pair outcome files exist, else the unpaired interval of two proportions."""
+import json, os, sys
+
+# run from the repository root with bertkit installed: python benchmarks/results/ablate-cpu-2026-12-05/zeroshot_table.py
+from bertkit.ablate.measure import paired_mlm_difference
+from bertkit.ablate.zeroshot import paired_difference, unpaired_difference
+R3 = "benchmarks/results/ablate-cpu-2026-12-03"
+R5 = "benchmarks/results/ablate-cpu-2026-12-05"
+def j(p): return json.load(open(p)) if os.path.exists(p) else None
+def t(p): return open(p).read().strip() if os.path.exists(p) else None
+arms = {  # name: (arm.json, mlm_outcomes, blimp_correct, label)
+ "base": (f"{R5}/base_zen4/arm.json", f"{R5}/base_zen4/mlm_outcomes.json", f"{R5}/base_zen4/blimp_correct.txt", "base (MLM + NSP; Zen 4, 2026-12-05)"),
+ "base_xeon": (f"{R3}/base_arm.json", f"{R3}/mlm_outcomes/base.json", None, "the same base, pre-trained on the Xeon (2026-12-03)"),
+ "mlm_only": (f"{R3}/mlm_only_arm.json", f"{R3}/mlm_outcomes/mlm_only.json", None, "mlm_only (Xeon)"),
+ "no_pretraining": (f"{R3}/no_pretraining_arm.json", f"{R3}/mlm_outcomes/no_pretraining.json", None, "no_pretraining"),
+ "sop": (f"{R3}/sop_arm.json", f"{R3}/mlm_outcomes/sop.json", f"{R3}/sop_blimp_correct.txt", "sop (MLM + sentence order; Xeon)"),
+ "mask_0_0_100": (f"{R3}/mask_0_0_100_final/arm.json", f"{R3}/mask_0_0_100_final/mlm_outcomes.json", None, "mask_0_0_100 (random tokens only; Xeon)"),
+ "mask_100_0_0": (f"{R5}/mask_100_0_0/arm.json", f"{R5}/mask_100_0_0/mlm_outcomes.json", f"{R5}/mask_100_0_0/blimp_correct.txt", "mask_100_0_0 (always [MASK])"),
+ "whole_word": (f"{R5}/whole_word/arm.json", f"{R5}/whole_word/mlm_outcomes.json", f"{R5}/whole_word/blimp_correct.txt", "whole_word (scored under token masking)"),
+ "span": (f"{R5}/span/arm.json", f"{R5}/span/mlm_outcomes.json", f"{R5}/span/blimp_correct.txt", "span (SpanBERT spans, scored under token masking)"),
+ "steps_half": (f"{R5}/steps_half/arm.json", f"{R5}/steps_half/mlm_outcomes.json", f"{R5}/steps_half/blimp_correct.txt", "steps_half (the base at 5,000 updates)"),
+ "steps_quarter": (f"{R5}/steps_quarter/arm.json", f"{R5}/steps_quarter/mlm_outcomes.json", f"{R5}/steps_quarter/blimp_correct.txt", "steps_quarter (the base at 2,500 updates)"),
+ "paper_arch": (f"{R5}/paper_arch/arm.json", f"{R5}/paper_arch/mlm_outcomes.json", f"{R5}/paper_arch/blimp_correct.txt", "paper_arch (post-LN, absolute positions, dropout 0.1)"),
+ "ltr_compute": (f"{R5}/ltr_compute/arm.json", None, f"{R5}/ltr_compute/blimp_correct.txt", "ltr_compute (left-to-right at the base's FLOPs)"),
+}
+fmt = lambda d: "n/a" if d is None else "%+.3f [%+.3f, %+.3f]%s" % (d + (" *" if d[1] > 0 or d[2] < 0 else "",))
+b_arm, b_o, b_b = j(arms["base"][0]), j(arms["base"][1]), t(arms["base"][2])
+print("| arm | held-out MLM at [MASK] / all targets | Δ MLM at [MASK] vs base [95%] | BLiMP [95%] | Δ BLiMP vs base [95%] |")
+print("|---|---:|---:|---:|---:|")
+for name, (a, o, bc, label) in arms.items():
+    A, O, B = j(a), j(o) if o else None, t(bc) if bc else None
+    m, bl = A.get("mlm") or {}, A.get("blimp") or {}
+    mlm = f"{m['accuracy_mask']:.3f} / {m['accuracy']:.3f}" if m.get("accuracy_mask") is not None else "n/a"
+    if name == "ltr_compute": mlm = "n/a (next-token 0.274)"
+    bls = f"{bl['accuracy']:.3f} [{bl['low']:.3f}, {bl['high']:.3f}]" + (" (log-likelihood)" if bl.get("method") == "ll" or name.startswith("ltr") else "")
+    if name == "base":
+        print(f"| {label} | {mlm} | base | {bls} | base |"); continue
+    dm = fmt(paired_mlm_difference(O, b_o)) if O else "n/a"
+    if B: db = fmt(paired_difference(B, b_b))
+    else: db = fmt(unpaired_difference(bl, b_arm["blimp"])) + " (unpaired)"
+    print(f"| {label} | {mlm} | {dm} | {bls} | {db} |")
