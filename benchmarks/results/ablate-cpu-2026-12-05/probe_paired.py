@@ -4,7 +4,7 @@ the grid report's own: ratios of per-example sums, each example a cluster).
 Run from the repository root: python benchmarks/results/ablate-cpu-2026-12-05/probe_paired.py A.json B.json"""
 import json, sys
 
-from bertkit.ablate.measure import paired_ratio_difference
+from bertkit.ablate.measure import delta_cell, paired_ratio_difference
 
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 assert a["dev_ids"] == b["dev_ids"], "not the same dev examples"
@@ -18,7 +18,6 @@ for r in a["probes"]:
     if not s or "outcomes" not in r or "outcomes" not in s:
         continue
     d = paired_ratio_difference(r["outcomes"]["num"], r["outcomes"]["den"], s["outcomes"]["num"], s["outcomes"]["den"])
-    star = " *" if d and (d[1] > 0 or d[2] < 0) else ""
-    cell = "n/a" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]{star}"
+    cell = delta_cell(d)
     print(f"| {r['features']} | {r['pooling'] or '-'} | {r['value']:.3f}{'' if r.get('converged', True) else ' (not converged)'} | "
           f"{s['value']:.3f}{'' if s.get('converged', True) else ' (not converged)'} | {cell} |")

@@ -2,10 +2,11 @@
 again on the Zen 4 (2026-12-05), from the files committed here and in ../ablate-cpu-2026-12-03/.
 Held-out MLM: paired on the same [MASK] positions, 95% interval clustered by sequence. BLiMP: paired on
 the same 6,700 pairs where both per-pair outcome files exist, else the unpaired interval of two proportions."""
-import json, os, sys
+import json
+import os
 
 # run from the repository root with bertkit installed: python benchmarks/results/ablate-cpu-2026-12-05/zeroshot_table.py
-from bertkit.ablate.measure import paired_mlm_difference
+from bertkit.ablate.measure import delta_cell, paired_mlm_difference
 from bertkit.ablate.zeroshot import paired_difference, unpaired_difference
 R3 = "benchmarks/results/ablate-cpu-2026-12-03"
 R5 = "benchmarks/results/ablate-cpu-2026-12-05"
@@ -26,19 +27,29 @@ arms = {  # name: (arm.json, mlm_outcomes, blimp_correct, label)
  "paper_arch": (f"{R5}/paper_arch/arm.json", f"{R5}/paper_arch/mlm_outcomes.json", f"{R5}/paper_arch/blimp_correct.txt", "paper_arch (post-LN, absolute positions, dropout 0.1)"),
  "ltr_compute": (f"{R5}/ltr_compute/arm.json", None, f"{R5}/ltr_compute/blimp_correct.txt", "ltr_compute (left-to-right at the base's FLOPs)"),
 }
-fmt = lambda d: "n/a" if d is None else "%+.3f [%+.3f, %+.3f]%s" % (d + (" *" if d[1] > 0 or d[2] < 0 else "",))
+def mlm_cell(arm: dict) -> str:
+    """Held-out MLM at [MASK] / all targets; a left-to-right arm has no MLM head: its own next-token accuracy."""
+    m = arm.get("mlm") or {}
+    if m.get("accuracy_mask") is not None:
+        return f"{m['accuracy_mask']:.3f} / {m['accuracy']:.3f}"
+    own = (arm.get("pretrain") or {}).get("own_eval") or {}
+    nt = own.get("eval_next_token_accuracy")
+    return "n/a" if nt is None else f"n/a (next-token {nt:.3f})"
+
+
+def blimp_cell(arm: dict) -> str:
+    b = arm["blimp"]
+    return f"{b['accuracy']:.3f} [{b['low']:.3f}, {b['high']:.3f}]" + ("" if b.get("method") == "pll" else " (log-likelihood)")
+
+
 b_arm, b_o, b_b = j(arms["base"][0]), j(arms["base"][1]), t(arms["base"][2])
 print("| arm | held-out MLM at [MASK] / all targets | Δ MLM at [MASK] vs base [95%] | BLiMP [95%] | Δ BLiMP vs base [95%] |")
 print("|---|---:|---:|---:|---:|")
 for name, (a, o, bc, label) in arms.items():
     A, O, B = j(a), j(o) if o else None, t(bc) if bc else None
-    m, bl = A.get("mlm") or {}, A.get("blimp") or {}
-    mlm = f"{m['accuracy_mask']:.3f} / {m['accuracy']:.3f}" if m.get("accuracy_mask") is not None else "n/a"
-    if name == "ltr_compute": mlm = "n/a (next-token 0.274)"
-    bls = f"{bl['accuracy']:.3f} [{bl['low']:.3f}, {bl['high']:.3f}]" + (" (log-likelihood)" if bl.get("method") == "ll" or name.startswith("ltr") else "")
     if name == "base":
-        print(f"| {label} | {mlm} | base | {bls} | base |"); continue
-    dm = fmt(paired_mlm_difference(O, b_o)) if O else "n/a"
-    if B: db = fmt(paired_difference(B, b_b))
-    else: db = fmt(unpaired_difference(bl, b_arm["blimp"])) + " (unpaired)"
-    print(f"| {label} | {mlm} | {dm} | {bls} | {db} |")
+        print(f"| {label} | {mlm_cell(A)} | base | {blimp_cell(A)} | base |")
+        continue
+    dm = delta_cell(paired_mlm_difference(O, b_o)) if O else "n/a"
+    db = delta_cell(paired_difference(B, b_b)) if B else delta_cell(unpaired_difference(A["blimp"], b_arm["blimp"])) + " (unpaired)"
+    print(f"| {label} | {mlm_cell(A)} | {dm} | {blimp_cell(A)} | {db} |")
