@@ -143,13 +143,6 @@ def predictor_options(args: argparse.Namespace, exclude: tuple[str, ...] = (), *
     return options_of(args, PredictorOptions, exclude, **values)
 
 
-def check_fits(pred, max_length: int | None) -> None:
-    """The tokenizer's ids index the model's embeddings; --max-length fits its position table."""
-    from ..checkpoint import check_inputs_fit
-
-    check_inputs_fit(pred.config, pred.tokenizer.vocab_size, max_length)
-
-
 def _lines(source: str, name: str) -> Iterator[tuple[int, str]]:
     if source == "-":
         raw = sys.stdin.buffer.read()
@@ -381,7 +374,6 @@ def run_embed(args) -> int:
         if not out.parent.is_dir():
             raise BertkitError(f"--output {args.output}: the folder {out.parent} does not exist")
     pred = Predictor.from_dir(args.model, how, head="encoder")
-    check_fits(pred, how.max_length)
     texts, pairs = read_inputs(args.input, o.jsonl)
     to_npy = bool(args.output and args.output.endswith(".npy"))
     sink = _EmbeddingSink(args.output, len(texts), pred.config.hidden_size, to_npy)
@@ -468,7 +460,6 @@ def run_fill_mask(args) -> int:
             raise BertkitError(f"text {i + 1}: not valid UTF-8 (undecodable bytes)")
     # the masked-LM head of a BertForMaskedLM or BertForPreTraining checkpoint (NSP weights unused)
     pred = Predictor.from_dir(args.model, how, head="masked_lm")
-    check_fits(pred, how.max_length)
     results = pred.fill_mask(args.texts, top_k=o.top_k)
     pred.tokenizer.stats.report()
     if args.json:

@@ -15,7 +15,7 @@ from ..embed_eval import (EmbedEvalOptions, RETRIEVAL_METRICS, available_pooling
                           evaluate_similarity, own_pooling, read_retrieval, read_scored_pairs)
 from ..errors import BertkitError
 from ..infer import Predictor
-from .basic import Args, add_predictor_options, check_device, check_fits, options_of, predictor_options
+from .basic import Args, add_predictor_options, check_device, options_of, predictor_options
 
 
 def setup_embed_eval(p) -> None:
@@ -46,7 +46,6 @@ def run_embed_eval(args) -> int:
     sets = [("similarity", read_scored_pairs(s, o.split, o.column_names, o.skip_bad_rows, o.limit)) for s in args.sts]
     sets += [("retrieval", read_retrieval(s, o.split, o.skip_bad_rows, o.limit)) for s in args.retrieval]
     pred = Predictor.from_dir(args.model, how, head="encoder")
-    check_fits(pred, how.max_length)
     own = own_pooling(args.model)
     offered = available_poolings(pred, own)
     if "pooler" in (o.poolings or ()) and "pooler" not in offered:
