@@ -31,7 +31,6 @@ Face BertModel with sentence-transformers' files (`st_files`): `bertkit embed`, 
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from .outdir import INCOMPLETE_KEY
 from .packing import pack
 from .runlog import write_run_card
 from .sources import dataset_name
-from .st_files import write_sentence_transformers
+from .st_files import max_seq_length, write_sentence_transformers
 from .tasks import BadRows, DataError, finite_number, get_task
 from .tasks.custom import data_rows
 from .tasks.tables import is_table_source
@@ -273,14 +272,6 @@ def finetune_embedding(cfg, command: str = "") -> dict:
     return staged_run(cfg, lambda out: _train(cfg, command, out))
 
 
-def default_max_length(path: str | Path, positions: int) -> int:
-    """sentence-transformers' max_seq_length of the checkpoint, else 256 (within its positions)."""
-    try:
-        return min(int(json.loads((Path(path) / "sentence_bert_config.json").read_text())["max_seq_length"]), positions)
-    except (OSError, ValueError, KeyError, TypeError):
-        return min(DEFAULT_MAX_LENGTH, positions)
-
-
 def _train(cfg, command: str, out: Path) -> dict:
     """The run, written into `out` (the staging folder): seeds, data (each distinct text tokenized
     once), the encoder, `finetune.train`'s loop (dev evaluated by `embed_eval`, the best model
@@ -297,7 +288,8 @@ def _train(cfg, command: str, out: Path) -> dict:
     tokenizer = Tokenizer.from_dir(cfg.model)
     model = load_encoder(cfg, {} if cfg.dropout is None else {"hidden_dropout": cfg.dropout,
                                                                "attention_dropout": cfg.dropout})
-    max_length = cfg.max_length or default_max_length(cfg.model, model.config.max_position_embeddings)
+    positions = model.config.max_position_embeddings
+    max_length = cfg.max_length or min(max_seq_length(cfg.model, DEFAULT_MAX_LENGTH), positions)
     texts = list(dict.fromkeys(pairs.anchors + pairs.positives + (pairs.negatives or [])))
     ids = {t: e.input_ids for t, e in zip(texts, tokenizer.encode_batch(texts, None, max_length))}
     tokenizer.stats.report(label=f"{train_path}: distinct texts at {max_length} tokens")

@@ -52,6 +52,14 @@ def sentence_transformers_pooling(path: str | Path) -> tuple[str, bool]:
     return pooling, "Normalize" in types
 
 
+def max_seq_length(path: str | Path, default: int) -> int:
+    """The checkpoint's sentence-transformers max_seq_length (sentence_bert_config.json), else `default`."""
+    try:
+        return int(json.loads((Path(path) / "sentence_bert_config.json").read_text(encoding="utf-8"))["max_seq_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
+
+
 def write_sentence_transformers(out: str | Path, pooling: str, hidden_size: int, max_length: int) -> None:
     """The sentence-transformers files (2.x layout) next to a saved encoder in `out`."""
     if pooling not in ("mean", "cls"):

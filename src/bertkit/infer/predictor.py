@@ -19,7 +19,6 @@ checked against fp32 on a fixed sample); `precision`, `precision_reason`, `preci
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from pathlib import Path
 from typing import Callable, Sequence
@@ -34,6 +33,7 @@ from ..config import BertConfig
 from ..hardware import cpu_flags, cpu_model
 from ..model import BertModel, pool_tokens
 from ..packing import segment_ids
+from ..st_files import max_seq_length
 from ..tasks.metrics import get_entities
 from ..tasks.ner import TaggedExample, featurize_tokens, postprocess_tokens
 from ..tasks.squad import QAExample, featurize_qa, postprocess_qa, qa_settings
@@ -49,18 +49,6 @@ POOLINGS = ("mean", "cls", "pooler", "none")
 DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU = torch.device("cpu")
 DEFAULT_OPTIONS = PredictorOptions()   # what from_dir starts from (the test suite turns short batches off here)
-
-
-def _read_max_length(path: Path, model_max: int) -> int:
-    """The checkpoint's own limit: sentence-transformers' max_seq_length when present, else the
-    number of position embeddings."""
-    sb = path / "sentence_bert_config.json"
-    if sb.is_file():
-        try:
-            return min(int(json.loads(sb.read_text())["max_seq_length"]), model_max)
-        except (ValueError, KeyError, TypeError):
-            pass
-    return model_max
 
 
 class Predictor:
@@ -131,7 +119,8 @@ class Predictor:
         model.eval()
         tokenizer = Tokenizer.from_dir(path)
         check_inputs_fit(model.config, tokenizer.vocab_size, o.max_length, where=path)
-        max_len = o.max_length or _read_max_length(path, model.config.max_position_embeddings)
+        positions = model.config.max_position_embeddings      # the checkpoint's own limit, within its positions
+        max_len = o.max_length or min(max_seq_length(path, positions), positions)
         p = cls(model.to(device) if o.backend == "torch" else model, tokenizer,
                 device=device if o.backend == "torch" else "cpu", max_length=max_len)
         p.source = path
