@@ -167,7 +167,8 @@ def _lines(source: str, name: str) -> Iterator[tuple[int, str]]:
         yield lineno, text
 
 
-def _write_jsonl(rows, output: str | None) -> None:
+def write_jsonl(rows, output: str | None) -> None:
+    """One JSON object a line into `output` (None: stdout)."""
     out = open(output, "w", encoding="utf-8") if output else sys.stdout
     try:
         for row in rows:
@@ -315,7 +316,7 @@ def run_tokenize(args) -> int:
     tok = Tokenizer.from_dir(args.model)
     texts, pairs = read_inputs(args.input, o.jsonl)
     encs = tok.encode_batch(texts, pairs, o.max_length)
-    _write_jsonl(({"input_ids": e.input_ids, "token_type_ids": e.token_type_ids, "tokens": e.tokens,
+    write_jsonl(({"input_ids": e.input_ids, "token_type_ids": e.token_type_ids, "tokens": e.tokens,
                    "offsets": [list(span) for span in e.offsets], "truncated": e.truncated} for e in encs), None)
     tok.stats.report()                              # logs how many inputs truncation cut
     return 0

@@ -14,7 +14,7 @@ from ..sources import jsonl_objects
 from ..tasks import BadRows, SkipBadRows
 from ..tasks.plumbing import (COLUMN_KEYS, Columns, check_references, evaluate, featurize, inference_stride, qa_options,
                               write_predictions)
-from .basic import Args, add_predictor_options, options_of, predictor_options
+from .basic import Args, add_predictor_options, options_of, predictor_options, write_jsonl
 
 
 def column_options(p: argparse.ArgumentParser, show_defaults: bool = False) -> None:
@@ -106,11 +106,5 @@ def run_predict(args: argparse.Namespace) -> int:
     rows = read_jsonl_inputs(args.input)
     o, how = options_of(args, PredictOptions), predictor_options(args, ("max_length",))
     records = predict(args.model, rows, args.task, _columns(args), **vars(o), options=how, where=args.input)
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
-    try:
-        for record in records:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-    finally:
-        if args.out:
-            out.close()
+    write_jsonl(records, args.out)
     return 0
