@@ -27,7 +27,6 @@ are fine-tuning's); `bertkit probe` and the probe arms of `bertkit ablate` (`pro
 """
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import logging
@@ -50,6 +49,7 @@ from .model import pool_tokens
 from .outdir import write_whole
 from .packing import pack
 from .probe import POOLINGS, check_pooling, probe_layers
+from .runconfig import unknown_key
 from .tasks import collate
 from .tasks.metrics import example_counts
 from .tasks.plumbing import resolve_task
@@ -122,9 +122,7 @@ def probe_spec(raw: dict | None, where: str = "probe") -> ProbeSpec:
     known = [f.name for f in fields(ProbeSpec)]
     for key in raw:
         if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
-            raise BertkitError(f"{where}: unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close
-                                                                else f"; known: {', '.join(known)}"))
+            raise BertkitError(unknown_key(key, known, where))
     try:
         return ProbeSpec(**raw)
     except BertkitError as e:

@@ -434,6 +434,13 @@ def moved(cls: type, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def unknown_key(key: str, known: list[str], where: str) -> str:
+    """The error for a key not in `known`: the closest known one, else all of them."""
+    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)
+    return f"{where}: unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else
+                                               f"; known: {', '.join(known)}")
+
+
 def from_dict(cls: type, data: dict, source: str = "config", prefix: str = ""):
     """A dataclass from nested dicts, checking every key and type."""
     hints = typing.get_type_hints(cls)

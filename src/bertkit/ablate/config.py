@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import hashlib
 import json
 import typing
@@ -16,7 +15,8 @@ from typing import Annotated, Any, Literal, Sequence
 
 from ..errors import BertkitError
 from ..outdir import write_whole
-from ..runconfig import AT_LEAST_1, SEED, THREADS, _coerce, check_fields, parse_duration, read_yaml_mapping
+from ..runconfig import (AT_LEAST_1, SEED, THREADS, _coerce, check_fields, parse_duration, read_yaml_mapping,
+                         unknown_key)
 from ..sources import jsonl_objects
 
 
@@ -134,12 +134,6 @@ TOP_KEYS = [f.name for f in dataclasses.fields(AblateConfig) if f.name != "sourc
 ARM_KEYS = [f.name for f in dataclasses.fields(Arm) if f.name != "error"]
 
 
-def _unknown(key: str, known: Sequence[str], where: str) -> str:
-    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)
-    return f"{where}: unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else
-                                               f"; known: {', '.join(known)}")
-
-
 def load_ablate_config(path: str | Path, values: dict | None = None) -> AblateConfig:
     """The grid from YAML, then `values` (grid keys given as options) on top. Grid-level mistakes are
     errors now; an arm's mistakes become its failed row."""
@@ -148,7 +142,7 @@ def load_ablate_config(path: str | Path, values: dict | None = None) -> AblateCo
     kw: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in TOP_KEYS:
-            raise BertkitError(_unknown(key, TOP_KEYS, str(path)))
+            raise BertkitError(unknown_key(key, TOP_KEYS, str(path)))
         kw[key] = value
     kw.update(values or {})
     for key in ("tokenizer", "prepare", "pretrain", "finetune", "tasks", "lr_search"):
@@ -202,7 +196,7 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
     arm = Arm(name=str(raw["name"]))
     for key, value in raw.items():
         if key not in ARM_KEYS:
-            arm.error = _unknown(key, ARM_KEYS, f"{where} arm {arm.name}")
+            arm.error = unknown_key(key, ARM_KEYS, f"{where} arm {arm.name}")
             continue
         if key in ("prepare", "pretrain", "finetune", "budget", "lr_search") and not isinstance(value, dict):
             arm.error = f"{where} arm {arm.name}: {key} must be a mapping of keys, not {value!r}"
@@ -261,7 +255,7 @@ def lr_search_problem(search: Any, where: str) -> str | None:
     if not isinstance(search, dict):
         return f"{where} must be a mapping ({{lrs: [2.0e-4, 5.0e-4], seeds: first}}), not {search!r}"
     if set(search) - {"lrs", "seeds"}:
-        return _unknown(sorted(set(search) - {"lrs", "seeds"})[0], ["lrs", "seeds"], where)
+        return unknown_key(sorted(set(search) - {"lrs", "seeds"})[0], ["lrs", "seeds"], where)
     lrs = search.get("lrs", [])
     if not isinstance(lrs, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                             and 0 < x < float("inf") for x in lrs):
@@ -290,7 +284,7 @@ def select_arms(cfg: AblateConfig, names: Sequence[str] | None = None, shard: st
         known = {a.name for a in arms}
         for n in names:
             if n not in known:
-                raise BertkitError(_unknown(n, sorted(known), "--arms").replace("unknown key", "unknown arm"))
+                raise BertkitError(unknown_key(n, sorted(known), "--arms").replace("unknown key", "unknown arm"))
         arms = [a for a in arms if a.name in set(names)]
     if shard:
         i, n = _parse_shard(shard)
