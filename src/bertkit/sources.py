@@ -299,43 +299,29 @@ def _parquet_table(files: list[Path], name: str) -> Table:
                  sum(pf.metadata.num_rows for pf in pfs))
 
 
-def _arrow_batches(f: Path, columns):
+def _arrow_reader(f: Path):
+    """(schema, record batches) of an Arrow IPC file or stream."""
     pa = _pyarrow(str(f))
     source = pa.memory_map(str(f))
     try:
         reader = pa.ipc.open_file(source)
-        it = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
     except pa.ArrowInvalid:
         source.seek(0)
         try:
-            it = pa.ipc.open_stream(source)
+            reader = pa.ipc.open_stream(source)
         except pa.ArrowInvalid as e:
             raise SourceError(f"{f}: not an Arrow IPC file or stream ({str(e).splitlines()[0]})") from None
-    for b in it:
-        if columns:
-            b = b.select(columns)
-        yield b.to_pylist()
-
-
-def _arrow_schema(f: Path):
-    pa = _pyarrow(str(f))
-    source = pa.memory_map(str(f))
-    try:
-        return pa.ipc.open_file(source).schema
-    except pa.ArrowInvalid:
-        source.seek(0)
-        try:
-            return pa.ipc.open_stream(source).schema
-        except pa.ArrowInvalid as e:
-            raise SourceError(f"{f}: not an Arrow IPC file or stream ({str(e).splitlines()[0]})") from None
+        return reader.schema, reader
 
 
 def _arrow_table(files: list[Path], name: str, names: dict | None = None) -> Table:
-    schema = _arrow_schema(files[0])
+    schema = _arrow_reader(files[0])[0]
 
     def batches(columns):
         for f in files:
-            yield from _arrow_batches(f, columns)
+            for b in _arrow_reader(f)[1]:
+                yield (b.select(columns) if columns else b).to_pylist()
     return Table(name, list(schema.names), names if names is not None else _names_from_schema(schema), batches)
 
 
