@@ -342,14 +342,18 @@ def _saved_table(p: Path) -> Table:
     return _arrow_table(files, str(p), names)
 
 
-def _open_text(f: Path) -> io.TextIOBase:
-    if f.name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(f, "rb"), encoding="utf-8-sig", newline="")
-    return open(f, encoding="utf-8-sig", newline="")
+def open_text(path: str | Path) -> io.TextIOBase:
+    """Open a plain or .gz text file as UTF-8; a leading byte-order mark is dropped."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
 
 
 def _text_rows(f: Path, kind: str) -> Iterator[dict]:
-    with _open_text(f) as fh:
+    with open_text(f) as fh:
         if kind == "jsonl":
             first = fh.read(1)
             while first and first.isspace():

@@ -51,9 +51,7 @@ columns) come from `bertkit.tasks.custom.custom_task(...)`.
 """
 from __future__ import annotations
 
-import gzip
 import importlib
-import io
 import logging
 import math
 from dataclasses import dataclass, field
@@ -63,7 +61,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import BertkitError, DataError
-from ..sources import dataset_name, is_saved_dataset, is_table_file
+from ..sources import dataset_name, is_saved_dataset, is_table_file, open_text
 
 log = logging.getLogger("bertkit")
 
@@ -229,16 +227,6 @@ class SkipBadRows:
     """The one declaration of every labelled-row reader's setting (finetune, evaluate, score, embed-eval)."""
     skip_bad_rows: bool = False
     """Skip (and count) malformed rows instead of stopping at the first."""
-
-
-def open_text(path: str | Path) -> io.TextIOBase:
-    """Open a plain or .gz text file as UTF-8; a leading byte-order mark is dropped."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
 
 
 def finite_number(value) -> float | None:
