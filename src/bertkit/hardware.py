@@ -374,7 +374,6 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
                    f"(measured once on this machine)"
 
 
-
 def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: torch.dtype, batch: int = 32,
                               rounds: int = 7) -> float:
     """SDPA time / `packing.attention(kernel='chunked')` time for the attention of one inference batch

@@ -216,7 +216,6 @@ def encode(encoder, head: str, feats: Sequence[dict], layers: Sequence[int], poo
            batch_tokens: int = 8192, desc: str | None = None) -> Encoded:
     """Run the frozen encoder over `feats` (longest batches first, padding-free) and keep the asked states."""
 
-
     order = sorted(range(len(feats)), key=lambda i: -len(feats[i]["input_ids"]))
     batches, start = [], 0
     while start < len(order):

@@ -173,9 +173,6 @@ def load_ablate_config(path: str | Path, values: dict | None = None) -> AblateCo
 def _typed(cls: type, values: dict, prefix: str) -> dict:
     """`values` with each number, string and switch checked against its field's type (as YAML
     values of a run config are: `runconfig._coerce`); lists and mappings are checked where used."""
-    import typing
-
-
     hints = typing.get_type_hints(cls)
     return {k: _coerce(v, hints[k], f"{prefix}{k}") if hints[k] in (int, float, str, bool, str | None) else v
             for k, v in values.items()}

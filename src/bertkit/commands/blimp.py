@@ -39,7 +39,6 @@ def setup_blimp(p) -> None:
 def run_blimp(args) -> int:
     from tqdm.auto import tqdm
 
-
     o = options_of(args, BlimpOptions)
     check_device(o.device)
     out = _out_paths(args.out) if args.out else None
@@ -82,7 +81,6 @@ def _run_facts(pred, wall: float, pairs: int, tokens_read: int) -> dict:
     import platform
 
     import torch
-
 
     return {"wall_s": round(wall, 2), "sentences": 2 * pairs, "sentences_per_s": round(2 * pairs / max(wall, 1e-9), 1),
             "tokens_read": int(tokens_read), "precision": pred.precision, "precision_reason": pred.precision_reason,

@@ -27,7 +27,6 @@ def setup_inspect(p) -> None:
 def run_inspect(args) -> int:
     import torch
 
-
     o = options_of(args, InspectOptions)
     if o.threads:                                   # set here, not in inspect(): a server shares its process
         torch.set_num_threads(o.threads)

@@ -60,7 +60,6 @@ def _check_text_file(option: str, path: str) -> None:
     import zlib
     from pathlib import Path
 
-
     p = Path(path)
     if not p.exists():
         raise BertkitError(f"{option} {path}: no such file")

@@ -183,7 +183,6 @@ def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, pre
     from torch.ao.quantization import quantize_dynamic
     from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
 
-
     class Int8Linear(DynamicLinear):
         def forward(self, x: Tensor) -> Tensor:
             return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False)
