@@ -7,19 +7,17 @@ import math
 import os
 from pathlib import Path
 
-from ..cliconfig import add_options, suggest_unknown
+from ..cliconfig import add_options, given, suggest_unknown
 from ..errors import BertkitError
 from ..infer import Predictor, agreement
 from ..infer.choose import sample_lines
 from ..predict import PredictOptions
 from ..serve import ServeConfig
-from .basic import Args, add_predictor_options, predictor_options
+from ..serve.http import check_bind, is_loopback
+from ..st_files import sentence_transformers_pooling
+from .basic import Args, add_predictor_options, check_device, predictor_options
 
 log = logging.getLogger("bertkit")
-
-
-def load_predictor(args, max_length: int | None = None):
-    return Predictor.from_dir(args.model, predictor_options(args, ("max_length",), max_length=max_length), head=args.head)
 
 
 def report_int8(args, predictor) -> dict:
@@ -73,11 +71,7 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
 
 def run_serve(args) -> int:
     try:
-        from ..cliconfig import given
-        from ..serve import ServeConfig, serve
-        from ..serve.http import check_bind, is_loopback
-        from ..st_files import sentence_transformers_pooling
-        from .basic import check_device
+        from ..serve import serve
     except ImportError as e:
         raise BertkitError(f"bertkit serve needs FastAPI and uvicorn: pip install 'bertkit[serve]' ({e})") from None
     ServeConfig(**{k: v for k, v in given(args, ServeConfig).items() if v is not None})   # in range: fail fast
@@ -85,7 +79,8 @@ def run_serve(args) -> int:
     check_bind(args.host, args.api_key, args.insecure_no_api_key)      # before the model loads: fail fast
     if args.null_threshold is not None and not math.isfinite(args.null_threshold):
         raise BertkitError(f"null_threshold must be a finite number, got {args.null_threshold}")
-    predictor = load_predictor(args, args.max_length)
+    how = predictor_options(args, ("max_length",), max_length=args.max_length)
+    predictor = Predictor.from_dir(args.model, how, head=args.head)
     if args.null_threshold is not None:
         predictor.null_threshold = args.null_threshold
     if args.int8:
