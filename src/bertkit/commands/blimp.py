@@ -17,6 +17,7 @@ from ..blimp import (BlimpOptions, PUBLISHED, load, method_for, pair_rows, publi
 from ..cliconfig import add_options
 from ..errors import BertkitError
 from ..hardware import cpu_model
+from ..outdir import write_whole
 from .basic import Args, check_device, options_of
 
 COLUMNS = {"ngram": "5-gram", "lstm": "LSTM", "txl": "TXL", "gpt2": "GPT-2"}     # the paper's models, short
@@ -92,11 +93,8 @@ def _run_facts(pred, wall: float, pairs: int, tokens_read: int) -> dict:
 
 def _write(out: tuple[Path, Path], result: dict, pairs, scored: dict, correct) -> None:
     out[0].parent.mkdir(parents=True, exist_ok=True)
-    for path, text in ((out[1], "".join(json.dumps(r) + "\n" for r in pair_rows(pairs, scored, correct))),
-                       (out[0], json.dumps(result, indent=1) + "\n")):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+    write_whole(out[1], "".join(json.dumps(r) + "\n" for r in pair_rows(pairs, scored, correct)))
+    write_whole(out[0], json.dumps(result, indent=1) + "\n")
 
 
 def _print_tables(r: dict, precision: str) -> None:

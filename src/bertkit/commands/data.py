@@ -51,10 +51,6 @@ def _sub(parser: argparse.ArgumentParser, name: str, help_: str) -> argparse.Arg
     return subs.add_parser(name, help=help_, description=help_)
 
 
-def _load_tokenizer(path: str):
-    return Tokenizer.from_dir(path)
-
-
 # ---- tokenizer ----------------------------------------------------------------------------------
 def setup_tokenizer(parser: argparse.ArgumentParser) -> None:
     p = _sub(parser, "train", "learn a WordPiece vocabulary (vocab.txt, tokenizer.json, tokenizer_config.json)")
@@ -80,7 +76,7 @@ def run_tokenizer_train(args) -> int:
 
 def run_tokenizer_stats(args) -> int:
     o = options_of(args, TokenizerStatsOptions)                 # checked before the tokenizer loads
-    s = tokenizer_stats(_load_tokenizer(args.model), args.files, o)
+    s = tokenizer_stats(Tokenizer.from_dir(args.model), args.files, o)
     if args.json:
         print(json.dumps(s))
         return 0
@@ -153,7 +149,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run_prepare(args) -> int:
     cfg, run = prepare_config(args), options_of(args, PrepareRunOptions)
-    meta = prepare(args.input, _load_tokenizer(args.model), args.out, cfg, **vars(run), command=command_line(args))
+    meta = prepare(args.input, Tokenizer.from_dir(args.model), args.out, cfg, **vars(run), command=command_line(args))
     c = meta["counts"]
     notes = [f"{c[k]} {k.replace('_', ' ')}" for k in ("empty_files", "invalid_utf8_lines", "long_lines_split",
                                                         "long_documents_split", "one_sentence_documents",
