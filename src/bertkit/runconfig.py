@@ -20,6 +20,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from .config import ACTIVATIONS, PRESETS
 from .errors import BertkitError
+from .outdir import write_whole
 
 
 class RunConfigError(BertkitError, ValueError):
@@ -537,6 +538,4 @@ def save_config(cfg, path: str | Path) -> None:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
+    write_whole(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
