@@ -122,7 +122,7 @@ def test_packed_step_equals_padded(data):
 
 # ---- a whole run --------------------------------------------------------------------------------------
 def test_pretrain_run_learns_and_leaves_everything(data, tmp_path):
-    from bertkit.runlog import read_jsonl
+    from bertkit.sources import read_jsonl
     from bertkit.train import pretrain
 
     cfg = tiny_config(data[64], tmp_path / "run", **{"train.max_steps": 40, "train.eval_every": 20,
@@ -209,7 +209,7 @@ def test_nan_steps_are_skipped_then_the_run_stops(data, tmp_path, monkeypatch):
 
 # ---- two phases and the time budget ----------------------------------------------------------------
 def test_two_phases_from_one_config(data, tmp_path):
-    from bertkit.runlog import read_jsonl
+    from bertkit.sources import read_jsonl
     from bertkit.train import pretrain
 
     card = pretrain(tiny_config(data[64], tmp_path / "run", **{
@@ -222,7 +222,7 @@ def test_two_phases_from_one_config(data, tmp_path):
 
 def test_time_budget_becomes_a_planned_number_of_updates(data, tmp_path):
     from bertkit.optim import lr_at
-    from bertkit.runlog import read_jsonl
+    from bertkit.sources import read_jsonl
     from bertkit.train import pretrain
 
     card = pretrain(tiny_config(data[64], tmp_path / "run", **{

@@ -71,7 +71,7 @@ def _states(model, ids: torch.Tensor) -> torch.Tensor:
 
 def test_clm_run_learns_left_to_right_and_fine_tunes_causal(data, tmp_path):
     from bertkit.checkpoint import load_model
-    from bertkit.runlog import read_jsonl
+    from bertkit.sources import read_jsonl
     from bertkit.train import pretrain
 
     card = pretrain(tiny_config(data["packed"], tmp_path / "ltr", **{

@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from .errors import BertkitError
 from .outdir import INCOMPLETE_KEY, _check_out
 from .runconfig import SEED, to_dict
-from .sources import jsonl_objects
+from .sources import read_jsonl
 
 log = logging.getLogger("bertkit")
 
@@ -185,9 +185,7 @@ def collapsed(task, predictions: Path) -> bool | None:
     rule, _ = collapse_rule(task)
     if rule is None or not predictions.is_file():
         return None
-    with predictions.open(encoding="utf-8") as f:
-        values = [obj["prediction"] for _, obj in jsonl_objects(f, predictions)]
-    return is_collapsed(task, values)
+    return is_collapsed(task, [obj["prediction"] for obj in read_jsonl(predictions)])
 
 
 def is_collapsed(task, values: list) -> bool | None:

@@ -14,6 +14,7 @@ from typing import Annotated, Callable, Literal
 from .data.prepare import PrepareConfig, prepare
 from .errors import BertkitError
 from .runconfig import AT_LEAST_1, PretrainConfig, Rule, SEED, THREADS, check_fields, load_config
+from .sources import read_jsonl
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("bertkit")
@@ -169,7 +170,6 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
     root = Path(out)
     QuickstartOptions(out, minutes, updates, seed, threads, precision)      # checked before anything is written
     training_config(root, max(minutes * 60 - 15, 10), updates, seed, threads, precision)   # its keys checked now
-    from .runlog import read_jsonl
     from .train import pretrain
 
     (root / "text").mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,6 @@ from .hardware import gemm_peak, machine_facts
 from .model import num_parameters
 from .runconfig import to_dict
 from .runstate import Run, Step
-from .sources import jsonl_objects
 
 log = logging.getLogger("bertkit")
 
@@ -57,15 +56,6 @@ def _step_of(line: str) -> int | None:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """The records of a metrics file ([] before its first line is written)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    with path.open(encoding="utf-8") as f:
-        return [obj for _, obj in jsonl_objects(f, path)]
 
 
 # ---- FLOPs ---------------------------------------------------------------------------------------

@@ -403,6 +403,15 @@ def jsonl_objects(lines: Iterable[str], where: str | Path, bad: Callable[[int, s
         bad(lineno, message)
 
 
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The objects of a JSON Lines file such as a run's metrics.jsonl ([] where there is no file yet)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return [obj for _, obj in jsonl_objects(f, path)]
+
+
 def _prepend(first: str, fh) -> Iterator[str]:
     line = fh.readline()
     yield first + line

@@ -17,7 +17,6 @@ from ..errors import BertkitError
 from ..outdir import write_whole
 from ..runconfig import (AT_LEAST_1, SEED, THREADS, _coerce, check_fields, parse_duration, read_yaml_mapping,
                          unknown_key)
-from ..sources import jsonl_objects
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -360,11 +359,3 @@ def _read_json(path: Path) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def _read_rows(path: Path) -> list[dict]:
-    """The rows of a JSON Lines file such as an arm's results.jsonl ([] where there is none)."""
-    if not path.is_file():
-        return []
-    with path.open(encoding="utf-8") as f:
-        return [row for _, row in jsonl_objects(f, path)]

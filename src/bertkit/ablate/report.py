@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Sequence
 
 from ..outdir import write_whole
+from ..sources import read_jsonl
 from .arm import _write_rows, finished, probe_dir
 from .cards import as_trained_section, checklist_section
-from .config import AblateConfig, _read_json, _read_rows, describe
+from .config import AblateConfig, _read_json, describe
 from .measure import OUTCOMES, _fmt, _minutes, _tokens, delta_cell, paired_mlm_difference, paired_ratio_difference
 from .plots import write_plots
 from .zeroshot import blimp_section, nsp_section
@@ -151,7 +152,7 @@ def collect(cfg: AblateConfig) -> tuple[list[dict], list[dict]]:
             st["error"] = "finished with other settings (or on a model since trained again); rerun the grid to redo it"
         states.append(st)
         if st["status"] == "done":
-            rows += _read_rows(d / "results.jsonl")
+            rows += read_jsonl(d / "results.jsonl")
     return states, rows
 
 

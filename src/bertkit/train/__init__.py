@@ -45,9 +45,10 @@ from ..model import num_parameters, set_attention_kernel
 from ..optim import build_optimizer, lr_at
 from ..packing import varlen_runs
 from ..runconfig import PretrainConfig, RunConfigError, parse_duration, save_config
-from ..runlog import (MetricsLog, Window, bar_update, plot_curves, pretrain_card, progress_bar, read_jsonl,
-                      step_flops, tensorboard_writer, write_run_card)
+from ..runlog import (MetricsLog, Window, bar_update, plot_curves, pretrain_card, progress_bar, step_flops,
+                      tensorboard_writer, write_run_card)
 from ..runstate import Phase, Run, State, Step, export_model, find_checkpoint, load_checkpoint, save_checkpoint, saved_state
+from ..sources import read_jsonl
 from .evaluation import eval_and_log, eval_batches, timed_eval
 from .model import build_model, forward
 from .phases import build_phases, data_fill, micro_batches
