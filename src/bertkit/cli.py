@@ -53,7 +53,7 @@ class Parser(argparse.ArgumentParser):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = Parser(prog="bertkit", description="BERT end to end: tokenize, prepare, "
                     "pre-train, fine-tune, evaluate, serve.")
-    parser.add_argument("--version", action="version", version=f"bertkit {_version()}")
+    parser.add_argument("--version", action="version", version=f"bertkit {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and full tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
@@ -74,10 +74,6 @@ def _did_you_mean(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
                 _did_you_mean(child)
-
-
-def _version() -> str:
-    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:
