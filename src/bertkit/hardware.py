@@ -343,11 +343,6 @@ def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtyp
     return sdpa / math
 
 
-def _attention_measured(heads: int, head_dim: int, length: int, dtype: torch.dtype) -> float:
-    return measured_once(f"attention math/SDPA speedup {heads}x{head_dim} T{length} {str(dtype).replace('torch.', '')}",
-                         lambda: measure_attention_speedup(heads, head_dim, length, dtype))
-
-
 def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length: int = 128,
                      asked: str = "auto") -> tuple[str, str]:
     """What computes a model's attention while it trains, and why: `asked` ('sdpa' or 'math') where
@@ -360,15 +355,16 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
         raise BertkitError(f"attention kernel {asked!r}: expected auto, sdpa or math")
     if device.type != "cpu":
         return "sdpa", f"SDPA on {device.type}"
-    heads = model_cfg.num_heads
-    head_dim = model_cfg.hidden_size // heads
+    heads = int(model_cfg.num_heads)
+    head_dim = int(model_cfg.hidden_size // heads)
     raw = os.environ.get(ATTENTION_ENV, "").strip().lower()
     if raw in ("sdpa", "math"):
         return raw, f"{ATTENTION_ENV}={raw}"
     if raw not in ("", "auto"):
         raise BertkitError(f"{ATTENTION_ENV}={os.environ[ATTENTION_ENV]!r}: expected sdpa, math or auto")
-    speedup = _attention_measured(int(heads), int(head_dim), int(length), dtype)
     name = str(dtype).replace("torch.", "")
+    speedup = measured_once(f"attention math/SDPA speedup {heads}x{head_dim} T{int(length)} {name}",
+                            lambda: measure_attention_speedup(heads, head_dim, int(length), dtype))
     kernel = "math" if speedup >= MIN_ATTENTION_SPEEDUP else "sdpa"
     return kernel, f"{name} attention forward + backward: the math kernel {speedup:.3g}x as fast as SDPA " \
                    f"(measured once on this machine)"
