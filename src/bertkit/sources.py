@@ -33,7 +33,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .errors import BertkitError, DataError
 
@@ -359,12 +359,7 @@ def _text_rows(f: Path, kind: str) -> Iterator[dict]:
             while first and first.isspace():
                 first = fh.read(1)
             if first == "[":                       # a JSON array of objects
-                try:
-                    rows = json.loads(first + fh.read())
-                except json.JSONDecodeError as e:
-                    raise SourceError(f"{f}:{e.lineno}: not valid JSON ({e.msg})") from None
-                except RecursionError:
-                    raise SourceError(f"{f}: not valid JSON (nested too deeply)") from None
+                rows = parse_json(first + fh.read(), f, SourceError)
                 for k, obj in enumerate(rows):
                     if not isinstance(obj, dict):
                         raise SourceError(f"{f}: item {k} of the array is not an object")
@@ -379,6 +374,16 @@ def _text_rows(f: Path, kind: str) -> Iterator[dict]:
                 raise SourceError(f"{f}:{reader.line_num}: expected {len(reader.fieldnames or [])} columns "
                                   f"({', '.join(reader.fieldnames or [])})")
             yield row
+
+
+def parse_json(text: str, where: str | Path, error: type[BertkitError] = DataError) -> Any:
+    """`json.loads(text)`; text that is not JSON is one `error` naming `where` (and the line)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise error(f"{where}: not valid JSON (nested too deeply)") from None
 
 
 def jsonl_objects(lines: Iterable[str], where: str | Path, bad: Callable[[int, str], None] | None = None,

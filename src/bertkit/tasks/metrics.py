@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import BertkitError
 from ..runconfig import Checked, Rule
-from ..sources import jsonl_objects
+from ..sources import jsonl_objects, parse_json
 from . import BadRows, SkipBadRows, get_task
 
 log = logging.getLogger("bertkit")
@@ -443,11 +443,7 @@ def read_null_odds(path: str | Path) -> dict[str, float]:
     if not path.is_file():
         raise MetricError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     try:
-        odds = json.loads(path.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError as e:
-        raise MetricError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    except RecursionError:
-        raise MetricError(f"{path}: not valid JSON (nested too deeply)") from None
+        odds = parse_json(path.read_text(encoding="utf-8-sig"), path, MetricError)
     except UnicodeDecodeError as e:
         raise MetricError(f"{path}: not valid UTF-8 (byte {e.start})") from None
     if not isinstance(odds, dict):

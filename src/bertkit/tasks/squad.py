@@ -38,6 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BertkitError
+from ..sources import parse_json
 from . import BadRows, DataError, Task, open_text, require_examples
 from .metrics import squad_v1, squad_v2
 
@@ -83,12 +84,7 @@ def read_squad(path: str | Path, bad: BadRows | None = None, version: int = 1) -
         text = f.read()
     if not text.strip():
         raise DataError(f"{path}: empty file")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    except RecursionError:
-        raise DataError(f"{path}: not valid JSON (nested too deeply)") from None
+    doc = parse_json(text, path)
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list):
         raise DataError(f"{path}: not a SQuAD file (no \"data\" list of articles)")
