@@ -107,9 +107,8 @@ def infer_lowercase(vocab: dict[str, int]) -> tuple[bool, str]:
     tokens (besides [CLS]-style specials), a cased one thousands."""
     words = [t for t in vocab if not (t.startswith("[") and t.endswith("]"))]
     upper = sum(1 for t in words if any(c.isupper() for c in t))
-    if upper * 200 < max(len(words), 1):               # under 0.5%
-        return True, f"inferred: {upper} of {len(words)} vocabulary tokens have upper-case letters"
-    return False, f"inferred: {upper} of {len(words)} vocabulary tokens have upper-case letters"
+    uncased = upper * 200 < max(len(words), 1)          # under 0.5%
+    return uncased, f"inferred: {upper} of {len(words)} vocabulary tokens have upper-case letters"
 
 
 def read_weights(ckpt: Checkpoint, verify: bool = True, progress: bool = True) -> tuple[dict[str, torch.Tensor], int]:
