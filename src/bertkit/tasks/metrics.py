@@ -267,24 +267,25 @@ def _token_f1(gold_toks: list[str], pred_toks: list[str]) -> float:
 
 def squad_golds(references: Any) -> dict[str, list[str]]:
     """{question id: [gold answer texts]} from a SQuAD JSON (the dict with "data", or its list of
-    articles) or from such a mapping already; question order is kept."""
+    articles) or from such a mapping already; question order is kept. No question is a MetricError."""
     if isinstance(references, Mapping) and "data" in references:
         references = references["data"]
     if isinstance(references, Mapping):
-        return {str(k): list(v) for k, v in references.items()}
-    golds: dict[str, list[str]] = {}
-    for article in references:
-        for paragraph in article["paragraphs"]:
-            for qa in paragraph["qas"]:
-                golds[qa["id"]] = [a["text"] for a in qa.get("answers", [])]
+        golds = {str(k): list(v) for k, v in references.items()}
+    else:
+        golds = {}
+        for article in references:
+            for paragraph in article["paragraphs"]:
+                for qa in paragraph["qas"]:
+                    golds[qa["id"]] = [a["text"] for a in qa.get("answers", [])]
+    if not golds:
+        raise MetricError("nothing to score: no questions in the references")
     return golds
 
 
 def squad_v1(references: Any, predictions: Mapping[str, str]) -> dict[str, float]:
     """evaluate-v1.1.py: {"exact_match", "f1"} in 0-100; a question with no prediction scores 0."""
     golds = squad_golds(references)
-    if not golds:
-        raise MetricError("nothing to score: no questions in the references")
     em = f1 = 0.0
     missing = 0
     for qid, answers in golds.items():
@@ -313,8 +314,6 @@ def squad_v2(references: Any, predictions: Mapping[str, str], na_probs: Mapping[
     Every question needs a prediction (the official script fails otherwise). `reproducible`:
     best thresholds that score best_exact / best_f1 when applied (`best_threshold`)."""
     golds = squad_golds(references)
-    if not golds:
-        raise MetricError("nothing to score: no questions in the references")
     missing = [q for q in golds if q not in predictions]
     if missing:
         raise MetricError(f"{len(missing)} of {len(golds)} questions have no prediction (first: "
