@@ -12,7 +12,7 @@ from typing import Annotated, Iterator, Literal
 
 from ..cliconfig import POSITIONAL, add_options, given
 from ..errors import BertkitError
-from ..runconfig import AT_LEAST_1, Rule, check_fields
+from ..runconfig import AT_LEAST_1, Checked, Rule
 from ..sources import jsonl_objects
 from ..st_files import sentence_transformers_pooling
 from ..tokenizer import Tokenizer, TokenizerError
@@ -291,15 +291,12 @@ MAX_LENGTH = Rule("at least 3 (room for [CLS] x [SEP])", lambda v: v >= 3)
 
 
 @dataclass
-class TokenizeOptions:
+class TokenizeOptions(Checked):
     """How `bertkit tokenize` reads and encodes its input (its flags: `cliconfig.add_options`)."""
     max_length: Annotated[int | None, MAX_LENGTH] = None
     """Truncate to N tokens (longest first for pairs)."""
     jsonl: bool | None = None
     """Read INPUT as JSONL whatever its name (default: by its name, .jsonl / .json / .ndjson)."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the range on max_length
 
 
 def setup_tokenize(p) -> None:
@@ -330,7 +327,7 @@ def _check_max_length(n: int | None) -> None:
 
 # ---- embed ---------------------------------------------------------------------------------------
 @dataclass
-class EmbedOptions:
+class EmbedOptions(Checked):
     """What `bertkit embed` reads and computes (its flags: `cliconfig.add_options`; how the model runs,
     max_length included: `PredictorOptions`)."""
     pooling: Literal["cls", "mean", "pooler", "none"] | None = None
@@ -342,9 +339,6 @@ class EmbedOptions:
     """Texts per batch."""
     jsonl: bool | None = None
     """Read INPUT as JSONL whatever its name (default: by its name, .jsonl / .json / .ndjson)."""
-
-    def __post_init__(self):
-        check_fields(self)                          # the choices and ranges on the fields
 
 
 def setup_embed(p) -> None:
