@@ -84,18 +84,24 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync one file or folder (where the file system allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and folder under `root`, and `root` last."""
     for p in [*root.rglob("*"), root]:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fsync_path(p)
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -176,7 +182,7 @@ def staged_dir(out: str | Path, owned: Callable[[Path], bool], what: str = "run"
 def swap_in(tmp: Path, out: Path) -> None:
     """Make the complete folder `tmp` be `out` in one step, the previous `out` (if any) deleted
     after: its files are fsynced and its incomplete mark (if any) removed first."""
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     clear_incomplete(tmp)                           # from here to the swap (microseconds) tmp is complete
     if not out.exists():
         os.rename(tmp, out)

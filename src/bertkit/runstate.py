@@ -27,7 +27,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import random
 import re
 import shutil
@@ -43,7 +42,7 @@ from safetensors.torch import save_file
 
 from . import distributed as D
 from .checkpoint import CheckpointError, build, save_model
-from .outdir import mark_incomplete, write_folder
+from .outdir import fsync_path, fsync_tree, mark_incomplete, write_folder
 from .runconfig import PretrainConfig, save_config
 
 log = logging.getLogger("bertkit")
@@ -218,17 +217,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
 def export_model(run: Run, world: D.World, path: Path, model_sd: dict | None = None) -> None:
     """Write the model as a Hugging Face folder (+ tokenizer) at `path` (rank 0 writes), whole or
     not at all: written to `path.incomplete`, then swapped in (`outdir.write_folder`).
@@ -279,15 +267,12 @@ def save_checkpoint(run: Run, world: D.World) -> Path | None:
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest = {"step": st.step, "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size,
                                                                           "sha256": _sha256(p)} for p in files}}
-        for p in files:
-            with p.open("rb") as f:
-                os.fsync(f.fileno())
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-        _fsync_dir(tmp)
+        fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        _fsync_dir(root)
+        fsync_path(root)
         _prune(root, cfg.train.keep_checkpoints)
         log.debug("checkpoint %s", final)
     D.barrier(world)
