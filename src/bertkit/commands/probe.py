@@ -53,9 +53,10 @@ def run_probe(args) -> int:
         raise BertkitError(f"--out {out}: exists and is not a folder")
     choices = given(args, ProbeSpec)
     if "pooling" not in choices:
-        choices["pooling"] = _default_pooling(args.model)
+        choices["pooling"] = ["last", "mean"] if read_config(Path(args.model))[0].causal else ["cls", "mean"]
     spec, cfg = ProbeSpec(**choices), FinetuneConfig(**values, progress=False)
-    result = probe(cfg, spec, progress=True, fits_log=_fits_path(out))
+    out.mkdir(parents=True, exist_ok=True)
+    result = probe(cfg, spec, progress=True, fits_log=out / "fits.jsonl")
     write_results(out / "results.json", result)
     log.info("probe: encoded in %.1f s, %.1f s in all (%d threads, %s)", result["encode_wall_s"], result["wall_s"],
              result["threads"], result["device"])
@@ -65,15 +66,6 @@ def run_probe(args) -> int:
         print(table(result))
         print(f"wrote {out / 'results.json'} and {out / 'fits.jsonl'}")
     return 0
-
-
-def _default_pooling(model: str) -> list[str]:
-    return ["last", "mean"] if read_config(Path(model))[0].causal else ["cls", "mean"]
-
-
-def _fits_path(out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    return out / "fits.jsonl"
 
 
 def table(result: dict) -> str:
