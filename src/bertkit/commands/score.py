@@ -77,9 +77,7 @@ def _check_text_file(option: str, path: str) -> None:
 
 
 def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    return str(value)
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _finite(obj):
