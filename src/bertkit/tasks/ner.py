@@ -50,9 +50,11 @@ def read_conll(path: str | Path, bad: BadRows | None = None, tag_column: int = -
     tags: list[str] = []
     ncols, start, broken, skipped = None, 0, False, 0
 
-    def flush() -> None:
-        nonlocal words, tags, broken
-        if words and not broken:
+    def flush() -> None:                  # a sentence ends: kept, or counted as skipped (its id stays used)
+        nonlocal words, tags, broken, skipped
+        if broken:
+            skipped += 1
+        elif words:
             examples.append(TaggedExample(str(len(examples) + skipped), words, tags, f"{path}:{start}"))
         words, tags, broken = [], [], False
 
@@ -60,8 +62,6 @@ def read_conll(path: str | Path, bad: BadRows | None = None, tag_column: int = -
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if not line.strip():
-                if broken:
-                    skipped += 1
                 flush()
                 continue
             if line.startswith("-DOCSTART-"):
@@ -85,8 +85,6 @@ def read_conll(path: str | Path, bad: BadRows | None = None, tag_column: int = -
                 continue
             words.append(cols[0])
             tags.append(tag)
-    if broken:
-        skipped += 1
     flush()
     return require_examples(examples, path, bad)
 
