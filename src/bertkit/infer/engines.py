@@ -275,9 +275,11 @@ class OpenVINOGraph:
         self.precision = "int8" if int8_group else names.get(name, name)
 
     def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        # inputs by index and shared, not copied: a list goes through OpenVINO's slower Python dispatch,
+        # a visible share of one short request (docs/serve-measurements.md)
         with self.lock:
-            out = self.request.infer([embeddings, mask])
-            return np.array(out[self.compiled.outputs[0]])      # a copy: the request reuses its buffers
+            out = self.request.infer({0: embeddings, 1: mask}, share_inputs=True, share_outputs=True)
+            return np.array(out[0])                             # a copy: the request reuses its buffers
 
 
 def load_runner(name: str, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0):
