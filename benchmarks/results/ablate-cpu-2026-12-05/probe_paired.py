@@ -10,7 +10,7 @@ a, b = (json.load(open(p)) for p in sys.argv[1:3])
 assert a["dev_ids"] == b["dev_ids"], "not the same dev examples"
 key = lambda r: (r["features"], r["pooling"])
 other = {key(r): r for r in b["probes"]}
-print(f"{a['task']} ({a['metric']}; majority {a['majority']['accuracy']:.3f}): A = {sys.argv[1]}, B = {sys.argv[2]}")
+print(f"{a['task']} ({a['metric']}; majority {a['majority'][a['metric']]:.3f}): A = {sys.argv[1]}, B = {sys.argv[2]}")
 print("| features | pooling | A | B | A - B [95%] |")
 print("|---|---|---:|---:|---:|")
 for r in a["probes"]:
