@@ -288,8 +288,7 @@ def _train(cfg, command: str, out: Path) -> dict:
     tokenizer = Tokenizer.from_dir(cfg.model)
     model = load_encoder(cfg, {} if cfg.dropout is None else {"hidden_dropout": cfg.dropout,
                                                                "attention_dropout": cfg.dropout})
-    positions = model.config.max_position_embeddings
-    max_length = cfg.max_length or min(max_seq_length(cfg.model, DEFAULT_MAX_LENGTH), positions)
+    max_length = cfg.max_length or max_seq_length(cfg.model, model.config.max_position_embeddings, DEFAULT_MAX_LENGTH)
     texts = list(dict.fromkeys(pairs.anchors + pairs.positives + (pairs.negatives or [])))
     ids = {t: e.input_ids for t, e in zip(texts, tokenizer.encode_batch(texts, None, max_length))}
     tokenizer.stats.report(label=f"{train_path}: distinct texts at {max_length} tokens")

@@ -435,10 +435,10 @@ def moved(cls: type, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def unknown_key(key: str, known: list[str], where: str) -> str:
-    """The error for a key not in `known`: the closest known one, else all of them."""
+def unknown_key(key: str, known: list[str], where: str, what: str = "key") -> str:
+    """The error for a `what` (a key, an arm) not in `known`: the closest known one, else all of them."""
     close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)
-    return f"{where}: unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else
+    return f"{where}: unknown {what} {key!r}" + (f"; did you mean {close[0]!r}?" if close else
                                                f"; known: {', '.join(known)}")
 
 

@@ -52,12 +52,14 @@ def sentence_transformers_pooling(path: str | Path) -> tuple[str, bool]:
     return pooling, "Normalize" in types
 
 
-def max_seq_length(path: str | Path, default: int) -> int:
-    """The checkpoint's sentence-transformers max_seq_length (sentence_bert_config.json), else `default`."""
+def max_seq_length(path: str | Path, positions: int, default: int | None = None) -> int:
+    """The checkpoint's sentence-transformers max_seq_length (sentence_bert_config.json), else `default`
+    (None: `positions`); never more than its `positions` embeddings."""
     try:
-        return int(json.loads((Path(path) / "sentence_bert_config.json").read_text(encoding="utf-8"))["max_seq_length"])
+        n = int(json.loads((Path(path) / "sentence_bert_config.json").read_text(encoding="utf-8"))["max_seq_length"])
     except (OSError, ValueError, KeyError, TypeError):
-        return default
+        n = positions if default is None else default
+    return min(n, positions)
 
 
 def write_sentence_transformers(out: str | Path, pooling: str, hidden_size: int, max_length: int) -> None:

@@ -280,7 +280,7 @@ def select_arms(cfg: AblateConfig, names: Sequence[str] | None = None, shard: st
         known = {a.name for a in arms}
         for n in names:
             if n not in known:
-                raise BertkitError(unknown_key(n, sorted(known), "--arms").replace("unknown key", "unknown arm"))
+                raise BertkitError(unknown_key(n, sorted(known), "--arms", "arm"))
         arms = [a for a in arms if a.name in set(names)]
     if shard:
         i, n = _parse_shard(shard)

@@ -119,8 +119,7 @@ class Predictor:
         model.eval()
         tokenizer = Tokenizer.from_dir(path)
         check_inputs_fit(model.config, tokenizer.vocab_size, o.max_length, where=path)
-        positions = model.config.max_position_embeddings      # the checkpoint's own limit, within its positions
-        max_len = o.max_length or min(max_seq_length(path, positions), positions)
+        max_len = o.max_length or max_seq_length(path, model.config.max_position_embeddings)
         p = cls(model.to(device) if o.backend == "torch" else model, tokenizer,
                 device=device if o.backend == "torch" else "cpu", max_length=max_len)
         p.source = path
