@@ -214,6 +214,7 @@ def test_ablate_probe_rows_are_reused_until_the_data_changes(tiny_model, sst_dir
     assert r["arm"] == "probe_lbfgs" and r["seed"] == 0 and r["status"] == "ok" and r["frozen"] and r["probe"] == "lbfgs"
     assert r["value"] == r["best"] and r["metric"] == "accuracy" and r["pretrain_updates"] == 3 and r["converged"]
     mtime = (tmp_path / "probe" / "sst2" / "results.json").stat().st_mtime_ns
+    assert not (tmp_path / "probe" / "sst2" / "finished.jsonl").exists()       # the resume file goes with results.json
     assert probe_rows(arm, c, pre, [["model.safetensors", 1, 2]], "x")[0]["value"] == r["value"]
     assert (tmp_path / "probe" / "sst2" / "results.json").stat().st_mtime_ns == mtime          # reused
     c2 = cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=c.out, train_limit=200)
@@ -269,3 +270,44 @@ def test_ablate_probe_arm(tmp_path):
     cfg.lr_search = {"lrs": [1e-3, 2e-3]}
     assert ablate_config.lr_search_of(cfg, cfg.arms[1]) is None           # a probe has no learning rate to search
     assert ablate_config.lr_search_of(cfg, cfg.arms[0])["lrs"] == [1e-3, 2e-3]
+
+
+def test_an_interrupted_probe_run_resumes_at_the_probe_it_was_on(tiny_model, sst_dir, tmp_path, monkeypatch):
+    """probe(finished=...): the probes fitted before an interruption are reused, not fitted again, the
+    one cut short is fitted again, and the result and fits.jsonl equal those of an uninterrupted run."""
+    import bertkit.linear_probe as lp
+    spec = ProbeSpec(features=["embeddings", "last"], pooling=["mean"], **FAST)
+    c = cfg(task="sst2", data=str(sst_dir), model=str(tiny_model))
+    whole = probe(c, spec, fits_log=tmp_path / "whole.jsonl")
+    real, fitted = lp._one_probe, []
+
+    def interrupted(task, labels, train, dev, features, pooling, *rest):
+        if features == "last":                    # the second probe: cut short after two of its fits
+            report = rest[-1]
+            report({"fold": 0, "C": 0.01, "score": 0.5})
+            report({"fold": 0, "C": 1.0, "score": 0.5})
+            raise KeyboardInterrupt
+        fitted.append(features)
+        return real(task, labels, train, dev, features, pooling, *rest)
+
+    done, fits = tmp_path / "finished.jsonl", tmp_path / "fits.jsonl"
+    monkeypatch.setattr(lp, "_one_probe", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        probe(c, spec, fits_log=fits, finished=done, key="k1")
+    assert fitted == ["embeddings"] and len(done.read_text().splitlines()) == 1
+    with open(done, "a") as f:
+        f.write('{"key": "k1", "probe": {"feat')  # a line cut short by the interruption: ignored
+
+    def counted(task, labels, train, dev, features, pooling, *rest):
+        fitted.append(features)
+        return real(task, labels, train, dev, features, pooling, *rest)
+    monkeypatch.setattr(lp, "_one_probe", counted)
+    resumed = probe(c, spec, fits_log=fits, finished=done, key="k1")
+    assert fitted == ["embeddings", "last"]                       # the first probe was not fitted again
+    strip = lambda r: [{k: v for k, v in p.items() if k != "fit_wall_s"} for p in r["probes"]]
+    assert strip(resumed) == strip(whole)
+    drop = lambda path: [{k: v for k, v in json.loads(x).items() if k != "wall_s"} for x in path.read_text().splitlines()]
+    assert drop(fits) == drop(tmp_path / "whole.jsonl")           # the cut-short probe's fits are not kept twice
+    fitted.clear()
+    probe(c, spec, finished=done, key="k2")                       # another key: nothing reused
+    assert fitted == ["embeddings", "last"]

@@ -386,7 +386,7 @@ def read_task(cfg: "FinetuneConfig") -> tuple["Task", list[str], Split, Split]:
 
 
 def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool = False,
-          fits_log: Path | None = None) -> dict:
+          fits_log: Path | None = None, finished: Path | None = None, key: str = "") -> dict:
     """Probe `cfg.model` on `cfg.task` (`cfg`'s data options; its training options are not used).
 
     Returns {task, model, metric, labels, train_examples, dev_examples, dev_ids, train_rows, dev_rows,
@@ -394,7 +394,10 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
     pooling, metric, value, dev: {<metrics>}, C, cv: {C: mean score}, iterations, converged,
     grad_max, width, fit_wall_s, outcomes: {num, den} per dev example in dev_ids' order (`dev_outcomes`;
     None for a metric that is not a ratio of sums)}]}. `fits_log`: one JSONL line per fit (fold, C,
-    score, iterations)."""
+    score, iterations). `finished`: a JSONL file of the probes done so far, one line each ({"key",
+    "probe"}); those of the same `key` are taken from it instead of fitted again, and each new one is
+    added as soon as it is fitted: an interrupted run resumes at the probe it was on, with the same
+    numbers (nothing in a probe is random)."""
     spec = spec or ProbeSpec()
     t0 = time.perf_counter()
     if cfg.threads:
@@ -423,19 +426,64 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
               "skipped": skipped, "spec": {f.name: getattr(spec, f.name) for f in fields(ProbeSpec)},
               "max_length": cfg.max_length, "device": str(device), "threads": torch.get_num_threads(),
               "encode_wall_s": round(encode_wall, 2), "probes": []}
-    log_file = open(fits_log, "w", encoding="utf-8") if fits_log else None
-    bar = tqdm(total=len(pairs) * (spec.folds * len(spec.C) + 1),
+    done = _finished_probes(finished, key) if finished else {}
+    if done:
+        log.info("probe %s: %d of %d probes reused from %s", task.name, len(done), len(pairs), finished)
+    log_file = _fits_log(fits_log, done) if fits_log else None
+    bar = tqdm(total=(len(pairs) - len(done)) * (spec.folds * len(spec.C) + 1),
                desc="probe fits", unit="fit", disable=not progress or None, leave=False)
     try:
         for features, pooling in pairs:
-            result["probes"].append(_one_probe(task, labels, train, dev, features, pooling, L, spec, device,
-                                               lambda rec: _fit_done(bar, log_file, features, pooling, rec)))
+            rec = done.get((features, pooling))
+            if rec is None:
+                rec = _one_probe(task, labels, train, dev, features, pooling, L, spec, device,
+                                 lambda fit: _fit_done(bar, log_file, features, pooling, fit))
+                if finished:
+                    with open(finished, "a", encoding="utf-8") as f:
+                        f.write(json.dumps({"key": key, "probe": rec}) + "\n")
+            result["probes"].append(rec)
     finally:
         bar.close()
         if log_file:
             log_file.close()
     result["wall_s"] = round(time.perf_counter() - t0, 2)
     return result
+
+
+def _finished_probes(path: Path, key: str) -> dict[tuple[str, str | None], dict]:
+    """The probes of `key` in a `probe(finished=...)` file, by (features, pooling); a line cut short
+    by an interrupted write is left out (that probe is fitted again)."""
+    done = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return done
+    for line in lines:
+        try:
+            obj = json.loads(line)
+            rec = obj["probe"]
+            if obj.get("key") == key:
+                done[(rec["features"], rec["pooling"])] = rec
+        except (ValueError, KeyError, TypeError):
+            continue
+    return done
+
+
+def _fits_log(path: Path, done: dict):
+    """fits.jsonl opened for the fits to come: on a resumed run it keeps the lines of the probes
+    reused (`done`) and drops those of the probe that was cut short."""
+    kept = []
+    if done and path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if (obj.get("features"), obj.get("pooling")) in done:
+                kept.append(line + "\n")
+    f = open(path, "w", encoding="utf-8")
+    f.writelines(kept)
+    return f
 
 
 def _fit_done(bar, log_file, features: str, pooling: str | None, rec: dict) -> None:
@@ -488,7 +536,9 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
 
     Results are kept in fcfg.out (results.json, with each probe's per-dev-example outcomes that the
     report pairs across arms; fits.jsonl) and reused while the data options, the spec, the model's
-    weights (`weights`, ablate's weights_id) and `RESULTS_VERSION` are unchanged. Row keys: arm,
+    weights (`weights`, ablate's weights_id) and `RESULTS_VERSION` are unchanged. An interrupted
+    run resumes at the probe it was on (finished.jsonl, under the same key; gone once results.json is
+    written). Row keys: arm,
     setting, task, seed (0: nothing is random), metric, value and best (the dev score of the main
     metric), dev (every dev metric), majority (the dev score of always answering the training
     majority class), probe ('lbfgs'), probe_features, probe_pooling (None for tagging), variant
@@ -510,10 +560,11 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
         log.info("ablate: arm %s: probing %s (L-BFGS, %d features x poolings)", arm.name, fcfg.task,
                  len(spec.features) * len(spec.pooling))
         c0 = time.process_time()
-        result = probe(fcfg, spec, fits_log=out / "fits.jsonl")
+        result = probe(fcfg, spec, fits_log=out / "fits.jsonl", finished=out / "finished.jsonl", key=key)
         result["cpu_s"] = round(time.process_time() - c0, 1)
         result["ablate_key"] = key
         write_results(out / "results.json", result)
+        (out / "finished.jsonl").unlink(missing_ok=True)
     return [{"arm": arm.name, "setting": setting, "task": fcfg.task, "seed": 0, "metric": p["metric"],
              "value": p["value"], "best": p["value"], "dev": p["dev"], "majority": result["majority"].get(p["metric"]),
              "probe": "lbfgs", "probe_features": p["features"], "probe_pooling": p["pooling"],
