@@ -1,6 +1,7 @@
 """BLiMP inside `bertkit ablate`: every arm's model scored zero-shot, cached, per-pair outcomes kept."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib import resources
 from pathlib import Path
@@ -181,3 +182,18 @@ def test_pretrain_only_scores_without_fine_tuning_and_the_full_run_reuses_it(tmp
     state = json.loads((d / "arm.json").read_text())
     assert state["status"] == "done" and ablate.weights_id(Path(state["model"])) == weights
     assert (d / "results.jsonl").read_text().count("\n") == 2                     # sst2 x seeds 0, 1
+
+
+def test_the_plateau_study_shares_the_cpu_grid_s_base():
+    """configs/ablate/cpu-plateau.yaml is cpu.yaml above `arms:` (one output folder serves both: the same data,
+    tokenizer and base arm), and its arms that cpu.yaml also has are the same arms."""
+    folder = Path(__file__).resolve().parents[1] / "configs" / "ablate"
+    grid, plateau = (ablate_config.load_ablate_config(folder / f"{n}.yaml") for n in ("cpu", "cpu-plateau"))
+    assert [r for r in ablate.dry_run(plateau, plateau.arms) if r["status"] != "ok"] == []
+    top = lambda c: {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name not in ("arms", "source")}
+    assert top(plateau) == top(grid)
+    shared = {a.name for a in plateau.arms} & {a.name for a in grid.arms}
+    assert shared == {"base", "paper_arch"}
+    by = lambda c: {a.name: a for a in c.arms}
+    assert all(by(plateau)[n] == by(grid)[n] for n in shared)
+    assert {"paper_arch_bert_init", "post_ln", "abs_pos", "dropout"} <= set(by(plateau))
