@@ -25,6 +25,7 @@ arms = {  # name: (arm.json, mlm_outcomes, blimp_correct, label)
  "steps_half": (f"{R5}/steps_half/arm.json", f"{R5}/steps_half/mlm_outcomes.json", f"{R5}/steps_half/blimp_correct.txt", "steps_half (the base at 5,000 updates)"),
  "steps_quarter": (f"{R5}/steps_quarter/arm.json", f"{R5}/steps_quarter/mlm_outcomes.json", f"{R5}/steps_quarter/blimp_correct.txt", "steps_quarter (the base at 2,500 updates)"),
  "paper_arch": (f"{R5}/paper_arch/arm.json", f"{R5}/paper_arch/mlm_outcomes.json", f"{R5}/paper_arch/blimp_correct.txt", "paper_arch (post-LN, absolute positions, dropout 0.1)"),
+ "size_h128": (f"{R5}/size_h128/arm.json", f"{R5}/size_h128/mlm_outcomes.json", f"{R5}/size_h128/blimp_correct.txt", "size_h128 (L4/H128, 1.9M parameters, lr 2e-3)"),
  "ltr_compute": (f"{R5}/ltr_compute/arm.json", None, f"{R5}/ltr_compute/blimp_correct.txt", "ltr_compute (left-to-right at the base's FLOPs)"),
 }
 def mlm_cell(arm: dict) -> str:
