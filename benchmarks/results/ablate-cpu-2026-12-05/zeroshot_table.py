@@ -24,7 +24,8 @@ arms = {  # name: (arm.json, mlm_outcomes, blimp_correct, label)
  "span": (f"{R5}/span/arm.json", f"{R5}/span/mlm_outcomes.json", f"{R5}/span/blimp_correct.txt", "span (SpanBERT spans, scored under token masking)"),
  "steps_half": (f"{R5}/steps_half/arm.json", f"{R5}/steps_half/mlm_outcomes.json", f"{R5}/steps_half/blimp_correct.txt", "steps_half (the base at 5,000 updates)"),
  "steps_quarter": (f"{R5}/steps_quarter/arm.json", f"{R5}/steps_quarter/mlm_outcomes.json", f"{R5}/steps_quarter/blimp_correct.txt", "steps_quarter (the base at 2,500 updates)"),
- "paper_arch": (f"{R5}/paper_arch/arm.json", f"{R5}/paper_arch/mlm_outcomes.json", f"{R5}/paper_arch/blimp_correct.txt", "paper_arch (post-LN, absolute positions, dropout 0.1)"),
+ "paper_arch_bert_init": (f"{R5}/paper_arch/arm.json", f"{R5}/paper_arch/mlm_outcomes.json", f"{R5}/paper_arch/blimp_correct.txt", "paper_arch_bert_init (post-LN, absolute positions, dropout 0.1; BERT's N(0, 0.02) start)"),
+ "paper_arch": (f"{R5}/paper_arch_neighbours/arm.json", f"{R5}/paper_arch_neighbours/mlm_outcomes.json", f"{R5}/paper_arch_neighbours/blimp_correct.txt", "paper_arch (the same, heads started on their neighbours)"),
  "size_h128": (f"{R5}/size_h128/arm.json", f"{R5}/size_h128/mlm_outcomes.json", f"{R5}/size_h128/blimp_correct.txt", "size_h128 (L4/H128, 1.9M parameters, lr 2e-3)"),
  "ltr_compute": (f"{R5}/ltr_compute/arm.json", None, f"{R5}/ltr_compute/blimp_correct.txt", "ltr_compute (left-to-right at the base's FLOPs)"),
 }
@@ -48,6 +49,8 @@ print("| arm | held-out MLM at [MASK] / all targets | Δ MLM at [MASK] vs base [
 print("|---|---:|---:|---:|---:|")
 for name, (a, o, bc, label) in arms.items():
     A, O, B = j(a), j(o) if o else None, t(bc) if bc else None
+    if A is None:                                   # not committed yet
+        continue
     if name == "base":
         print(f"| {label} | {mlm_cell(A)} | base | {blimp_cell(A)} | base |")
         continue
