@@ -1,4 +1,4 @@
-"""paper_arch's three changes one at a time: each arm's training MLM loss (mean over the 50-update log
+"""paper_arch's three changes one at a time, and the three with the heads started on their neighbours: each arm's training MLM loss (mean over the 50-update log
 window) and its own held-out accuracy at [MASK] (256 held-out sequences, the same for every arm),
 at the updates every listed arm has reached. Reads ARM/metrics.jsonl and ARM/eval.jsonl beside this file.
 Run from the repository root: python benchmarks/results/ablate-cpu-2026-12-05/decompose/curves_table.py"""
@@ -8,7 +8,8 @@ from pathlib import Path
 here = Path(__file__).resolve().parent
 ARMS = {"base": "base (pre-LN, ALiBi, no dropout, lr 1e-3)", "post_ln": "post-LN alone (lr 5e-4)",
         "dropout": "dropout 0.1 alone", "abs_pos": "learned absolute positions alone",
-        "paper_arch": "all three (the paper's architecture, lr 5e-4)"}
+        "paper_arch": "all three (the paper's architecture, lr 5e-4)",
+        "paper_arch_neighbours": "all three, heads started on their neighbours (the grid's paper_arch now)"}
 
 
 def rows(arm, name):
@@ -25,7 +26,8 @@ print("|---|" + "---:|" * len(steps))
 for a, label in ARMS.items():
     cells = [f"{train[a][s]['mlm_loss']:.2f} ({train[a][s]['mlm_accuracy']:.3f})" if s in train[a] else "—" for s in steps]
     print(f"| {label} | " + " | ".join(cells) + " |")
-evals = sorted({s for a in ARMS for s in held[a] if s})
+# the evaluations every 2,500 updates, and post_ln's where it was paused (a resumed run also evaluates where it resumed)
+evals = sorted({s for a in ARMS for s in held[a] if s and (s % 2500 == 0 or a == "post_ln")})
 print("\nHeld-out accuracy at [MASK] (the run's own evaluation), by update:\n")
 print("| arm | " + " | ".join(f"{s:,}" for s in evals) + " |")
 print("|---|" + "---:|" * len(evals))
