@@ -308,6 +308,7 @@ def test_an_interrupted_probe_run_resumes_at_the_probe_it_was_on(tiny_model, sst
     assert strip(resumed) == strip(whole)
     drop = lambda path: [{k: v for k, v in json.loads(x).items() if k != "wall_s"} for x in path.read_text().splitlines()]
     assert drop(fits) == drop(tmp_path / "whole.jsonl")           # the cut-short probe's fits are not kept twice
+    assert [json.loads(x)["probe"]["features"] for x in done.read_text().splitlines()] == ["embeddings", "last"]
     fitted.clear()
     probe(c, spec, finished=done, key="k2")                       # another key: nothing reused
     assert fitted == ["embeddings", "last"]

@@ -427,6 +427,8 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
               "max_length": cfg.max_length, "device": str(device), "threads": torch.get_num_threads(),
               "encode_wall_s": round(encode_wall, 2), "probes": []}
     done = _finished_probes(finished, key) if finished else {}
+    if finished:          # kept from it: these probes alone (a torn last line would swallow the next one)
+        finished.write_text("".join(json.dumps({"key": key, "probe": r}) + "\n" for r in done.values()), encoding="utf-8")
     if done:
         log.info("probe %s: %d of %d probes reused from %s", task.name, len(done), len(pairs), finished)
     log_file = _fits_log(fits_log, done) if fits_log else None
