@@ -27,6 +27,7 @@ arms = {  # name: (arm.json, mlm_outcomes, blimp_correct, label)
  "paper_arch_bert_init": (f"{R5}/paper_arch/arm.json", f"{R5}/paper_arch/mlm_outcomes.json", f"{R5}/paper_arch/blimp_correct.txt", "paper_arch_bert_init (post-LN, absolute positions, dropout 0.1; BERT's N(0, 0.02) start)"),
  "paper_arch": (f"{R5}/paper_arch_neighbours/arm.json", f"{R5}/paper_arch_neighbours/mlm_outcomes.json", f"{R5}/paper_arch_neighbours/blimp_correct.txt", "paper_arch (the same, heads started on their neighbours)"),
  "abs_pos": (f"{R5}/abs_pos/arm.json", f"{R5}/abs_pos/mlm_outcomes.json", f"{R5}/abs_pos/blimp_correct.txt", "abs_pos (plateau study: learned absolute positions alone)"),
+ "dropout": (f"{R5}/dropout/arm.json", f"{R5}/dropout/mlm_outcomes.json", f"{R5}/dropout/blimp_correct.txt", "dropout (plateau study: dropout 0.1 alone)"),
  "size_h128": (f"{R5}/size_h128/arm.json", f"{R5}/size_h128/mlm_outcomes.json", f"{R5}/size_h128/blimp_correct.txt", "size_h128 (L4/H128, 1.9M parameters, lr 2e-3)"),
  "ltr_compute": (f"{R5}/ltr_compute/arm.json", None, f"{R5}/ltr_compute/blimp_correct.txt", "ltr_compute (left-to-right at the base's FLOPs)"),
 }
