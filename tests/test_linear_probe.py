@@ -14,7 +14,8 @@ import torch
 from bertkit.cli import main
 from bertkit.errors import BertkitError
 from bertkit.finetune import FinetuneConfig
-from bertkit.linear_probe import (ProbeSpec, choose_c, fit_logreg, folds_of, probe, probe_rows, probe_spec,
+from bertkit.ablate.probes import probe_rows
+from bertkit.linear_probe import (ProbeSpec, choose_c, fit_logreg, folds_of, probe, probe_spec,
                                   standardise)
 from test_finetune import conll_dir, sst_dir, tiny_model  # noqa: F401  (fixtures)
 

@@ -23,11 +23,10 @@ linear map read off the frozen states? - is answered as a convex problem, solved
    (`dev_outcomes`), so two probes on the same dev set are compared pairwise (ablate's report).
 
 `probe(FinetuneConfig, ProbeSpec)` runs it (the data options - data, limits, max_length, windows -
-are fine-tuning's); `bertkit probe` and the probe arms of `bertkit ablate` (`probe_rows`) call it.
+are fine-tuning's); `bertkit probe` and the probe arms of `bertkit ablate` (`ablate.probes`) call it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -50,6 +49,7 @@ from .outdir import write_whole
 from .packing import pack
 from .probe import POOLINGS, check_pooling, probe_layers
 from .runconfig import unknown_key
+from .sources import jsonl_objects
 from .tasks import collate
 from .tasks.metrics import example_counts
 from .tasks.plumbing import resolve_task
@@ -428,7 +428,7 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
               "encode_wall_s": round(encode_wall, 2), "probes": []}
     done = _finished_probes(finished, key) if finished else {}
     if finished:          # kept from it: these probes alone (a torn last line would swallow the next one)
-        finished.write_text("".join(json.dumps({"key": key, "probe": r}) + "\n" for r in done.values()), encoding="utf-8")
+        write_whole(finished, "".join(json.dumps({"key": key, "probe": r}) + "\n" for r in done.values()))
     if done:
         log.info("probe %s: %d of %d probes reused from %s", task.name, len(done), len(pairs), finished)
     log_file = _fits_log(fits_log, done) if fits_log else None
@@ -452,39 +452,26 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
     return result
 
 
+def _lines_kept(path: Path | None) -> list[dict]:
+    """The JSON objects of a resume file; a line cut short by an interrupted write is left out."""
+    if path is None or not path.is_file():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return [obj for _, obj in jsonl_objects(f, path, bad=lambda lineno, message: None)]
+
+
 def _finished_probes(path: Path, key: str) -> dict[tuple[str, str | None], dict]:
-    """The probes of `key` in a `probe(finished=...)` file, by (features, pooling); a line cut short
-    by an interrupted write is left out (that probe is fitted again)."""
-    done = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return done
-    for line in lines:
-        try:
-            obj = json.loads(line)
-            rec = obj["probe"]
-            if obj.get("key") == key:
-                done[(rec["features"], rec["pooling"])] = rec
-        except (ValueError, KeyError, TypeError):
-            continue
-    return done
+    """The probes of `key` in a `probe(finished=...)` file, by (features, pooling)."""
+    return {(o["probe"]["features"], o["probe"]["pooling"]): o["probe"] for o in _lines_kept(path)
+            if o.get("key") == key and isinstance(o.get("probe"), dict) and {"features", "pooling"} <= set(o["probe"])}
 
 
 def _fits_log(path: Path, done: dict):
     """fits.jsonl opened for the fits to come: on a resumed run it keeps the lines of the probes
     reused (`done`) and drops those of the probe that was cut short."""
-    kept = []
-    if done and path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if (obj.get("features"), obj.get("pooling")) in done:
-                kept.append(line + "\n")
+    kept = [o for o in _lines_kept(path if done else None) if (o.get("features"), o.get("pooling")) in done]
     f = open(path, "w", encoding="utf-8")
-    f.writelines(kept)
+    f.writelines(json.dumps(o) + "\n" for o in kept)
     return f
 
 
@@ -520,69 +507,6 @@ def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, featur
             "iterations": model.iterations, "converged": model.converged, "grad_max": model.grad_max,
             "width": X.shape[1], "fit_wall_s": fit["fit_wall_s"],
             "outcomes": dev_outcomes(task, predictions, dev.examples)}
-
-
-# ---- the probe arms of `bertkit ablate` ---------------------------------------------------------
-RESULTS_VERSION = 2
-"""What a probe's results.json holds: 2 = each probe's per-dev-example outcomes (`dev_outcomes`). Part
-of the probe arms' reuse key and of their plan (`ablate.arm.plan_key`): results of another version are redone."""
-
-# FinetuneConfig keys that change a probe's numbers (the training options do not apply to it)
-DATA_KEYS = ("task", "model", "data", "train_file", "dev_file", "text_column", "pair_column", "label_column",
-             "id_column", "tokens_column", "tags_column", "format", "max_length", "stride", "windows",
-             "train_limit", "dev_limit", "skip_bad_rows")
-
-
-def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: str) -> list[dict]:
-    """An ablate probe arm (`probe:` keys, `ProbeSpec`) on one task: one row per features x pooling.
-
-    Results are kept in fcfg.out (results.json, with each probe's per-dev-example outcomes that the
-    report pairs across arms; fits.jsonl) and reused while the data options, the spec, the model's
-    weights (`weights`, ablate's weights_id) and `RESULTS_VERSION` are unchanged. An interrupted
-    run resumes at the probe it was on (finished.jsonl, under the same key; gone once results.json is
-    written). Row keys: arm,
-    setting, task, seed (0: nothing is random), metric, value and best (the dev score of the main
-    metric), dev (every dev metric), majority (the dev score of always answering the training
-    majority class), probe ('lbfgs'), probe_features, probe_pooling (None for tagging), variant
-    ('features/pooling', what tells one row of an arm from another), C (chosen), cv ({C: mean
-    cross-validation score}), iterations, converged, grad_max, frozen (True), init, finetune_wall_s
-    (cross-validation and refit of this row), encode_wall_s and finetune_cpu_s (the task's whole probe
-    run), train_examples, dev_examples, pretrain_tokens, pretrain_updates, pretrain_wall_s, run_card
-    (results.json) and status ('ok')."""
-    out = Path(fcfg.out)
-    spec = probe_spec(arm.probe, f"arm {arm.name} probe")
-    given = {k: getattr(fcfg, k) for k in DATA_KEYS}
-    key = _ablate_key(given, spec, weights)
-    try:
-        result = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        result = None
-    if not (isinstance(result, dict) and result.get("ablate_key") == key):
-        out.mkdir(parents=True, exist_ok=True)
-        log.info("ablate: arm %s: probing %s (L-BFGS, %d features x poolings)", arm.name, fcfg.task,
-                 len(spec.features) * len(spec.pooling))
-        c0 = time.process_time()
-        result = probe(fcfg, spec, fits_log=out / "fits.jsonl", finished=out / "finished.jsonl", key=key)
-        result["cpu_s"] = round(time.process_time() - c0, 1)
-        result["ablate_key"] = key
-        write_results(out / "results.json", result)
-        (out / "finished.jsonl").unlink(missing_ok=True)
-    return [{"arm": arm.name, "setting": setting, "task": fcfg.task, "seed": 0, "metric": p["metric"],
-             "value": p["value"], "best": p["value"], "dev": p["dev"], "majority": result["majority"].get(p["metric"]),
-             "probe": "lbfgs", "probe_features": p["features"], "probe_pooling": p["pooling"],
-             "variant": p["features"] + (f"/{p['pooling']}" if p["pooling"] else ""), "C": p["C"], "cv": p["cv"],
-             "iterations": p["iterations"], "converged": p["converged"], "grad_max": p["grad_max"], "frozen": True,
-             "init": fcfg.init, "finetune_wall_s": p["fit_wall_s"], "encode_wall_s": result["encode_wall_s"],
-             "finetune_cpu_s": result.get("cpu_s"), "train_examples": result["train_examples"],
-             "dev_examples": result["dev_examples"], "pretrain_tokens": pre.get("tokens"),
-             "pretrain_updates": pre.get("updates"), "pretrain_wall_s": pre.get("wall_s"),
-             "run_card": str(out / "results.json"), "status": "ok"} for p in result["probes"]]
-
-
-def _ablate_key(given: dict, spec: ProbeSpec, weights: list) -> str:
-    """The reuse key of a probe arm's results.json."""
-    keyed = {"given": given, "spec": vars(spec), "weights": weights, "version": RESULTS_VERSION}
-    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def write_results(path: Path, result: dict) -> None:

@@ -38,6 +38,8 @@ The rooms of this package, in the order a grid runs:
     shared.py    the shared inputs: the split, the tokenizer, the prepared data (cached in OUT/shared)
     arm.py       one arm: configs, pre-training (reused by key, resumed), held-out MLM, fine-tuning or
                  probes, and what identifies it as finished (plan_key, finished)
+    probes.py    a probe arm's task: linear_probe's L-BFGS probes, kept under a key, resumed at the probe
+                 an interrupted run was on
     measure.py   what is measured and how arms are matched: held-out MLM at [MASK], paired differences
                  of ratio metrics on the same examples, FLOP-matched budgets, the learning rate chosen
                  on dev, collapsed seeds

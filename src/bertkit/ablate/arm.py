@@ -192,11 +192,11 @@ def _plan(cfg: AblateConfig, arm: Arm) -> dict:
 
 
 def _probe_plan(arm: Arm) -> dict:
-    """A probe arm's results version (`linear_probe.RESULTS_VERSION`): probe arms finished before their
+    """A probe arm's results version (`probes.RESULTS_VERSION`): probe arms finished before their
     results kept per-example outcomes are redone (only their probes run again), other arms keep their keys."""
     if not arm.probe:
         return {}
-    from ..linear_probe import RESULTS_VERSION
+    from .probes import RESULTS_VERSION
 
     return {"probe_results": RESULTS_VERSION}
 
@@ -407,7 +407,7 @@ def _finetune_task(cfg: AblateConfig, arm: Arm, task: str, model: Path, init: st
         return _finetune_one(cfg, arm, task, seed, model, init, d, pre, lr)
 
     if arm.probe:                   # logistic-regression probes: deterministic, no seeds (bertkit.linear_probe)
-        from ..linear_probe import probe_rows
+        from .probes import probe_rows
         state["stage"] = f"probe {task}"
         _write_json(d / "arm.json", state)
         fcfg = finetune_config(cfg, arm, task, 0, model, probe_dir(d, task), init)
