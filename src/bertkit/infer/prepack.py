@@ -46,13 +46,39 @@ class PrepackedLinear(nn.Module):
         # sizes (`gemm_rows`) bound that memory and reuse the kernels, for ~2% more arithmetic.
         n = x.shape[0]
         m = gemm_rows(n) if x.dim() == 2 else n
-        if m != n:
-            x = F.pad(x, (0, 0, 0, m - n))
-        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post, [], self.algorithm)
+        y = self.rows(pad_rows(x, m))
         return y[:n] if m != n else y
+
+    def rows(self, x: Tensor) -> Tensor:
+        """The GEMM on x as it is (no rounding of its row count)."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post, [], self.algorithm)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, post={self.post!r}"
+
+
+class PrepackedFeedForward(nn.Module):
+    """`model.FeedForward` on two PrepackedLinear: the rows padded to `gemm_rows` once for both
+    GEMMs, not once each (the 4C-wide intermediate, padded again, cost more than the GEMM on a VM
+    where fresh memory faults in page by page)."""
+
+    def __init__(self, up: PrepackedLinear, down: PrepackedLinear, act):
+        super().__init__()
+        self.up, self.down, self.act = up, down, act
+
+    def forward(self, x: Tensor) -> Tensor:
+        n = x.shape[0]
+        m = gemm_rows(n) if x.dim() == 2 else n
+        y = self.down.rows(self.act(self.up.rows(pad_rows(x, m))))
+        return y[:n] if m != n else y
+
+
+def pad_rows(x: Tensor, m: int) -> Tensor:
+    """x (n, C) with zero rows appended up to m (x itself when n == m): one write of each row."""
+    n = x.shape[0]
+    if m == n:
+        return x
+    return torch.cat([x, x.new_zeros(m - n, *x.shape[1:])])
 
 
 def gemm_rows(n: int) -> int:
@@ -185,9 +211,8 @@ def prepack_linears(model: nn.Module, rtol: float | None = None) -> bool:
         log.info("oneDNN prepacked Linear unavailable (%s); kept the plain layers", str(e).splitlines()[0])
         return False
     for block, attn, up, down, fused_act in swaps:
-        block.attn, block.mlp.up, block.mlp.down = attn, up, down
-        if fused_act:
-            block.mlp.act = _identity
+        block.attn = attn
+        block.mlp = PrepackedFeedForward(up, down, _identity if fused_act else block.mlp.act)
     return True
 
 
