@@ -146,8 +146,13 @@ def main() -> int:
                          "packed path use varlen flash attention on a GPU")
     ap.add_argument("--unfused", action="store_true", help="torch AdamW's per-parameter loop on both sides "
                     "instead of its fused kernel (the figures before 2026-12-03)")
+    ap.add_argument("--system-malloc", action="store_true", help="leave glibc's malloc as it is; by default both "
+                    "sides run as under the `bertkit` command, freed blocks kept (cli.keep_freed_memory; before "
+                    "2026-12-05 the figures were taken without it)")
     args = ap.parse_args()
     fused = not args.unfused
+    from bertkit.cli import keep_freed_memory
+    args.malloc = "system (--system-malloc)" if args.system_malloc else keep_freed_memory()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if args.precision == "auto":
@@ -164,7 +169,7 @@ def main() -> int:
     real = sum(int(b["attention_mask"].sum()) for b in batches)
     padded = sum(b["attention_mask"].numel() for b in batches)
     print(f"batches: {args.steps} x {args.batch} x {args.seq}, {real / padded:.1%} real tokens; "
-          f"threads {args.threads}; {device} {args.precision}; torch {torch.__version__}", flush=True)
+          f"threads {args.threads}; {device} {args.precision}; torch {torch.__version__}; malloc: {args.malloc}", flush=True)
     results: dict[str, dict] = {}
     peaks: list[float] = []
     kernels: dict[str, dict] = {}
@@ -224,7 +229,7 @@ def main() -> int:
                "results": {s: {k: (v if not isinstance(v, dict) else {kk: (round(vv, 4) if isinstance(vv, float)
                                                                           else vv) for kk, vv in v.items()})
                                for k, v in r.items()} for s, r in results.items()},
-               "device": str(device), "precision": args.precision, "dropout": args.dropout, "optimizer": "AdamW (per-parameter loop)" if args.unfused else "AdamW (fused)",
+               "device": str(device), "precision": args.precision, "dropout": args.dropout, "optimizer": "AdamW (per-parameter loop)" if args.unfused else "AdamW (fused)", "malloc": args.malloc,
                "attention_kernel": kernels,
                "hardware": {k: v for k, v in machine_facts().items() if k in ("cpu", "gpu", "torch", "cuda")}}
     print(json.dumps(summary))
