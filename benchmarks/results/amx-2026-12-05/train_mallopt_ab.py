@@ -2,7 +2,7 @@
 (mmap and trim thresholds 128 kB) against freed blocks kept (1 GiB), alternating rounds. Usage: python train_mallopt_ab.py 10"""
 import sys, time, statistics, torch, ctypes, resource, tempfile
 from pathlib import Path
-sys.path.insert(0, "/work/main/benchmarks")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # benchmarks/
 import pretrain_vs_hf as P
 from bertkit.model import set_attention_kernel
 libc = ctypes.CDLL("libc.so.6")
