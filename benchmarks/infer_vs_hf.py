@@ -6,7 +6,8 @@ inaugural corpus, [CLS] ... [SEP]); three workloads:
     runtimes that take a padded batch, packed (no padding) by bertkit, a list of lists for CTranslate2;
   * fixed:  32 sequences x 128 tokens (no padding);
   * 1x16:   one sequence of 16 tokens, the latency of one short request (each timing is the
-    mean of --latency-calls calls in a row).
+    mean of --latency-calls calls in a row, the first after --settle seconds idle; the column
+    "1 x 16 in a row" is the mean of the calls after the first, threads awake).
 Timed: token ids -> last hidden state. bertkit: exactly what `Predictor` runs - `batches`
 (sort by length, pack) then `hidden` per bucket - in the precision it picks by default and in
 each forced one. Contenders (each optional runtime skipped with a note when not installed):
@@ -302,10 +303,17 @@ def measure(contenders: dict[str, Callable], workloads: dict[str, dict], reps: i
                     run = contenders[name]
                     time.sleep(settle)
                     t0 = clock()
-                    for _ in range(calls):
+                    run(b)
+                    t1 = clock()
+                    for _ in range(calls - 1):
                         run(b)
                     times[(name, k)].append((clock() - t0) / calls)
+                    if k == "1x16" and calls > 1:           # the calls after the first: back to back, threads awake
+                        times.setdefault((name, STEADY), []).append((clock() - t1) / (calls - 1))
     return {key: statistics.median(v) for key, v in times.items()}, emb
+
+
+STEADY = "1x16 steady"     # the 1x16 calls after the first of each timing
 
 
 def time_apart(late: dict[str, Callable], timing: Callable, med: dict, emb: dict, contenders: dict) -> None:
@@ -321,7 +329,8 @@ def time_apart(late: dict[str, Callable], timing: Callable, med: dict, emb: dict
         contenders[n] = late[n]
         for k in {k for _, k in med2}:
             med[(n, k)] = med2[(n, k)] * med[(ref, k)] / med2[(ref, k)]
-            emb[(n, k)] = emb2[(n, k)]
+            if (n, k) in emb2:
+                emb[(n, k)] = emb2[(n, k)]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -331,7 +340,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _best(names: list[str], med: dict, ref: str, k: str) -> dict:
     """The fastest of `names` on workload k: its throughput ratio to `ref`, or its 1x16 latency."""
     b = min(names, key=lambda n: med[(n, k)])
-    if k == "1x16":
+    if k in ("1x16", STEADY):
         return {"name": b, "ms": round(med[(b, k)] * 1e3, 3)}
     return {"name": b, "speedup": round(med[(ref, k)] / med[(b, k)], 3)}
 
@@ -341,16 +350,20 @@ def report(med: dict, emb: dict, contenders: list[str], workloads: dict) -> dict
     default = next(n for n in contenders if n.startswith("bertkit default"))
     cos = {n: float(min(cosines(emb[(n, k)], emb[(ref, k)]).min() for k in ("ragged", "fixed") if k in workloads))
            for n in contenders}
-    print("\n| runtime | ragged 32 texts | fixed 32x128 | 1 x 16 tokens latency | min cosine |")
-    print("|---|---:|---:|---:|---:|")
+    steady = all((n, STEADY) in med for n in contenders)
+    print("\n| runtime | ragged 32 texts | fixed 32x128 | 1 x 16 tokens latency |"
+          + (" 1 x 16 in a row |" if steady else "") + " min cosine |")
+    print("|---|---:|---:|---:|" + ("---:|" if steady else "") + "---:|")
     for n in contenders:
         print(f"| {n} | {med[(ref, 'ragged')] / med[(n, 'ragged')]:.2f}x ({med[(n, 'ragged')] * 1e3:.0f} ms) "
               f"| {med[(ref, 'fixed')] / med[(n, 'fixed')]:.2f}x ({med[(n, 'fixed')] * 1e3:.0f} ms) "
-              f"| {med[(n, '1x16')] * 1e3:.2f} ms | {cos[n]:.4f} |")
+              f"| {med[(n, '1x16')] * 1e3:.2f} ms |" + (f" {med[(n, STEADY)] * 1e3:.2f} ms |" if steady else "")
+              + f" {cos[n]:.4f} |")
     others = [n for n in contenders if not n.startswith(("bertkit", "transformers fp32"))]
     result: dict = {"speedup_ragged": round(med[(ref, "ragged")] / med[(default, "ragged")], 3),
                     "speedup_fixed": round(med[(ref, "fixed")] / med[(default, "fixed")], 3),
                     "latency_ms_1x16": round(med[(default, "1x16")] * 1e3, 3),
+                    "latency_ms_1x16_steady": round(med[(default, STEADY)] * 1e3, 3) if steady else None,
                     "bertkit_default": default, "best_other_runtime": {}, "vs_best_other": {}}
     if others:
         best = {k: _best(others, med, ref, k) for k in ("ragged", "fixed", "1x16")}
@@ -361,7 +374,8 @@ def report(med: dict, emb: dict, contenders: list[str], workloads: dict) -> dict
     for floor in (0.999, 0.99):          # the best other runtime at bertkit's accuracy grade (bf16 / int8)
         fair = [n for n in others if cos[n] >= floor]
         if fair:
-            result.setdefault("best_other_at_cosine", {})[str(floor)] = {k: _best(fair, med, ref, k) for k in workloads}
+            result.setdefault("best_other_at_cosine", {})[str(floor)] = {
+                k: _best(fair, med, ref, k) for k in [*workloads, *([STEADY] if steady else [])]}
     if "bertkit int8" in contenders:
         result.update({"speedup_int8": round(med[(ref, "fixed")] / med[("bertkit int8", "fixed")], 3),
                        "int8_cosine_min": round(cos["bertkit int8"], 5)})
@@ -389,8 +403,13 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--settle", type=float, default=0.3, help="seconds of sleep before each timing, for the "
                     "previous contender's spinning threads to go idle")
+    ap.add_argument("--system-malloc", action="store_true", help="leave glibc's malloc as it is; by default every "
+                    "contender runs as under the `bertkit` command (`embed`, `serve`), freed blocks kept "
+                    "(cli.keep_freed_memory; before 2026-12-05 the figures were taken without it)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    from bertkit.cli import keep_freed_memory
+    args.malloc = "system (--system-malloc)" if args.system_malloc else keep_freed_memory()
     torch.set_num_threads(args.threads)
     if args.device != "cpu":
         return gpu_main(args)
@@ -410,7 +429,7 @@ def main() -> int:
         print(f"CPU: {caps.summary()}")
         print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} threads, "
               f"median of {args.reps} interleaved rounds, 1x16: mean of {args.latency_calls} calls, "
-              f"{args.clock} clock")
+              f"{args.clock} clock; malloc: {args.malloc}")
         for n in notes:
             print(f"note: {n}")
         len_notes = len(notes)
@@ -425,7 +444,8 @@ def main() -> int:
             print(f"note: {n}")
     result = report(med, emb, list(contenders), workloads)
     result.update({"cpu": caps.cpu, "cpu_flags": list(caps.flags), "bf16_speedup_gemm": caps.bf16_speedup,
-                   "threads": args.threads, "reps": args.reps, "clock": args.clock, "short_batches": args.short})
+                   "threads": args.threads, "reps": args.reps, "clock": args.clock, "short_batches": args.short,
+                   "malloc": args.malloc})
     print(json.dumps(result))
     return 0
 
