@@ -405,11 +405,11 @@ def main() -> int:
                     "previous contender's spinning threads to go idle")
     ap.add_argument("--system-malloc", action="store_true", help="leave glibc's malloc as it is; by default every "
                     "contender runs as under the `bertkit` command (`embed`, `serve`), freed blocks kept "
-                    "(cli.keep_freed_memory; before 2026-12-05 the figures were taken without it)")
+                    "(heap.Heap.keep_freed; before 2026-12-05 the figures were taken without it)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from bertkit.cli import keep_freed_memory
-    args.malloc = "system (--system-malloc)" if args.system_malloc else keep_freed_memory()
+    from bertkit.heap import Heap
+    args.malloc = "system (--system-malloc)" if args.system_malloc else Heap().keep_freed()
     torch.set_num_threads(args.threads)
     if args.device != "cpu":
         return gpu_main(args)

@@ -147,12 +147,12 @@ def main() -> int:
     ap.add_argument("--unfused", action="store_true", help="torch AdamW's per-parameter loop on both sides "
                     "instead of its fused kernel (the figures before 2026-12-03)")
     ap.add_argument("--system-malloc", action="store_true", help="leave glibc's malloc as it is; by default both "
-                    "sides run as under the `bertkit` command, freed blocks kept (cli.keep_freed_memory; before "
+                    "sides run as under the `bertkit` command, freed blocks kept (heap.Heap.keep_freed; before "
                     "2026-12-05 the figures were taken without it)")
     args = ap.parse_args()
     fused = not args.unfused
-    from bertkit.cli import keep_freed_memory
-    args.malloc = "system (--system-malloc)" if args.system_malloc else keep_freed_memory()
+    from bertkit.heap import Heap
+    args.malloc = "system (--system-malloc)" if args.system_malloc else Heap().keep_freed()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if args.precision == "auto":

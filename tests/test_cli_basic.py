@@ -187,7 +187,7 @@ def test_module_entry_point_and_help(minilm, tmp_path):
 
 
 def test_cli_keeps_freed_memory_for_the_next_allocation(monkeypatch):
-    """The `bertkit` command asks glibc to keep freed blocks (cli.keep_freed_memory): a 64 MB buffer
+    """The `bertkit` command asks glibc to keep freed blocks (heap.Heap.keep_freed): a 64 MB buffer
     allocated again and again comes back without faulting its 16,384 pages in each time (glibc alone
     maps anything over 32 MB afresh each time). BERTKIT_SYSTEM_MALLOC=1 leaves malloc alone."""
     import platform
@@ -195,12 +195,12 @@ def test_cli_keeps_freed_memory_for_the_next_allocation(monkeypatch):
 
     import torch
 
-    from bertkit.cli import keep_freed_memory
+    from bertkit.heap import Heap
 
     monkeypatch.setenv("BERTKIT_SYSTEM_MALLOC", "1")
-    assert keep_freed_memory().startswith("system malloc settings kept")
+    assert Heap().keep_freed().startswith("system malloc settings kept")
     monkeypatch.delenv("BERTKIT_SYSTEM_MALLOC")
-    said = keep_freed_memory()
+    said = Heap().keep_freed()
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         assert said.startswith("system malloc settings kept")
         return

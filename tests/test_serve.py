@@ -270,9 +270,9 @@ def test_sigterm_finishes_in_flight_and_exits_0(encoder_dir):
 
 
 def test_the_server_keeps_its_heap_while_busy_and_trims_when_idle():
-    """serve.http.Heap: glibc's thresholds set for a busy server (blocks under 64 MB from the heap, 512 MB
+    """heap.Heap: glibc's thresholds set for a busy server (blocks under 64 MB from the heap, 512 MB
     of freed pages kept), malloc_trim when idle, two arenas; a no-op without glibc."""
-    from bertkit.serve.http import Heap
+    from bertkit.heap import Heap
 
     calls = []
 

@@ -11,11 +11,11 @@ import gzip
 import importlib
 import logging
 import os
-import platform
 import sys
 from . import __version__
 from .cliconfig import suggest_unknown
 from .errors import BertkitError
+from .heap import Heap
 
 # name -> (module under bertkit.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -77,33 +77,6 @@ def _did_you_mean(parser: argparse.ArgumentParser) -> None:
                 _did_you_mean(child)
 
 
-# glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-KEEP_FREED_BYTES = 1 << 30
-
-
-def keep_freed_memory() -> str:
-    """Ask glibc's malloc to keep freed blocks up to 1 GiB for the next allocation instead of handing
-    them back to the OS (mmap and trim thresholds 1 GiB). Every training step and inference batch
-    allocates the same large activations again; handed back, each comes back page by page, and on
-    the VMs this project runs on a page fault costs ~1 us: a BERT-mini pre-training step took 150,000
-    of them (docs/pretrain-measurements.md). What the IPEX launcher gets by preloading jemalloc. Process-
-    wide, so the `bertkit` command calls it (its process is bertkit's), the library never does; the
-    process's memory then stays at its peak. Off with BERTKIT_SYSTEM_MALLOC=1. Returns what was done."""
-    if os.environ.get("BERTKIT_SYSTEM_MALLOC") == "1":
-        return "system malloc settings kept (BERTKIT_SYSTEM_MALLOC=1)"
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return f"system malloc settings kept (not glibc: {platform.system()} {platform.libc_ver()[0] or '?'})"
-    import ctypes
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BYTES) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES) == 1
-    except (OSError, AttributeError) as e:
-        return f"system malloc settings kept ({e})"
-    return "glibc malloc keeps freed blocks up to 1 GiB (mmap and trim thresholds)" if ok else \
-        "system malloc settings kept (mallopt refused)"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -119,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2 if args.command is None else 0
-    logging.getLogger("bertkit").debug("%s", keep_freed_memory())
+    logging.getLogger("bertkit").debug("%s", Heap().keep_freed())     # freed activations reused, not faulted in again
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:

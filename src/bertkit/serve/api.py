@@ -18,7 +18,8 @@ from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel, Field, ValidationError
 
 from ..infer import Predictor, PredictorError
-from .http import BodyError, Heap, Metrics, ServeConfig, dump_json, parse_json
+from ..heap import Heap
+from .http import BodyError, Metrics, ServeConfig, dump_json, parse_json
 
 log = logging.getLogger("bertkit")
 

@@ -18,7 +18,8 @@ from .api import (Api, Batcher, ClassifyRequest, ClassifyResponse, EmbedRequest,
                   FillMaskResponse, LimitError, NerRequest, NerResponse, Plan, QaRequest, QaResponse, add_post,
                   texts_and_pairs, validate, vectors)
 from .compat import add_compat_routes
-from .http import Guard, Heap, Metrics, ServeConfig, error_payload, guarded_protocol
+from ..heap import Heap
+from .http import Guard, Metrics, ServeConfig, error_payload, guarded_protocol
 from .inspect import add_inspect_route
 
 log = logging.getLogger("bertkit")

@@ -13,13 +13,11 @@ Nothing here imports FastAPI; uvicorn only inside `guarded_protocol`.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import hmac
 import ipaddress
 import json
 import logging
 import math
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -445,45 +443,3 @@ class Metrics:
 KNOWN_PATHS = {"/v1/embed", "/v1/classify", "/v1/fill-mask", "/v1/ner", "/v1/qa", "/v1/embeddings", "/v1/models",
                "/embed", "/predict", "/rerank", "/v1/inspect", "/", "/healthz", "/readyz", "/metrics", "/v1/model",
                "/docs", "/openapi.json"}
-
-
-# ---- memory ---------------------------------------------------------------------------------------
-class Heap:
-    """glibc's malloc: fewer arenas (each thread that allocates may otherwise get its own 64 MB
-    arena, kept for the life of the process) and `malloc_trim` to give freed pages back. A no-op
-    where the C library is not glibc."""
-
-    M_ARENA_MAX, M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -8, -1, -3
-
-    def __init__(self):
-        try:
-            self.libc = ctypes.CDLL("libc.so.6")
-            self.libc.malloc_trim, self.libc.mallopt
-        except (OSError, AttributeError):
-            self.libc = None
-
-    def limit_arenas(self, n: int = 2) -> None:
-        if self.libc is not None:
-            self.libc.mallopt(self.M_ARENA_MAX, n)
-
-    def keep_while_busy(self, mmap_mb: int = 64, keep_mb: int = 512) -> None:
-        """Blocks under `mmap_mb` from the heap, and up to `keep_mb` of freed heap kept, so that the
-        activations of one batch reuse the pages of the last instead of faulting fresh ones in (glibc's
-        own thresholds move with what was freed, and every trimmed or mmapped block costs page faults
-        on its next use; docs/serve-measurements.md). The server still trims when it goes idle (`trim`)."""
-        if self.libc is not None:
-            self.libc.mallopt(self.M_MMAP_THRESHOLD, mmap_mb << 20)
-            self.libc.mallopt(self.M_TRIM_THRESHOLD, keep_mb << 20)
-
-    def trim(self) -> None:
-        if self.libc is not None:
-            self.libc.malloc_trim(0)
-
-    @staticmethod
-    def rss_mb() -> float:
-        """This process's resident memory (Linux; 0 elsewhere)."""
-        try:
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-        except (OSError, ValueError, IndexError):
-            return 0.0
