@@ -202,8 +202,11 @@ class Predictor:
         return self.tokenizer.encode_batch(list(texts), list(pairs) if pairs is not None else None, limit)
 
     def batches(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32) -> list[Batch]:
-        """Length-sorted, packed batches of (input_ids, token_type_ids) rows (not yet run)."""
-        return make_batches(rows, batch_size, self.device)
+        """Length-sorted, packed batches of (input_ids, token_type_ids) rows (not yet run). Packed on the
+        short-input engine's threads: an op on torch's two threads leaves an OpenMP worker spinning,
+        and the engine's next call then shares its cores with it (2 texts: 6.3 -> 4.5 ms on a Xeon)."""
+        with torch_threads(self.small.threads if self.small is not None else None):
+            return make_batches(rows, batch_size, self.device)
 
     def hidden(self, b: Batch) -> Tensor:
         """(N, C) last-layer states of a packed batch."""
