@@ -2,8 +2,8 @@
 
 Every training step and inference batch allocates its activations afresh. glibc hands a freed block
 over its moving mmap threshold (at most 32 MB) back to the OS, and trims freed heap above a threshold
-too; the next step then faults those pages back in one by one, about 1 us each on the VMs this
-project runs on: a BERT-mini pre-training step took ~150,000 faults (docs/pretrain-measurements.md).
+too; the next step then faults those pages back in one by one, and on a VM each fault is dear
+(docs/pretrain-measurements.md, "Speed against transformers").
 The `bertkit` command keeps freed blocks for its whole process (`keep_freed`, what the IPEX launcher
 gets by preloading jemalloc); the server keeps them while busy and trims when idle. The library
 itself never changes malloc: a user's process is the user's. A no-op where the C library is not glibc.
@@ -17,8 +17,8 @@ import platform
 
 class Heap:
     """glibc's malloc: fewer arenas (each thread that allocates may otherwise get its own 64 MB
-    arena, kept for the life of the process) and `malloc_trim` to give freed pages back. A no-op
-    where the C library is not glibc."""
+    arena, kept for the life of the process), freed blocks kept for reuse (`keep_while_busy`,
+    `keep_freed`) and `malloc_trim` to give freed pages back. A no-op where the C library is not glibc."""
 
     M_ARENA_MAX, M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -8, -1, -3
 

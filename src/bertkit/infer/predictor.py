@@ -204,7 +204,7 @@ class Predictor:
     def batches(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32) -> list[Batch]:
         """Length-sorted, packed batches of (input_ids, token_type_ids) rows (not yet run). Packed on the
         short-input engine's threads: an op on torch's two threads leaves an OpenMP worker spinning,
-        and the engine's next call then shares its cores with it (2 texts: 6.3 -> 4.5 ms on a Xeon)."""
+        and the engine's next call then shares its cores with it (docs/serve-measurements.md)."""
         with torch_threads(self.small.threads if self.small is not None else None):
             return make_batches(rows, batch_size, self.device)
 
