@@ -161,3 +161,24 @@ def test_best_times_settles_before_each_timed_run_when_asked(monkeypatch):
     events.clear()
     hardware.best_times(fns, 1)
     assert events == ["a", "b", "a", "b"]
+
+
+@pytest.mark.parametrize("second_time, want", [(0.90, 100), (0.98, 1000)])
+def test_attention_group_overhead_takes_a_candidate_only_when_it_is_5_percent_faster(monkeypatch, tmp_path,
+                                                                                      second_time, want):
+    """hardware.attention_group_overhead: the fixed constant unless the finer split times more than 5%
+    faster on the ragged batch; decided once per machine (the recorded answer, not a second timing)."""
+    monkeypatch.setenv(hardware.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(hardware, "_session", {})
+    calls = []
+
+    def fake_best_times(fns, rounds, settle=0.0):
+        calls.append(len(fns))
+        for f in fns:
+            f()                                       # the real attention runs, on a real ragged batch
+        return [1.0, second_time]
+    monkeypatch.setattr(hardware, "best_times", fake_best_times)
+    assert hardware.attention_group_overhead(2, 16, torch.float32) == want
+    monkeypatch.setattr(hardware, "_session", {})                 # a second process on the same machine
+    assert hardware.attention_group_overhead(2, 16, torch.float32) == want
+    assert calls == [2]

@@ -380,7 +380,7 @@ def test_fixed_length_packed_batch_equals_padded(causal):
 def test_attention_groups_equal_one_padded_call(causal):
     """packing.attention_groups: a ragged batch's attention in runs of similar lengths gives what one
     call padded to the longest gives (sorted as the Predictor batches, and shuffled)."""
-    from bertkit.packing import attention_groups, packed_attention, packing
+    from bertkit.packing import GROUP_OVERHEAD_PAIRS, attention_groups, packed_attention, packing
 
     lengths = [int(x) for x in torch.linspace(128, 8, 32).round()]
     g = torch.Generator().manual_seed(0)
@@ -390,13 +390,17 @@ def test_attention_groups_equal_one_padded_call(causal):
         N = int(mask.sum())
         q, k, v = (torch.randn(N, 2, 64, generator=g) for _ in range(3))
         one, runs = packing(mask), packing(mask)
-        one.scratch["groups"] = []                              # one call, as before groups
+        one.scratch[("groups", GROUP_OVERHEAD_PAIRS)] = []      # one call, as before groups
         groups = attention_groups(runs, 128)
         assert len(groups) > 1 and groups[0][0] == 0 and groups[-1][1] == N
         assert all(a == b for (_, a, _), (b, _, _) in zip(groups, groups[1:]))    # contiguous, in order
+        cheap = attention_groups(runs, 128, 100)               # cheaper calls (inference's measured choice): more groups
+        assert len(cheap) > len(groups) and cheap[-1][1] == N
         with torch.inference_mode():
             assert_fp32_close(packed_attention(q, k, v, runs, causal), packed_attention(q, k, v, one, causal),
                               cfg, "grouped attention")
+            assert_fp32_close(packed_attention(q, k, v, runs, causal, group_overhead=100),
+                              packed_attention(q, k, v, one, causal), cfg, "attention in more groups")
         w = torch.randn(N, 2, 64, generator=g)                  # training: the gradients agree too
         grads = []
         for layout in (runs, one):

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from . import __version__
 from .errors import BertkitError
-from .packing import attention
+from .packing import GROUP_OVERHEAD_PAIRS, attention
 
 log = logging.getLogger("bertkit")
 
@@ -390,6 +390,35 @@ def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: tor
         return sdpa / chunked
     name = str(dtype).replace("torch.", "")
     return measured_once(f"attention forward chunked/SDPA speedup {batch}x{heads}x{head_dim} T{length} {name}", measure)
+
+
+def attention_group_overhead(heads: int, head_dim: int, dtype: torch.dtype, kernel: str = "sdpa",
+                             candidates: tuple[int, ...] = (GROUP_OVERHEAD_PAIRS, 100), rounds: int = 7) -> int:
+    """Which of `candidates` (what one more attention call costs, in padded pairs: `packing.attention_groups`)
+    runs a ragged inference batch's attention fastest here: 32 sequences of 8-128 tokens, longest first,
+    on torch's threads, in `dtype` with `kernel`; the first candidate unless another is more than 5%
+    faster. Decided once per machine (`decided_once`): more, smaller groups pay where a masked SDPA call
+    costs more than the calls it replaces (docs/serve-measurements.md)."""
+    from .packing import packed_attention, packing
+
+    def decide() -> int:
+        g = torch.Generator().manual_seed(0)
+        lengths = torch.linspace(128, 8, 32).round().long()
+        mask = torch.arange(128)[None, :] < lengths[:, None]
+        q, k, v = (torch.randn(int(lengths.sum()), heads, head_dim, generator=g).to(dtype) for _ in range(3))
+
+        def run(c: int):
+            return lambda: packed_attention(q, k, v, packing(mask), kernel=kernel, group_overhead=c)
+        try:
+            with torch.inference_mode():
+                times = best_times([run(c) for c in candidates], rounds)
+        except RuntimeError:
+            return candidates[0]
+        best = min(range(len(candidates)), key=lambda i: times[i])
+        return candidates[best] if times[0] > 1.05 * times[best] else candidates[0]
+    name = str(dtype).replace("torch.", "")
+    return int(decided_once(f"attention group overhead {heads}x{head_dim} {name} {kernel} of {list(candidates)}",
+                            decide, lambda v: isinstance(v, int) and v in candidates))
 
 
 def deterministic(device: torch.device, on: bool) -> str:

@@ -240,17 +240,19 @@ class Dropout(torch.nn.Dropout):
 
 
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = False,
-                     dropout_p: float = 0.0, slopes: Tensor | None = None, kernel: str = "sdpa") -> Tensor:
+                     dropout_p: float = 0.0, slopes: Tensor | None = None, kernel: str = "sdpa",
+                     group_overhead: int = 0) -> Tensor:
     """Attention of (N, H, D) queries/keys/values within each sequence of the batch -> (N, H, D).
     `slopes` (H,): ALiBi's distance penalty (positions counted within each sequence); `kernel`:
-    what runs the padded buffers on the CPU (`attention`)."""
+    what runs the padded buffers on the CPU (`attention`); `group_overhead`: what one more length
+    group costs in padded pairs (0: GROUP_OVERHEAD_PAIRS; inference measures its own per machine)."""
     if varlen_runs(q.device, q.dtype, dropout_p, slopes is not None) is None:
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
                             **_VARLEN_DIRECTION[causal])
     # Length groups pay on the CPU, where an extra attention call costs about as much as a thousand
     # padded pairs; on a GPU every group is a launch sequence and a new kernel shape for a few us of
     # work (an unsorted batch splits into dozens of groups, far slower than padded): one padded call there.
-    groups = [] if q.is_cuda else attention_groups(p, q.shape[1] * q.shape[2])
+    groups = [] if q.is_cuda else attention_groups(p, q.shape[1] * q.shape[2], group_overhead or GROUP_OVERHEAD_PAIRS)
     if groups:                           # sequences of very different lengths: each group padded to its own longest
         # split, not q[a:b]: the backward of a split is one cat, that of each slice a zero-filled (N, H, D)
         sizes = [b - a for a, b, _ in groups]
@@ -264,17 +266,18 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
 GROUP_OVERHEAD_PAIRS = 1000
 
 
-def attention_groups(p: Packed, width: int) -> list[tuple[int, int, Packed]]:
+def attention_groups(p: Packed, width: int, overhead_pairs: int = GROUP_OVERHEAD_PAIRS) -> list[tuple[int, int, Packed]]:
     """Contiguous runs of sequences whose attention is cheaper padded each to its own longest
     sequence than all to the batch's longest: [(first token, end token, layout of the run)], or
     [] for one run. Attention on a padded buffer costs B * T_max^2 pairs; a batch sorted by
     length (as `Predictor` makes them) of 8..128 tokens needs less than half that. Greedy:
     a sequence opens a new run when padding it to the run's longest costs more pairs than a new
-    call. Planned once per batch (kept on the layout for every layer)."""
-    if "groups" in p.scratch:
-        return p.scratch["groups"]
+    call (`overhead_pairs` at width 384). Planned once per batch (kept on the layout for every layer)."""
+    key = ("groups", overhead_pairs)
+    if key in p.scratch:
+        return p.scratch[key]
     lengths = (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).tolist()
-    overhead = GROUP_OVERHEAD_PAIRS * 384 / max(width, 1)
+    overhead = overhead_pairs * 384 / max(width, 1)
     runs, start, top = [], 0, lengths[0] if lengths else 0
     for i, n in enumerate(lengths[1:], 1):
         if (i - start + 1) * max(top, n) ** 2 - (i - start) * top ** 2 > n * n + overhead:
@@ -290,7 +293,7 @@ def attention_groups(p: Packed, width: int) -> list[tuple[int, int, Packed]]:
             seq = torch.tensor(lengths[a:b], device=p.cu_seqlens.device)
             mask = torch.arange(int(seq.max()), device=seq.device)[None, :] < seq[:, None]   # (b - a, T_run)
             groups.append((cu[a], cu[b], packing(mask)))
-    p.scratch["groups"] = groups
+    p.scratch[key] = groups
     return groups
 
 

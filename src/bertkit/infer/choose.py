@@ -36,7 +36,7 @@ from ..tokenizer import Tokenizer
 from . import engines, graph
 from .engines import Batch, GraphEngine, OpenVINOGraph, TorchEngine, encoder_of, split_packed
 from .options import PredictorError
-from .prepack import prepack_linear, prepack_linears
+from .prepack import FusedSelfAttention, prepack_linear, prepack_linears
 
 BF16_MIN_COSINE = 0.999     # bf16 keeps every sample sentence, token state and head output this close to fp32
 INT8_MIN_COSINE = 0.99      # an int8 Predictor's engine: every sample sentence this close to fp32 (or as the int8 model)
@@ -109,7 +109,8 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
 def choose_attention(p) -> None:
     """On the CPU, attention written out in cache-sized chunks (`packing.attention`, kernel 'chunked')
     where it times more than SMALL_TIE faster than SDPA's forward for the model's heads, on a full
-    batch (32 sequences of up to 128 tokens) in the precision chosen, once per machine."""
+    batch (32 sequences of up to 128 tokens) in the precision chosen, once per machine; and how finely
+    the prepacked model splits a ragged batch's attention into length groups (`hardware.attention_group_overhead`)."""
     if p.device.type != "cpu":
         return
     c = p.config
@@ -120,6 +121,13 @@ def choose_attention(p) -> None:
     set_attention_kernel(p.model, p.attention_kernel)
     p.attention_reason = (f"{p.attention_kernel}: the chunked kernel {speedup:.3g}x SDPA's forward "
                           f"(measured once on this machine)")
+    fused = [m for m in p.model.modules() if isinstance(m, FusedSelfAttention)]
+    if fused:                          # ragged batches: how finely to split attention into length groups
+        overhead = hardware.attention_group_overhead(c.num_heads, c.hidden_size // c.num_heads, dtype,
+                                                     p.attention_kernel)
+        for m in fused:
+            m.group_overhead = overhead
+        p.attention_reason += f"; length groups at {overhead} pairs a call (measured once on this machine)"
 
 
 def _short_batches(p, small: bool | int, reference: BertModel | None, found=None, exact: bool = False) -> None:

@@ -162,11 +162,13 @@ class FusedSelfAttention(nn.Module):
         super().__init__()
         self.num_heads, self.causal, self.qkv, self.out, self.slopes = num_heads, causal, qkv, out, slopes
         self.kernel = kernel                               # packing.attention's
+        self.group_overhead = 0                            # packing.packed_attention's (choose_attention)
 
     def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
         q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)      # (..., H, D) each
         if isinstance(layout, Packed):                     # (N, H, D)
-            y = packed_attention(q, k, v, layout, causal=self.causal, slopes=self.slopes, kernel=self.kernel)
+            y = packed_attention(q, k, v, layout, causal=self.causal, slopes=self.slopes, kernel=self.kernel,
+                                 group_overhead=self.group_overhead)
         else:                                              # (B, T, H, D) -> (B, H, T, D), as SelfAttention
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             mask = attention_bias(layout, q, self.causal, self.slopes)
