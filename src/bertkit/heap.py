@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
+import sys
 
 
 class Heap:
@@ -33,26 +33,27 @@ class Heap:
         if self.libc is not None:
             self.libc.mallopt(self.M_ARENA_MAX, n)
 
-    def keep_while_busy(self, mmap_mb: int = 64, keep_mb: int = 512) -> None:
+    def keep_while_busy(self, mmap_mb: int = 64, keep_mb: int = 512) -> bool:
         """Blocks under `mmap_mb` from the heap, and up to `keep_mb` of freed heap kept, so that the
         activations of one batch reuse the pages of the last instead of faulting fresh ones in (glibc's
         own thresholds move with what was freed, and every trimmed or mmapped block costs page faults
-        on its next use; docs/serve-measurements.md). The server still trims when it goes idle (`trim`)."""
-        if self.libc is not None:
-            self.libc.mallopt(self.M_MMAP_THRESHOLD, mmap_mb << 20)
-            self.libc.mallopt(self.M_TRIM_THRESHOLD, keep_mb << 20)
+        on its next use; docs/serve-measurements.md). The server still trims when it goes idle (`trim`).
+        Returns whether glibc took both."""
+        if self.libc is None:
+            return False
+        mmap_ok = self.libc.mallopt(self.M_MMAP_THRESHOLD, mmap_mb << 20) == 1
+        return self.libc.mallopt(self.M_TRIM_THRESHOLD, keep_mb << 20) == 1 and mmap_ok
 
     def keep_freed(self, mb: int = 1024) -> str:
         """Blocks under `mb` from the heap and up to `mb` of freed heap kept, for the life of the process
         (the `bertkit` command; BERTKIT_SYSTEM_MALLOC=1 leaves malloc alone). Returns what was done."""
         if os.environ.get("BERTKIT_SYSTEM_MALLOC") == "1":
             return "system malloc settings kept (BERTKIT_SYSTEM_MALLOC=1)"
-        if self.libc is None or platform.libc_ver()[0] != "glibc":
-            return f"system malloc settings kept (not glibc: {platform.system()} {platform.libc_ver()[0] or '?'})"
-        ok = (self.libc.mallopt(self.M_MMAP_THRESHOLD, mb << 20) == 1
-              and self.libc.mallopt(self.M_TRIM_THRESHOLD, mb << 20) == 1)
-        return (f"glibc malloc keeps freed blocks up to {mb} MB (mmap and trim thresholds)" if ok
-                else "system malloc settings kept (mallopt refused)")
+        if self.libc is None:
+            return f"system malloc settings kept (no glibc on {sys.platform})"
+        if not self.keep_while_busy(mb, mb):
+            return "system malloc settings kept (mallopt refused)"
+        return f"glibc malloc keeps freed blocks up to {mb} MB (mmap and trim thresholds)"
 
     def trim(self) -> None:
         if self.libc is not None:

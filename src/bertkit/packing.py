@@ -239,20 +239,25 @@ class Dropout(torch.nn.Dropout):
         return dropout(x, self.p, self.training)
 
 
+# One more attention call (its call, scatter and gather) costs about as much as this many padded
+# (query, key) pairs at width H*D = 384 on one CPU thread.
+GROUP_OVERHEAD_PAIRS = 1000
+
+
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = False,
                      dropout_p: float = 0.0, slopes: Tensor | None = None, kernel: str = "sdpa",
-                     group_overhead: int = 0) -> Tensor:
+                     group_overhead: int = GROUP_OVERHEAD_PAIRS) -> Tensor:
     """Attention of (N, H, D) queries/keys/values within each sequence of the batch -> (N, H, D).
     `slopes` (H,): ALiBi's distance penalty (positions counted within each sequence); `kernel`:
     what runs the padded buffers on the CPU (`attention`); `group_overhead`: what one more length
-    group costs in padded pairs (0: GROUP_OVERHEAD_PAIRS; inference measures its own per machine)."""
+    group costs in padded pairs (`attention_groups`; inference measures its own per machine)."""
     if varlen_runs(q.device, q.dtype, dropout_p, slopes is not None) is None:
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
                             **_VARLEN_DIRECTION[causal])
     # Length groups pay on the CPU, where an extra attention call costs about as much as a thousand
     # padded pairs; on a GPU every group is a launch sequence and a new kernel shape for a few us of
     # work (an unsorted batch splits into dozens of groups, far slower than padded): one padded call there.
-    groups = [] if q.is_cuda else attention_groups(p, q.shape[1] * q.shape[2], group_overhead or GROUP_OVERHEAD_PAIRS)
+    groups = [] if q.is_cuda else attention_groups(p, q.shape[1] * q.shape[2], group_overhead)
     if groups:                           # sequences of very different lengths: each group padded to its own longest
         # split, not q[a:b]: the backward of a split is one cat, that of each slice a zero-filled (N, H, D)
         sizes = [b - a for a, b, _ in groups]
@@ -261,12 +266,8 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     return _padded_attention(q, k, v, p, causal, dropout_p, slopes, kernel)
 
 
-# One more attention call (its call, scatter and gather) costs about as much as this many padded
-# (query, key) pairs at width H*D = 384 on one CPU thread.
-GROUP_OVERHEAD_PAIRS = 1000
-
-
-def attention_groups(p: Packed, width: int, overhead_pairs: int = GROUP_OVERHEAD_PAIRS) -> list[tuple[int, int, Packed]]:
+def attention_groups(p: Packed, width: int,
+                     overhead_pairs: int = GROUP_OVERHEAD_PAIRS) -> list[tuple[int, int, Packed]]:
     """Contiguous runs of sequences whose attention is cheaper padded each to its own longest
     sequence than all to the batch's longest: [(first token, end token, layout of the run)], or
     [] for one run. Attention on a padded buffer costs B * T_max^2 pairs; a batch sorted by

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model import Block, SelfAttention, attention_bias
-from ..packing import Packed, attention, packed_attention
+from ..packing import GROUP_OVERHEAD_PAIRS, Packed, attention, packed_attention
 
 log = logging.getLogger("bertkit")
 
@@ -44,10 +44,7 @@ class PrepackedLinear(nn.Module):
         # oneDNN builds and caches kernels per row count, ~0.7 MB each and never given back: a
         # server seeing every packed length 1..2048 grew by GBs. Rows padded to one of ~100
         # sizes (`gemm_rows`) bound that memory and reuse the kernels, for ~2% more arithmetic.
-        n = x.shape[0]
-        m = gemm_rows(n) if x.dim() == 2 else n
-        y = self.rows(pad_rows(x, m))
-        return y[:n] if m != n else y
+        return on_gemm_rows(x, self.rows)
 
     def rows(self, x: Tensor) -> Tensor:
         """The GEMM on x as it is (no rounding of its row count)."""
@@ -67,18 +64,16 @@ class PrepackedFeedForward(nn.Module):
         self.up, self.down, self.act = up, down, act
 
     def forward(self, x: Tensor) -> Tensor:
-        n = x.shape[0]
-        m = gemm_rows(n) if x.dim() == 2 else n
-        y = self.down.rows(self.act(self.up.rows(pad_rows(x, m))))
-        return y[:n] if m != n else y
+        return on_gemm_rows(x, lambda rows: self.down.rows(self.act(self.up.rows(rows))))
 
 
-def pad_rows(x: Tensor, m: int) -> Tensor:
-    """x (n, C) with zero rows appended up to m (x itself when n == m): one write of each row."""
+def on_gemm_rows(x: Tensor, fn) -> Tensor:
+    """fn on x's rows padded with zeros to `gemm_rows` (a 2-D x; others as they are), cut back to x's."""
     n = x.shape[0]
+    m = gemm_rows(n) if x.dim() == 2 else n
     if m == n:
-        return x
-    return torch.cat([x, x.new_zeros(m - n, *x.shape[1:])])
+        return fn(x)
+    return fn(torch.cat([x, x.new_zeros(m - n, x.shape[1])]))[:n]
 
 
 def gemm_rows(n: int) -> int:
@@ -162,7 +157,7 @@ class FusedSelfAttention(nn.Module):
         super().__init__()
         self.num_heads, self.causal, self.qkv, self.out, self.slopes = num_heads, causal, qkv, out, slopes
         self.kernel = kernel                               # packing.attention's
-        self.group_overhead = 0                            # packing.packed_attention's (choose_attention)
+        self.group_overhead = GROUP_OVERHEAD_PAIRS         # packing.packed_attention's (choose_attention)
 
     def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
         q, k, v = self.qkv(x).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)      # (..., H, D) each
