@@ -1,5 +1,5 @@
 """The zero-shot table of docs/REPRODUCTION.md: every measured CPU-grid arm against the base pre-trained
-again on the Zen 4 (2026-12-05), from the files committed here and in ../ablate-cpu-2026-12-03/.
+again on the Zen 4 (2026-12-05), from the files committed here and in ../ablate-cpu-2026-12-03/ and ../ablate-cpu-2026-12-06/.
 Held-out MLM: paired on the same [MASK] positions, 95% interval clustered by sequence. BLiMP: paired on
 the same 6,700 pairs where both per-pair outcome files exist, else the unpaired interval of two proportions."""
 import json
@@ -10,6 +10,7 @@ from bertkit.ablate.measure import delta_cell, paired_mlm_difference
 from bertkit.ablate.zeroshot import paired_difference, unpaired_difference
 R3 = "benchmarks/results/ablate-cpu-2026-12-03"
 R5 = "benchmarks/results/ablate-cpu-2026-12-05"
+R6 = "benchmarks/results/ablate-cpu-2026-12-06"
 def j(p): return json.load(open(p)) if os.path.exists(p) else None
 def t(p): return open(p).read().strip() if os.path.exists(p) else None
 arms = {  # name: (arm.json, mlm_outcomes, blimp_correct, label)
@@ -30,6 +31,9 @@ arms = {  # name: (arm.json, mlm_outcomes, blimp_correct, label)
  "dropout": (f"{R5}/dropout/arm.json", f"{R5}/dropout/mlm_outcomes.json", f"{R5}/dropout/blimp_correct.txt", "dropout (plateau study: dropout 0.1 alone)"),
  "size_h128": (f"{R5}/size_h128/arm.json", f"{R5}/size_h128/mlm_outcomes.json", f"{R5}/size_h128/blimp_correct.txt", "size_h128 (L4/H128, 1.9M parameters, lr 2e-3)"),
  "ltr_compute": (f"{R5}/ltr_compute/arm.json", None, f"{R5}/ltr_compute/blimp_correct.txt", "ltr_compute (left-to-right at the base's FLOPs)"),
+ "ltr": (f"{R6}/ltr/arm.json", None, f"{R6}/ltr/blimp_correct.txt", "ltr (left-to-right at the base's tokens; Xeon AMX, 2026-12-06)"),
+ "data_10pct": (f"{R6}/data_10pct/arm.json", f"{R6}/data_10pct/mlm_outcomes.json", f"{R6}/data_10pct/blimp_correct.txt", "data_10pct (a tenth of the text, ~100 passes; Xeon AMX, 2026-12-06)"),
+ "mlm_only_amx": (f"{R6}/mlm_only/arm.json", f"{R6}/mlm_only/mlm_outcomes.json", f"{R6}/mlm_only/blimp_correct.txt", "mlm_only again (Xeon AMX, 2026-12-06)"),
 }
 def mlm_cell(arm: dict) -> str:
     """Held-out MLM at [MASK] / all targets; a left-to-right arm has no MLM head: its own next-token accuracy."""
