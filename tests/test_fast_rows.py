@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertkit.infer.prepack import PrepackedLinear, can_prepack, gemm_rows
+from bertkit.infer.prepack import PrepackedLinear, can_prepack
+from bertkit.packing import gemm_rows
 
 
 def test_gemm_rows_few_sizes_little_padding():
@@ -29,6 +30,37 @@ def test_prepacked_rows_padded_equal_plain():
             got = packed(x)
             assert got.shape == (n, 40) and got.is_contiguous()
             torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias), rtol=1e-4, atol=1e-5)
+
+
+def test_mlm_head_runs_on_few_row_counts_and_answers_as_on_the_masked_rows():
+    """The masked positions' count changes with every batch (every position, for a next-token run):
+    the head's GEMMs get it rounded to `gemm_rows` on the CPU (oneDNN keeps a kernel per row count),
+    and the logits, loss and gradients are those of the head on the masked rows alone."""
+    from bertkit.config import BertConfig
+    from bertkit.model import BertForPreTraining
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                     max_position_embeddings=64)
+    model = BertForPreTraining(cfg, nsp=False).eval()        # no dropout: two passes agree
+    ids = torch.randint(5, 50, (3, 40))
+    labels = torch.full_like(ids, -100)
+    labels[:, ::3] = ids[:, ::3]                        # 42 labelled positions
+    seen = []
+    hook = model.mlm.dense.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+    out = model(ids, mlm_labels=labels)
+    hook.remove()
+    assert seen == [gemm_rows(42)] and gemm_rows(42) != 42
+    assert out["mlm_logits"].shape == (42, 50)
+    h = model.bert(ids)
+    want = model.mlm(h.flatten(0, 1)[(labels != -100).flatten()])
+    torch.testing.assert_close(out["mlm_logits"], want, rtol=1e-5, atol=1e-5)
+    out["mlm_loss"].backward()
+    grad = model.mlm.dense.weight.grad.clone()
+    model.zero_grad()
+    F.cross_entropy(model.mlm(model.bert(ids).flatten(0, 1)[(labels != -100).flatten()]),
+                    ids.flatten()[(labels != -100).flatten()]).backward()
+    torch.testing.assert_close(grad, model.mlm.dense.weight.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_warm_gemm_shapes_runs_each_distinct_layer_at_each_size():

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .packing import KERNELS, Dropout, Packed, alibi_bias, attention, packed_attention, segment_ids, unpack
+from .packing import (KERNELS, Dropout, Packed, alibi_bias, attention, on_gemm_rows, packed_attention, segment_ids,
+                      unpack)
 
 
 def activation(name: str):
@@ -311,7 +312,7 @@ class BertForPreTraining(Head):
         out: dict[str, Tensor] = {}
         if mlm_labels is not None:
             h_masked, out["mlm_targets"] = select_masked(h, mlm_labels)      # (M, C), (M,)
-            out["mlm_logits"] = self.mlm(h_masked)                          # (M, V)
+            out["mlm_logits"] = on_gemm_rows(h_masked, self.mlm)            # (M, V); M rounded inside (CPU)
         else:
             out["mlm_logits"] = self.mlm(h)                                 # (B, T, V)
         if self.nsp is not None:

@@ -12,7 +12,8 @@ the only operation that needs to know where sequences start and end:
     (a fixed-length batch) the packed tokens already are a (B, T) batch: a view, no mask. The scatter/gather costs a few copies of
     (N, C); attention itself is small next to the linear layers.
 Both are numerically the padded path: tests compare them. Dropout (`dropout`, the model's `Dropout`)
-lives here too: on the CPU torch's Bernoulli draw costs more than the layer it follows.
+lives here too: on the CPU torch's Bernoulli draw costs more than the layer it follows; and the
+few GEMM row counts (`gemm_rows`) that a row count changing with every batch is padded to on the CPU.
 
 `model.py` imports this file; nothing here knows the model. The CPU inference speed-up
 (prepacked oneDNN weights) is in `infer/prepack.py`.
@@ -144,6 +145,27 @@ def alibi_bias(slopes: Tensor, T: int, q: Tensor) -> Tensor:
     pos = torch.arange(T, device=q.device)
     distance = (pos[:, None] - pos[None, :]).abs().to(q.dtype)                  # (T, T)
     return -slopes.to(device=q.device, dtype=q.dtype)[:, None, None] * distance
+
+
+def on_gemm_rows(x: Tensor, fn) -> Tensor:
+    """fn on x's rows padded with zeros to `gemm_rows` (a 2-D CPU x; others as they are), cut back to
+    x's. oneDNN builds and keeps a kernel per GEMM row count (MBs each, never given back), so a row
+    count that changes with every batch grows the process by GBs: the MLM head on the masked
+    positions of each batch (a next-token run: 12 GB in 10 minutes), a server's packed lengths."""
+    n = x.shape[0]
+    m = gemm_rows(n) if x.dim() == 2 and x.device.type == "cpu" else n
+    if m == n:
+        return fn(x)
+    return fn(torch.cat([x, x.new_zeros(m - n, x.shape[1])]))[:n]
+
+
+def gemm_rows(n: int) -> int:
+    """n rounded up to one of few GEMM row counts: exact up to 32, then 8 sizes per power of two
+    (at most 1/8 more rows)."""
+    if n <= 32:
+        return n
+    step = 1 << (n.bit_length() - 4)
+    return -(-n // step) * step
 
 
 KERNELS = ("sdpa", "math", "chunked")   # what `attention` can compute with

@@ -2,8 +2,8 @@
 
 The encoder's Linear weights are reordered once into oneDNN's blocked layout, and the FFN's
 GELU runs inside the first FFN GEMM, as inductor does when it freezes a model. The model code is
-unchanged; the same numbers come out (checked when the weights are packed). Also here: the few
-GEMM row counts that bound oneDNN's kernel cache (`gemm_rows`, `warm_gemm_shapes`) and `CastLinear`
+unchanged; the same numbers come out (checked when the weights are packed). Also here: oneDNN's
+kernels built ahead for the few GEMM row counts of `packing.gemm_rows` (`warm_gemm_shapes`) and `CastLinear`
 (a Linear in another precision than its activations). `PredictorOptions.prepack=False` keeps the plain layers.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model import Block, SelfAttention, attention_bias
-from ..packing import GROUP_OVERHEAD_PAIRS, Packed, attention, packed_attention
+from ..packing import GROUP_OVERHEAD_PAIRS, Packed, attention, gemm_rows, on_gemm_rows, packed_attention
 
 log = logging.getLogger("bertkit")
 
@@ -65,24 +65,6 @@ class PrepackedFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return on_gemm_rows(x, lambda rows: self.down.rows(self.act(self.up.rows(rows))))
-
-
-def on_gemm_rows(x: Tensor, fn) -> Tensor:
-    """fn on x's rows padded with zeros to `gemm_rows` (a 2-D x; others as they are), cut back to x's."""
-    n = x.shape[0]
-    m = gemm_rows(n) if x.dim() == 2 else n
-    if m == n:
-        return fn(x)
-    return fn(torch.cat([x, x.new_zeros(m - n, x.shape[1])]))[:n]
-
-
-def gemm_rows(n: int) -> int:
-    """n rounded up to one of few GEMM row counts: exact up to 32, then 8 sizes per power of two
-    (at most 1/8 more rows)."""
-    if n <= 32:
-        return n
-    step = 1 << (n.bit_length() - 4)
-    return -(-n // step) * step
 
 
 def warm_gemm_shapes(model: nn.Module, max_rows: int) -> int:
