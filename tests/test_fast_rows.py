@@ -63,6 +63,42 @@ def test_mlm_head_runs_on_few_row_counts_and_answers_as_on_the_masked_rows():
     torch.testing.assert_close(grad, model.mlm.dense.weight.grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_rows_past_the_packed_tokens_change_nothing(causal):
+    """Training pads a packed batch's N tokens to gemm_rows(N) rows that belong to no sequence
+    (`pad_rows`): the real rows' states, the mean-pooled vectors, the loss and the gradients are those
+    of the N tokens alone (ALiBi, bidirectional and causal)."""
+    from bertkit.config import BertConfig
+    from bertkit.model import BertForPreTraining, pool_tokens
+    from bertkit.packing import pack, pad_rows
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=60, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+                     max_position_embeddings=64, position_embedding_type="alibi", causal=causal,
+                     hidden_dropout=0.0, attention_dropout=0.0)
+    model = BertForPreTraining(cfg, nsp=False)
+    lengths = [37, 12, 30, 5]
+    mask = torch.zeros(4, 40, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+    ids = torch.randint(5, 60, (4, 40))
+    labels = torch.where(torch.rand(4, 40) < 0.3, ids, torch.full_like(ids, -100)) * mask + (mask - 1) * 100
+    flat, layout = pack(ids, mask, torch.zeros_like(ids), labels)
+    n = flat["input_ids"].shape[0]
+    padded = pad_rows(flat, gemm_rows(n))
+    assert n == 84 and padded["input_ids"].shape[0] == 88 and (padded["labels"][n:] == -100).all()
+    runs = []
+    for t in (flat, padded):
+        model.zero_grad()
+        h = model.bert(t["input_ids"], t["token_type_ids"], position_ids=t["position_ids"], packed=layout)
+        out = model.outputs(h, layout, mlm_labels=t["labels"])
+        loss = F.cross_entropy(out["mlm_logits"], out["mlm_targets"])
+        loss.backward()
+        runs.append((h[:n], pool_tokens(h, "mean", layout), loss, model.bert.blocks[0].attn.query.weight.grad.clone()))
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_warm_gemm_shapes_runs_each_distinct_layer_at_each_size():
     lin = torch.nn.Linear(8, 12)
     if not can_prepack(lin):

@@ -234,7 +234,8 @@ def pool_tokens(hidden: Tensor, how: str, packed: Packed | None = None,
     if how in ("cls", "last"):
         return summary_token(hidden, how == "last", packed, attention_mask)
     if packed is not None:
-        sums = hidden.new_zeros(packed.batch_size, hidden.shape[-1]).index_add_(0, segment_ids(packed), hidden)
+        seg = segment_ids(packed)                                   # (N,); rows past N (`pad_rows`) belong to none
+        sums = hidden.new_zeros(packed.batch_size, hidden.shape[-1]).index_add_(0, seg, hidden[:len(seg)])
         return sums / (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1])[:, None].to(hidden.dtype)
     if attention_mask is None:
         return hidden.mean(1)

@@ -89,6 +89,15 @@ def pack(input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | Non
     return batch, p
 
 
+def pad_rows(tensors: dict[str, Tensor], rows: int) -> dict[str, Tensor]:
+    """Packed (N,) tensors of `pack` with rows up to `rows` appended that belong to no sequence
+    (token, position and type 0, label -100): they run through the per-token layers, attention
+    gives them 0 and the loss ignores them. Training on the CPU pads N to `gemm_rows(N)` so that
+    oneDNN sees few GEMM row counts (see `on_gemm_rows`)."""
+    n = next(iter(tensors.values())).shape[0]
+    return {k: F.pad(t, (0, rows - n), value=-100 if k == "labels" else 0) for k, t in tensors.items()}
+
+
 def pack_rows(rows) -> tuple[dict, Packed]:
     """Token-id rows [(input_ids, token_type_ids), ...] -> packed (N,) tensors and the layout,
     as `pack` of the rows right-padded to the longest, without building the padded batch (the
@@ -272,7 +281,14 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     """Attention of (N, H, D) queries/keys/values within each sequence of the batch -> (N, H, D).
     `slopes` (H,): ALiBi's distance penalty (positions counted within each sequence); `kernel`:
     what runs the padded buffers on the CPU (`attention`); `group_overhead`: what one more length
-    group costs in padded pairs (`attention_groups`; inference measures its own per machine)."""
+    group costs in padded pairs (`attention_groups`; inference measures its own per machine). Rows
+    past the layout's N tokens (`pad_rows`) belong to no sequence: their output is 0."""
+    n = p.indices.numel()
+    if q.shape[0] > n:
+        rest = q.shape[0] - n
+        (q, _), (k, _), (v, _) = (t.split([n, rest]) for t in (q, k, v))
+        y = packed_attention(q, k, v, p, causal, dropout_p, slopes, kernel, group_overhead)
+        return torch.cat([y, y.new_zeros(rest, *y.shape[1:])])
     if varlen_runs(q.device, q.dtype, dropout_p, slopes is not None) is None:
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
                             **_VARLEN_DIRECTION[causal])
