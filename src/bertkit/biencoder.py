@@ -49,7 +49,7 @@ from .finetune import (epoch_batches, evaluating, load_encoder, log_dev, seed_ru
 from .hardware import machine_facts
 from .model import pool_tokens
 from .outdir import INCOMPLETE_KEY
-from .packing import pack
+from .packing import pack, pad_rows
 from .runlog import write_run_card
 from .sources import dataset_name
 from .st_files import max_seq_length, write_sentence_transformers
@@ -227,6 +227,7 @@ def embed_rows(model: nn.Module, rows: Sequence[list[int]], pooling: str, packed
     mask = torch.tensor([[1] * len(rows[i]) + [0] * (T - len(rows[i])) for i in order], device=device)
     if packed:
         flat, layout = pack(ids, mask)                                                          # (N,)
+        flat = pad_rows(flat)                                            # a new N every batch: few GEMM row counts (CPU)
         h = model(flat["input_ids"], flat["token_type_ids"], None, flat["position_ids"], packed=layout)
         v = pool_tokens(h, pooling, layout)
     else:

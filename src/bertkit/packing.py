@@ -89,13 +89,17 @@ def pack(input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | Non
     return batch, p
 
 
-def pad_rows(tensors: dict[str, Tensor], rows: int) -> dict[str, Tensor]:
-    """Packed (N,) tensors of `pack` with rows up to `rows` appended that belong to no sequence
-    (token, position and type 0, label -100): they run through the per-token layers, attention
-    gives them 0 and the loss ignores them. Training on the CPU pads N to `gemm_rows(N)` so that
-    oneDNN sees few GEMM row counts (see `on_gemm_rows`)."""
-    n = next(iter(tensors.values())).shape[0]
-    return {k: F.pad(t, (0, rows - n), value=-100 if k == "labels" else 0) for k, t in tensors.items()}
+def pad_rows(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Packed (N,) tensors of `pack`, on the CPU with rows up to `gemm_rows(N)` appended that belong
+    to no sequence (token, position and type 0, label -100): they run through the per-token layers,
+    attention gives them 0, pooling and the loss ignore them, and oneDNN sees few GEMM row counts
+    (see `on_gemm_rows`: training has a new N every batch). Elsewhere the tensors as they are."""
+    first = next(iter(tensors.values()))
+    n = first.shape[0]
+    m = gemm_rows(n) if first.device.type == "cpu" else n
+    if m == n:
+        return tensors
+    return {k: F.pad(t, (0, m - n), value=-100 if k == "labels" else 0) for k, t in tensors.items()}
 
 
 def pack_rows(rows) -> tuple[dict, Packed]:

@@ -16,7 +16,7 @@ from .. import distributed as D
 from ..checkpoint import build, load_model
 from ..config import PRESETS, preset
 from ..model import init_weights, neighbour_attention_, num_parameters, sinusoidal_positions_
-from ..packing import gemm_rows, pack, pad_rows
+from ..packing import pack, pad_rows
 from ..runconfig import ModelSection, PretrainConfig, RunConfigError
 
 log = logging.getLogger("bertkit")
@@ -130,8 +130,7 @@ def forward(model, batch: dict, packed: bool) -> dict:
     if packed:
         flat, layout = pack(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                             labels=batch["mlm_labels"])
-        if flat["input_ids"].device.type == "cpu":    # a new N every batch: oneDNN keeps a kernel per row count
-            flat = pad_rows(flat, gemm_rows(flat["input_ids"].shape[0]))
+        flat = pad_rows(flat)                          # a new N every batch: few GEMM row counts (CPU)
         return model(flat["input_ids"], flat["token_type_ids"], None, mlm_labels=flat["labels"],
                      nsp_labels=batch.get("nsp_labels"), packed=layout, position_ids=flat["position_ids"])
     return model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
