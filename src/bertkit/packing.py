@@ -164,7 +164,7 @@ def on_gemm_rows(x: Tensor, fn) -> Tensor:
     """fn on x's rows padded with zeros to `gemm_rows` (a 2-D CPU x; others as they are), cut back to
     x's. oneDNN builds and keeps a kernel per GEMM row count (MBs each, never given back), so a row
     count that changes with every batch grows the process by GBs: the MLM head on the masked
-    positions of each batch (a next-token run: 12 GB in 10 minutes), a server's packed lengths."""
+    positions of each batch (a next-token run: 12 GB in 6 minutes), a server's packed lengths."""
     n = x.shape[0]
     m = gemm_rows(n) if x.dim() == 2 and x.device.type == "cpu" else n
     if m == n:
