@@ -90,13 +90,13 @@ def pack(input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | Non
 
 
 def pad_rows(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Packed (N,) tensors of `pack`, on the CPU with rows up to `gemm_rows(N)` appended that belong
+    """Packed (N,) tensors of `pack`, under CPU autocast with rows up to `gemm_rows(N)` appended that belong
     to no sequence (token, position and type 0, label -100): they run through the per-token layers,
     attention gives them 0, pooling and the loss ignore them, and oneDNN sees few GEMM row counts
     (see `on_gemm_rows`: training has a new N every batch). Elsewhere the tensors as they are."""
-    first = next(iter(tensors.values()))
+    first = next(iter(tensors.values()))                              # token ids: the dtype says nothing
     n = first.shape[0]
-    m = gemm_rows(n) if first.device.type == "cpu" else n
+    m = gemm_rows(n) if first.device.type == "cpu" and torch.is_autocast_enabled("cpu") else n
     if m == n:
         return tensors
     return {k: F.pad(t, (0, m - n), value=-100 if k == "labels" else 0) for k, t in tensors.items()}
@@ -160,16 +160,26 @@ def alibi_bias(slopes: Tensor, T: int, q: Tensor) -> Tensor:
     return -slopes.to(device=q.device, dtype=q.dtype)[:, None, None] * distance
 
 
-def on_gemm_rows(x: Tensor, fn) -> Tensor:
-    """fn on x's rows padded with zeros to `gemm_rows` (a 2-D CPU x; others as they are), cut back to
-    x's. oneDNN builds and keeps a kernel per GEMM row count (MBs each, never given back), so a row
-    count that changes with every batch grows the process by GBs: the MLM head on the masked
-    positions of each batch (a next-token run: 12 GB in 6 minutes), a server's packed lengths."""
+def on_gemm_rows(x: Tensor, fn, always: bool = False) -> Tensor:
+    """fn on x's rows padded with zeros to `gemm_rows` where that bounds memory (`kept_per_row_count`;
+    always=True: on the CPU whatever the dtype, for oneDNN's prepacked fp32 weights too), cut back to
+    x's (a 2-D x; others as they are). oneDNN builds and keeps a kernel per GEMM row count (MBs each,
+    never given back), so a row count that changes with every batch grows the process by GBs: the MLM
+    head on the masked positions of each batch (a next-token run: 12 GB in 6 minutes), a server's
+    packed lengths."""
     n = x.shape[0]
-    m = gemm_rows(n) if x.dim() == 2 and x.device.type == "cpu" else n
+    pad = x.dim() == 2 and x.device.type == "cpu" and (always or kept_per_row_count(x))
+    m = gemm_rows(n) if pad else n
     if m == n:
         return fn(x)
     return fn(torch.cat([x, x.new_zeros(m - n, x.shape[1])]))[:n]
+
+
+def kept_per_row_count(x: Tensor) -> bool:
+    """Whether x's GEMMs run on oneDNN kernels kept per row count: on the CPU in bf16/fp16 or under
+    CPU autocast. fp32 GEMMs go to MKL, which keeps nothing per shape (measured flat), so padding
+    them would only cost time."""
+    return x.device.type == "cpu" and (torch.is_autocast_enabled("cpu") or x.dtype in (torch.bfloat16, torch.float16))
 
 
 def gemm_rows(n: int) -> int:

@@ -44,7 +44,7 @@ class PrepackedLinear(nn.Module):
         # oneDNN builds and caches kernels per row count, ~0.7 MB each and never given back: a
         # server seeing every packed length 1..2048 grew by GBs. Rows padded to one of ~100
         # sizes (`gemm_rows`) bound that memory and reuse the kernels, for ~2% more arithmetic.
-        return on_gemm_rows(x, self.rows)
+        return on_gemm_rows(x, self.rows, always=True)
 
     def rows(self, x: Tensor) -> Tensor:
         """The GEMM on x as it is (no rounding of its row count)."""
@@ -64,7 +64,7 @@ class PrepackedFeedForward(nn.Module):
         self.up, self.down, self.act = up, down, act
 
     def forward(self, x: Tensor) -> Tensor:
-        return on_gemm_rows(x, lambda rows: self.down.rows(self.act(self.up.rows(rows))))
+        return on_gemm_rows(x, lambda rows: self.down.rows(self.act(self.up.rows(rows))), always=True)
 
 
 def warm_gemm_shapes(model: nn.Module, max_rows: int) -> int:
