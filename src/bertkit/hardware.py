@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from . import __version__
 from .errors import BertkitError
-from .packing import GROUP_OVERHEAD_PAIRS, attention
+from .packing import GROUP_OVERHEAD_PAIRS, attention, packed_attention, packing
 
 log = logging.getLogger("bertkit")
 
@@ -399,8 +399,6 @@ def attention_group_overhead(heads: int, head_dim: int, dtype: torch.dtype, kern
     on torch's threads, in `dtype` with `kernel`; the first candidate unless another is more than 5%
     faster. Decided once per machine (`decided_once`): more, smaller groups pay where a masked SDPA call
     costs more than the calls it replaces (docs/serve-measurements.md)."""
-    from .packing import packed_attention, packing
-
     def decide() -> int:
         g = torch.Generator().manual_seed(0)
         lengths = torch.linspace(128, 8, 32).round().long()

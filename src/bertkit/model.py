@@ -313,7 +313,7 @@ class BertForPreTraining(Head):
         out: dict[str, Tensor] = {}
         if mlm_labels is not None:
             h_masked, out["mlm_targets"] = select_masked(h, mlm_labels)      # (M, C), (M,)
-            out["mlm_logits"] = on_gemm_rows(h_masked, self.mlm)            # (M, V); M rounded inside (CPU)
+            out["mlm_logits"] = on_gemm_rows(h_masked, self.mlm)            # (M, V); M rounded inside (bf16 CPU)
         else:
             out["mlm_logits"] = self.mlm(h)                                 # (B, T, V)
         if self.nsp is not None:

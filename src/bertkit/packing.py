@@ -94,9 +94,9 @@ def pad_rows(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     to no sequence (token, position and type 0, label -100): they run through the per-token layers,
     attention gives them 0, pooling and the loss ignore them, and oneDNN sees few GEMM row counts
     (see `on_gemm_rows`: training has a new N every batch). Elsewhere the tensors as they are."""
-    first = next(iter(tensors.values()))                              # token ids: the dtype says nothing
+    first = next(iter(tensors.values()))                  # token ids: only autocast can say bf16 here
     n = first.shape[0]
-    m = gemm_rows(n) if first.device.type == "cpu" and torch.is_autocast_enabled("cpu") else n
+    m = gemm_rows(n) if kept_per_row_count(first) else n
     if m == n:
         return tensors
     return {k: F.pad(t, (0, m - n), value=-100 if k == "labels" else 0) for k, t in tensors.items()}
@@ -168,7 +168,7 @@ def on_gemm_rows(x: Tensor, fn, always: bool = False) -> Tensor:
     head on the masked positions of each batch (a next-token run: 12 GB in 6 minutes), a server's
     packed lengths."""
     n = x.shape[0]
-    pad = x.dim() == 2 and x.device.type == "cpu" and (always or kept_per_row_count(x))
+    pad = x.dim() == 2 and (kept_per_row_count(x) or (always and x.device.type == "cpu"))
     m = gemm_rows(n) if pad else n
     if m == n:
         return fn(x)

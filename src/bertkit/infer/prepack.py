@@ -41,9 +41,8 @@ class PrepackedLinear(nn.Module):
         self.bias = linear.bias.detach().clone() if linear.bias is not None else None
 
     def forward(self, x: Tensor) -> Tensor:
-        # oneDNN builds and caches kernels per row count, ~0.7 MB each and never given back: a
-        # server seeing every packed length 1..2048 grew by GBs. Rows padded to one of ~100
-        # sizes (`gemm_rows`) bound that memory and reuse the kernels, for ~2% more arithmetic.
+        # rows padded to few sizes (`packing.on_gemm_rows`): a server seeing every packed length
+        # 1..2048 grew by GBs of oneDNN kernels (~0.7 MB each), fp32 weights included (they are oneDNN's)
         return on_gemm_rows(x, self.rows, always=True)
 
     def rows(self, x: Tensor) -> Tensor:
