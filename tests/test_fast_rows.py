@@ -56,7 +56,8 @@ def test_mlm_head_runs_on_few_row_counts_and_answers_as_on_the_masked_rows():
     hook.remove()
     assert seen == [42, gemm_rows(42), 42] and gemm_rows(42) != 42
     assert out["mlm_logits"].shape == (42, 50)
-    torch.testing.assert_close(out["mlm_logits"], want, rtol=0, atol=0)          # the same rows, the same kernels' sums
+    # bf16 outputs: another row count may pick another oneDNN kernel on another CPU kind (one bf16 ulp)
+    torch.testing.assert_close(out["mlm_logits"], want, rtol=1.6e-2, atol=1e-3)
     out["mlm_loss"].backward()
     grad = model.mlm.dense.weight.grad.clone()
     model.zero_grad()
