@@ -48,13 +48,15 @@ def test_mlm_head_runs_on_few_row_counts_and_answers_as_on_the_masked_rows():
     labels[:, ::3] = ids[:, ::3]                        # 42 labelled positions
     seen = []
     hook = model.mlm.dense.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
-    model(ids, mlm_labels=labels)                      # fp32: MKL's GEMMs keep nothing per shape
+    out32 = model(ids, mlm_labels=labels)              # fp32: MKL's GEMMs keep nothing per shape
+    want32 = model.mlm(model.bert(ids).flatten(0, 1)[(labels != -100).flatten()])
     with torch.autocast("cpu", torch.bfloat16):
         out = model(ids, mlm_labels=labels)
         h = model.bert(ids)
         want = model.mlm(h.flatten(0, 1)[(labels != -100).flatten()])
     hook.remove()
-    assert seen == [42, gemm_rows(42), 42] and gemm_rows(42) != 42
+    assert seen == [42, 42, gemm_rows(42), 42] and gemm_rows(42) != 42
+    torch.testing.assert_close(out32["mlm_logits"], want32, rtol=1e-5, atol=1e-5)
     assert out["mlm_logits"].shape == (42, 50)
     # bf16 outputs: another row count may pick another oneDNN kernel on another CPU kind (one bf16 ulp)
     torch.testing.assert_close(out["mlm_logits"], want, rtol=1.6e-2, atol=1e-3)

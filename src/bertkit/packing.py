@@ -168,7 +168,7 @@ def on_gemm_rows(x: Tensor, fn, always: bool = False) -> Tensor:
     head on the masked positions of each batch (a next-token run: 12 GB in 6 minutes), a server's
     packed lengths."""
     n = x.shape[0]
-    pad = x.dim() == 2 and (kept_per_row_count(x) or (always and x.device.type == "cpu"))
+    pad = x.dim() == 2 and ((always and x.device.type == "cpu") or kept_per_row_count(x))
     m = gemm_rows(n) if pad else n
     if m == n:
         return fn(x)
