@@ -67,6 +67,8 @@ def test_folds_and_the_choice_of_c():
         folds_of(groups, 20)
     assert choose_c({0.01: 0.7, 0.1: 0.8, 1.0: 0.8, 10.0: 0.75}) == 0.1       # a tie: the stronger penalty
     assert choose_c({0.01: 0.9, 0.1: 0.8}) == 0.01
+    assert choose_c({0.01: 0.7, 0.1: 0.8, 1.0: 0.85}, unconverged={1.0}) == 0.1   # a half-solved fit never wins
+    assert choose_c({0.01: 0.7, 0.1: 0.8}, unconverged={0.01, 0.1}) == 0.1      # none converged: all stay eligible
 
 
 def test_spec_checks():
@@ -107,6 +109,9 @@ def test_sentence_probe_on_a_tiny_model(tiny_model, sst_dir, tmp_path):
         assert p["width"] == (64 if p["features"] == "concat_last_2" else 32)
     fits = [json.loads(x) for x in (tmp_path / "fits.jsonl").read_text().splitlines()]
     assert len(fits) == 5 * (3 * 3 + 1) and {f["fold"] for f in fits} == {0, 1, 2, "all"}
+    for p in result["probes"]:                      # the Cs left out of the choice are the ones some fold left unsolved
+        mine = [f for f in fits if (f["features"], f["pooling"]) == (p["features"], p["pooling"]) and f["fold"] != "all"]
+        assert p["cv_unconverged"] == [f"{c:g}" for c in sorted({f["C"] for f in mine if not f["converged"]})]
     assert len(result["dev_ids"]) == len(set(result["dev_ids"])) == 80
     for p in result["probes"]:                      # each dev example's outcome, adding up to the score
         o = p["outcomes"]

@@ -16,7 +16,8 @@ linear map read off the frozen states? - is answered as a convex problem, solved
    both recorded). Nothing is random: the same input gives the same weights, bit for bit;
 3. C is chosen from a log-spaced grid by k-fold cross-validation on the training examples only
    (fixed folds by example, so the windows or words of one example stay together; the task's own
-   metric on each held-out fold; a tie goes to the smaller C, the stronger penalty), refitted on
+   metric on each held-out fold; only a C whose fits converged in every fold is eligible, so a
+   score read off a half-solved problem never wins; a tie goes to the smaller C, the stronger penalty), refitted on
    all training rows, and the dev set is scored by the task's own postprocess and metrics (SST-2
    accuracy, MRPC F1 of class 1 and accuracy, CoNLL-2003 entity-level F1), beside the dev score of
    always answering the training majority class. Each dev example's share of the main metric is kept
@@ -194,10 +195,12 @@ def folds_of(groups: np.ndarray, k: int) -> np.ndarray:
     return fold[groups]
 
 
-def choose_c(scores: dict[float, float]) -> float:
-    """The C of the best mean score; a tie goes to the smaller C (the stronger penalty)."""
-    best = max(scores.values())
-    return min(c for c, s in scores.items() if s == best)
+def choose_c(scores: dict[float, float], unconverged: set[float] = frozenset()) -> float:
+    """The C of the best mean score among those whose fits converged in every fold (all of them when
+    none did); a tie goes to the smaller C (the stronger penalty)."""
+    eligible = {c: s for c, s in scores.items() if c not in unconverged} or scores
+    best = max(eligible.values())
+    return min(c for c, s in eligible.items() if s == best)
 
 
 # ---- features -----------------------------------------------------------------------------------
@@ -331,24 +334,25 @@ def fit_probe(X: Tensor, y: np.ndarray, groups: np.ndarray, X_dev: Tensor, spec:
     rows' log-probabilities: {C, cv, model, dev_logp, fit_wall_s}. `score(model, held-out rows, their X)`
     is the task metric."""
     t0 = time.perf_counter()
-    means = cross_validate(X, y, groups, spec, num_classes, score, report)
-    C = choose_c(means)
+    means, unconverged = cross_validate(X, y, groups, spec, num_classes, score, report)
+    C = choose_c(means, unconverged)
     Xt, Xd = standardise(X, X_dev)
     model = fit_logreg(Xt, torch.from_numpy(y).to(Xt.device), num_classes, C, spec.tol, spec.max_iter)
     report({"fold": "all", "C": C, "iterations": model.iterations, "converged": model.converged,
             "grad_max": model.grad_max})
     return {"C": C, "cv": {f"{c:g}": round(m, 6) for c, m in means.items()},
-            "model": model, "dev_logp": model.log_proba(Xd).cpu().numpy(),
+            "cv_unconverged": [f"{c:g}" for c in sorted(unconverged)], "model": model, "dev_logp": model.log_proba(Xd).cpu().numpy(),
             "fit_wall_s": round(time.perf_counter() - t0, 2)}
 
 
 def cross_validate(X: Tensor, y: np.ndarray, groups: np.ndarray, spec: ProbeSpec, num_classes: int,
                    score: Callable[[LogReg, np.ndarray, Tensor], float], report: Callable[[dict], None]
-                   ) -> dict[float, float]:
+                   ) -> tuple[dict[float, float], set[float]]:
     """{C: mean held-out score} over k folds by example (each fold standardised by its own training rows;
-    warm starts along the C grid within a fold)."""
+    warm starts along the C grid within a fold), and the Cs whose fit did not converge in some fold."""
     fold = folds_of(groups, spec.folds)
     cv: dict[float, list[float]] = {c: [] for c in spec.C}
+    unconverged: set[float] = set()
     for k in range(spec.folds):
         train, held = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
         Xt, Xh = standardise(X[train], X[held])
@@ -357,9 +361,11 @@ def cross_validate(X: Tensor, y: np.ndarray, groups: np.ndarray, spec: ProbeSpec
         for c in spec.C:
             model = fit_logreg(Xt, yt, num_classes, c, spec.tol, spec.max_iter, init=model)
             cv[c].append(float(score(model, held, Xh)))
+            if not model.converged:
+                unconverged.add(c)
             report({"fold": k, "C": c, "score": cv[c][-1], "iterations": model.iterations,
                     "converged": model.converged, "grad_max": model.grad_max})
-    return {c: float(np.mean(v)) for c, v in cv.items()}
+    return {c: float(np.mean(v)) for c, v in cv.items()}, unconverged
 
 
 @dataclass
@@ -504,6 +510,7 @@ def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, featur
              model.iterations, "" if model.converged else ", NOT converged")
     return {"features": features, "pooling": pooling, "metric": task.main_metric,
             "value": scores[task.main_metric], "dev": scores, "C": fit["C"], "cv": fit["cv"],
+            "cv_unconverged": fit["cv_unconverged"],
             "iterations": model.iterations, "converged": model.converged, "grad_max": model.grad_max,
             "width": X.shape[1], "fit_wall_s": fit["fit_wall_s"],
             "outcomes": dev_outcomes(task, predictions, dev.examples)}

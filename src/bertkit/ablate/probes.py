@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bertkit")
 
-RESULTS_VERSION = 2
-"""What a probe's results.json holds: 2 = each probe's per-dev-example outcomes (`dev_outcomes`). Part
+RESULTS_VERSION = 3
+"""What a probe's results.json holds: 2 = each probe's per-dev-example outcomes (`dev_outcomes`); 3 = C
+chosen only among the values solved in every fold (`linear_probe.choose_c`), `cv_unconverged`. Part
 of the probe arms' reuse key and of their plan (`ablate.arm.plan_key`): results of another version are redone."""
 
 # FinetuneConfig keys that change a probe's numbers (the training options do not apply to it)
