@@ -34,6 +34,8 @@ arms = {  # name: (arm.json, mlm_outcomes, blimp_correct, label)
  "ltr": (f"{R6}/ltr/arm.json", None, f"{R6}/ltr/blimp_correct.txt", "ltr (left-to-right at the base's tokens; Xeon AMX, 2026-12-06)"),
  "data_10pct": (f"{R6}/data_10pct/arm.json", f"{R6}/data_10pct/mlm_outcomes.json", f"{R6}/data_10pct/blimp_correct.txt", "data_10pct (a tenth of the text, ~100 passes; Xeon AMX, 2026-12-06)"),
  "mlm_only_amx": (f"{R6}/mlm_only/arm.json", f"{R6}/mlm_only/mlm_outcomes.json", f"{R6}/mlm_only/blimp_correct.txt", "mlm_only again (Xeon AMX, 2026-12-06)"),
+ "sop_amx": (f"{R6}/sop/arm.json", f"{R6}/sop/mlm_outcomes.json", f"{R6}/sop/blimp_correct.txt", "sop again (Xeon AMX, 2026-12-06)"),
+ "mask_0_0_100_amx": (f"{R6}/mask_0_0_100/arm.json", f"{R6}/mask_0_0_100/mlm_outcomes.json", f"{R6}/mask_0_0_100/blimp_correct.txt", "mask_0_0_100 again (Xeon AMX, 2026-12-06)"),
  "size_l8": (f"{R6}/size_l8/arm.json", f"{R6}/size_l8/mlm_outcomes.json", f"{R6}/size_l8/blimp_correct.txt", "size_l8 (L8/H256, 8.5M parameters, lr 1e-3; Xeon AMX, 2026-12-06)"),
 }
 def mlm_cell(arm: dict) -> str:
