@@ -211,10 +211,10 @@ class FakeEngine:
     def __init__(self, graph: bytes, precision: str = "float32", noise: float = 0.0):
         self.inner, self.precision, self.noise, self.calls = engines.OnnxRuntimeGraph(graph, 1), precision, noise, 0
 
-    def run(self, embeddings, mask):
+    def run(self, ids, mask, types):
         self.calls += 1
         self.torch_threads = torch.get_num_threads()
-        h = self.inner.run(embeddings, mask)
+        h = self.inner.run(ids, mask, types)
         return h + self.noise * np.random.default_rng(0).standard_normal(h.shape).astype(np.float32)
 
 
@@ -374,7 +374,7 @@ def test_an_engine_that_fails_at_run_time_hands_back_to_pytorch(checkpoints, cap
     class Broken:
         precision = "float32"
 
-        def run(self, embeddings, mask):
+        def run(self, ids, mask, types):
             raise RuntimeError("out of memory")
 
     p.small.runner = Broken()

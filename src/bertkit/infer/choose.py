@@ -147,8 +147,8 @@ def _worst(check: dict) -> float:
 
 
 def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
-    """backend openvino: the encoder's graph on OpenVINO for every batch, the embeddings and the
-    head in PyTorch. dtype None: OpenVINO's own precision (bf16 where the CPU has it) if the sample
+    """backend openvino: the encoder's graph (embedding lookup included) on OpenVINO for every batch,
+    the head in PyTorch. dtype None: OpenVINO's own precision (bf16 where the CPU has it) if the sample
     keeps cosine >= 0.999 to fp32, else fp32."""
     if dtype not in (None, torch.float32, torch.bfloat16):
         raise PredictorError("backend openvino runs fp32 or bf16")
@@ -159,7 +159,7 @@ def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
         raise PredictorError(f"backend openvino runs the encoder as an ONNX graph; there is none for {why}")
     g, fp32 = graph.encoder_graph(p.encoder), p.model
     name = dtype_name(dtype) if dtype is not None else None
-    # its PyTorch part (the embedding lookup) on one thread: two would leave an OpenMP worker spinning on
+    # its PyTorch part (padding the ids) on one thread: two would leave an OpenMP worker spinning on
     # the core OpenVINO is about to use (docs/serve-measurements.md, Zen 4)
     run = lambda precision: GraphEngine(OpenVINOGraph(g, threads or torch.get_num_threads(), precision),  # noqa: E731
                                         "openvino", p.encoder, sys.maxsize, threads=1)

@@ -4,8 +4,8 @@
   chose at load (fp32, bf16, int8, prepacked, compiled);
 - `ExportedEngine`: a file from `bertkit export onnx` on onnxruntime (padded inputs, the head's
   outputs computed in the file);
-- `GraphEngine`: the encoder's blocks written out as an ONNX graph from the weights (`graph.py`) on
-  onnxruntime or OpenVINO; the embedding layer (a table lookup) and the head stay in PyTorch. It is
+- `GraphEngine`: the encoder (embedding lookup and blocks) written out as an ONNX graph from the
+  weights (`graph.py`) on onnxruntime or OpenVINO; the head stays in PyTorch. It is
   the engine of short batches (`max_tokens`, chosen at load by `choose.py`) and, on OpenVINO, the
   whole `backend="openvino"`.
 
@@ -133,12 +133,12 @@ def torch_threads(n: int | None):
 class GraphEngine:
     """The encoder's graph on a `runner` (onnxruntime or OpenVINO) for batches of at most
     `max_tokens` padded positions (B x T), and for larger ones with little padding (`max_padding`),
-    on `threads` threads, its PyTorch part (the embedding layer) too. `latency_ms` holds what was
+    on `threads` threads, its PyTorch part (padding the ids) too. `latency_ms` holds what was
     timed at load (per sequence length: PyTorch and the engines), `agreement` how closely it follows
     the fp32 model on the sample."""
     runner: Any
     name: str
-    bert: BertModel                  # whose embedding layer runs in PyTorch
+    bert: BertModel                  # the Predictor's encoder: the states come back in its dtype
     max_tokens: int = 0
     max_padding: float = 0.0         # larger batches too, while padded positions <= this x real tokens (0: none)
     wide: Any = None                 # the runtime on more threads for those larger batches (None: `runner`)
@@ -162,22 +162,27 @@ class GraphEngine:
             return {"last_hidden_state": self.hidden(b.tensors, b.packed)}
 
     def hidden(self, tensors: dict[str, Tensor], p: Packed) -> Tensor:
-        """(N, C) last hidden states of a packed batch, in the embedding layer's dtype."""
-        x = self.bert.embeddings(tensors["input_ids"], tensors["token_type_ids"], tensors["position_ids"])   # (N, C)
-        dtype, x = x.dtype, x.detach().float()
+        """(N, C) last hidden states of a packed batch, in the encoder's dtype."""
+        ids, types = tensors["input_ids"], tensors["token_type_ids"]                   # (N,)
+        dtype = self.bert.embeddings.word.weight.dtype
         if p.batch_size * p.max_seqlen <= self.max_tokens:               # a short batch: one call
-            return self._padded(self.runner, x, p).to(dtype)
+            return self._padded(self.runner, ids, types, p).to(dtype)
         runner = self.wide or self.runner                                 # a larger one: a call per run of lengths
-        return torch.cat([self._padded(runner, x[a:b], g) for a, b, g in padded_runs(p)]).to(dtype)
+        return torch.cat([self._padded(runner, ids[a:b], types[a:b], g) for a, b, g in padded_runs(p)]).to(dtype)
 
     @staticmethod
-    def _padded(runner, x: Tensor, p: Packed) -> Tensor:
-        """The runtime on the (N, C) fp32 embeddings of one layout, padded to (B, T, C) -> (N, C)."""
+    def _padded(runner, ids: Tensor, types: Tensor, p: Packed) -> Tensor:
+        """The runtime on the (N,) ids and segments of one layout, padded to (B, T) -> (N, C)."""
         if p.batch_size == 1:                                             # one sequence: nothing to pad
-            return torch.from_numpy(runner.run(x[None].numpy(), np.ones((1, x.shape[0]), np.int64))[0])
-        buf = x.new_zeros(p.batch_size * p.max_seqlen, x.shape[-1])
-        buf[p.pad_indices] = x                                            # (B * T, C), T the longest here
-        h = runner.run(buf.view(p.batch_size, p.max_seqlen, -1).numpy(), p.key_mask.long().numpy())
+            n = ids.shape[0]
+            return torch.from_numpy(runner.run(ids.view(1, n).numpy(), np.ones((1, n), np.int64),
+                                               types.view(1, n).numpy())[0])
+
+        def padded(t: Tensor) -> np.ndarray:                              # (B, T), T the longest here, 0 after
+            return t.new_zeros(p.batch_size * p.max_seqlen).index_put_((p.pad_indices,), t).view(
+                p.batch_size, p.max_seqlen).numpy()
+
+        h = runner.run(padded(ids), p.key_mask.long().numpy(), padded(types))
         return torch.from_numpy(h).flatten(0, 1)[p.pad_indices]          # (B, T, C) -> (N, C)
 
     def describe(self) -> dict:
@@ -243,8 +248,8 @@ class OnnxRuntimeGraph:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
 
-    def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return self.session.run(None, {"embeddings": embeddings, "attention_mask": mask})[0]
+    def run(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})[0]
 
 
 class OpenVINOGraph:
@@ -274,11 +279,11 @@ class OpenVINOGraph:
         names = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
         self.precision = "int8" if int8_group else names.get(name, name)
 
-    def run(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        # inputs by index and shared, not copied: a list goes through OpenVINO's slower Python dispatch,
-        # a visible share of one short request (docs/serve-measurements.md)
+    def run(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        # inputs by index (graph.INPUTS' order) and shared, not copied: a list goes through OpenVINO's
+        # slower Python dispatch, a visible share of one short request (docs/serve-measurements.md)
         with self.lock:
-            out = self.request.infer({0: embeddings, 1: mask}, share_inputs=True, share_outputs=True)
+            out = self.request.infer({0: ids, 1: mask, 2: types}, share_inputs=True, share_outputs=True)
             return np.array(out[0])                             # a copy: the request reuses its buffers
 
 

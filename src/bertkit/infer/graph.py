@@ -10,8 +10,10 @@ exporter are involved (`torch.onnx.export`'s TorchScript path freezes shapes and
 its dynamo path takes ~20 s for a 6-layer model). It mirrors `model.py`'s blocks exactly: attention
 with Q, K, V from one MatMul, the padding mask (and ALiBi's distance penalty) added to the scores,
 post-LN or pre-LN (with the final LayerNorm), the feed-forward with the checkpoint's GELU or ReLU.
-Inputs: the embedding layer's output (B, T, C) float32 `embeddings` (computed by `model.py`: a
-table lookup, and no second copy of the vocabulary's rows) and the (B, T) int64 `attention_mask`;
+Inputs: the (B, T) int64 `input_ids`, `attention_mask` and `token_type_ids`, right-padded; the graph
+looks the embeddings up itself (word + segment + position rows, LayerNorm), so a short request is one
+runtime call with no PyTorch op before it (4% less time for one text of 16 tokens on an AMX Xeon,
+docs/serve-measurements.md; the price: a second copy of the vocabulary's rows in the graph);
 output: `last_hidden_state` (B, T, C). Heads stay in PyTorch: they read these states. Causal
 encoders and other activations are not written here (`supported` says why). Every graph is
 checked against the PyTorch model at load (`choose.py`); a disagreement discards it.
@@ -27,6 +29,7 @@ from torch import Tensor
 
 from ..model import BertModel
 
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")     # the graph's inputs, in order: (B, T) int64
 MAX_GRAPH_BYTES = 1_900_000_000  # the weights inside one ONNX protobuf (2 GB limit, with room for the rest)
 OPSET = 20                      # LayerNormalization (17), Gelu with its tanh approximation (20)
 _GELU = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",
@@ -91,13 +94,13 @@ def encoder_graph(bert: BertModel, int8: bool = False) -> bytes:
     why = supported(bert)
     if why:
         raise ValueError(f"no ONNX graph for {why}")
-    size = 4 * sum(p.numel() for p in bert.blocks.parameters())
+    size = 4 * sum(p.numel() for p in [*bert.blocks.parameters(), *bert.embeddings.parameters()])
     if size > MAX_GRAPH_BYTES:
         raise ValueError(f"no ONNX graph for {size / 2**30:.1f} GB of weights (one protobuf holds at most 2 GB)")
     cfg, g = bert.config, _Builder(int8)
     H, C = cfg.num_heads, cfg.hidden_size
     D = C // H
-    x = "embeddings"                              # (B, T, C): the embedding layer's output, from PyTorch
+    x = _embeddings(g, bert.embeddings)          # (B, T, C)
     # scores bias: 0 for real keys, the lowest float for padding                   (B, 1, 1, T)
     keep = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)
     bias = g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(float(np.finfo(np.float32).min)))
@@ -131,12 +134,22 @@ def encoder_graph(bert: BertModel, int8: bool = False) -> bytes:
     if bert.final_norm is not None:
         x = g.norm(x, bert.final_norm)
     g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
-    ins = [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", "sequence", C]),
-           helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])]
+    ins = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"]) for name in INPUTS]
     out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", C])
     graph = helper.make_graph(g.nodes, "bertkit_encoder_blocks", ins, [out], g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bertkit")
     return model.SerializeToString()
+
+
+def _embeddings(g: _Builder, emb) -> str:
+    """model.py's Embeddings on the padded ids: word + segment (+ position 0..T-1) rows, LayerNorm."""
+    x = g.op("Add", g.op("Gather", g.const(emb.word.weight), "input_ids", axis=0),
+             g.op("Gather", g.const(emb.segment.weight), "token_type_ids", axis=0))
+    if emb.position is not None:                 # every padded row starts at position 0
+        T = g.op("Squeeze", g.op("Shape", "input_ids", start=1, end=2), g.const([0], np.int64))
+        positions = g.op("Range", g.const(0, np.int64), T, g.const(1, np.int64))
+        x = g.op("Add", x, g.op("Gather", g.const(emb.position.weight), positions, axis=0))
+    return g.norm(x, emb.norm)
 
 
 def _ffn(g: _Builder, x: str, mlp, act: str) -> str:
