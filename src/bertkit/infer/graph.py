@@ -61,7 +61,7 @@ class _Builder:
     def const(self, value: Tensor | np.ndarray | float | list, dtype=np.float32) -> str:
         arr = value.detach().float().numpy() if isinstance(value, Tensor) else value
         name = f"c{len(self.inits)}"
-        self.inits.append(self.numpy_helper.from_array(np.array(arr, dtype=dtype, order="C"), name))   # 0-d stays 0-d
+        self.inits.append(self.numpy_helper.from_array(np.asarray(arr, dtype=dtype, order="C"), name))   # 0-d stays 0-d
         return name
 
     def op(self, kind: str, *inputs: str, outputs: int = 1, **attrs: Any) -> Any:
@@ -136,8 +136,12 @@ def encoder_graph(bert: BertModel, int8: bool = False) -> bytes:
     g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
     ins = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"]) for name in INPUTS]
     out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", C])
-    graph = helper.make_graph(g.nodes, "bertkit_encoder_blocks", ins, [out], g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bertkit")
+    # the weights go into the model once (make_graph and make_model would each copy them): the peak of
+    # a build is two copies of the weights, not four
+    model = helper.make_model(helper.make_graph(g.nodes, "bertkit_encoder", ins, [out]),
+                              opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bertkit")
+    model.graph.initializer.extend(g.inits)
+    g.inits.clear()
     return model.SerializeToString()
 
 
