@@ -17,10 +17,10 @@ linear map read off the frozen states? - is answered as a convex problem, solved
 3. C is chosen from a log-spaced grid by k-fold cross-validation on the training examples only
    (fixed folds by example, so the windows or words of one example stay together; the task's own
    metric on each held-out fold; only a C whose fits converged in every fold is eligible, so a
-   score read off a half-solved problem never wins; a tie goes to the smaller C, the stronger penalty), refitted on
-   all training rows, and the dev set is scored by the task's own postprocess and metrics (SST-2
-   accuracy, MRPC F1 of class 1 and accuracy, CoNLL-2003 entity-level F1), beside the dev score of
-   always answering the training majority class. Each dev example's share of the main metric is kept
+   score read off a half-solved problem never wins; a tie goes to the smaller C, the stronger
+   penalty), refitted on all training rows, and the dev set is scored by the task's own postprocess
+   and metrics (SST-2 accuracy, MRPC F1 of class 1 and accuracy, CoNLL-2003 entity-level F1), beside
+   the dev score of always answering the training majority class. Each dev example's share of the main metric is kept
    (`dev_outcomes`), so two probes on the same dev set are compared pairwise (ablate's report).
 
 `probe(FinetuneConfig, ProbeSpec)` runs it (the data options - data, limits, max_length, windows -
@@ -331,8 +331,8 @@ def combinations(head: str, spec: ProbeSpec, config) -> tuple[list[tuple[str, st
 def fit_probe(X: Tensor, y: np.ndarray, groups: np.ndarray, X_dev: Tensor, spec: ProbeSpec, num_classes: int,
               score: Callable[[LogReg, np.ndarray, Tensor], float], report: Callable[[dict], None]) -> dict:
     """C by k-fold cross-validation (`cross_validate`), then the refit on every training row and the dev
-    rows' log-probabilities: {C, cv, model, dev_logp, fit_wall_s}. `score(model, held-out rows, their X)`
-    is the task metric."""
+    rows' log-probabilities: {C, cv, cv_unconverged, model, dev_logp, fit_wall_s}. `score(model,
+    held-out rows, their X)` is the task metric."""
     t0 = time.perf_counter()
     means, unconverged = cross_validate(X, y, groups, spec, num_classes, score, report)
     C = choose_c(means, unconverged)
@@ -341,8 +341,8 @@ def fit_probe(X: Tensor, y: np.ndarray, groups: np.ndarray, X_dev: Tensor, spec:
     report({"fold": "all", "C": C, "iterations": model.iterations, "converged": model.converged,
             "grad_max": model.grad_max})
     return {"C": C, "cv": {f"{c:g}": round(m, 6) for c, m in means.items()},
-            "cv_unconverged": [f"{c:g}" for c in sorted(unconverged)], "model": model, "dev_logp": model.log_proba(Xd).cpu().numpy(),
-            "fit_wall_s": round(time.perf_counter() - t0, 2)}
+            "cv_unconverged": [f"{c:g}" for c in sorted(unconverged)], "model": model,
+            "dev_logp": model.log_proba(Xd).cpu().numpy(), "fit_wall_s": round(time.perf_counter() - t0, 2)}
 
 
 def cross_validate(X: Tensor, y: np.ndarray, groups: np.ndarray, spec: ProbeSpec, num_classes: int,

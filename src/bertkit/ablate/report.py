@@ -395,8 +395,8 @@ def probe_section(cfg: AblateConfig, rows: list[dict]) -> list[str]:
     keys = list(dict.fromkeys((r["task"], r["variant"]) for r in probes))
     out = ["## Frozen-feature probes", "",
            "Logistic regression on each arm's frozen features (L-BFGS to convergence, C chosen by cross-validation "
-           "on the training data among the values solved in every fold; deterministic, so no seeds): the paper's feature-based approach (Table 7's "
-           "layers; [CLS] or mean pooling for sentence tasks). Dev score, with the chosen C; † = not converged. "
+           "on the training data among the values solved in every fold; deterministic, so no seeds): the paper's "
+           "feature-based approach (Table 7's layers; [CLS] or mean pooling for sentence tasks). Dev score, with the chosen C; † = not converged. "
            "Majority: always answering the training majority class (tagging: no entity)."
            + (f" Δ: the arm minus `{base}` (the base model's probes{vs_random}) on the same dev examples and "
               "features, with the 95% interval of a paired difference of ratios of sums (accuracy; F1 = 2 TP / "

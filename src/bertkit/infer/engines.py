@@ -28,7 +28,7 @@ from ..errors import BertkitError
 from ..model import BertModel
 from ..packing import Packed, pack_rows, packing, unpack
 
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")     # an exported file's inputs, (B, T) int64
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")     # an exported file's and graph.py's inputs, (B, T) int64
 ENGINES = ("onnxruntime", "openvino")                           # what runs the encoder's graph
 
 
@@ -249,7 +249,7 @@ class OnnxRuntimeGraph:
         self.session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
 
     def run(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
-        return self.session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})[0]
+        return self.session.run(None, dict(zip(INPUTS, (ids, mask, types))))[0]
 
 
 class OpenVINOGraph:
@@ -280,7 +280,7 @@ class OpenVINOGraph:
         self.precision = "int8" if int8_group else names.get(name, name)
 
     def run(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
-        # inputs by index (graph.INPUTS' order) and shared, not copied: a list goes through OpenVINO's
+        # inputs by index (INPUTS' order) and shared, not copied: a list goes through OpenVINO's
         # slower Python dispatch, a visible share of one short request (docs/serve-measurements.md)
         with self.lock:
             out = self.request.infer({0: ids, 1: mask, 2: types}, share_inputs=True, share_outputs=True)

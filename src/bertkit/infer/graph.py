@@ -12,8 +12,8 @@ with Q, K, V from one MatMul, the padding mask (and ALiBi's distance penalty) ad
 post-LN or pre-LN (with the final LayerNorm), the feed-forward with the checkpoint's GELU or ReLU.
 Inputs: the (B, T) int64 `input_ids`, `attention_mask` and `token_type_ids`, right-padded; the graph
 looks the embeddings up itself (word + segment + position rows, LayerNorm), so a short request is one
-runtime call with no PyTorch op before it (4% less time for one text of 16 tokens on an AMX Xeon,
-docs/serve-measurements.md; the price: a second copy of the vocabulary's rows in the graph);
+runtime call with no PyTorch op before it (measured in docs/serve-measurements.md; the price: a
+second copy of the vocabulary's rows in the graph);
 output: `last_hidden_state` (B, T, C). Heads stay in PyTorch: they read these states. Causal
 encoders and other activations are not written here (`supported` says why). Every graph is
 checked against the PyTorch model at load (`choose.py`); a disagreement discards it.
@@ -28,8 +28,7 @@ import torch
 from torch import Tensor
 
 from ..model import BertModel
-
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")     # the graph's inputs, in order: (B, T) int64
+from .engines import INPUTS
 MAX_GRAPH_BYTES = 1_900_000_000  # the weights inside one ONNX protobuf (2 GB limit, with room for the rest)
 OPSET = 20                      # LayerNormalization (17), Gelu with its tanh approximation (20)
 _GELU = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",
@@ -107,8 +106,7 @@ def encoder_graph(bert: BertModel, int8: bool = False) -> bytes:
     bias = g.op("Unsqueeze", bias, g.const([1, 2], np.int64))
     slopes = bert.blocks[0].attn.slopes
     if slopes is not None:                       # ALiBi: - slope_h |i - j|                     (1, H, T, T)
-        T = g.op("Squeeze", g.op("Shape", "attention_mask", start=1, end=2), g.const([0], np.int64))
-        i = g.op("Cast", g.op("Range", g.const(0, np.int64), T, g.const(1, np.int64)), to=TensorProto.FLOAT)
+        i = g.op("Cast", _positions(g), to=TensorProto.FLOAT)
         dist = g.op("Abs", g.op("Sub", g.op("Unsqueeze", i, g.const([1], np.int64)),
                                 g.op("Unsqueeze", i, g.const([0], np.int64))))          # (T, T)
         bias = g.op("Add", bias, g.op("Mul", dist, g.const(-slopes.float().reshape(1, H, 1, 1))))
@@ -150,10 +148,14 @@ def _embeddings(g: _Builder, emb) -> str:
     x = g.op("Add", g.op("Gather", g.const(emb.word.weight), "input_ids", axis=0),
              g.op("Gather", g.const(emb.segment.weight), "token_type_ids", axis=0))
     if emb.position is not None:                 # every padded row starts at position 0
-        T = g.op("Squeeze", g.op("Shape", "input_ids", start=1, end=2), g.const([0], np.int64))
-        positions = g.op("Range", g.const(0, np.int64), T, g.const(1, np.int64))
-        x = g.op("Add", x, g.op("Gather", g.const(emb.position.weight), positions, axis=0))
+        x = g.op("Add", x, g.op("Gather", g.const(emb.position.weight), _positions(g), axis=0))
     return g.norm(x, emb.norm)
+
+
+def _positions(g: _Builder) -> str:
+    """0, 1, ..., T - 1 (int64), T the padded length of the batch."""
+    T = g.op("Squeeze", g.op("Shape", "attention_mask", start=1, end=2), g.const([0], np.int64))
+    return g.op("Range", g.const(0, np.int64), T, g.const(1, np.int64))
 
 
 def _ffn(g: _Builder, x: str, mlp, act: str) -> str:
