@@ -92,7 +92,7 @@ def mean_pool(h: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def bertkit_runner(pred, sync: bool = False) -> Callable:
     """What Predictor runs on tokenized rows: length-sorted buckets, pack, the packed encoder."""
     def run(b: dict) -> Callable[[], np.ndarray]:
-        out = [(batch, pred.hidden(batch)) for batch in pred.batches(b["rows"])]
+        out = [(batch, pred.hidden(batch, torch.float32)) for batch in pred.batches(b["rows"])]
         if sync:
             torch.cuda.synchronize()
         return lambda: _bertkit_pooled(out, len(b["rows"]))

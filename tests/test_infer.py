@@ -427,9 +427,10 @@ def test_pack_rows_equals_pack_of_the_padded_batch():
         for i, (x, t) in enumerate(rows):
             ids[i, :len(x)], types[i, :len(x)], mask[i, :len(x)] = torch.tensor(x), torch.tensor(t), 1
         (want, a), (got, b) = pack(ids, mask, types), pack_rows(rows)
-        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+        assert want.keys() == got.keys()
+        assert all(torch.equal(want[k], got[k]) and want[k].dtype == got[k].dtype for k in want)
         for f in ("cu_seqlens", "indices", "pad_indices", "key_mask"):
-            assert torch.equal(getattr(a, f), getattr(b, f)), f
+            assert torch.equal(getattr(a, f), getattr(b, f)) and getattr(a, f).dtype == getattr(b, f).dtype, f
         assert (a.max_seqlen, a.batch_size, a.padded_len) == (b.max_seqlen, b.batch_size, b.padded_len)
 
 

@@ -41,7 +41,7 @@ def _model(act: str, positions: str, norm: str) -> BertModel:
 def test_graph_equals_the_model_padded_and_packed(act, positions, norm, engine):
     pytest.importorskip(engine)
     model = _model(act, positions, norm)
-    small = engines.GraphEngine(engines.load_runner(engine, graph.encoder_graph(model), threads=1), engine, model,
+    small = engines.GraphEngine(engines.load_runner(engine, graph.encoder_graph(model), threads=1), engine,
                                 max_tokens=1 << 20)
     if small.precision != "float32":
         pytest.skip(f"{engine} runs {small.precision} on this CPU (judged by cosine at load)")
@@ -75,7 +75,7 @@ def test_the_int8_graph_holds_int8_weights_and_follows_the_model():
     if not runners:
         assert why == "int8 engines need openvino (pip install openvino)"
         return
-    small = engines.GraphEngine(runners["openvino"], "openvino", model, max_tokens=1 << 20)
+    small = engines.GraphEngine(runners["openvino"], "openvino", max_tokens=1 << 20)
     assert small.precision == "int8" and small.runner.threads == 1
     flat, layout = pack(torch.randint(5, 500, (3, 13)), torch.tensor([[1] * 13, [1] * 6 + [0] * 7, [1] * 9 + [0] * 4]))
     with torch.inference_mode():
@@ -97,7 +97,7 @@ def test_a_large_batch_runs_on_the_engine_in_runs_of_similar_lengths():
     assert [(a, b) for a, b, _ in runs] == [(0, 444), (444, 544), (544, 564)] and engines.padded_runs(p) is runs
     model = _model("gelu", "alibi", "pre")
     small = engines.GraphEngine(engines.load_runner("onnxruntime", graph.encoder_graph(model), 1), "onnxruntime",
-                                model, max_tokens=64, max_padding=1.2)
+                                max_tokens=64, max_padding=1.2)
     assert small.takes(p)                                  # 4 x 128 + 2 x 60 + 2 x 12 = 656 <= 1.2 x 564
     small.max_padding = 656 / 564 - 0.01
     assert not small.takes(p)
@@ -111,8 +111,7 @@ def test_a_wrong_graph_is_caught_by_the_bound():
     """The comparison above fails when the graph differs from the model in one operation."""
     model = _model("gelu", "absolute", "post")
     wrong = _model("gelu_new", "absolute", "post")                     # same weights, tanh GELU
-    small = engines.GraphEngine(engines.load_runner("onnxruntime", graph.encoder_graph(wrong), 1), "onnxruntime",
-                                model, 1 << 20)
+    small = engines.GraphEngine(engines.load_runner("onnxruntime", graph.encoder_graph(wrong), 1), "onnxruntime", 1 << 20)
     flat, layout = pack(torch.randint(5, 500, (2, 9)), torch.ones(2, 9, dtype=torch.long))
     with torch.inference_mode():
         want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)

@@ -162,7 +162,7 @@ def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
     # its PyTorch part (padding the ids) on one thread: two would leave an OpenMP worker spinning on
     # the core OpenVINO is about to use (docs/serve-measurements.md, Zen 4)
     run = lambda precision: GraphEngine(OpenVINOGraph(g, threads or torch.get_num_threads(), precision),  # noqa: E731
-                                        "openvino", p.encoder, sys.maxsize, threads=1)
+                                        "openvino", sys.maxsize, threads=1)
     p.engine = run(name)
     p.precision, p.precision_reason = p.engine.precision, "OpenVINO " + ("asked for" if name else "default")
     if p.precision != "float32":
@@ -244,7 +244,7 @@ def check_against(p, reference: nn.Module) -> dict[str, float]:
 
     def run(q) -> list[tuple[np.ndarray, np.ndarray | None]]:
         def fn(b: Batch) -> list:
-            h = split_packed(q.hidden(b).float().cpu(), engines.packed_to(b.packed, torch.device("cpu")))
+            h = split_packed(q.hidden(b, torch.float32).cpu(), engines.packed_to(b.packed, torch.device("cpu")))
             if not task:
                 return [(x.numpy(), None) for x in h]
             return [(x.numpy(), np.concatenate([y.flatten() for y in ys]))
@@ -326,7 +326,7 @@ def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
     notes, agreeing = [], {}
     with torch.inference_mode():
         for name, runner in runners.items():
-            candidate = GraphEngine(runner, name, p.encoder, threads=SMALL_THREADS)
+            candidate = GraphEngine(runner, name, threads=SMALL_THREADS)
             candidate.agreement = _agreement(p, candidate, rows, reference, exact)
             if candidate.agreement["ok"]:
                 agreeing[name] = candidate

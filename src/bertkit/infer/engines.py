@@ -135,10 +135,9 @@ class GraphEngine:
     `max_tokens` padded positions (B x T), and for larger ones with little padding (`max_padding`),
     on `threads` threads, its PyTorch part (padding the ids) too. `latency_ms` holds what was
     timed at load (per sequence length: PyTorch and the engines), `agreement` how closely it follows
-    the fp32 model on the sample."""
+    the fp32 model on the sample. Its states come back in float32, as the runtime computed them."""
     runner: Any
     name: str
-    bert: BertModel                  # the Predictor's encoder: the states come back in its dtype
     max_tokens: int = 0
     max_padding: float = 0.0         # larger batches too, while padded positions <= this x real tokens (0: none)
     wide: Any = None                 # the runtime on more threads for those larger batches (None: `runner`)
@@ -162,27 +161,29 @@ class GraphEngine:
             return {"last_hidden_state": self.hidden(b.tensors, b.packed)}
 
     def hidden(self, tensors: dict[str, Tensor], p: Packed) -> Tensor:
-        """(N, C) last hidden states of a packed batch, in the encoder's dtype."""
+        """(N, C) float32 last hidden states of a packed batch."""
         ids, types = tensors["input_ids"], tensors["token_type_ids"]                   # (N,)
-        dtype = self.bert.embeddings.word.weight.dtype
         if p.batch_size * p.max_seqlen <= self.max_tokens:               # a short batch: one call
-            return self._padded(self.runner, ids, types, p).to(dtype)
+            return self._padded(self.runner, ids, types, p)
         runner = self.wide or self.runner                                 # a larger one: a call per run of lengths
-        return torch.cat([self._padded(runner, ids[a:b], types[a:b], g) for a, b, g in padded_runs(p)]).to(dtype)
+        return torch.cat([self._padded(runner, ids[a:b], types[a:b], g) for a, b, g in padded_runs(p)])
 
     @staticmethod
     def _padded(runner, ids: Tensor, types: Tensor, p: Packed) -> Tensor:
-        """The runtime on the (N,) ids and segments of one layout, padded to (B, T) -> (N, C)."""
+        """The runtime on the (N,) ids and segments of one layout, padded to (B, T) -> (N, C). The
+        inputs are padded in numpy: no torch op runs before the runtime's call (see `pack_rows`)."""
+        ids, types = ids.numpy(), types.numpy()
         if p.batch_size == 1:                                             # one sequence: nothing to pad
             n = ids.shape[0]
-            return torch.from_numpy(runner.run(ids.view(1, n).numpy(), np.ones((1, n), np.int64),
-                                               types.view(1, n).numpy())[0])
+            return torch.from_numpy(runner.run(ids.reshape(1, n), np.ones((1, n), np.int64), types.reshape(1, n))[0])
+        at = p.pad_indices.numpy()
 
-        def padded(t: Tensor) -> np.ndarray:                              # (B, T), T the longest here, 0 after
-            return t.new_zeros(p.batch_size * p.max_seqlen).index_put_((p.pad_indices,), t).view(
-                p.batch_size, p.max_seqlen).numpy()
+        def padded(t: np.ndarray) -> np.ndarray:                          # (B, T), T the longest here, 0 after
+            out = np.zeros(p.batch_size * p.max_seqlen, np.int64)
+            out[at] = t
+            return out.reshape(p.batch_size, p.max_seqlen)
 
-        h = runner.run(padded(ids), p.key_mask.long().numpy(), padded(types))
+        h = runner.run(padded(ids), p.key_mask.numpy().astype(np.int64), padded(types))
         return torch.from_numpy(h).flatten(0, 1)[p.pad_indices]          # (B, T, C) -> (N, C)
 
     def describe(self) -> dict:

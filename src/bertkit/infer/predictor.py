@@ -202,22 +202,23 @@ class Predictor:
         return self.tokenizer.encode_batch(list(texts), list(pairs) if pairs is not None else None, limit)
 
     def batches(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32) -> list[Batch]:
-        """Length-sorted, packed batches of (input_ids, token_type_ids) rows (not yet run). Packed on the
-        short-input engine's threads: an op on torch's two threads leaves an OpenMP worker spinning,
-        and the engine's next call then shares its cores with it (docs/serve-measurements.md)."""
-        with torch_threads(self.small.threads if self.small is not None else None):
-            return make_batches(rows, batch_size, self.device)
+        """Length-sorted, packed batches of (input_ids, token_type_ids) rows (not yet run)."""
+        return make_batches(rows, batch_size, self.device)
 
-    def hidden(self, b: Batch) -> Tensor:
-        """(N, C) last-layer states of a packed batch."""
+    def hidden(self, b: Batch, dtype: torch.dtype | None = None) -> Tensor:
+        """(N, C) last-layer states of a packed batch, in `dtype` (default: the encoder's, what its heads
+        read). A graph engine computes them in float32: pooling asks for float32 and skips a round trip."""
+        want = dtype or self.encoder.embeddings.word.weight.dtype
         if self.small is not None and self.small.takes(b.packed):
             try:
-                return self.small.run(b)["last_hidden_state"]
+                h = self.small.run(b)["last_hidden_state"]
+                return h if h.dtype == want else h.to(want)
             except Exception as e:           # an engine that fails at run time: off for good, PyTorch answers
                 log.warning("the %s engine of short batches failed (%s: %s); PyTorch runs them from now on",
                             self.small.name, type(e).__name__, str(e)[:200])
                 self.small, self.small_reason = None, f"off: {self.small.name} failed at run time ({type(e).__name__})"
-        return self.engine.run(b)["last_hidden_state"]
+        h = self.engine.run(b)["last_hidden_state"]
+        return h if h.dtype == want else h.to(want)
 
     def head_outputs(self, b: Batch) -> dict[str, Tensor]:
         """The loaded head's `outputs` on a packed batch, by its `output_names`: per token (N, ...)
@@ -278,15 +279,14 @@ class Predictor:
         encs = self.encode(texts, pairs, max_length)
 
         def fn(b: Batch) -> list:
-            h = self.hidden(b)
+            h = self.hidden(b, torch.float32)
             if pooling == "none":
-                h = h.float()
                 vecs = split_packed(F.normalize(h, dim=-1) if normalize else h, b.packed)
                 return [v.cpu().numpy() for v in vecs]
             if pooling == "pooler":
                 v = self.encoder.pool(h.to(self.encoder.pooler.weight.dtype), b.packed).float()
             else:
-                v = pool_tokens(h.float(), pooling, b.packed)
+                v = pool_tokens(h, pooling, b.packed)
             if normalize:
                 v = F.normalize(v, dim=-1)
             return list(v.cpu().numpy())
