@@ -107,9 +107,9 @@ def pad_rows(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 def pack_rows(rows) -> tuple[dict, Packed]:
     """Token-id rows [(input_ids, token_type_ids), ...] -> packed (N,) tensors and the layout,
     as `pack` of the rows right-padded to the longest, without building the padded batch (the
-    per-request cost of a short input). Built in numpy and handed to torch without a copy: each
-    torch op before a short OpenVINO request costs it more than the op itself (about 75 us here
-    against 25 for the same layout in numpy; docs/serve-measurements.md)."""
+    per-request cost of a short input). Built in numpy and handed to torch without a copy: between
+    two short requests the caches are cold, and torch's dispatch then costs several times what the
+    same layout costs in numpy (docs/serve-measurements.md)."""
     t = torch.from_numpy
     B = len(rows)
     if B == 1:                                              # one sequence: the fewest calls (half the time)
