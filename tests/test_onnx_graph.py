@@ -2,8 +2,10 @@
 Predictor sends short batches there only when it is installed, agrees and (by default) measures faster."""
 from __future__ import annotations
 
+import gc
 import re
 import tempfile
+import weakref
 
 import numpy as np
 import pytest
@@ -224,7 +226,7 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict, cache_dir):
         assert threads == 1                  # short batches run on one thread, whatever the model's threads
         g = graph.encoder_graph(encoder)
         engines_made.append({name: make(g) for name, make in fakes.items()})
-        return engines_made[-1], ""
+        return dict(engines_made[-1]), ""            # a copy: choose_engine empties what it is given
 
     def fake_times(fns, rounds, settle=0.0):
         made, out = engines_made[-1] if engines_made else {}, []      # (nothing loaded yet: the attention kernel)
@@ -242,6 +244,33 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict, cache_dir):
     monkeypatch.setattr(hardware, "best_times", fake_times)
     monkeypatch.setattr(hardware, "busy", lambda: None)             # whatever else this machine runs now
     return engines_made
+
+
+def test_the_engines_not_chosen_are_let_go(checkpoints, monkeypatch, tmp_path):
+    """When the engine decided before on this machine loads again on more threads, the other runtimes
+    and its one-thread runtime are gone already (the peak memory of a load: one runtime at a time)."""
+    refs, alive = {}, []
+
+    def reload(g: bytes, n: int) -> FakeEngine:
+        gc.collect()
+        alive.append(sorted(name for name, r in refs.items() if r() is not None))
+        return FakeEngine(g)
+
+    def load(encoder, threads, precision=None, int8=False):
+        g = graph.encoder_graph(encoder)
+        runners = {name: FakeEngine(g) for name in ("slow", "fast")}
+        for name, e in runners.items():
+            refs[name], e.reload = weakref.ref(e), lambda n, g=g: reload(g, n)
+        return runners, ""
+
+    real = hardware.decided_once
+    decided = {"engine": "fast", "max_tokens": 64, "runtime_threads": 2, "note": "decided before"}
+    monkeypatch.setattr(choose, "load_engines", load)
+    monkeypatch.setattr(hardware, "decided_once", lambda name, decide, valid: decided
+                        if name.startswith("short-input engine") else real(name, decide, valid))
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+    assert p.small.name == "fast" and p.small.max_tokens == 64 and alive == [[]], (p.small_reason, alive)
+    assert not hasattr(p.small.runner, "reload")              # the graph's bytes are let go too
 
 
 def test_the_fastest_agreeing_engine_is_chosen(checkpoints, monkeypatch, tmp_path):

@@ -138,8 +138,8 @@ def _short_batches(p, small: bool | int, reference: BertModel | None, found=None
         return
     p.small, p.small_reason = choose_engine(p, runners, small, sample_rows(p.tokenizer, p.max_length), reference,
                                             exact)
-    for r in runners.values():                 # the graph's bytes go with the reload functions
-        r.__dict__.pop("reload", None)
+    for r in (p.small.runner, p.small.wide) if p.small is not None else ():
+        getattr(r, "__dict__", {}).pop("reload", None)     # the graph's bytes go with the reload functions
 
 
 def _worst(check: dict) -> float:
@@ -322,10 +322,11 @@ def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
     the fp32 model on the sample `rows` (`reference`, default p's own encoder: an fp32 engine of an
     fp32 Predictor within max abs diff 1e-3 and token cosine 0.9999; with bf16 in either, token
     cosine BF16_MIN_COSINE; `exact`, fp32 asked for: fp32 engines only, at fp32's bar); of those the fastest (`_fastest_once`). `small` a number: the first
-    engine that agrees, up to that many tokens, untimed."""
+    engine that agrees, up to that many tokens, untimed. It takes `runners` (the dict is emptied): those
+    not chosen are let go as soon as the choice is known, which lowers the peak memory of a load."""
     notes, agreeing = [], {}
     with torch.inference_mode():
-        for name, runner in runners.items():
+        for name, runner in list(runners.items()):
             candidate = GraphEngine(runner, name, threads=SMALL_THREADS)
             candidate.agreement = _agreement(p, candidate, rows, reference, exact)
             if candidate.agreement["ok"]:
@@ -338,6 +339,8 @@ def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
                 notes.append(f"{name} ({runner.precision}) disagrees with PyTorch on the sample (token cosine "
                              f"{candidate.agreement['token_cosine_min']:.5f}, max abs diff "
                              f"{candidate.agreement['max_abs_diff']:.3g})")
+        runners.clear()
+        del runner, candidate
         if agreeing and small is not True:
             chosen = next(iter(agreeing.values()))
             chosen.max_tokens = int(small)
@@ -378,9 +381,11 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
         return timed["chosen"], d["note"]
     if d["engine"] is None:
         return None, d["note"] + " (timed once on this machine)"
-    chosen = agreeing[d["engine"]]
-    n, reload = int(d.get("runtime_threads", 1)), getattr(agreeing[d["engine"]].runner, "reload", None)
-    if n > 1 and reload is not None:                     # as timed: the runtime on n threads
+    chosen = agreeing.pop(d["engine"])
+    agreeing.clear()                                     # the others go before a runtime loads again
+    n, reload = int(d.get("runtime_threads", 1)), getattr(chosen.runner, "reload", None)
+    if n > 1 and reload is not None:                     # as timed: the runtime on n threads (one at a time)
+        chosen.runner = None
         chosen = replace(chosen, runner=reload(n))
     chosen.max_tokens, chosen.max_padding = int(d["max_tokens"]), float(d.get("max_padding", 0.0))
     if int(d.get("large_threads", 0)) and reload is not None:          # larger batches on more threads, as timed

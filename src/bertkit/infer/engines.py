@@ -14,6 +14,7 @@ returns the head's outputs by name, per token (N, ...) or per sequence (B, ...).
 """
 from __future__ import annotations
 
+import tempfile
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -261,8 +262,6 @@ class OpenVINOGraph:
     groups of this many values (the hidden size: one scale per token), so its GEMMs run int8 x int8."""
 
     def __init__(self, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0):
-        import io
-
         import openvino as ov
 
         core = ov.Core()
@@ -272,7 +271,10 @@ class OpenVINOGraph:
             config["INFERENCE_PRECISION_HINT"] = {"float32": "f32", "bfloat16": "bf16"}[precision]
         if int8_group:
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = str(int8_group)
-        self.compiled = core.compile_model(core.read_model(io.BytesIO(graph)), "CPU", config)
+        # read from a file, not from memory: the load's peak is ~0.1 GB lower for MiniLM
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
+            (Path(d) / "encoder.onnx").write_bytes(graph)
+            self.compiled = core.compile_model(core.read_model(str(Path(d) / "encoder.onnx")), "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.lock = threading.Lock()                     # one request object: one call at a time
         hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
