@@ -84,7 +84,9 @@ def pretrain(cfg: PretrainConfig, command: str = "", on_step: Callable[[State], 
     world = D.init()
     threads = torch.get_num_threads()
     try:
-        return _pretrain(cfg, world, command, on_step)
+        card = _pretrain(cfg, world, command, on_step)
+        D.barrier(world)        # every rank past its last collective before the group goes (gloo aborted ~1 run in 20)
+        return card
     finally:
         torch.set_num_threads(threads)
         D.teardown()
