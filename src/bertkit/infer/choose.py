@@ -159,8 +159,8 @@ def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
         raise PredictorError(f"backend openvino runs the encoder as an ONNX graph; there is none for {why}")
     g, fp32 = graph.encoder_graph(p.encoder), p.model
     name = dtype_name(dtype) if dtype is not None else None
-    # its PyTorch part (padding the ids) on one thread: two would leave an OpenMP worker spinning on
-    # the core OpenVINO is about to use (docs/serve-measurements.md, Zen 4)
+    # its PyTorch part (gathering the states of a padded batch) on one thread: two would leave an OpenMP
+    # worker spinning on the core OpenVINO is about to use (docs/serve-measurements.md, Zen 4)
     run = lambda precision: GraphEngine(OpenVINOGraph(g, threads or torch.get_num_threads(), precision),  # noqa: E731
                                         "openvino", sys.maxsize, threads=1)
     p.engine = run(name)

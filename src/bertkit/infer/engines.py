@@ -134,7 +134,7 @@ def torch_threads(n: int | None):
 class GraphEngine:
     """The encoder's graph on a `runner` (onnxruntime or OpenVINO) for batches of at most
     `max_tokens` padded positions (B x T), and for larger ones with little padding (`max_padding`),
-    on `threads` threads, its PyTorch part (padding the ids) too. `latency_ms` holds what was
+    on `threads` threads, its PyTorch part (gathering the states of a padded batch) too. `latency_ms` holds what was
     timed at load (per sequence length: PyTorch and the engines), `agreement` how closely it follows
     the fp32 model on the sample. Its states come back in float32, as the runtime computed them."""
     runner: Any
@@ -271,7 +271,7 @@ class OpenVINOGraph:
             config["INFERENCE_PRECISION_HINT"] = {"float32": "f32", "bfloat16": "bf16"}[precision]
         if int8_group:
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = str(int8_group)
-        # read from a file, not from memory: the load's peak is ~0.1 GB lower for MiniLM
+        # read from a file, not from memory: a lower peak at load (docs/serve-measurements.md)
         with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
             (Path(d) / "encoder.onnx").write_bytes(graph)
             self.compiled = core.compile_model(core.read_model(str(Path(d) / "encoder.onnx")), "CPU", config)

@@ -182,7 +182,7 @@ def _utf8(s: str) -> None:
 def dump_json(value: Any) -> bytes:
     """Compact UTF-8 JSON; a non-finite number is a ValueError (the server answers 500: the model
     produced it, the client did not). With orjson installed (the `serve` extra) the same JSON in a
-    tenth of the time: two 384-wide embeddings 40 us instead of 300, a share of a short request."""
+    tenth of the time, a visible share of a short request (docs/serve-measurements.md)."""
     orjson = _orjson()
     if orjson is None:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
