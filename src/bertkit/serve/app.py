@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -51,16 +52,23 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    """Before the first request: the batcher started, the model warmed up on its thread. After the
-    last: the batcher stopped (in-flight work finished) and the preparing threads let go."""
+    """Before the first request: the batcher started, the model warmed up on its thread, what the load
+    made frozen out of the garbage collector's scans. After the last: the batcher stopped (in-flight
+    work finished), the preparing threads let go, the collector sees everything again."""
     api = app.state.api
     api.batcher.start()
     await asyncio.get_running_loop().run_in_executor(api.batcher.executor, warm_up, api.predictor, api.cfg)
+    # what the load made (model, tokenizer, runtimes) lives as long as the server: out of the collector's
+    # sight, a full collection scans only what requests made instead of stalling every request for tens
+    # of ms (docs/serve-measurements.md)
+    gc.collect()
+    gc.freeze()
     app.state.ready = True
     log.info("bertkit serve: %s head, endpoints %s", api.predictor.head, ", ".join(sorted(api.available)))
     yield
     app.state.ready = False
     await api.batcher.stop()
+    gc.unfreeze()
     api.prep.shutdown(wait=False)
 
 
