@@ -237,7 +237,7 @@ def test_answers_render_alike_with_and_without_orjson_and_never_as_null(encoder_
     payload = {"embeddings": [[0.1, 1e-5, -2.5e20], [1.0, 0.0]], "labels": {3: "x"}, "n": np.float64(0.25),
                "none": None, "text": "\u00e9\u2028", "pair": (1, True)}
     fast = http.dump_json(payload)
-    monkeypatch.setattr(http, "_orjson", lambda: None)
+    monkeypatch.setattr(http, "fast_json", lambda: None)
     assert json.loads(http.dump_json(payload)) == json.loads(fast)
     monkeypatch.undo()
     c, p = client_for(encoder_dir)
@@ -246,7 +246,7 @@ def test_answers_render_alike_with_and_without_orjson_and_never_as_null(encoder_
     with c:
         for orjson in (True, False):
             if not orjson:
-                monkeypatch.setattr(http, "_orjson", lambda: None)
+                monkeypatch.setattr(http, "fast_json", lambda: None)
             code, body = post(c, "/v1/embed", {"texts": ["hello"]})
             assert code == 500 and "null" not in json.dumps(body), (orjson, body)
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from ..infer import Predictor, PredictorError
 from ..heap import Heap
-from .http import BodyError, Metrics, ServeConfig, dump_json, parse_json
+from .http import BodyError, Metrics, ServeConfig, dump_json, fast_json, parse_json
 
 log = logging.getLogger("bertkit")
 
@@ -352,8 +352,8 @@ class Api:
 
     async def handle(self, request: Request, prepare: Callable[[bytes], Plan], render_off_loop: bool = False) -> Response:
         """body -> prepare (parse, validate, tokenise) -> the model -> plan.answer -> JSON bytes;
-        the steps around the model run on a worker thread for a large body (and the answer always
-        for embeddings), never holding the event loop for long."""
+        the steps around the model run on a worker thread for a large body (and the answer for
+        embeddings, unless orjson renders it), never holding the event loop for long."""
         body = await request.body()                 # already read and bounded by the guard
         small = len(body) <= INLINE_BYTES           # answers grow with the request (words, masks, texts)
         plan = prepare(body) if small else await self.offload(prepare, body)
@@ -361,7 +361,8 @@ class Api:
 
         def render() -> bytes:
             return dump_json(plan.answer(results))
-        data = await self.offload(render) if render_off_loop or not small else render()
+        slow = render_off_loop and fast_json() is None        # json.dumps of a vector answer holds the loop
+        data = await self.offload(render) if slow or not small else render()
         cut = (getattr(plan.tokens, "truncated", 0), getattr(plan.tokens, "cut", 0))
         if cut[0]:
             log.warning("%s: truncated %d of %d inputs to %d tokens (%d tokens cut)", request.url.path, cut[0],

@@ -183,7 +183,7 @@ def dump_json(value: Any) -> bytes:
     """Compact UTF-8 JSON; a non-finite number is a ValueError (the server answers 500: the model
     produced it, the client did not). With orjson installed (the `serve` extra) the same JSON in a
     tenth of the time, a visible share of a short request (docs/serve-measurements.md)."""
-    orjson = _orjson()
+    orjson = fast_json()
     if orjson is None:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
     _check_finite(value)                            # orjson would write null
@@ -199,7 +199,8 @@ def _number(value: Any) -> Any:
 
 
 @functools.cache
-def _orjson():
+def fast_json():
+    """orjson where it is installed, else None."""
     try:
         import orjson
     except ImportError:
