@@ -151,24 +151,28 @@ def parse_json(body: bytes) -> Any:
         raise BodyError(f"the body is not UTF-8 text: {e.reason} at byte {e.start}") from None
     except ValueError as e:                         # JSONDecodeError, int over 4300 digits
         raise BodyError(f"malformed JSON: {str(e)[:200]}") from None
-    _check_strings(value)
+    _check_value(value, BodyError("a number is out of range (1e400 and the like are not finite)"))
     return value
 
 
-def _check_strings(value: Any) -> None:
+def _check_value(value: Any, not_finite: Exception) -> None:
+    """Every string (dict keys too) valid Unicode, every number finite (else `not_finite`), through
+    lists, tuples and dicts."""
     stack = [value]
     while stack:
         v = stack.pop()
-        if isinstance(v, str):
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                raise not_finite
+        elif isinstance(v, str):
             _utf8(v)
-        elif isinstance(v, list):
+        elif isinstance(v, (list, tuple)):
             stack.extend(v)
         elif isinstance(v, dict):
             for k, x in v.items():
-                _utf8(k)
+                if isinstance(k, str):
+                    _utf8(k)
                 stack.append(x)
-        elif isinstance(v, float) and not math.isfinite(v):
-            raise BodyError("a number is out of range (1e400 and the like are not finite)")
 
 
 def _utf8(s: str) -> None:
@@ -186,7 +190,7 @@ def dump_json(value: Any) -> bytes:
     orjson = fast_json()
     if orjson is None:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    _check_finite(value)                            # orjson would write null
+    _check_value(value, ValueError("Out of range float values are not JSON compliant"))   # orjson: null
     return orjson.dumps(value, default=_number, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -206,19 +210,6 @@ def fast_json():
     except ImportError:
         return None
     return orjson
-
-
-def _check_finite(value: Any) -> None:
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, float):
-            if not math.isfinite(v):
-                raise ValueError("Out of range float values are not JSON compliant: " + repr(v))
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
 
 
 # ---- the ASGI guard -------------------------------------------------------------------------------
