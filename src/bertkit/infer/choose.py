@@ -340,7 +340,7 @@ def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
                              f"{candidate.agreement['token_cosine_min']:.5f}, max abs diff "
                              f"{candidate.agreement['max_abs_diff']:.3g})")
         runners.clear()
-        del runner, candidate
+        runner = candidate = None                      # the loop's last ones go too
         if agreeing and small is not True:
             chosen = next(iter(agreeing.values()))
             chosen.max_tokens = int(small)

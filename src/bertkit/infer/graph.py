@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..model import BertModel
 from .engines import INPUTS
+
 MAX_GRAPH_BYTES = 1_900_000_000  # the weights inside one ONNX protobuf (2 GB limit, with room for the rest)
 OPSET = 20                      # LayerNormalization (17), Gelu with its tanh approximation (20)
 _GELU = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",

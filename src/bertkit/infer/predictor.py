@@ -208,16 +208,17 @@ class Predictor:
     def hidden(self, b: Batch, dtype: torch.dtype | None = None) -> Tensor:
         """(N, C) last-layer states of a packed batch, in `dtype` (default: the encoder's, what its heads
         read). A graph engine computes them in float32: pooling asks for float32 and skips a round trip."""
-        want = dtype or self.encoder.embeddings.word.weight.dtype
+        h = None
         if self.small is not None and self.small.takes(b.packed):
             try:
                 h = self.small.run(b)["last_hidden_state"]
-                return h if h.dtype == want else h.to(want)
             except Exception as e:           # an engine that fails at run time: off for good, PyTorch answers
                 log.warning("the %s engine of short batches failed (%s: %s); PyTorch runs them from now on",
                             self.small.name, type(e).__name__, str(e)[:200])
                 self.small, self.small_reason = None, f"off: {self.small.name} failed at run time ({type(e).__name__})"
-        h = self.engine.run(b)["last_hidden_state"]
+        if h is None:
+            h = self.engine.run(b)["last_hidden_state"]
+        want = dtype or self.encoder.embeddings.word.weight.dtype
         return h if h.dtype == want else h.to(want)
 
     def head_outputs(self, b: Batch) -> dict[str, Tensor]:

@@ -85,7 +85,7 @@ def pretrain(cfg: PretrainConfig, command: str = "", on_step: Callable[[State], 
     threads = torch.get_num_threads()
     try:
         card = _pretrain(cfg, world, command, on_step)
-        D.barrier(world)        # every rank past its last collective before the group goes (gloo aborted ~1 run in 20)
+        D.barrier(world)        # every rank past its last collective before the group goes (gloo aborts now and then)
         return card
     finally:
         torch.set_num_threads(threads)
