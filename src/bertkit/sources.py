@@ -30,10 +30,14 @@ import gzip
 import io
 import json
 import logging
+import os
 import re
+import socket
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
+from urllib.parse import urlparse
 
 from .errors import BertkitError, DataError
 
@@ -86,18 +90,13 @@ def dataset_name(text: str | Path) -> DatasetName | None:
     return DatasetName(head, config or None, split or None)
 
 
-def import_datasets(what: str):
+def load_split(name: DatasetName, default_split: str | None = None):
+    """``datasets.load_dataset(name.path, name.config, split=...)``; errors are one line."""
     try:
         import datasets
     except ImportError:
-        raise SourceError(f"{what}: no such file or folder; to read it as a dataset name (NAME:CONFIG:SPLIT, "
+        raise SourceError(f"{name}: no such file or folder; to read it as a dataset name (NAME:CONFIG:SPLIT, "
                           f"as datasets.load_dataset spells it) install the datasets library: {HINT}") from None
-    return datasets
-
-
-def load_split(name: DatasetName, default_split: str | None = None):
-    """``datasets.load_dataset(name.path, name.config, split=...)``; errors are one line."""
-    datasets = import_datasets(str(name))
     split = name.split or default_split
     if split is None:
         raise SourceError(f"{name}: name a split, e.g. {name.path}:{name.config or ''}:train")
@@ -125,10 +124,6 @@ def _unreachable_hub(datasets, name: DatasetName) -> str | None:
     """The Hub's host when it does not resolve and nothing of `name` is cached here: then
     load_dataset would spend ~25 s on retries to fail (a mistyped local folder usually); None when
     it may work (offline mode, a cached copy, a host that resolves)."""
-    import os
-    import socket
-    from urllib.parse import urlparse
-
     try:
         from huggingface_hub.constants import HF_HUB_CACHE
     except ImportError:
@@ -173,11 +168,8 @@ class Table:
 
     def rows(self) -> Iterator[tuple[str, dict]]:
         """(where, row) for each row; `where` is ``row N`` (0-based, as the library numbers them)."""
-        n = 0
-        for batch in self._batches(None):
-            for row in batch:
-                yield f"row {n}", row
-                n += 1
+        for n, row in enumerate(chain.from_iterable(self._batches(None))):
+            yield f"row {n}", row
 
 
 def open_table(source: str | Path, default_split: str | None = None) -> Table:
@@ -213,8 +205,7 @@ def open_table(source: str | Path, default_split: str | None = None) -> Table:
 
 
 def _kind(f: Path) -> str:
-    n = f.name.lower()
-    n = n[:-3] if n.endswith(".gz") else n
+    n = f.name.lower().removesuffix(".gz")
     if n.endswith(".parquet"):
         return "parquet"
     if n.endswith(ARROW_SUFFIXES):
@@ -253,8 +244,7 @@ def _names_from_features(features: dict) -> dict[str, list[str]]:
 
 
 def _names_from_schema(schema) -> dict[str, list[str]]:
-    meta = schema.metadata or {}
-    raw = meta.get(b"huggingface")
+    raw = (schema.metadata or {}).get(b"huggingface")
     if not raw:
         return {}
     try:
@@ -266,11 +256,9 @@ def _names_from_schema(schema) -> dict[str, list[str]]:
 def _dataset_table(ds, name: str) -> Table:
     names = {}
     for col, feat in ds.features.items():
-        inner = getattr(feat, "feature", None)
-        if hasattr(feat, "names") and type(feat).__name__ == "ClassLabel":
-            names[col] = list(feat.names)
-        elif inner is not None and type(inner).__name__ == "ClassLabel":
-            names[col] = list(inner.names)
+        label = feat if type(feat).__name__ == "ClassLabel" else getattr(feat, "feature", None)
+        if type(label).__name__ == "ClassLabel":
+            names[col] = list(label.names)
 
     def batches(columns):
         part = ds.select_columns(columns) if columns else ds
@@ -365,8 +353,7 @@ def _text_rows(f: Path, kind: str) -> Iterator[dict]:
                         raise SourceError(f"{f}: item {k} of the array is not an object")
                     yield obj
                 return
-            for _, obj in jsonl_objects(_prepend(first, fh), f, error=SourceError):
-                yield obj
+            yield from (obj for _, obj in jsonl_objects(_prepend(first, fh), f, error=SourceError))
             return
         reader = csv.DictReader(fh, delimiter="\t" if kind == "tsv" else ",")
         for row in reader:
@@ -418,8 +405,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def _prepend(first: str, fh) -> Iterator[str]:
-    line = fh.readline()
-    yield first + line
+    yield first + fh.readline()
     yield from fh
 
 

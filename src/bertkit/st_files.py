@@ -19,7 +19,6 @@ from pathlib import Path
 log = logging.getLogger("bertkit")
 
 POOLING_DIR = "1_Pooling"
-_MODES_V6 = {"mean": "mean", "cls": "cls"}                 # sentence-transformers 6 names -> bertkit's
 
 
 def sentence_transformers_pooling(path: str | Path) -> tuple[str, bool]:
@@ -40,7 +39,7 @@ def sentence_transformers_pooling(path: str | Path) -> tuple[str, bool]:
             cfg = {}
         cfg = cfg if isinstance(cfg, dict) else {}
         if isinstance(cfg.get("pooling_mode"), str):                     # sentence-transformers 6
-            modes = [_MODES_V6.get(cfg["pooling_mode"], cfg["pooling_mode"])]
+            modes = [cfg["pooling_mode"]]
         else:
             modes = [k[len("pooling_mode_"):].replace("cls_token", "cls").replace("mean_tokens", "mean")
                      for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]

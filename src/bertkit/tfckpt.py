@@ -138,11 +138,8 @@ def _fields(buf: bytes) -> list[tuple[int, int | bytes]]:
         number, wire = key >> 3, key & 7
         if wire == 0:
             value, pos = _varint(buf, pos)
-        elif wire in (1, 5):
-            size = 8 if wire == 1 else 4
-            value, pos = buf[pos:pos + size], pos + size
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
+        elif wire in (1, 2, 5):                       # 8 bytes, length-delimited, 4 bytes
+            size, pos = _varint(buf, pos) if wire == 2 else (8 if wire == 1 else 4, pos)
             value, pos = buf[pos:pos + size], pos + size
         else:
             raise ValueError(f"protobuf wire type {wire}")

@@ -128,9 +128,7 @@ class Tokenizer:
             raise TokenizerError(f"{path}: not a directory with vocab.txt or tokenizer.json")
         settings: dict = {}
         tj = path / "tokenizer.json"
-        vocab = None
-        if (path / "vocab.txt").is_file():
-            vocab = read_vocab(path / "vocab.txt")
+        vocab = read_vocab(path / "vocab.txt") if (path / "vocab.txt").is_file() else None
         if tj.is_file():
             d = _read_json_object(tj)
             model = d.get("model") or {}
@@ -183,25 +181,21 @@ class Tokenizer:
         file whole or not at all (written aside, then renamed; `train_to_folder` swaps whole folders)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        ordered = sorted(self.vocab.items(), key=lambda kv: kv[1])
-        _write_atomic(path / "vocab.txt", "".join(t + "\n" for t, _ in ordered))
-        backend = self.backend
-        backend.post_processor = processors.TemplateProcessing(
+        _write_atomic(path / "vocab.txt", "".join(t + "\n" for t in sorted(self.vocab, key=self.vocab.get)))
+        self.backend.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", self.cls_id), ("[SEP]", self.sep_id)])
         try:
-            backend.save(str(path / "tokenizer.json.tmp"))
+            self.backend.save(str(path / "tokenizer.json.tmp"))
             (path / "tokenizer.json.tmp").replace(path / "tokenizer.json")
         finally:
-            backend.post_processor = None
+            self.backend.post_processor = None
+        specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                    "mask_token": "[MASK]"}
         _write_atomic(path / "tokenizer_config.json", json.dumps({
-            "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
-            "strip_accents": self.strip_accents, "tokenize_chinese_chars": self.chinese_chars,
-            "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-            "mask_token": "[MASK]", "model_max_length": 512}, indent=2) + "\n")
-        _write_atomic(path / "special_tokens_map.json", json.dumps({
-            "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-            "mask_token": "[MASK]"}, indent=2) + "\n")
+            "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase, "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.chinese_chars, **specials, "model_max_length": 512}, indent=2) + "\n")
+        _write_atomic(path / "special_tokens_map.json", json.dumps(specials, indent=2) + "\n")
 
     @property
     def vocab_size(self) -> int:
@@ -235,23 +229,15 @@ class Tokenizer:
         memory of one piece, not of millions of Python tokens (the result is the same)."""
         a = self._encode_texts(list(texts), max_length)
         b = self._encode_texts([p or "" for p in pairs], max_length) if pairs is not None else None
-        out = []
-        for i, ea in enumerate(a):
-            eb = b[i] if b is not None and pairs[i] is not None else None
-            out.append(self._assemble(ea, eb, max_length))
-        return out
+        return [self._assemble(ea, b[i] if b is not None and pairs[i] is not None else None, max_length)
+                for i, ea in enumerate(a)]
 
     def _encode_texts(self, texts: list[str], max_length: int | None) -> list:
         if max_length is None or all(len(t) <= LONG_TEXT_CHARS for t in texts):
             return self.backend.encode_batch(texts, add_special_tokens=False)
-        short = [i for i, t in enumerate(texts) if len(t) <= LONG_TEXT_CHARS]
-        out: list = [None] * len(texts)
-        for i, e in zip(short, self.backend.encode_batch([texts[i] for i in short], add_special_tokens=False)):
-            out[i] = e
-        for i, t in enumerate(texts):
-            if out[i] is None:
-                out[i] = self._encode_long(t, max_length)
-        return out
+        short = iter(self.backend.encode_batch([t for t in texts if len(t) <= LONG_TEXT_CHARS],
+                                               add_special_tokens=False))
+        return [next(short) if len(t) <= LONG_TEXT_CHARS else self._encode_long(t, max_length) for t in texts]
 
     def _encode_long(self, text: str, keep: int) -> "_Prefix":
         """The first `keep` tokens of a long text (ids, tokens, offsets, word ids) and its length in tokens."""
@@ -471,8 +457,7 @@ def _read_json_object(f: Path) -> dict:
 def _check_flags(settings: dict, f: Path, names: dict[str, str]) -> None:
     """lowercase / chinese_chars are true or false; strip_accents also null (= follow lowercase)."""
     for key, value in settings.items():
-        ok = isinstance(value, bool) or (key == "strip_accents" and value is None)
-        if not ok:
+        if not (isinstance(value, bool) or (key == "strip_accents" and value is None)):
             raise TokenizerError(f"{f}: {names[key]} must be true or false{' or null' if key == 'strip_accents' else ''}, "
                                  f"got {value!r:.40}")
 

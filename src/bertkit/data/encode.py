@@ -105,10 +105,8 @@ class CachedEncoder:
         return self._pow
 
     def _slow(self, texts: list[str], batch: int = 8192) -> list[list[int]]:
-        out: list[list[int]] = []
-        for k in range(0, len(texts), batch):
-            out.extend(e.ids for e in self.backend.encode_batch_fast(texts[k:k + batch], add_special_tokens=False))
-        return out
+        return [e.ids for k in range(0, len(texts), batch)
+                for e in self.backend.encode_batch_fast(texts[k:k + batch], add_special_tokens=False)]
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """One id array per text."""

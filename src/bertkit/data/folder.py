@@ -25,7 +25,7 @@ from ..errors import BertkitError
 from ..outdir import write_whole
 from ..tokenizer import Tokenizer
 from .masking import TokenInfo
-from .pretraining import FORMAT_VERSION, shard_name
+from .pretraining import FORMAT_VERSION, shard_name, sum_counts
 
 log = logging.getLogger("bertkit")
 
@@ -90,27 +90,18 @@ def save_tokenizer(tokenizer, out: Path, tok_hash: str) -> None:
                 return
         except (BertkitError, OSError, KeyError, ValueError):
             pass
-    tmp = out / f".tokenizer.tmp-{os.getpid()}"
+    tmp, old = out / f".tokenizer.tmp-{os.getpid()}", out / f".tokenizer.old-{os.getpid()}"
     tokenizer.save(tmp)
     if final.exists():
-        old = out / f".tokenizer.old-{os.getpid()}"
         os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def build_meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, files, command, num_shards, shard_index,
           seconds, reused) -> dict:
     """The meta file's contents: the settings, the tokenizer, the counts summed over the shards, the inputs."""
     order = sorted(results)
-    per = [results[c] for c in order]
-    total = {k: sum(r.get(k, 0) for r in per) for k in ("instances", "tokens", "random_next", "short",
-                                                        "one_sentence_documents", "sentences_split", "sentences_cut",
-                                                        "tokens_truncated", "pairs_truncated", "lone_segments_next",
-                                                        "empty_documents_dropped")}
-    n = max(total["instances"], 1)
     return {
         "format_version": FORMAT_VERSION,
         "max_length": cfg.max_length, "nsp": cfg.nsp, "masking": cfg.masking,
@@ -120,9 +111,7 @@ def build_meta(cfg, tokenizer, info, tok_hash, token_dtype, counts, results, fil
                         "mask": info.mask_id},
         "tokenizer_hash": tok_hash, "config_hash": cfg.hash(), "token_dtype": token_dtype,
         "config": cfg.to_dict(),
-        "counts": {**counts.to_dict(), **total, "max_length": max((r["max_length"] for r in per), default=0),
-                   "random_next_fraction": total["random_next"] / n, "short_fraction": total["short"] / n,
-                   "shards_kept_from_before": reused},
+        "counts": {**counts.to_dict(), **sum_counts([results[c] for c in order]), "shards_kept_from_before": reused},
         "shards": [shard_name(c) for c in order], "shard_instances": [results[c]["instances"] for c in order],
         "num_shards": num_shards, "shard_index": shard_index,
         "inputs": [str(f) for f in files],

@@ -138,7 +138,7 @@ def ngram_overlap(held: HeldOut, train: list[tuple[PretrainingData, int]], n: in
     scanned = total = 0
     for ds, stop in train:
         never = np.asarray(ds.token_info().never_mask)
-        mine = held.data is ds or (held.data is not None and held.data.path == ds.path)
+        mine = held.data is ds or held.data.path == ds.path
         full = {int(np.searchsorted(ds._starts, i, side="right") - 1) for i in held.indices} if mine else set()
         shards, size = _training_shards(ds, stop, max_train_tokens // max(len(train), 1), full)
         total += size

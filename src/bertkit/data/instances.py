@@ -56,7 +56,6 @@ class Instance:
 
 @dataclass
 class BuildCounts:
-    instances: int = 0
     random_next: int = 0
     short: int = 0
     one_sentence_documents: int = 0
@@ -130,17 +129,13 @@ def nsp_instances(docs: list[Doc], doc_index: int, max_length: int, short_seq_pr
     cls, sep = np.array([cls_id]), np.array([sep_id])
     max_num_tokens, target_seq_length, short = _target_length(max_length, short_seq_prob, rng)
     instances: list[Instance] = []
-    count = 0                                   # len(current_chunk): sentences i - count + 1 .. i
-    current_length = 0
-    i = 0
+    count, current_length, i = 0, 0, 0          # count = len(current_chunk): sentences i - count + 1 .. i
     while i < n_sent:
         count += 1
         current_length += off[i + 1] - off[i]
         if i == n_sent - 1 or current_length >= target_seq_length:
             first = i - count + 1
-            a_end = 1
-            if count >= 2:
-                a_end = rng.randint(1, count - 1)
+            a_end = rng.randint(1, count - 1) if count >= 2 else 1
             a_lo, a_hi = off[first], off[first + a_end]
             if count >= 2 or lone_segment == "random":
                 is_random_next = count == 1 or rng.random() < 0.5

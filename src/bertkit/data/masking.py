@@ -243,9 +243,7 @@ class TokenInfo:
     def from_vocab(cls, vocab: dict[str, int]) -> "TokenInfo":
         size = max(vocab.values()) + 1
         sub = np.zeros(size, dtype=bool)
-        for t, i in vocab.items():
-            if t.startswith("##"):
-                sub[i] = True
+        sub[[i for t, i in vocab.items() if t.startswith("##")]] = True
         return cls(size, vocab["[PAD]"], vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"], sub)
 
     @classmethod
@@ -299,10 +297,7 @@ class Collator:
         import torch
 
         epoch = self.epoch if epoch is None else epoch
-        items = []
-        for j, b in enumerate(batch):
-            idx, inst = (b if isinstance(b, tuple) else (b.get("index", j), b))
-            items.append((int(idx), inst))
+        items = [b if isinstance(b, tuple) else (b.get("index", j), b) for j, b in enumerate(batch)]
         T = max(len(inst["input_ids"]) for _, inst in items)
         if self.pad_to_multiple_of:
             T = -(-T // self.pad_to_multiple_of) * self.pad_to_multiple_of

@@ -228,6 +228,7 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder, spl
             instances.extend(packed_instances(tok_docs, cfg.max_length, info.cls_id, info.sep_id, counts, cfg.fill))
     if cfg.nsp:  # these counters tick once per dupe pass; report per corpus pass
         counts.one_sentence_documents //= cfg.dupe_factor
+        counts.lone_segments_next //= cfg.dupe_factor
     else:
         counts.sentences_split //= cfg.dupe_factor
         counts.sentences_cut //= cfg.dupe_factor
@@ -250,12 +251,8 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder, spl
         arrays["masked_lm_offsets"] = mlm_offsets
         arrays["masked_lm_positions"] = pos.astype(np.int32)
         arrays["masked_lm_ids"] = ids.astype(job.token_dtype)
-    stats = {"instances": len(instances), "tokens": total, "documents": len(tok_docs),
-             "sentences": sum(len(d.off) - 1 for d in tok_docs), "random_next": counts.random_next, "short": counts.short,
-             "one_sentence_documents": counts.one_sentence_documents, "sentences_split": counts.sentences_split,
-             "sentences_cut": counts.sentences_cut, "tokens_truncated": counts.tokens_truncated,
-             "pairs_truncated": counts.pairs_truncated,
-             "lone_segments_next": counts.lone_segments_next // cfg.dupe_factor, "max_length": int(lens.max()) if len(lens) else 0,
+    stats = {"instances": len(instances), **asdict(counts), "tokens": total, "documents": len(tok_docs),
+             "sentences": sum(len(d.off) - 1 for d in tok_docs), "max_length": int(lens.max()) if len(lens) else 0,
              "empty_documents_dropped": len(docs) - len(tok_docs)}
     return arrays, stats
 
@@ -291,16 +288,14 @@ def held_out_documents(files: list[Path], cfg: PrepareConfig, progress=None) -> 
     evaluation split. Returns (True per held-out document, or None for no split; a summary)."""
     if not cfg.eval_requested:
         return None, {"documents": 0, "note": "no split requested (--eval-fraction 0 / --eval-documents 0)"}
-    keys = array("Q")
-    for doc in read_documents(files, TextCounts(), sentence_split=cfg.sentence_split, strict=cfg.strict,
-                              max_line_bytes=cfg.max_line_bytes, max_document_bytes=int(cfg.chunk_mb * 8e6),
-                              progress=progress, warn=False):
-        keys.append(document_key(cfg.seed, doc))
+    docs = read_documents(files, TextCounts(), sentence_split=cfg.sentence_split, strict=cfg.strict,
+                          max_line_bytes=cfg.max_line_bytes, max_document_bytes=int(cfg.chunk_mb * 8e6),
+                          progress=progress, warn=False)
+    keys = array("Q", (document_key(cfg.seed, doc) for doc in docs))
     key = np.frombuffer(keys, dtype=np.uint64) if len(keys) else np.zeros(0, np.uint64)
     n = len(key)
-    if cfg.eval_documents is not None:
-        k = cfg.eval_documents
-    else:
+    k = cfg.eval_documents
+    if k is None:
         k = int(round(cfg.eval_fraction * n))
         if k < 2:
             k = 2 if n >= 20 else 0
@@ -412,8 +407,7 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
     t0 = time.time()
     executor = _InProcess(job) if workers <= 1 else ProcessPoolExecutor(
         workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(job, True, os.getpid()))
-    if workers > 1:       # start the workers now, before the progress bar starts its thread
-        executor.submit(os.getpid).result()
+    executor.submit(os.getpid).result()       # start the workers now, before the progress bar starts its thread
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", disable=not progress, smoothing=0.1)
     try:
         held, held_info = held_out_documents(files, cfg, progress=bar.update)
@@ -425,7 +419,7 @@ def _prepare(files, inputs, tokenizer, info, tok_hash, out, cfg, workers, num_sh
         results, reused = _build_shards(executor, files, job, counts, held, workers, num_shards, shard_index,
                                         bar, on_shard)
     finally:
-        executor.shutdown(cancel_futures=True) if workers > 1 else None
+        executor.shutdown(cancel_futures=True)
         bar.close()
     seconds = time.time() - t0
     if counts.sentences == 0:

@@ -38,7 +38,6 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -49,6 +48,9 @@ from .masking import MaskingConfig, TokenInfo
 ARRAYS = ("input_ids", "offsets", "b_start", "nsp_labels", "short")
 STATIC_ARRAYS = ("masked_lm_offsets", "masked_lm_positions", "masked_lm_ids")
 FORMAT_VERSION = 1
+SUMMED_COUNTS = ("instances", "tokens", "random_next", "short", "one_sentence_documents", "sentences_split",
+                 "sentences_cut", "tokens_truncated", "pairs_truncated", "lone_segments_next",
+                 "empty_documents_dropped")
 
 
 def shard_name(chunk_index: int) -> str:
@@ -69,6 +71,14 @@ def write_shard(out_dir: Path, name: str, arrays: dict[str, np.ndarray], info: d
         shutil.rmtree(final)
     os.rename(tmp, final)
     return final
+
+
+def sum_counts(parts: list[dict]) -> dict:
+    """The instance counts of shards (or of machines) added up, the longest instance, the shares."""
+    total = {k: sum(p.get(k, 0) for p in parts) for k in SUMMED_COUNTS}
+    n = max(total["instances"], 1)
+    return {**total, "max_length": max((p.get("max_length", 0) for p in parts), default=0),
+            "random_next_fraction": total["random_next"] / n, "short_fraction": total["short"] / n}
 
 
 def read_shard_info(path: Path) -> dict | None:
@@ -108,14 +118,7 @@ def load_meta(path: Path) -> dict:
     pairs = sorted((s, c) for m in metas for s, c in zip(m["shards"], m["shard_instances"]))
     meta["shards"], meta["shard_instances"] = [s for s, _ in pairs], [c for _, c in pairs]
     # every machine reads the whole input (text counts are equal); instance counts add up
-    counts: dict[str, Any] = dict(metas[0].get("counts", {}))
-    for k in ("instances", "tokens", "random_next", "short", "one_sentence_documents", "sentences_split",
-              "sentences_cut", "tokens_truncated", "pairs_truncated", "lone_segments_next", "empty_documents_dropped"):
-        counts[k] = sum(m.get("counts", {}).get(k, 0) for m in metas)
-    counts["max_length"] = max(m.get("counts", {}).get("max_length", 0) for m in metas)
-    n = max(counts["instances"], 1)
-    counts["random_next_fraction"], counts["short_fraction"] = counts["random_next"] / n, counts["short"] / n
-    meta["counts"] = counts
+    meta["counts"] = {**metas[0].get("counts", {}), **sum_counts([m.get("counts", {}) for m in metas])}
     meta["num_shards"], meta["shard_index"] = 1, 0
     return meta
 

@@ -43,9 +43,8 @@ def tokenizer_stats(tokenizer, inputs: list[str], options: TokenizerStatsOptions
         raise DataError(f"{', '.join(map(str, inputs))}: no text to measure (empty, or only blank lines)")
     words = pieces = unk = split3 = 0
     lengths = []
-    backend = tokenizer.backend
     for k in range(0, len(sents), 4096):
-        for e in backend.encode_batch(sents[k:k + 4096], add_special_tokens=False):
+        for e in tokenizer.backend.encode_batch(sents[k:k + 4096], add_special_tokens=False):
             ids = np.asarray(e.ids, dtype=np.int64)
             lengths.append(len(ids))
             if not len(ids):

@@ -73,12 +73,10 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
             files.append(path)
         else:
             raise InputError(f"{p}: no such file or folder")
-    seen, out = set(), []
+    unique: dict[Path, Path] = {}                # the first spelling of each file
     for f in files:
-        if f.resolve() not in seen:
-            seen.add(f.resolve())
-            out.append(f)
-    return out
+        unique.setdefault(f.resolve(), f)
+    return list(unique.values())
 
 
 _SENT_END = re.compile(r"""([.!?]["')\]]*)\s+(?=["'(\[]?[A-Z0-9])""")
@@ -257,15 +255,8 @@ class Chunker:
 
     def finish(self) -> list[list[list[str]]]:
         """The chunks still held (the last chunk absorbs a final lone document)."""
-        out = []
-        if self.cur:
-            if len(self.cur) < 2 and self.pending is not None:
-                self.pending = self.pending + self.cur
-            else:
-                if self.pending is not None:
-                    out.append(self.pending)
-                self.pending = self.cur
-        if self.pending is not None:
-            out.append(self.pending)
+        out = [c for c in (self.pending, self.cur) if c]
+        if len(out) == 2 and len(self.cur) < 2:
+            out = [out[0] + out[1]]
         self.pending, self.cur, self.size = None, [], 0
         return out
