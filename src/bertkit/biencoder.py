@@ -31,6 +31,7 @@ Face BertModel with sentence-transformers' files (`st_files`): `bertkit embed`, 
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -97,15 +98,11 @@ def read_pairs(source: str | Path, columns: str | None = None, skip_bad_rows: bo
     if is_squad_file(source):
         ex = get_task("squad").read(Path(source), bad)[:limit]
         return Pairs(str(source), [e.question for e in ex], [e.context for e in ex])
-    rows = []
-    for where, row in data_rows(source, None, bad):
-        rows.append((where, row))
-        if limit is not None and len(rows) >= limit:
-            break
+    rows = list(itertools.islice(data_rows(source, None, bad), limit))
     if not rows:
         raise DataError(f"{source}: no rows")
     texts, score = pick_columns(rows[0][1], columns, source)
-    out: dict[str, list] = {"texts": [], "scores": []}
+    kept, scores = [], []
     for where, row in rows:
         values = [row.get(c) for c in texts]
         empty = next((c for c, v in zip(texts, values) if not isinstance(v, str) or not v.strip()), None)
@@ -117,14 +114,14 @@ def read_pairs(source: str | Path, columns: str | None = None, skip_bad_rows: bo
             if value is None:
                 bad(source, where, f"{score} {row.get(score)!r} is not a number")
                 continue
-            out["scores"].append(value)
-        out["texts"].append(values)
+            scores.append(value)
+        kept.append(values)
     bad.report(source)
-    if not out["texts"]:
+    if not kept:
         raise DataError(f"{source}: no usable rows")
-    cols = list(zip(*out["texts"]))
+    cols = list(zip(*kept))
     return Pairs(str(source), list(cols[0]), list(cols[1]), list(cols[2]) if len(cols) == 3 else None,
-                 out["scores"] if score is not None else None)
+                 scores if score is not None else None)
 
 
 def pick_columns(first: dict, columns: str | None, source) -> tuple[list[str], str | None]:
@@ -192,9 +189,7 @@ def dev_set(source: str, columns: str | None, skip_bad_rows: bool, limit: int | 
     pairs = read_pairs(source, columns, skip_bad_rows, limit)
     if pairs.scores is not None:
         return ScoredPairs(pairs.name, pairs.anchors, pairs.positives, pairs.scores)
-    ids: dict[str, str] = {}
-    for text in pairs.positives + (pairs.negatives or []):
-        ids.setdefault(text, str(len(ids)))
+    ids = {text: str(i) for i, text in enumerate(dict.fromkeys(pairs.positives + (pairs.negatives or [])))}
     return Retrieval(pairs.name, {str(i): a for i, a in enumerate(pairs.anchors)}, {v: k for k, v in ids.items()},
                      {str(i): {ids[p]} for i, p in enumerate(pairs.positives)})
 

@@ -138,9 +138,7 @@ def read_pairs(paths: Sequence[str | Path], limit: int | None = None) -> list[Pa
     return pairs
 
 
-def _pair(row, where: str) -> Pair:
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+def _pair(row: dict, where: str) -> Pair:
     for key in ("UID", "sentence_good", "sentence_bad"):
         if not isinstance(row.get(key), str) or not row[key].strip():
             raise DataError(f"{where}: field {key!r} must be a non-empty string")

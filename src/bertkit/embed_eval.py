@@ -136,13 +136,9 @@ def read_retrieval(source: str | Path, split: str = "dev", skip_bad_rows: bool =
 def squad_retrieval(examples: Sequence, name: str = "squad") -> Retrieval:
     """Each question retrieves its paragraph among all the examples' paragraphs (ids: "0", "1", ...
     in order of first appearance)."""
-    ids: dict[str, str] = {}
-    queries, relevant = {}, {}
-    for ex in examples:
-        pid = ids.setdefault(ex.context, str(len(ids)))
-        queries[ex.id] = ex.question
-        relevant[ex.id] = {pid}
-    return Retrieval(name, queries, {pid: text for text, pid in ids.items()}, relevant)
+    ids = {text: str(i) for i, text in enumerate(dict.fromkeys(ex.context for ex in examples))}
+    return Retrieval(name, {ex.id: ex.question for ex in examples}, {pid: text for text, pid in ids.items()},
+                     {ex.id: {ids[ex.context]} for ex in examples})
 
 
 def read_beir(folder: Path, split: str, limit: int | None = None) -> Retrieval:
@@ -168,16 +164,16 @@ def read_beir(folder: Path, split: str, limit: int | None = None) -> Retrieval:
             if score > 0:
                 relevant.setdefault(cells[0], set()).add(cells[1])
     corpus = {str(r["_id"]): f"{r.get('title') or ''} {r.get('text') or ''}".strip()
-              for r in _beir_rows(open_table, folder, "corpus")}
+              for r in _beir_rows(folder, "corpus")}
     wanted = list(relevant)[:limit or None]
-    texts = {str(r["_id"]): str(r.get("text") or "") for r in _beir_rows(open_table, folder, "queries")}
+    texts = {str(r["_id"]): str(r.get("text") or "") for r in _beir_rows(folder, "queries")}
     missing = [q for q in wanted if q not in texts]
     if missing:
         raise DataError(f"{qrels}: query {missing[0]!r} is not in queries.jsonl")
     return Retrieval(str(folder), {q: texts[q] for q in wanted}, corpus, {q: relevant[q] for q in wanted})
 
 
-def _beir_rows(open_table, folder: Path, name: str):
+def _beir_rows(folder: Path, name: str):
     path = next((folder / n for n in (f"{name}.jsonl", f"{name}.jsonl.gz") if (folder / n).is_file()), None)
     if path is None:
         raise DataError(f"{folder}: no {name}.jsonl")

@@ -145,9 +145,7 @@ def run_batch(model: nn.Module, task: Task, features: Sequence[dict], packed: bo
                       position_ids=flat["position_ids"], packed=layout)
         if "labels" in batch:
             kwargs["labels"] = flat["labels"] if per_token else batch["labels"]
-        for key in ("start_positions", "end_positions"):               # (B,): window positions
-            if key in batch:
-                kwargs[key] = batch[key]
+        kwargs.update({k: batch[k] for k in ("start_positions", "end_positions") if k in batch})  # (B,): per window
         out, loss = model(**kwargs)
         return out, loss, batch, layout
     out, loss = model(**batch)

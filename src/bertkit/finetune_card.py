@@ -68,12 +68,11 @@ def build_card(cfg, task, model, labels, result: dict, command: str, facts: dict
     """run_card.json of a fine-tuning run."""
     config = model.config
     probe = model.record() if hasattr(model, "record") else None
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     card = {
         "name": f"finetune {task.name}", "command": command,
         "mode": "frozen-feature probe" if probe else "full fine-tuning", "probe": probe,
         "model": cfg.model, "init": cfg.init, "parameters": sum(p.numel() for p in model.parameters()),
-        "trainable_parameters": trainable,
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "attention": "causal (left-to-right)" if config.causal else "bidirectional",
         "normalization": f"{getattr(config, 'norm_position', 'post')}-LN",
         "dropout": {"hidden": config.hidden_dropout, "attention": config.attention_dropout,

@@ -38,7 +38,7 @@ from typing import Mapping, Sequence
 import yaml
 from tqdm.auto import tqdm
 
-from .errors import BertkitError
+from .errors import BertkitError, DataError
 from .outdir import INCOMPLETE_KEY, _check_out
 from .runconfig import SEED, to_dict
 from .sources import read_jsonl
@@ -130,8 +130,6 @@ def seed_config(cfg, seed: int, out: Path):
 
 def check_dev(task, cfg) -> None:
     """The best seed is chosen on dev: a run without a dev file is refused before any training."""
-    from .tasks import DataError
-
     if cfg.dev_file is not None:
         return
     if cfg.data is None:

@@ -235,12 +235,12 @@ def encode(encoder, head: str, feats: Sequence[dict], layers: Sequence[int], poo
             states = encoder(flat["input_ids"], flat["token_type_ids"], None, flat["position_ids"], layout,
                              all_layers=True)
             starts = layout.cu_seqlens[:-1].tolist()
-            for k, i in enumerate(idx):
-                if head == "token_classification":
+            if head == "token_classification":
+                for k, i in enumerate(idx):
                     pos = [j for j, w in enumerate(feats[i]["word_ids"]) if w is not None]
                     at = torch.tensor([starts[k] + j for j in pos], dtype=torch.long, device=device)
                     per_feature[i] = (pos, {(l, None): states[l].index_select(0, at).float().cpu() for l in layers})
-            if head != "token_classification":
+            else:
                 pooled = {(l, p): pool_tokens(states[l], p, layout).float().cpu() for l in layers for p in poolings}
                 for k, i in enumerate(idx):
                     per_feature[i] = ([-1], {key: v[k:k + 1] for key, v in pooled.items()})

@@ -165,8 +165,8 @@ def check_pooling(head: str, features: str, pooling: str | None, causal: bool = 
     if pooling not in POOLINGS:
         raise BertkitError(f"probe pooling {pooling!r}: choose cls, last or mean")
     if pooling in ("cls", "last") and features == "embeddings":
-        raise BertkitError(f"probe features 'embeddings' at one token are the same vector for every input "
-                           f"at that position; use probe pooling mean")
+        raise BertkitError("probe features 'embeddings' at one token are the same vector for every input "
+                           "at that position; use probe pooling mean")
     if pooling == "cls" and causal:
         raise BertkitError("probe pooling cls on a causal model: its [CLS] sees only itself; use last or mean")
     return pooling

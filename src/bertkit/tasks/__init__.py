@@ -51,6 +51,7 @@ columns) come from `bertkit.tasks.custom.custom_task(...)`.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import math
@@ -184,7 +185,6 @@ def get_task(name: str) -> Task:
     """The `Task` called `name` (case-insensitive; aliases such as 'sst-2' accepted)."""
     key = ALIASES.get(name.lower(), name.lower())
     if key not in TASKS:
-        import difflib
         close = difflib.get_close_matches(key, list(TASKS) + list(ALIASES), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise BertkitError(f"unknown task {name!r}{hint}; choose from {', '.join(TASKS)}, or use "

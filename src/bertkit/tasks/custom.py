@@ -88,9 +88,8 @@ def read_texts(path: str | Path, bad: BadRows | None, text_column: str, pair_col
                label_column: str, id_column: str | None, fmt: str | None, regression: bool) -> list[TextExample]:
     bad = bad or BadRows()
     path = Path(path)
-    fmt = guess_format(path, fmt)
     examples = []
-    for index, (lineno, row) in enumerate(_rows(path, fmt, bad)):
+    for index, (lineno, row) in enumerate(data_rows(path, fmt, bad)):
         missing = [c for c in (text_column, pair_column) if c is not None and c not in row]
         if missing:
             bad(path, lineno, f"no {missing[0]!r} field (has: {', '.join(map(str, row))})")

@@ -59,8 +59,8 @@ def read_glue(path: str | Path, spec: Spec, bad: BadRows | None = None) -> list[
         lines.pop()
     if not any(line.strip() for line in lines):
         raise DataError(f"{path}: no examples (empty file)")
-    first = lines[0].rstrip("\r").split("\t") if lines else []
-    if spec.columns is not None and not (first and first[0] in ("index", "id")):
+    first = lines[0].rstrip("\r").split("\t")
+    if spec.columns is not None and first[0] not in ("index", "id"):
         header, start = list(spec.columns), 0          # CoLA train/dev: no header line
     else:
         header, start = first, 1
@@ -102,11 +102,6 @@ def read_glue(path: str | Path, spec: Spec, bad: BadRows | None = None) -> list[
 
 
 # ---- features -----------------------------------------------------------------------------------
-def max_overlap(size: int) -> int:
-    """The largest overlap `windows` uses for windows of `size` tokens: half a window."""
-    return size // 2
-
-
 def windows(n: int, size: int, overlap: int) -> list[tuple[int, int]]:
     """Spans [start, end) of length <= size covering range(n), consecutive spans overlapping by
     `overlap` tokens, capped at half a window: a step is never shorter than half the window, so
@@ -114,7 +109,7 @@ def windows(n: int, size: int, overlap: int) -> list[tuple[int, int]]:
     time: RTE at max_length 64 once became 43,015 windows from 2,213 examples)."""
     if n <= size:
         return [(0, n)]
-    step = size - min(max(overlap, 0), max_overlap(size))
+    step = size - min(max(overlap, 0), size // 2)
     spans, start = [], 0
     while True:
         end = min(start + size, n)
@@ -134,10 +129,8 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
     as truncation) and their logits are averaged in `postprocess_classification`."""
     index = {name: i for i, name in enumerate(labels)} if labels is not None else None
     ids_a = tokenizer.encode_ids([ex.text for ex in examples])
-    pairs = [i for i, ex in enumerate(examples) if ex.pair is not None]
-    ids_b: list[list[int] | None] = [None] * len(examples)
-    for i, ids in zip(pairs, tokenizer.encode_ids([examples[i].pair for i in pairs])):
-        ids_b[i] = ids
+    encoded_b = iter(tokenizer.encode_ids([ex.pair for ex in examples if ex.pair is not None]))
+    ids_b = [next(encoded_b) if ex.pair is not None else None for ex in examples]
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
     feats, truncated, cut, capped = [], 0, 0, 0
     for i, ex in enumerate(examples):
@@ -145,9 +138,7 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
         budget = max_length - (3 if b is not None else 2)
         if budget < 1:
             raise DataError(f"max_length {max_length} leaves no room for text after [CLS] and [SEP]")
-        target = None
-        if ex.label is not None:
-            target = float(ex.label) if index is None else index[ex.label]
+        target = None if ex.label is None else float(ex.label) if index is None else index[ex.label]
         nb = len(b) if b is not None else 0
         if len(a) + nb <= budget or stride is None:
             keep_a, keep_b = longest_first(len(a), nb, budget)
@@ -163,7 +154,7 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
                 truncated += 1
                 cut += len(short) - len(kept)
             room = budget - (len(kept) if kept is not None else 0)
-            capped += stride > max_overlap(room)
+            capped += stride > room // 2                # `windows` overlaps by half a window at most
             spans = windows(len(long), room, stride)
             parts = [(long[s:e], kept) if slide_a else (kept, long[s:e]) for s, e in spans]
         for pa, pb in parts:

@@ -20,6 +20,7 @@ returns these metrics.
 from __future__ import annotations
 
 import collections
+import gzip
 import json
 import logging
 import math
@@ -273,11 +274,8 @@ def squad_golds(references: Any) -> dict[str, list[str]]:
     if isinstance(references, Mapping):
         golds = {str(k): list(v) for k, v in references.items()}
     else:
-        golds = {}
-        for article in references:
-            for paragraph in article["paragraphs"]:
-                for qa in paragraph["qas"]:
-                    golds[qa["id"]] = [a["text"] for a in qa.get("answers", [])]
+        golds = {qa["id"]: [a["text"] for a in qa.get("answers", [])]
+                 for article in references for paragraph in article["paragraphs"] for qa in paragraph["qas"]}
     if not golds:
         raise MetricError("nothing to score: no questions in the references")
     return golds
@@ -390,7 +388,6 @@ def read_predictions(path: str | Path) -> tuple[dict[str, Any], dict[str, float]
         raise MetricError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     raw = path.read_bytes()
     if path.suffix == ".gz":
-        import gzip
         raw = gzip.decompress(raw)
     try:
         text = raw.decode("utf-8-sig")
@@ -557,12 +554,10 @@ def score_files(task_name: str, predictions: str | Path, references: str | Path,
     preds = _normalise(task, preds, examples, predictions)
     if null_odds is not None:
         odds.update(read_null_odds(null_odds))
-    if task.name == "squad":
-        if missing:
-            log.warning("%d of %d questions have no prediction and score 0 (as in evaluate-v1.1.py)",
-                        len(missing), len(ids))
-        result = squad_v1({ex.id: [t for t, _ in ex.answers] for ex in examples}, preds)
-    elif task.name == "squad2":
+    if missing:                           # (squad: any other task has raised above)
+        log.warning("%d of %d questions have no prediction and score 0 (as in evaluate-v1.1.py)",
+                    len(missing), len(ids))
+    if task.name == "squad2":
         result = squad_v2({ex.id: [t for t, _ in ex.answers] for ex in examples}, preds, odds or None, o.na_prob_thresh)
     else:
         result = task.metrics(preds, examples)

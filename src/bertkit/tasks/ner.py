@@ -114,17 +114,15 @@ def featurize_tokens(examples: Sequence[TaggedExample], tokenizer, labels: Seque
     feats, truncated, cut = [], 0, 0
     for i, (ex, enc) in enumerate(zip(examples, encodings)):
         ids, word_ids = enc.ids, enc.word_ids
-        first = [j == 0 or word_ids[j] != word_ids[j - 1] for j in range(len(ids))]
+        # each piece's word where it is the word's first piece, else None
+        first_of = [w if j == 0 or w != word_ids[j - 1] else None for j, w in enumerate(word_ids)]
         if stride is not None or len(ids) <= size:
             spans = windows(len(ids), size, stride or 0)     # overlap capped at half a window
         else:                                                 # no stride: truncated (words past it tagged O)
             spans, truncated, cut = [(0, size)], truncated + 1, cut + len(ids) - size
         for s, e in spans:
-            piece_words = [None, *word_ids[s:e], None]
-            is_first = [False, *first[s:e], False]
             feat = {"input_ids": [tokenizer.cls_id, *ids[s:e], tokenizer.sep_id],
-                    "token_type_ids": [0] * (e - s + 2), "example_index": i,
-                    "word_ids": [w if f else None for w, f in zip(piece_words, is_first)],
+                    "token_type_ids": [0] * (e - s + 2), "example_index": i, "word_ids": [None, *first_of[s:e], None],
                     "window": (s, e, len(ids))}
             if ex.tags is not None and labels is not None:
                 feat["labels"] = [index[ex.tags[w]] if w is not None else -100 for w in feat["word_ids"]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, Sequence
@@ -72,22 +73,15 @@ def default_task(head: str, raw: dict) -> Task | None:
     """The task for a checkpoint that does not name one (trained elsewhere)."""
     if head == "sequence_classification":
         return resolve_task("regress" if raw.get("problem_type") == "regression" else "classify")
-    if head == "token_classification":
-        return resolve_task("tokens")
-    if head == "question_answering":
-        return get_task("squad")
-    if head == "multiple_choice":
-        return get_task("swag")
-    return None
+    name = {"token_classification": "tokens", "question_answering": "squad", "multiple_choice": "swag"}.get(head)
+    return resolve_task(name) if name else None
 
 
 def checkpoint_task(raw: dict, head: str, where: str, task_name: str | None = None,
                     columns: dict | None = None) -> Task | None:
     """The task a checkpoint with this `head` runs: `task_name` (with `columns`) if given, else
     the one its config.json records, else the usual one for its head; None for a bare encoder."""
-    task = resolve_task(task_name, columns) if task_name else task_of_checkpoint(raw)
-    if task is None:
-        task = default_task(head, raw)
+    task = (resolve_task(task_name, columns) if task_name else task_of_checkpoint(raw)) or default_task(head, raw)
     if task is not None and task.head != head:
         raise BertkitError(f"{where}: a {head} checkpoint cannot run task {task.name} ({task.head})")
     return task
@@ -97,14 +91,10 @@ def checkpoint_task(raw: dict, head: str, where: str, task_name: str | None = No
 def parse_rows(task: Task, rows: Sequence[tuple[str, dict]], where: str) -> list:
     """`bertkit predict`'s input: each (where, JSON object) row as the task's example (`task.parse`),
     its id the row's own or its 0-based index; ids must be unique."""
-    examples = []
-    for i, (at, obj) in enumerate(rows):
-        ex = task.parse(obj, at)
-        if not ex.id:
-            ex.id = str(i)
-        examples.append(ex)
-    ids = [ex.id for ex in examples]
-    if len(set(ids)) != len(ids):
+    examples = [task.parse(obj, at) for at, obj in rows]
+    for i, ex in enumerate(examples):
+        ex.id = ex.id or str(i)
+    if len({ex.id for ex in examples}) != len(examples):
         raise BertkitError(f"{where}: ids must be unique")
     return examples
 
@@ -144,8 +134,6 @@ def inference_stride(task: Task, raw: dict, where: str, max_length: int, windows
 
 def input_summary(features: Sequence[dict], n_examples: int, truncated: int = 0, tokens_cut: int = 0) -> dict:
     """How examples became model inputs: windows per example and truncation (metrics, run card)."""
-    from collections import Counter
-
     per_example = Counter(f["example_index"] for f in features)
     multi = [c for c in per_example.values() if c > 1]
     return {"examples": n_examples, "features": len(features),
@@ -171,20 +159,19 @@ def featurize(task: Task, examples: list, tokenizer, labels, max_length: int, st
 def qa_options(task: Task | None, raw: dict, where: str, null_threshold: float | None = None) -> dict:
     """Postprocess options of a QA checkpoint: SQuAD v2.0's null threshold (`null_threshold`, else
     the one fine-tuning found best on dev, config.json `bertkit_null_threshold`, else 0)."""
-    threshold = null_threshold
     if task is None or task.head != "question_answering":
-        if threshold is not None:
+        if null_threshold is not None:
             raise BertkitError("--null-threshold applies to SQuAD v2.0 question answering")
         return {}
-    if threshold is not None and task.name != "squad2":
+    if null_threshold is not None and task.name != "squad2":
         raise BertkitError(f"--null-threshold applies to SQuAD v2.0 models; this one answers {task.name}")
     try:
         saved = qa_settings(raw)["null_threshold"]
     except BertkitError as e:
         raise BertkitError(f"{where}/{e}") from None
-    if threshold is not None and (threshold != threshold or abs(threshold) == float("inf")):
-        raise BertkitError(f"--null-threshold must be a finite number, got {threshold}")
-    return {"null_threshold": saved if threshold is None else threshold}
+    if null_threshold is not None and (null_threshold != null_threshold or abs(null_threshold) == float("inf")):
+        raise BertkitError(f"--null-threshold must be a finite number, got {null_threshold}")
+    return {"null_threshold": saved if null_threshold is None else null_threshold}
 
 
 # ---- references, scores, predictions ----------------------------------------------------------

@@ -103,18 +103,16 @@ def read_squad(path: str | Path, bad: BadRows | None = None, version: int = 1) -
                 bad(path, f"article {a} ({title}) paragraph {p}", "needs a \"context\" string and a \"qas\" list")
                 continue
             for q, qa in enumerate(qas):
-                ex = _read_question(qa, context, title, version, bad, path, f"article {a} paragraph {p} question {q}")
-                if ex is None:
-                    continue
-                if ex.id in seen:
-                    bad(path, f"question id {ex.id}", "id repeated")
-                    continue
-                seen.add(ex.id)
-                examples.append(ex)
+                ex = _read_question(qa, context, title, version, bad, path,
+                                    f"article {a} paragraph {p} question {q}", seen)
+                if ex is not None:
+                    examples.append(ex)
     return require_examples(examples, path, bad)
 
 
-def _read_question(qa, context: str, title: str, version: int, bad: BadRows, path, where: str) -> QAExample | None:
+def _read_question(qa, context: str, title: str, version: int, bad: BadRows, path, where: str,
+                   seen: set[str]) -> QAExample | None:
+    """One question as an example; None when it goes to `bad`, as does an id already in `seen` (then added)."""
     if not isinstance(qa, dict) or not isinstance(qa.get("id"), (str, int)):
         bad(path, where, "question without an \"id\"")
         return None
@@ -125,7 +123,7 @@ def _read_question(qa, context: str, title: str, version: int, bad: BadRows, pat
         bad(path, loc, "missing or empty \"question\"")
         return None
     raw = qa.get("answers")
-    if raw is None or not isinstance(raw, list):
+    if not isinstance(raw, list):
         bad(path, loc, "missing \"answers\" list")
         return None
     impossible = bool(qa.get("is_impossible", False)) or not raw
@@ -145,6 +143,10 @@ def _read_question(qa, context: str, title: str, version: int, bad: BadRows, pat
                            f"(context there: {context[max(s, 0):max(s, 0) + len(t)]!r}{hint})")
             return None
         answers.append((t, s))
+    if qid in seen:
+        bad(path, loc, "id repeated")
+        return None
+    seen.add(qid)
     return QAExample(qid, question, context, answers, impossible, title, f"{path}: {loc}")
 
 
@@ -197,11 +199,9 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
     """Windows of [CLS] question [SEP] context [SEP] with start/end targets (see the module doc)."""
     doc_stride = stride if stride is not None else 128
     questions = tokenizer.backend.encode_batch([ex.question for ex in examples], add_special_tokens=False)
-    contexts: dict[str, object] = {}
     unique = list(dict.fromkeys(ex.context for ex in examples))    # contexts repeat across questions
-    word_spans: dict[str, list[tuple[int, int]]] = {}
-    for c, enc in zip(unique, tokenizer.backend.encode_batch(unique, add_special_tokens=False)):
-        contexts[c], word_spans[c] = enc, piece_words(enc)
+    contexts = {c: (enc, piece_words(enc))
+                for c, enc in zip(unique, tokenizer.backend.encode_batch(unique, add_special_tokens=False))}
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
     feats, no_target, narrowed, q_cut, q_tokens = [], 0, 0, 0, 0
     for i, ex in enumerate(examples):
@@ -209,8 +209,8 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, labels=None, max_leng
         if len(questions[i].ids) > max_query_length:
             q_cut += 1
             q_tokens += len(questions[i].ids) - max_query_length
-        enc = contexts[ex.context]
-        doc_ids, offsets, words = enc.ids, [tuple(o) for o in enc.offsets], word_spans[ex.context]
+        enc, words = contexts[ex.context]
+        doc_ids, offsets = enc.ids, [tuple(o) for o in enc.offsets]
         room = max_length - len(q_ids) - 3
         if room < 1:
             raise DataError(f"max_length {max_length} leaves no room for the context after a "
@@ -384,10 +384,10 @@ def qa_settings(raw: dict) -> dict:
     out = {"version": 2 if isinstance(task, dict) and task.get("name") == "squad2" else 1,
            "max_length": raw.get("bertkit_max_length", 384), "doc_stride": raw.get("bertkit_stride", 128),
            "null_threshold": raw.get("bertkit_null_threshold", 0.0)}
-    for key, field in (("max_length", "bertkit_max_length"), ("doc_stride", "bertkit_stride")):
+    for key, name in (("max_length", "bertkit_max_length"), ("doc_stride", "bertkit_stride")):
         v = out[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise BertkitError(f"config.json: {field} must be a positive integer, got {v!r}")
+            raise BertkitError(f"config.json: {name} must be a positive integer, got {v!r}")
     t = out["null_threshold"]
     if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t or abs(t) == float("inf"):
         raise BertkitError(f"config.json: bertkit_null_threshold must be a finite number, got {t!r}")

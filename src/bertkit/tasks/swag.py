@@ -90,19 +90,15 @@ def featurize_choices(examples: Sequence[ChoiceExample], tokenizer, labels=None,
                       stride: int | None = None, train: bool = False) -> list[dict]:
     """One feature per example holding K sequences [CLS] context [SEP] start ending_k [SEP]
     (longest-first truncation to max_length, counted in tokenizer.stats)."""
-    firsts, seconds = [], []
-    for ex in examples:
-        for ending in ex.endings:
-            firsts.append(ex.context)
-            seconds.append(f"{ex.start} {ending}".strip())
+    firsts = [ex.context for ex in examples for _ in ex.endings]
+    seconds = [f"{ex.start} {ending}".strip() for ex in examples for ending in ex.endings]
     before = tokenizer.stats.counts()
     encodings = tokenizer.encode_batch(firsts, seconds, max_length)
     tokenizer.stats.report(before, f"{len(examples)} examples ({len(firsts)} context-ending sequences) at "
                                    f"max_length {max_length}")
-    feats, k = [], 0
+    sequences, feats = iter(encodings), []
     for i, ex in enumerate(examples):
-        encs = encodings[k:k + len(ex.endings)]
-        k += len(ex.endings)
+        encs = [next(sequences) for _ in ex.endings]
         feats.append({"input_ids": [e.input_ids for e in encs], "token_type_ids": [e.token_type_ids for e in encs],
                       "example_index": i, "labels": ex.label})
     return feats
@@ -123,7 +119,6 @@ def metrics_choices(predictions: dict, examples: Sequence[ChoiceExample]) -> dic
 
 
 SWAG = Task(name="swag", head="multiple_choice", description="SWAG: the most plausible of four endings (accuracy)",
-            read=lambda path, bad=None: read_swag(path, bad), featurize=featurize_choices,
-            postprocess=postprocess_choices, metrics=metrics_choices, main_metric="accuracy",
-            parse=parse_choices, files={"train": "train.csv", "dev": "val.csv", "test": "test.csv"},
-            max_length=128, packed=False)
+            read=read_swag, featurize=featurize_choices, postprocess=postprocess_choices, metrics=metrics_choices,
+            main_metric="accuracy", parse=parse_choices,
+            files={"train": "train.csv", "dev": "val.csv", "test": "test.csv"}, max_length=128, packed=False)

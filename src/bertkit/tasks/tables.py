@@ -26,11 +26,12 @@ means "no reference". The split a command asks for maps to the Hub's names: dev 
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
 from ..sources import dataset_name, is_saved_dataset, open_table
-from . import BadRows, DataError, Task, finite_number, require_examples
+from . import BadRows, DataError, Task, finite_number, open_text, require_examples
 from .glue import BINARY, ENTAIL, NLI, TextExample
 from .ner import TAG, TaggedExample
 from .squad import _read_question
@@ -71,11 +72,8 @@ def is_table_source(task: Task, path: str | Path) -> bool:
 
 def _json_lines(path: Path) -> bool:
     """A .json file of one object per line (Dataset.to_json), not SQuAD's single document."""
-    import gzip
-    import json
     try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8-sig") as f:
+        with open_text(path) as f:
             first = f.readline(1 << 20)
         obj = json.loads(first)
     except (OSError, ValueError, RecursionError):
@@ -97,7 +95,7 @@ def find_split(task: Task, folder: Path, split: str) -> Path | None:
             if (folder / (stem + ext)).is_file() and is_table_source(task, folder / (stem + ext)):
                 return folder / (stem + ext)
         for ext in (".parquet", ".arrow"):
-            if sorted(folder.glob(f"{stem}-*{ext}")):
+            if any(folder.glob(f"{stem}-*{ext}")):
                 return folder / f"{stem}-*{ext}"
     return None
 
@@ -121,21 +119,22 @@ def _column(table, candidates: tuple[str, ...], what: str, task: Task, required:
 
 
 # ---- GLUE ----------------------------------------------------------------------------------------
-def _glue_spec(name: str):
-    pairs = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
-             "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"),
-             "mnli": ("premise", "hypothesis"), "mnli-mm": ("premise", "hypothesis"),
-             "qnli": ("question", "sentence"), "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2")}
-    tsv = {"mrpc": ("#1 String", "#2 String"), "mnli": ("sentence1", "sentence2"), "mnli-mm": ("sentence1", "sentence2")}
-    allowed = {"cola": BINARY, "sst2": BINARY, "mrpc": BINARY, "qqp": BINARY, "wnli": BINARY, "stsb": None,
-               "mnli": NLI, "mnli-mm": NLI, "qnli": ENTAIL, "rte": ENTAIL}
-    # the Hub's class order, for tables that hold class ids without their ClassLabel names
-    hub_names = {"mnli": ["entailment", "neutral", "contradiction"], "mnli-mm": ["entailment", "neutral", "contradiction"],
-                 "qnli": ["entailment", "not_entailment"], "rte": ["entailment", "not_entailment"]}
-    text, pair = pairs[name]
-    alt = tsv.get(name, (None, None))
-    return ((text, *[a for a in alt[:1] if a]), (pair, *[a for a in alt[1:] if a]) if pair else None,
-            allowed[name], hub_names.get(name))
+HUB_NLI = ["entailment", "neutral", "contradiction"]
+HUB_ENTAIL = ["entailment", "not_entailment"]
+# task: (text columns, second-text columns or None, allowed labels (None: regression), the Hub's class
+# order for tables that hold class ids without their ClassLabel names); the Hub's names, then GLUE's TSV's
+GLUE_COLUMNS = {
+    "cola": (("sentence",), None, BINARY, None),
+    "sst2": (("sentence",), None, BINARY, None),
+    "mrpc": (("sentence1", "#1 String"), ("sentence2", "#2 String"), BINARY, None),
+    "stsb": (("sentence1",), ("sentence2",), None, None),
+    "qqp": (("question1",), ("question2",), BINARY, None),
+    "mnli": (("premise", "sentence1"), ("hypothesis", "sentence2"), NLI, HUB_NLI),
+    "mnli-mm": (("premise", "sentence1"), ("hypothesis", "sentence2"), NLI, HUB_NLI),
+    "qnli": (("question",), ("sentence",), ENTAIL, HUB_ENTAIL),
+    "rte": (("sentence1",), ("sentence2",), ENTAIL, HUB_ENTAIL),
+    "wnli": (("sentence1",), ("sentence2",), BINARY, None),
+}
 
 
 def glue_label(value, allowed: tuple[str, ...] | None, names: list[str] | None) -> tuple[object, str | None]:
@@ -164,7 +163,7 @@ def glue_label(value, allowed: tuple[str, ...] | None, names: list[str] | None) 
 
 
 def _glue(task: Task, table, bad: BadRows) -> list:
-    texts, pairs, allowed, hub_names = _glue_spec(task.name)
+    texts, pairs, allowed, hub_names = GLUE_COLUMNS[task.name]
     text_col = _column(table, texts, "text", task)
     pair_col = _column(table, pairs, "second text", task) if pairs else None
     label_col = _column(table, ("label", "gold_label", "Quality", "is_duplicate", "score"), "label", task, False)
@@ -231,14 +230,9 @@ def _squad(task: Task, table, bad: BadRows) -> list:
             bad(table.name, where, "needs a \"context\" string")
             continue
         qa = {"id": row.get("id"), "question": row.get("question"), "answers": answers}
-        ex = _read_question(qa, context, str(row.get("title") or ""), version, bad, table.name, where)
-        if ex is None:
-            continue
-        if ex.id in seen:
-            bad(table.name, f"question id {ex.id}", "id repeated")
-            continue
-        seen.add(ex.id)
-        examples.append(ex)
+        ex = _read_question(qa, context, str(row.get("title") or ""), version, bad, table.name, where, seen)
+        if ex is not None:
+            examples.append(ex)
     return examples
 
 
@@ -265,7 +259,7 @@ def _swag(task: Task, table, bad: BadRows) -> list:
 
 
 CONVERTERS: dict[str, Callable] = {
-    **{name: _glue for name in ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli-mm", "qnli", "rte", "wnli")},
+    **dict.fromkeys(GLUE_COLUMNS, _glue),
     "conll2003": _conll, "squad": _squad, "squad2": _squad, "swag": _swag,
 }
 
