@@ -101,10 +101,9 @@ def _yaml(text: str) -> Any:
 
 
 def _help(doc: str, default: Any, show_default: bool) -> str:
-    text = doc
     if show_default and default is not None and default != "" and not isinstance(default, bool):
-        text = f"{text} (default {default})" if text else f"default {default}"
-    return text.replace("%", "%%")
+        doc = f"{doc} (default {default})" if doc else f"default {default}"
+    return doc.replace("%", "%%")
 
 
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
@@ -244,8 +243,7 @@ def suggest_unknown(parser: argparse.ArgumentParser) -> None:
     def parse_known_args(args=None, namespace=None):
         args = _switch_values(parser, _spellings(parser, list(sys.argv[1:] if args is None else args)))
         ns, extras = plain(args, namespace)
-        unknown = [a.split("=", 1)[0] for a in extras if a.startswith("-") and a not in ("-", "--")]
-        if unknown:
+        if unknown := [a.split("=", 1)[0] for a in extras if a.startswith("-") and a not in ("-", "--")]:
             known = [s for s, a in parser._option_string_actions.items() if s.startswith("--")
                      and not isinstance(a, _Moved)]
             close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)

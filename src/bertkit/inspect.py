@@ -84,8 +84,7 @@ def load(path: str | Path) -> Loaded:
     path = model_folder(path)
     if not (path / "config.json").is_file():
         raise InspectError(f"--model {path}: no config.json (not a model folder)")
-    model = load_model(path).float().eval()
-    return Loaded(model, Tokenizer.from_dir(path), path)
+    return Loaded(load_model(path).float().eval(), Tokenizer.from_dir(path), path)
 
 
 # ---- attention, written out --------------------------------------------------------------------
@@ -209,8 +208,7 @@ def summary_attention(probs: Tensor, ids: list[int], sep_id: int, causal: bool) 
     row = probs.shape[-1] - 1 if causal else 0
     r = probs[:, :, row, :]                                                    # (L, H, T)
     sep = torch.tensor([i == sep_id for i in ids])
-    first = torch.zeros(len(ids), dtype=torch.bool)
-    first[0] = True
+    first = torch.arange(len(ids)) == 0
     mean = r.mean(1)                                                           # (L, T)
     mass = {name: mean[:, m].sum(-1).tolist() for name, m in
             (("[CLS]", first), ("[SEP]", sep), ("words", ~(first | sep)))}

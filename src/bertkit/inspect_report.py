@@ -34,16 +34,14 @@ def summary_lines(r: dict) -> list[str]:
              *(f"  layer {i + 1:2d}  {a['mass']['[CLS]'][i]:.2f}  {a['mass']['[SEP]'][i]:.2f}  {a['mass']['words'][i]:.2f}"
                for i in range(m["layers"])),
              f"segment change: right segment replaced ({', '.join(seg['replacements'])}); relative L2 change "
-             f"of the {len(seg['left_tokens'])} left tokens' states, mean per layer"]
-    modes = list(seg["summary"])
-    lines.append("  layer  " + "  ".join(f"{mode:>13s}" for mode in modes))
-    for i in range(m["layers"] + 1):
-        lines.append(f"  {i:5d}  " + "  ".join(f"{seg['summary'][mode]['per_layer_mean'][i]:13.3f}" for mode in modes))
-    lines.append("  max    " + "  ".join(f"{_tiny(seg['summary'][mode]['max']):>13s}" for mode in modes))
-    for f in r.get("fill_mask") or []:
-        lines.append(f"[MASK] at {f['position']}: " + ", ".join(f"{c['token']} {c['prob']:.3f}" for c in f["candidates"]))
-    if r.get("generate"):
-        g = r["generate"]
+             f"of the {len(seg['left_tokens'])} left tokens' states, mean per layer",
+             "  layer  " + "  ".join(f"{mode:>13s}" for mode in seg["summary"]),
+             *(f"  {i:5d}  " + "  ".join(f"{s['per_layer_mean'][i]:13.3f}" for s in seg["summary"].values())
+               for i in range(m["layers"] + 1)),
+             "  max    " + "  ".join(f"{_tiny(s['max']):>13s}" for s in seg["summary"].values()),
+             *(f"[MASK] at {f['position']}: " + ", ".join(f"{c['token']} {c['prob']:.3f}" for c in f["candidates"])
+               for f in r.get("fill_mask") or [])]
+    if g := r.get("generate"):
         lines.append(f"generate ({g['method']}): {g['prompt']!r} -> {g['text']!r}")
     return lines
 
@@ -127,15 +125,8 @@ def figures(r: dict, out: Path, meta: dict) -> dict[str, Path]:
     rows = -(-H // cols)
     panel_h, width = 0.3 * L + 0.5, cols * max(3, 0.18 * T + 1)
     fig, axes = plt.subplots(rows, cols, figsize=(width, rows * (panel_h + 0.45) + 1.5), squeeze=False)
-    per_head = np.asarray(a["rows"])                                            # (L, H, T)
-    for h in range(rows * cols):
-        axh = axes[h // cols][h % cols]
-        if h >= H:
-            axh.axis("off")
-            continue
-        _heatmap(axh, per_head[:, h], tokens if h // cols == rows - 1 or h + cols >= H else None,
-                 [str(i + 1) for i in range(L)] if h % cols == 0 else None, vmax=1.0)
-        axh.set_title(f"head {h + 1}", fontsize=8)
+    per_head = np.asarray(a["rows"]).transpose(1, 0, 2)                         # (L, H, T) -> (H, L, T)
+    _head_panels(axes, per_head, tokens, [str(i + 1) for i in range(L)])
     fig.suptitle(f"{who}'s attention per layer (rows) and head; scale 0-1", fontsize=9)
     _margins(fig, left=0.5, bottom=1.1, top=0.6, hspace=0.45, wspace=0.08)
     paths["cls_attention_heads"] = _save(plt, fig, out / "cls_attention_heads.png", r, meta)
@@ -143,21 +134,27 @@ def figures(r: dict, out: Path, meta: dict) -> dict[str, Path]:
     maps = np.asarray(r["layer_maps"])                                          # (H, T, T)
     side = max(3.0, 0.16 * T + 1.2)
     fig, axes = plt.subplots(rows, cols, figsize=(cols * side + 0.8, rows * (side + 0.3) + 1.5), squeeze=False)
-    for h in range(rows * cols):
-        axh = axes[h // cols][h % cols]
-        if h >= H:
-            axh.axis("off")
-            continue
-        labels = tokens if T <= 48 else None
-        _heatmap(axh, maps[h], labels if h // cols == rows - 1 or h + cols >= H else None,
-                 labels if h % cols == 0 else None, vmax=1.0, cmap="magma")
-        axh.set_title(f"head {h + 1}", fontsize=8)
+    labels = tokens if T <= 48 else None
+    _head_panels(axes, maps, labels, labels, cmap="magma")
     fig.suptitle(f"layer {r['layer']}: attention of each query (row) to each key (column)", fontsize=9)
     _margins(fig, left=0.8, bottom=1.1, top=0.6, hspace=0.3, wspace=0.06)
     paths["attention_layer"] = _save(plt, fig, out / f"attention_layer{r['layer']}.png", r, meta)
 
     paths["segment_change"] = _segment_figure(plt, r, out, meta)
     return paths
+
+
+def _head_panels(axes, panels, xlabels, ylabels, cmap: str = "viridis") -> None:
+    """One panel per head (scale 0-1) on a grid of axes: x labels on each column's lowest panel, y labels
+    on the first column; the axes past the last head are left blank."""
+    rows, cols = axes.shape
+    for h, ax in enumerate(axes.flat):
+        if h >= len(panels):
+            ax.axis("off")
+            continue
+        _heatmap(ax, panels[h], xlabels if h // cols == rows - 1 or h + cols >= len(panels) else None,
+                 ylabels if h % cols == 0 else None, vmax=1.0, cmap=cmap)
+        ax.set_title(f"head {h + 1}", fontsize=8)
 
 
 def _segment_figure(plt, r: dict, out: Path, meta: dict) -> Path:
@@ -257,8 +254,7 @@ def _lm_section(r: dict) -> list[str]:
     for f in r.get("fill_mask") or []:
         out.append(f"<p>[MASK] at position {f['position']}: " + ", ".join(
             f"<code>{e(c['token'])}</code> {c['prob']:.3f}" for c in f["candidates"]) + "</p>")
-    g = r.get("generate")
-    if g:
+    if g := r.get("generate"):
         out.append(f"<p>Greedy generation ({e(g['method'])}): <code>{e(g['prompt'])}</code> &rarr; "
                    f"<code>{e(g['text'])}</code></p><p>" + " ".join(
                        f"<code>{e(t)}</code>&nbsp;{p:.3f}" for t, p in zip(g["tokens"], g["probs"])) + "</p>")

@@ -220,7 +220,7 @@ def summary_lines(root: Path, card: dict, evals: list[dict], data_tokens: int, s
     before, after = evals[0], evals[-1]
     hits, cloze = card["cloze"]["hits"], card["cloze"]["answers"]
     final = root / "run" / "final"
-    lines = [
+    return [
         "",
         f"held-out MLM accuracy {before['eval_mlm_accuracy']:.3f} -> {after['eval_mlm_accuracy']:.3f} "
         f"({after.get('eval_mask_accuracy', float('nan')):.3f} at the [MASK] tokens alone; perplexity "
@@ -228,10 +228,7 @@ def summary_lines(root: Path, card: dict, evals: list[dict], data_tokens: int, s
         f"updates, {card['tokens_seen'] / 1e6:.1f} M tokens, {card['wall_time_s'] / 60:.1f} min of training "
         f"({card['precision']})",
         f"cloze prompts: {hits} of {len(CLOZE)} answered with the expected word in the top 3",
-    ]
-    for c in cloze:
-        lines.append(f"  {'+' if c['hit'] else '-'} {c['prompt']:<76} {', '.join(c['top3'])}")
-    lines += [
+        *(f"  {'+' if c['hit'] else '-'} {c['prompt']:<76} {', '.join(c['top3'])}" for c in cloze),
         "",
         what_to_expect(card["tokens_seen"] / max(data_tokens, 1), data_tokens,
                        after.get("eval_mask_accuracy")),
@@ -249,4 +246,3 @@ def summary_lines(root: Path, card: dict, evals: list[dict], data_tokens: int, s
         f"CPU; it wants 10-20 MB of text: bertkit prepare --no-nsp)",
         f"total {seconds:.0f} s",
     ]
-    return lines

@@ -62,8 +62,7 @@ def pretrain_config(cfg: AblateConfig, arm: Arm, train: Path, heldout: Path, out
     if cfg.threads:
         fixed["train"]["threads"] = cfg.threads
     d = merge(merge(merge(cfg.pretrain, arm.pretrain), arm_budget(cfg, arm)), fixed)
-    steps = read_steps(cfg, arm)
-    if steps:                                   # checkpoints other arms read: every gcd(steps), all kept
+    if steps := read_steps(cfg, arm):           # checkpoints other arms read: every gcd(steps), all kept
         d["train"].update(checkpoint_every=math.gcd(*steps), keep_checkpoints=10 ** 6)   # removed at the end
     pcfg = from_dict(PretrainConfig, d, f"arm {arm.name} pretrain")
     pcfg.ablate_given = d          # the keys given: what identifies the run (see _given_key)
@@ -89,7 +88,7 @@ def finetune_config(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Pa
     if lr is not None:
         d["lr"] = float(lr)
     if data is not None:
-        d["data"] = str(Path(data) if Path(data).is_absolute() else Path(cfg.data_dir) / data)
+        d["data"] = str(Path(cfg.data_dir) / data)                # an absolute path stays as it is
     if cfg.threads:
         d["threads"] = cfg.threads
     fcfg = from_dict(FinetuneConfig, d, f"arm {arm.name} finetune {task}")
@@ -117,11 +116,11 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
              "host": socket.gethostname(), "cpu": cpu_model(), "started": _now(), "pid": os.getpid()}
     _write_json(d / "arm.json", state)
     t0, c0 = time.time(), time.process_time()
-    handler = _file_log(d / "log.txt")
-    logger = logging.getLogger("bertkit")
-    level = logger.level
-    if logger.getEffectiveLevel() > logging.INFO:    # library use without logging set up: log.txt still gets INFO
-        logger.setLevel(logging.INFO)
+    handler = _ArmLog(d / "log.txt")
+    log.addHandler(handler)
+    level = log.level
+    if log.getEffectiveLevel() > logging.INFO:       # library use without logging set up: log.txt still gets INFO
+        log.setLevel(logging.INFO)
     try:
         if arm.error:
             raise BertkitError(arm.error)
@@ -159,8 +158,8 @@ def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> di
         state.update(wall_s=round(time.time() - t0, 1), cpu_s=round(time.process_time() - c0, 1), finished=_now(),
                      warnings=handler.warnings)
         _write_json(d / "arm.json", state)
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+        log.removeHandler(handler)
+        log.setLevel(level)
         handler.close()
     return state
 
@@ -206,8 +205,7 @@ def _protocol_plan(cfg: AblateConfig, arm: Arm) -> dict:
     its finished arms): the arm's search, and the updates computed to match the base arm's FLOPs
     (they change with the base arm's settings too)."""
     out: dict = {}
-    search = lr_search_of(cfg, arm)
-    if search:
+    if search := lr_search_of(cfg, arm):
         out["lr_search"] = search
     if "flops" in (cfg.budget.match, arm.budget.get("match")):
         try:
@@ -247,12 +245,6 @@ class _ArmLog(logging.FileHandler):
         super().emit(record)
 
 
-def _file_log(path: Path) -> _ArmLog:
-    h = _ArmLog(path)
-    logging.getLogger("bertkit").addHandler(h)
-    return h
-
-
 def _model_of_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions, d: Path
                   ) -> tuple[Path, str, dict]:
     """(model folder for fine-tuning, 'pretrained' or 'random', pre-training summary)."""
@@ -287,14 +279,13 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
     out = Path(pcfg.out)
     key = _given_key(pcfg, data=data["key"])      # the launcher changes no number: not in the key
     card = _read_json(out / "run_card.json")
-    same = (_read_json(out / "ablate_key.json") or {}).get("key") == key
+    old_key = (_read_json(out / "ablate_key.json") or {}).get("key")
+    same = old_key == key
     # a run stopped by a signal (SIGTERM, Ctrl-C) also writes its card and final/: it resumes, it is not done
-    stopped = _stopped_by_signal(card)
-    finished = bool(card) and (out / "final" / "config.json").is_file() and not stopped
+    finished = bool(card) and (out / "final" / "config.json").is_file() and not _stopped_by_signal(card)
     if finished and same:
         log.info("ablate: arm %s: pre-training finished before; reusing %s", arm.name, out / "final")
     else:
-        old_key = (_read_json(out / "ablate_key.json") or {}).get("key")
         if finished and old_key is None:
             raise BertkitError(f"{out}: a pre-training this grid did not make; move it away to pre-train "
                                "this arm here")

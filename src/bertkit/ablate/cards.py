@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data.pretraining import open_dataset
 from .arm import finetune_dir
 from .config import AblateConfig, _read_json
 from .measure import _fmt
+from .shared import Shared
 
 
 def _cards(cfg: AblateConfig, st: dict) -> tuple[dict, dict, dict]:
@@ -57,8 +59,7 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
         if st.get("status") not in ("done", "pretrained"):
             continue
         card, ft, _ = _cards(cfg, st)
-        c = card.get("config") or {}
-        model = c.get("model") or {}
+        model = (card.get("config") or {}).get("model") or {}
         shape = _shape(st, ft)
         params = card.get("parameters") or ft.get("parameters")
         pre = st.get("pretrain") or {}
@@ -84,8 +85,7 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
 def _shape(st: dict, ft: dict) -> str:
     """'L4/H256/A4' from the arm's model folder (config.json: what was built, a preset resolved), else
     from its fine-tuning metrics; '—' when neither is there."""
-    raw = _read_json(Path(st.get("model") or "") / "config.json") if st.get("model") else None
-    raw = raw or {}
+    raw = (_read_json(Path(st["model"]) / "config.json") if st.get("model") else None) or {}
     dims = (raw.get("num_hidden_layers") or ft.get("layers"), raw.get("hidden_size") or ft.get("hidden_size"),
             raw.get("num_attention_heads") or ft.get("heads"))
     return "—" if None in dims else f"L{dims[0]}/H{dims[1]}/A{dims[2]}"
@@ -105,8 +105,7 @@ def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
     for task in cfg.tasks:
         m = _read_json(finetune_dir(Path(cfg.out) / "arms" / cfg.base_arm, task, cfg.seeds[0],
                                     (base.get("lr_chosen") or {}).get(task)) / "metrics.json") or {}
-        tr = ((m.get("inputs") or {}).get("train") or {})
-        if tr:
+        if tr := (m.get("inputs") or {}).get("train"):
             truncation.append(f"{task}: {tr.get('truncated_examples', 0)} of {tr.get('examples')} training inputs "
                               f"truncated ({tr.get('tokens_cut', 0)} tokens cut), {tr.get('windowed_examples', 0)} "
                               "read in windows")
@@ -143,11 +142,7 @@ def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
 def pair_example(cfg: AblateConfig) -> str:
     """The first held-out pre-training instance of the base data, as tokens and segment ids."""
     try:
-        from .shared import Shared
-        from ..data.pretraining import open_dataset
-        sh = Shared(cfg)
-        _, heldout, _ = sh.prepared(cfg.prepare)
-        data = open_dataset(heldout)
+        data = open_dataset(Shared(cfg).prepared(cfg.prepare)[1])
         inst = data[0]
         tokens = data.tokenizer().convert_ids_to_tokens([int(i) for i in inst["input_ids"]])
         types = [int(t) for t in inst["token_type_ids"]]

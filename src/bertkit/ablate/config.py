@@ -138,12 +138,10 @@ def load_ablate_config(path: str | Path, values: dict | None = None) -> AblateCo
     errors now; an arm's mistakes become its failed row."""
     path = Path(path)
     raw = read_yaml_mapping(path, "grid keys")
-    kw: dict[str, Any] = {}
-    for key, value in raw.items():
+    for key in raw:
         if key not in TOP_KEYS:
             raise BertkitError(unknown_key(key, TOP_KEYS, str(path)))
-        kw[key] = value
-    kw.update(values or {})
+    kw: dict[str, Any] = {**raw, **(values or {})}
     for key in ("tokenizer", "prepare", "pretrain", "finetune", "tasks", "lr_search"):
         if not isinstance(kw.get(key, {}), dict):
             raise BertkitError(f"{path}: {key} must be a mapping")
@@ -197,8 +195,8 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
         if key in ("prepare", "pretrain", "finetune", "budget", "lr_search") and not isinstance(value, dict):
             arm.error = f"{where} arm {arm.name}: {key} must be a mapping of keys, not {value!r}"
             continue
-        if key == "pretrain" and _not_sections(value, "pretrain"):
-            arm.error = f"{where} arm {arm.name}: {_not_sections(value, 'pretrain')}"
+        if key == "pretrain" and (problem := _not_sections(value, "pretrain")):
+            arm.error = f"{where} arm {arm.name}: {problem}"
             continue
         setattr(arm, key, value)
     if not 0 < float(arm.corpus_fraction) <= 1:
@@ -207,8 +205,7 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
         arm.error = f"{where} arm {arm.name}: budget takes match, steps and time"
     elif arm.budget.get("match", "tokens") not in MATCHES:
         arm.error = f"{where} arm {arm.name}: budget.match must be one of {', '.join(MATCHES)}"
-    problem = lr_search_problem(arm.lr_search, "lr_search")
-    if problem:
+    if problem := lr_search_problem(arm.lr_search, "lr_search"):
         arm.error = f"{where} arm {arm.name}: {problem}"
     if "probe" in raw:
         from ..linear_probe import probe_spec
@@ -227,8 +224,7 @@ def _check_grid(cfg: AblateConfig) -> None:
     names = [a.name for a in cfg.arms]
     if not names:
         raise BertkitError(f"{src}: no arms")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
+    if dup := sorted({n for n in names if names.count(n) > 1}):
         raise BertkitError(f"{src}: arm names must be unique ({', '.join(dup)} repeated)")
     if cfg.base_arm not in names:
         raise BertkitError(f"{src}: base_arm {cfg.base_arm!r} is not one of the arms")
@@ -284,11 +280,7 @@ def select_arms(cfg: AblateConfig, names: Sequence[str] | None = None, shard: st
         arms = [a for a in arms if a.name in set(names)]
     if shard:
         i, n = _parse_shard(shard)
-        groups: list[str] = []
-        for a in cfg.arms:
-            root = _root(cfg, a)
-            if root not in groups:
-                groups.append(root)
+        groups = list(dict.fromkeys(_root(cfg, a) for a in cfg.arms))
         mine = {g for k, g in enumerate(groups) if k % n == i}
         arms = [a for a in arms if _root(cfg, a) in mine]
     return arms

@@ -16,7 +16,7 @@ def contract_test(model: str | Path | None = None, seed: int = 0) -> dict:
     right-hand segment is replaced by other tokens of the same length, so every tensor keeps its shape."""
     import torch
 
-    from ..model import BertModel
+    from ..model import BertModel, init_weights
 
     g = torch.Generator().manual_seed(seed)
     if model is not None:
@@ -29,7 +29,6 @@ def contract_test(model: str | Path | None = None, seed: int = 0) -> dict:
     else:
         torch.manual_seed(seed)
         enc = BertModel(preset("tiny", vocab_size=1000, hidden_size=64, num_heads=2, intermediate_size=128)).eval()
-        from ..model import init_weights
         init_weights(enc, enc.config)
         ids = torch.randint(5, 1000, (1, 16), generator=g)
         types = torch.tensor([[0] * 8 + [1] * 8])

@@ -59,7 +59,7 @@ def check_inputs(cfg: AblateConfig) -> None:
         shared._path(name)
     for task, spec in cfg.tasks.items():
         data = (spec or {}).get("data") if isinstance(spec, dict) else None
-        if data is not None and not (Path(data) if Path(data).is_absolute() else Path(cfg.data_dir) / data).exists():
+        if data is not None and not (Path(cfg.data_dir) / data).exists():          # (absolute: as it is)
             raise BertkitError(f"{cfg.source}: task {task}: data {data}: no such file or folder in data_dir "
                                f"{cfg.data_dir} (set data_dir in the config or --data-dir)")
 
@@ -109,11 +109,10 @@ def run_grid(cfg: AblateConfig, arms: Sequence[Arm] | None = None, opts: RunOpti
     for h in quiet:
         h.addFilter(_QUIET)
     try:
-        summary = _run_jobs(cfg, arms, shared, opts) if cfg.jobs > 1 else _run_arms(cfg, arms, shared, opts)
+        return _run_jobs(cfg, arms, shared, opts) if cfg.jobs > 1 else _run_arms(cfg, arms, shared, opts)
     finally:
         for h in quiet:
             h.removeFilter(_QUIET)
-    return summary
 
 
 _QUIET = _GridLines()

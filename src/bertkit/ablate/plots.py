@@ -39,17 +39,13 @@ def write_plots(cfg: AblateConfig, states: list[dict], rows: list[dict], cells: 
         metric = next((r["metric"] for r in rows if r["task"] == t), "")
         ax.set_ylabel(f"{t} dev {metric}")
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
-        seen = [v for n in names for v in cells.get((n, t), {}).get("values", [])]
-        if seen:
+        if seen := [v for n in names for v in cells.get((n, t), {}).get("values", [])]:
             ax.set_ylim(max(0.0, min(seen) - 0.05), min(1.0, max(seen) + 0.05))
         for i, s in enumerate(states):
             if (s["name"], t) not in cells:
                 ax.text(i, ax.get_ylim()[0], f" {s['status']}", rotation=90, va="bottom", ha="center", fontsize=7)
     fig.suptitle(f"fine-tuning, mean ± std over {len(cfg.seeds)} seeds (dots: seeds)\n{stamp}", fontsize=9)
-    fig.tight_layout()
-    paths = [d / "downstream.png"]
-    fig.savefig(paths[0], dpi=100)
-    plt.close(fig)
+    paths = [_save(plt, fig, d / "downstream.png")]
     accs = [(s.get("mlm") or {}).get("accuracy_mask") for s in states]
     fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(names) + 2), 3.6))
     ax.bar(range(len(names)), [a if a is not None else float("nan") for a in accs], color=colors)
@@ -61,18 +57,20 @@ def write_plots(cfg: AblateConfig, states: list[dict], rows: list[dict], cells: 
         ax.legend(fontsize=8)
     ax.set_title(f"held-out MLM accuracy at [MASK] positions (token 15%, 80/10/10, same positions)\n{stamp}",
                  fontsize=9)
-    fig.tight_layout()
-    paths.append(d / "mlm_accuracy.png")
-    fig.savefig(paths[1], dpi=100)
-    plt.close(fig)
-    scored = [s for s in states if isinstance(s.get("blimp"), dict)]
-    if scored:
-        paths.append(d / "blimp.png")
-        _blimp_plot(plt, cfg, scored, paths[-1], stamp)
+    paths.append(_save(plt, fig, d / "mlm_accuracy.png"))
+    if scored := [s for s in states if isinstance(s.get("blimp"), dict)]:
+        paths.append(_blimp_plot(plt, cfg, scored, d / "blimp.png", stamp))
     return paths
 
 
-def _blimp_plot(plt, cfg: AblateConfig, scored: list[dict], path: Path, stamp: str) -> None:
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _blimp_plot(plt, cfg: AblateConfig, scored: list[dict], path: Path, stamp: str) -> Path:
     """BLiMP accuracy per arm with its Wilson 95% interval, chance and the 5-gram model as lines."""
     from .. import blimp
 
@@ -94,6 +92,4 @@ def _blimp_plot(plt, cfg: AblateConfig, scored: list[dict], path: Path, stamp: s
     ax.set_ylabel("BLiMP accuracy")
     ax.set_ylim(0.4, max(0.8, max(acc) + 0.05))
     ax.set_title(f"BLiMP zero-shot, {scored[0]['blimp']['pairs']:,} pairs (95% Wilson intervals)\n{stamp}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return _save(plt, fig, path)

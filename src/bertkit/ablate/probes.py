@@ -2,14 +2,13 @@
 what changes their numbers, reused on a rerun, resumed at the probe an interrupted run was on."""
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..linear_probe import ProbeSpec, probe, probe_spec, write_results
+from ..linear_probe import probe, probe_spec, write_results
+from .config import _key, _read_json
 
 if TYPE_CHECKING:
     from ..finetune_config import FinetuneConfig
@@ -45,12 +44,9 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
     (results.json) and status ('ok')."""
     out = Path(fcfg.out)
     spec = probe_spec(arm.probe, f"arm {arm.name} probe")
-    given = {k: getattr(fcfg, k) for k in DATA_KEYS}
-    key = _ablate_key(given, spec, weights)
-    try:
-        result = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        result = None
+    key = _key({"given": {k: getattr(fcfg, k) for k in DATA_KEYS}, "spec": vars(spec), "weights": weights,
+                "version": RESULTS_VERSION})                              # the reuse key of results.json
+    result = _read_json(out / "results.json")
     if not (isinstance(result, dict) and result.get("ablate_key") == key):
         out.mkdir(parents=True, exist_ok=True)
         log.info("ablate: arm %s: probing %s (L-BFGS, %d features x poolings)", arm.name, fcfg.task,
@@ -72,8 +68,3 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
              "pretrain_updates": pre.get("updates"), "pretrain_wall_s": pre.get("wall_s"),
              "run_card": str(out / "results.json"), "status": "ok"} for p in result["probes"]]
 
-
-def _ablate_key(given: dict, spec: ProbeSpec, weights: list) -> str:
-    """The reuse key of a probe arm's results.json."""
-    keyed = {"given": given, "spec": vars(spec), "weights": weights, "version": RESULTS_VERSION}
-    return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]

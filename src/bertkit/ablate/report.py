@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -128,7 +129,6 @@ def compare(a: Sequence[float], base: Sequence[float]) -> tuple[float, float | N
     if len(a) < 2 or len(base) < 2:
         return delta, None, "none (fewer than 2 seeds)"
     try:
-        import warnings
         from scipy import stats
         if mean_std(a)[1] == 0 and mean_std(base)[1] == 0:
             raise ImportError  # scipy returns nan here; ours says what it means
@@ -170,8 +170,7 @@ def write_report(cfg: AblateConfig, command: str = "") -> Path:
     header = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": git_commit(), "cpu": hw.get("cpu"),
               "gpu": hw.get("gpu"), "torch": hw.get("torch"), "threads": cfg.threads or hw.get("torch_threads")}
     plots = write_plots(cfg, states, rows, summarize(cfg, rows)[0], out / "plots", header)
-    text = report_markdown(cfg, states, rows, header, command, plots)
-    write_whole(out / "REPORT.md", text)
+    write_whole(out / "REPORT.md", report_markdown(cfg, states, rows, header, command, plots))
     log.info("ablate: report %s (%d of %d arms finished, %d more pre-trained and scored)", out / "REPORT.md",
              sum(s["status"] == "done" for s in states), len(states), sum(s["status"] == "pretrained" for s in states))
     return out / "REPORT.md"

@@ -2,7 +2,6 @@
 (train.txt + heldout.txt), one WordPiece vocabulary, the prepared data of each distinct prepare setting."""
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import hashlib
 import logging
@@ -66,7 +65,7 @@ class Shared:
             return full
         path = self.root / "corpus" / f"train-{fraction:g}.txt"
         if not path.is_file():
-            docs = [d for d in read_documents(full) if _unit(doc_hash(d, self.cfg.split_seed + 1)) < fraction]
+            docs = [d for d in read_documents(full) if doc_hash(d, self.cfg.split_seed + 1) / 2 ** 64 < fraction]
             if len(docs) < 2:
                 raise BertkitError(f"corpus_fraction {fraction:g} leaves {len(docs)} documents")
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -98,12 +97,8 @@ class Shared:
     def prepared(self, prepare: dict, fraction: float = 1.0) -> tuple[Path, Path, dict]:
         """(train data, held-out data, key info) prepared with these PrepareConfig keys."""
         tok = self.tokenizer()
-        names = {f.name for f in dataclasses.fields(PrepareConfig)}
-        opts = dict(prepare)
-        for k in ("eval_documents",):            # the grid holds out its own documents (see split)
-            if k in names:
-                opts[k] = 0
-        pcfg = from_dict(PrepareConfig, opts, "prepare")
+        # the grid holds out its own documents (see split)
+        pcfg = from_dict(PrepareConfig, {**prepare, "eval_documents": 0}, "prepare")
         info = {"prepare": pcfg.to_dict(), "fraction": fraction, "split": self.split()["key"],
                 "tokenizer": tok.fingerprint()}
         key = _key(info)
@@ -123,8 +118,7 @@ class Shared:
         return d / "train", d / "heldout", _read_json(d / "ablate_key.json")
 
     def _path(self, name: str) -> Path:
-        p = Path(name)
-        p = p if p.is_absolute() else self.data_dir / p
+        p = self.data_dir / name                      # an absolute path stays as it is
         if not p.exists():
             raise BertkitError(f"{self.cfg.source}: {p}: no such file (data_dir {self.cfg.data_dir}; "
                                f"set data_dir in the config or --data-dir)")
@@ -177,7 +171,3 @@ def _write_docs(path: Path, docs: list[list[str]]) -> None:
 def doc_hash(doc: list[str], seed: int) -> int:
     h = hashlib.blake2b("\n".join(doc).encode("utf-8"), digest_size=8, key=f"ablate-{seed}".encode())
     return int.from_bytes(h.digest(), "big")
-
-
-def _unit(h: int) -> float:
-    return h / 2 ** 64

@@ -31,8 +31,7 @@ def arm_blimp(cfg: AblateConfig, model: Path, d: Path) -> dict:
     settings; the per-pair outcomes in d/blimp_correct.txt (one 0/1 per pair, in the file's order)."""
     from .. import blimp
 
-    data = Path(cfg.blimp["data"])
-    data = data if data.is_absolute() else Path(cfg.data_dir) / data
+    data = Path(cfg.data_dir) / cfg.blimp["data"]          # an absolute path stays as it is
     method, limit = cfg.blimp.get("method") or "auto", cfg.blimp.get("limit")
     key = _key({"model": str(model), "weights": weights_id(model), "data": str(data), "limit": limit,
                 "method": method})

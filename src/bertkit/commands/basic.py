@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -61,7 +62,7 @@ def read_inputs(source: str, jsonl: bool | None = None) -> tuple[list[str], list
     name = "<stdin>" if source == "-" else source
     if jsonl is None:
         jsonl = source.endswith((".jsonl", ".json", ".ndjson"))
-    lines = [line for _, line in _lines(source, name)]
+    lines = list(_lines(source, name))
     blank = sum(1 for line in lines if not line.strip())
     texts: list[str] = []
     pairs: list[str | None] = []
@@ -143,7 +144,7 @@ def predictor_options(args: argparse.Namespace, exclude: tuple[str, ...] = (), *
     return options_of(args, PredictorOptions, exclude, **values)
 
 
-def _lines(source: str, name: str) -> Iterator[tuple[int, str]]:
+def _lines(source: str, name: str) -> Iterator[str]:
     if source == "-":
         raw = sys.stdin.buffer.read()
     else:
@@ -164,18 +165,14 @@ def _lines(source: str, name: str) -> Iterator[tuple[int, str]]:
         text = text[:-1] if text.endswith("\r") else text
         if lineno == 1 and text.startswith("\ufeff"):
             text = text[1:]
-        yield lineno, text
+        yield text
 
 
 def write_jsonl(rows, output: str | None) -> None:
     """One JSON object a line into `output` (None: stdout)."""
-    out = open(output, "w", encoding="utf-8") if output else sys.stdout
-    try:
+    with open(output, "w", encoding="utf-8") if output else contextlib.nullcontext(sys.stdout) as out:
         for row in rows:
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    finally:
-        if output:
-            out.close()
 
 
 # ---- info ----------------------------------------------------------------------------------------
@@ -194,13 +191,12 @@ def describe(path: str | Path) -> dict:
     sd = read_state_dict(path)
     renamed = {n: t for n, t in ((_rename(k), t) for k, t in sd.items() if not _IGNORED.search(k)) if n}
     check_weights_fit_config(cfg, renamed, path)
-    names = set(renamed)
     params = sum(t.numel() for k, t in sd.items() if not _IGNORED.search(k))
     encoder = sum(t.numel() for k, t in sd.items() if (_rename(k) or "").startswith("bert."))
     info = {"path": str(path), "architectures": raw.get("architectures") or [],
             "config": {k: v for k, v in cfg.to_hf_dict().items() if k != "architectures"},
             "parameters": params, "encoder_parameters": encoder,
-            "pooler": "bert.pooler.weight" in names, "heads": heads_in(names)}
+            "pooler": "bert.pooler.weight" in renamed, "heads": heads_in(set(renamed))}
     if raw.get("id2label"):
         info["labels"] = raw["id2label"]
     try:
@@ -254,8 +250,7 @@ def run_info(args) -> int:
             lines.append(f"warning      {tok['error']}")
     lines.append(f"runs here    {caps.summary()}" + (" if it matches fp32 at load" if caps.bf16_fast else ""))
     lines.append(f"short inputs {info['hardware']['short_inputs']}")
-    if c.get("bertkit_run"):
-        r = c["bertkit_run"]
+    if r := c.get("bertkit_run"):
         lines.append(f"trained in   {r.get('precision')} on {r.get('device')}, attention {r.get('attention_kernel')}, "
                      f"{'padding-free' if r.get('packed') else 'padded'} (reused by --resume and continued runs)")
     lines.append(f"measured     {_measurements()}")
@@ -358,11 +353,12 @@ def run_embed(args) -> int:
     o, how = options_of(args, EmbedOptions), predictor_options(args)
     _check_max_length(how.max_length)
     check_device(how.device)
-    if args.output and not args.output.endswith((".jsonl", ".npy")):
-        raise BertkitError(f"--output {args.output}: use a .jsonl or .npy file name")
-    if args.output and args.output.endswith(".npy") and o.pooling == "none":
-        raise BertkitError("--pooling none gives one matrix per text; write it as .jsonl, not .npy")
+    to_npy = bool(args.output) and args.output.endswith(".npy")
     if args.output:
+        if not args.output.endswith((".jsonl", ".npy")):
+            raise BertkitError(f"--output {args.output}: use a .jsonl or .npy file name")
+        if to_npy and o.pooling == "none":
+            raise BertkitError("--pooling none gives one matrix per text; write it as .jsonl, not .npy")
         out = Path(args.output)
         if out.is_dir():
             raise BertkitError(f"--output {args.output}: is a directory")
@@ -370,7 +366,6 @@ def run_embed(args) -> int:
             raise BertkitError(f"--output {args.output}: the folder {out.parent} does not exist")
     pred = Predictor.from_dir(args.model, how, head="encoder")
     texts, pairs = read_inputs(args.input, o.jsonl)
-    to_npy = bool(args.output and args.output.endswith(".npy"))
     sink = _EmbeddingSink(args.output, len(texts), pred.config.hidden_size, to_npy)
     pooling = o.pooling or sentence_transformers_pooling(args.model)[0]
     # Blocks of EMBED_BLOCK texts: memory stays flat on big inputs (written as they come), and the
@@ -420,7 +415,7 @@ class _EmbeddingSink:
         if self.array is not None:
             self.array.flush()
             del self.array
-        elif self.part is not None and self.file is not None:
+        elif self.part is not None:
             self.file.close()
         if self.part is not None:
             try:

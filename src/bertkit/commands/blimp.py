@@ -7,7 +7,9 @@ A thin layer over `bertkit.blimp` (read_pairs, score_pairs, summarize).
 """
 from __future__ import annotations
 
+import datetime
 import json
+import platform
 import time
 from pathlib import Path
 
@@ -78,9 +80,6 @@ def _out_paths(out: str) -> tuple[Path, Path]:
 
 
 def _run_facts(pred, wall: float, pairs: int, tokens_read: int) -> dict:
-    import datetime
-    import platform
-
     import torch
 
     return {"wall_s": round(wall, 2), "sentences": 2 * pairs, "sentences_per_s": round(2 * pairs / max(wall, 1e-9), 1),

@@ -134,14 +134,13 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["bertkit", "prepare", "--model", args.model, "--input", *args.input, "--out", args.out]
 
     def flat(values: dict, prefix: str = "") -> None:
-        nonlocal parts
         for k, v in values.items():
             if isinstance(v, dict):
                 flat(v, f"{prefix}{k}.")
             elif isinstance(v, bool):
                 parts.append(f"--{prefix}{k}" if v else f"--no-{prefix}{k}")
             else:
-                parts += [f"--{prefix}{k}", str(v)]
+                parts.extend([f"--{prefix}{k}", str(v)])
     flat({k: v for k, v in given(args, PrepareRunOptions).items() if k != "progress"})
     flat(given(args, PrepareConfig))
     return " ".join(shlex.quote(x) for x in parts)
@@ -237,10 +236,7 @@ def run_nsp_shortcut(args) -> int:
 
     r = nsp_shortcut(args.model, args.files, **vars(options_of(args, ShortcutOptions)),
                      progress=args.progress and sys.stderr.isatty())
-    if args.json:
-        print(json.dumps(r))
-        return 0
-    print(report_text(r))
+    print(json.dumps(r) if args.json else report_text(r))
     return 0
 
 

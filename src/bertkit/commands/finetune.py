@@ -47,14 +47,10 @@ def _seeds(text: str) -> list[int]:
 
 def finetune_config(args: argparse.Namespace):
     """FinetuneConfig from the YAML file (if any), then the options given (same names, checked alike)."""
-    data: dict = {}
-    source = "options"
-    if args.config:
-        data = read_yaml_mapping(args.config, "FinetuneConfig keys")
-        source = args.config
+    data = read_yaml_mapping(args.config, "FinetuneConfig keys") if args.config else {}
     data.update(given(args, FinetuneConfig))
     try:
-        cfg = from_dict(FinetuneConfig, data, source)
+        cfg = from_dict(FinetuneConfig, data, args.config or "options")
     except RunConfigError as e:
         raise BertkitError(str(e)) from None
     if not cfg.model:

@@ -46,7 +46,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     o, how = options_of(args, PredictOptions), predictor_options(args, ("max_length",))
     predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), how, max_length=o.max_length)
-    tokenizer = predictor.tokenizer
     if task is None:
         raise BertkitError(f"{args.model}: a {predictor.head} checkpoint has no task to evaluate; give --task")
     path = task.split_path(args.data, args.split)
@@ -55,7 +54,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     check_references(task, examples, labels, str(path))
     max_length = o.max_length or int(raw.get("bertkit_max_length", task.max_length))
     stride = inference_stride(task, raw, args.model, max_length, o.windows, o.stride)
-    feats, _ = featurize(task, examples, tokenizer, labels, max_length, stride, "evaluate")
+    feats, _ = featurize(task, examples, predictor.tokenizer, labels, max_length, stride, "evaluate")
     post = qa_options(task, raw, args.model, o.null_threshold)
     scores, predictions = evaluate(predictor, task, examples, feats, labels, o.batch_size, progress=True, post=post)
     if args.predictions:

@@ -32,8 +32,7 @@ def run_pretrain(args) -> int:
 
     cfg = load_config(PretrainConfig, args.config, values=given(args, PretrainConfig))
     card = pretrain(cfg, command=" ".join(["bertkit", "pretrain"] + [shlex.quote(a) for a in sys.argv[2:]]))
-    if card and card.get("final_eval"):
-        e = card["final_eval"]
+    if card and (e := card.get("final_eval")):
         lm = ("next-token", "eval_next_token_accuracy", "eval_next_token_perplexity") if "eval_next_token_loss" in e \
             else ("MLM", "eval_mlm_accuracy", "eval_perplexity")
         log.info("done: %d updates in %.0f s; held-out %s accuracy %.4f, perplexity %.1f", card["updates"],

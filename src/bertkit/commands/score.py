@@ -8,8 +8,11 @@ A thin layer over `bertkit.tasks.metrics.score_files`.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
+from pathlib import Path
 
 from ..cliconfig import add_options
 from ..errors import BertkitError
@@ -29,8 +32,6 @@ def setup_score(parser) -> None:
 
 
 def run_score(args) -> int:
-    from pathlib import Path
-
     o = options_of(args, ScoreOptions)
     for option, path in (("--references", args.references), ("--predictions", args.predictions),
                          ("--null-odds", args.null_odds)):
@@ -56,10 +57,6 @@ def run_score(args) -> int:
 def _check_text_file(option: str, path: str) -> None:
     """The file exists and is UTF-8 text (gzip-compressed if named .gz): a clear error naming it here,
     rather than a decoding error deep in a task reader that does not say which file."""
-    import gzip
-    import zlib
-    from pathlib import Path
-
     p = Path(path)
     if not p.exists():
         raise BertkitError(f"{option} {path}: no such file")
