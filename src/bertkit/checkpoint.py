@@ -4,8 +4,6 @@ This is the only file that knows Hugging Face's parameter names.
 """
 from __future__ import annotations
 
-from .errors import BertkitError
-
 import functools
 import json
 import logging
@@ -15,11 +13,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, save_file
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import BertConfig, ConfigError, architecture_name
+from .errors import BertkitError
 from .model import HEADS, BertModel, init_weights
 from .probe import PROBE_HEADS, ProbeModel
 
@@ -169,7 +168,7 @@ def read_config(path: Path) -> tuple[BertConfig, dict[str, Any]]:
     try:
         raw = json.loads(cj.read_text(encoding="utf-8"))
         check_config_json(raw, cj)
-        if isinstance(raw, dict) and raw.get("bertkit_incomplete"):   # see bertkit.outdir
+        if raw.get("bertkit_incomplete"):          # see bertkit.outdir
             raise CheckpointError(f"{path}: the checkpoint of an unfinished run ({raw['bertkit_incomplete']}; "
                                   f"killed, failed or still running): not loaded")
         if raw.get("architectures"):          # BertkitForMaskedLM (model_type 'bertkit') names the same head
@@ -188,6 +187,7 @@ _INT_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_
                "max_position_embeddings", "type_vocab_size")
 _MAX_INT = 1 << 24                   # 16M rows / units: beyond any BERT, and beyond what would fit in memory
 _PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+_PROBLEMS = {"regression": "regression", "multi_label_classification": "multi_label"}   # config.json's -> the model's
 
 
 def check_config_json(raw: Any, cj: Path) -> None:
@@ -196,28 +196,25 @@ def check_config_json(raw: Any, cj: Path) -> None:
     def bad(key: str, want: str) -> CheckpointError:
         return CheckpointError(f"{cj}: {key} must be {want}, got {raw[key]!r:.60}")
 
+    def number(v: Any, kinds: type | tuple = (int, float)) -> bool:
+        return isinstance(v, kinds) and not isinstance(v, bool)
+
     if not isinstance(raw, dict):
         raise CheckpointError(f"{cj}: expected a JSON object of settings, got {type(raw).__name__}")
     for key in _INT_FIELDS:
-        if key in raw:
-            v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= _MAX_INT:
-                raise bad(key, f"an integer in [1, {_MAX_INT}]")
+        if key in raw and not (number(raw[key], int) and 0 < raw[key] <= _MAX_INT):
+            raise bad(key, f"an integer in [1, {_MAX_INT}]")
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
-        if raw.get(key) is not None or (key in raw and key != "classifier_dropout"):
-            v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
-                raise bad(key, "a probability in [0, 1)")
+        v = raw.get(key)
+        if (v is not None or (key in raw and key != "classifier_dropout")) and not (number(v) and 0.0 <= v < 1.0):
+            raise bad(key, "a probability in [0, 1)")
     for key, low in (("layer_norm_eps", "> 0"), ("initializer_range", ">= 0")):
-        if key in raw:
-            v = raw[key]
-            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                    or (v <= 0 if low == "> 0" else v < 0)):
-                raise bad(key, f"a finite number {low}")
-    if "pad_token_id" in raw and raw["pad_token_id"] is not None:
-        v, vocab = raw["pad_token_id"], raw.get("vocab_size", 30522)
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
-            raise bad("pad_token_id", f"null or an id in [0, vocab_size {vocab})")
+        v = raw.get(key)
+        if key in raw and not (number(v) and math.isfinite(v) and (v > 0 if low == "> 0" else v >= 0)):
+            raise bad(key, f"a finite number {low}")
+    v, vocab = raw.get("pad_token_id"), raw.get("vocab_size", 30522)
+    if v is not None and not (number(v, int) and 0 <= v < vocab):
+        raise bad("pad_token_id", f"null or an id in [0, vocab_size {vocab})")
     for key in ("model_type", "hidden_act", "position_embedding_type", "bertkit_norm_position", "classifier_pooling"):
         if key in raw and raw[key] is not None and not isinstance(raw[key], str):
             raise bad(key, "a string")
@@ -240,16 +237,8 @@ def check_config_json(raw: Any, cj: Path) -> None:
 
 def heads_in(state_names: set[str]) -> list[str]:
     """Which heads a set of (bertkit) weight names carries."""
-    found = []
-    if any(n.startswith("mlm.") for n in state_names):
-        found.append("masked_lm")
-    if any(n.startswith("nsp.") for n in state_names):
-        found.append("nsp")
-    if any(n.startswith("classifier.") for n in state_names):
-        found.append("classifier")
-    if any(n.startswith("qa.") for n in state_names):
-        found.append("question_answering")
-    return found
+    return [head for prefix, head in (("mlm.", "masked_lm"), ("nsp.", "nsp"), ("classifier.", "classifier"),
+                                      ("qa.", "question_answering")) if any(n.startswith(prefix) for n in state_names)]
 
 
 def build(head: str, cfg: BertConfig, **head_args: Any) -> nn.Module:
@@ -282,19 +271,11 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     if head != "encoder" and not new_head_ok and ("bertkit_probe" in raw or "bertkit_probe_layers" in raw):
         return load_probe(path, config_json, head)      # a linear head on frozen features (finetune --freeze)
     sd = read_state_dict(path)
-    renamed: dict[str, torch.Tensor] = {}
-    unknown: list[str] = []
-    for k, v in sd.items():
-        if _IGNORED.search(k):
-            continue
-        new = _rename(k)
-        if new is None:
-            unknown.append(k)
-        else:
-            renamed[new] = v
+    names = {k: _rename(k) for k in sd if not _IGNORED.search(k)}
+    unknown = [k for k, new in names.items() if new is None]
+    renamed = {new: sd[k] for k, new in names.items() if new is not None}
     if unknown:
-        raise CheckpointError(f"{path}: unexpected weights not part of a BERT model: {', '.join(sorted(unknown)[:20])}"
-                              + (f" (+{len(unknown) - 20} more)" if len(unknown) > 20 else ""))
+        raise CheckpointError(f"{path}: unexpected weights not part of a BERT model: {_first(sorted(unknown), 20)}")
     check_weights_fit_config(cfg, renamed, path)
     if head is None:
         archs = raw.get("architectures")
@@ -310,23 +291,20 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
         elif raw.get("id2label"):
             head_args["num_labels"] = len(raw["id2label"])
     if head == "sequence_classification" and "problem" not in head_args:
-        pt = raw.get("problem_type")
-        head_args["problem"] = {"regression": "regression", "multi_label_classification": "multi_label"}.get(pt)
+        head_args["problem"] = _PROBLEMS.get(raw.get("problem_type"))
     if head == "pretraining" and "nsp" not in head_args:
         head_args["nsp"] = "nsp.weight" in renamed or not any(n.startswith("mlm.") for n in renamed)
-    has_pooler = "bert.pooler.weight" in renamed
     if head == "encoder":
-        head_args.setdefault("add_pooler", has_pooler)
+        head_args.setdefault("add_pooler", "bert.pooler.weight" in renamed)
     model = build(head, cfg, **head_args)
-    target = {n: t for n, t in model.state_dict().items()}
     if head == "encoder":  # bare BertModel: our names have no 'bert.' prefix
         renamed = {k[5:]: v for k, v in renamed.items() if k.startswith("bert.")}
-    _check_and_load(model, target, renamed, path, head, new_head_ok)
+    _check_and_load(model, model.state_dict(), renamed, path, head, new_head_ok)
     decoder = sd.get("cls.predictions.decoder.weight")
     if (decoder is not None and hasattr(model, "mlm") and raw.get("tie_word_embeddings") is False
             and not torch.equal(decoder, renamed.get("bert.embeddings.word.weight", decoder))):
         _untie_decoder(model, decoder)
-    model.config.extra = {k: v for k, v in cfg.extra.items()}    # id2label, bertkit_* keys etc. for callers
+    model.config.extra = dict(cfg.extra)    # id2label, bertkit_* keys etc. for callers
     return model.eval()    # inference is deterministic (no dropout); training calls model.train() itself
 
 
@@ -398,9 +376,8 @@ def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, h
         if name == "mlm.decoder.weight":
             continue
         if name not in renamed:
-            is_head = name.startswith(owned) if owned else False
-            is_pooler = name.endswith("pooler.weight") or name.endswith("pooler.bias")
-            (missing_head if (is_head or is_pooler) else missing_encoder).append(name)
+            is_head = name.startswith(owned) or name.endswith(("pooler.weight", "pooler.bias"))
+            (missing_head if is_head else missing_encoder).append(name)
         elif tuple(renamed[name].shape) != tuple(t.shape):
             shapes.append(f"{_hf_name(name, head == 'encoder') if name not in tied else name}: "
                           f"checkpoint {tuple(renamed[name].shape)} vs config {tuple(t.shape)}")
@@ -411,9 +388,8 @@ def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, h
     if shapes:
         raise CheckpointError(f"{path}: weights of the wrong shape for config.json: " + "; ".join(shapes[:10]))
     if missing_encoder:
-        names = [_hf_name(n, head == "encoder") for n in missing_encoder]
-        raise CheckpointError(f"{path}: missing encoder weights: {', '.join(names[:10])}"
-                              + (f" (+{len(names) - 10} more)" if len(names) > 10 else ""))
+        raise CheckpointError(f"{path}: missing encoder weights: "
+                              f"{_first([_hf_name(n, head == 'encoder') for n in missing_encoder], 10)}")
     if missing_head:
         names = [_hf_name(n, head == "encoder") for n in missing_head]
         if not new_head_ok:
@@ -424,6 +400,11 @@ def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, h
         for name, t in target.items():
             if name in renamed and name != "mlm.decoder.weight":
                 t.copy_(renamed[name])
+
+
+def _first(names: list[str], n: int) -> str:
+    """The first `n` names, and how many more there are."""
+    return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
 
 
 def _untie_decoder(model: nn.Module, weight: torch.Tensor) -> None:
@@ -451,14 +432,13 @@ def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] 
         tensors[_hf_name(name, bare)] = t.detach().to("cpu").contiguous()
     more: dict[str, Any] = dict(extra_config or {})
     if head in ("sequence_classification", "token_classification"):
-        n = model.num_labels
-        id2label = more.pop("id2label", None) or model.config.extra.get("id2label") or {str(i): f"LABEL_{i}" for i in range(n)}
-        id2label = {str(k): v for k, v in id2label.items()}
-        more["id2label"] = id2label
-        more["label2id"] = {v: int(k) for k, v in id2label.items()}
+        id2label = (more.pop("id2label", None) or model.config.extra.get("id2label")
+                    or {i: f"LABEL_{i}" for i in range(model.num_labels)})
+        more["id2label"] = {str(k): v for k, v in id2label.items()}
+        more["label2id"] = {v: int(k) for k, v in more["id2label"].items()}
         if head == "sequence_classification":
-            more["problem_type"] = {"regression": "regression", "multi_label": "multi_label_classification"}.get(
-                model.problem, "single_label_classification")
+            own = {v: k for k, v in _PROBLEMS.items()}
+            more["problem_type"] = own.get(model.problem, "single_label_classification")
     cfg_dict = model.config.to_hf_dict(architectures=[ARCHITECTURES[head]], **more)
     for k in ("num_labels", "transformers_version", "_name_or_path"):
         cfg_dict.pop(k, None)
@@ -491,7 +471,7 @@ def load_probe(path: str | Path, config_json: tuple[BertConfig, dict[str, Any]],
     weight = sd.get("classifier.weight")
     if weight is None or weight.dim() != 2:
         raise CheckpointError(f"{path}: a probe checkpoint without classifier.weight")
-    problem = {"regression": "regression", "multi_label_classification": "multi_label"}.get(raw.get("problem_type"))
+    problem = _PROBLEMS.get(raw.get("problem_type"))
     try:
         model = ProbeModel(encoder, own, weight.shape[0], spec["features"], problem, spec.get("pooling"))
     except BertkitError as e:
@@ -536,18 +516,12 @@ def from_google(tensors: dict[str, torch.Tensor], cfg: BertConfig, source: Path)
     BertForPreTraining when the NSP head is there, BertForMaskedLM for the MLM head alone, else
     BertModel. A name that is not a BERT weight, a missing weight or a wrong shape is one
     CheckpointError naming `source`."""
-    renamed: dict[str, torch.Tensor] = {}
-    unknown = []
-    for name, t in tensors.items():
-        mapped = google_to_hf(name)
-        if mapped is None:
-            unknown.append(name)
-            continue
-        hf, transpose = mapped
-        renamed[_rename(hf)] = t.t().contiguous() if transpose else t
+    mapped = {name: google_to_hf(name) for name in tensors}
+    unknown = [name for name, m in mapped.items() if m is None]
     if unknown:
-        raise CheckpointError(f"{source}: tensors that are not weights of Google's BERT: {', '.join(sorted(unknown)[:10])}"
-                              + (f" (+{len(unknown) - 10} more)" if len(unknown) > 10 else ""))
+        raise CheckpointError(f"{source}: tensors that are not weights of Google's BERT: {_first(sorted(unknown), 10)}")
+    renamed = {_rename(hf): tensors[name].t().contiguous() if transpose else tensors[name]
+               for name, (hf, transpose) in mapped.items()}
     check_weights_fit_config(cfg, renamed, source, "bert_config.json")
     found = heads_in(set(renamed))
     if "nsp" in found:

@@ -5,12 +5,12 @@ Only the fields that change the computation live here. Hugging Face keys that do
 """
 from __future__ import annotations
 
-from .errors import BertkitError
-
 import dataclasses
 import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from .errors import BertkitError
 
 ACTIVATIONS = ("gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_fast",
                "gelu_accurate", "gelu_10", "quick_gelu", "relu", "relu2", "relu6", "leaky_relu", "silu", "swish",
@@ -23,6 +23,18 @@ class ConfigError(BertkitError, ValueError):
 
 BERTKIT_MODEL_TYPE = "bertkit"
 """config.json's model_type for an architecture transformers' BERT does not compute (`bertkit_only`)."""
+
+# config.json's key -> BertConfig's field, in the order config.json lists them
+_HF_FIELDS = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size",
+    "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+    "intermediate_size": "intermediate_size", "hidden_act": "hidden_act",
+    "hidden_dropout_prob": "hidden_dropout", "attention_probs_dropout_prob": "attention_dropout",
+    "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
+    "layer_norm_eps": "layer_norm_eps", "initializer_range": "initializer_range",
+    "pad_token_id": "pad_token_id", "position_embedding_type": "position_embedding_type",
+    "classifier_dropout": "classifier_dropout",
+}
 
 
 def architecture_name(name: Any, bertkit_only: bool) -> Any:
@@ -122,41 +134,18 @@ class BertConfig:
         something else, and says why in `bertkit_only`."""
         d: dict[str, Any] = dict(self.extra)
         only = self.bertkit_only
-        d.update({
-            "model_type": BERTKIT_MODEL_TYPE if only else "bert",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "intermediate_size": self.intermediate_size,
-            "hidden_act": self.hidden_act,
-            "hidden_dropout_prob": self.hidden_dropout,
-            "attention_probs_dropout_prob": self.attention_dropout,
-            "max_position_embeddings": self.max_position_embeddings,
-            "type_vocab_size": self.type_vocab_size,
-            "layer_norm_eps": self.layer_norm_eps,
-            "initializer_range": self.initializer_range,
-            "pad_token_id": self.pad_token_id,
-            "position_embedding_type": self.position_embedding_type,
-            "classifier_dropout": self.classifier_dropout,
-        })
-        if self.causal:
-            d["bertkit_causal"] = True
-        else:
-            d.pop("bertkit_causal", None)
-        if self.norm_position != "post":
-            d["bertkit_norm_position"] = self.norm_position
-        else:
-            d.pop("bertkit_norm_position", None)
-        if self.classifier_pooling != "cls":
-            d["classifier_pooling"] = self.classifier_pooling
-        else:
-            d.pop("classifier_pooling", None)
-        if only:
-            d["bertkit_only"] = (f"{', '.join(only)}: transformers' BERT would compute something else; "
-                                 "load it with bertkit")
-        else:
-            d.pop("bertkit_only", None)
+        d.update({"model_type": BERTKIT_MODEL_TYPE if only else "bert",
+                  **{key: getattr(self, name) for key, name in _HF_FIELDS.items()}})
+        differs = {"bertkit_causal": True if self.causal else None,       # keys present only where not BERT's
+                   "bertkit_norm_position": None if self.norm_position == "post" else self.norm_position,
+                   "classifier_pooling": None if self.classifier_pooling == "cls" else self.classifier_pooling,
+                   "bertkit_only": f"{', '.join(only)}: transformers' BERT would compute something else; "
+                                   "load it with bertkit" if only else None}
+        for key, value in differs.items():
+            if value is None:
+                d.pop(key, None)
+            else:
+                d[key] = value
         archs = architectures or d.get("architectures")
         if isinstance(archs, list):
             d["architectures"] = [architecture_name(a, bool(only)) for a in archs]
@@ -174,28 +163,17 @@ class BertConfig:
                               "or bertkit's 'alibi')")
         if d.get("is_decoder") or d.get("add_cross_attention"):
             raise ConfigError(f"{source}: decoder / cross-attention BERT variants are not supported")
-        mapping = {
-            "vocab_size": "vocab_size", "hidden_size": "hidden_size",
-            "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
-            "intermediate_size": "intermediate_size", "hidden_act": "hidden_act",
-            "hidden_dropout_prob": "hidden_dropout", "attention_probs_dropout_prob": "attention_dropout",
-            "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
-            "layer_norm_eps": "layer_norm_eps", "initializer_range": "initializer_range",
-            "pad_token_id": "pad_token_id", "classifier_dropout": "classifier_dropout",
-            "classifier_pooling": "classifier_pooling",
-        }
+        mapping = {**_HF_FIELDS, "classifier_pooling": "classifier_pooling"}
         kwargs: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         for k, v in d.items():
             if k in mapping:
-                if v is not None or k == "classifier_dropout":
+                if v is not None or k == "classifier_dropout":      # position_embedding_type null: absolute
                     kwargs[mapping[k]] = v
             elif k == "bertkit_causal":
                 kwargs["causal"] = bool(v)
             elif k == "bertkit_norm_position":
                 kwargs["norm_position"] = v
-            elif k == "position_embedding_type":
-                kwargs["position_embedding_type"] = v or "absolute"
             elif k not in ("model_type", "bertkit_only"):      # both follow from the architecture
                 extra[k] = v
         if isinstance(kwargs.get("hidden_act"), str):

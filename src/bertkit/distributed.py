@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -75,20 +75,18 @@ def parallelize(model: nn.Module, world: World, strategy: str = "ddp", compile: 
 
     Parameters stay the model's own (DDP) or become sharded DTensors (FSDP); see
     `full_state_dict` for saving either way."""
+    wrapped: nn.Module = model
     if world.distributed and strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         for block in model.bert.blocks:
             fully_shard(block)
         fully_shard(model)
-        wrapped: nn.Module = model
     elif world.distributed:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [world.device.index] if world.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=ids)
-    else:
-        wrapped = model
     if compile:
         wrapped = torch.compile(wrapped, dynamic=True)
     return wrapped
@@ -101,20 +99,16 @@ def no_sync(wrapped: nn.Module, skip: bool):
         return inner.no_sync()
     if skip and hasattr(inner, "set_requires_gradient_sync"):          # FSDP2
         inner.set_requires_gradient_sync(False)
-        return _Resync(inner)
+        return _resync(inner)
     return nullcontext()
 
 
-class _Resync:
-    def __init__(self, module):
-        self.module = module
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.module.set_requires_gradient_sync(True)
-        return False
+@contextmanager
+def _resync(module):
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
 
 
 def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str, world: World):

@@ -33,10 +33,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
     (layer-wise learning-rate decay, as ELECTRA fine-tunes), each group also carries `lr_scale`:
     block l (1..L) decay^(L+1-l), the embeddings decay^(L+1), everything above the blocks (final
     LayerNorm, pooler, task head) 1; the training loop multiplies its learning rate by it."""
-    no_decay: set[int] = set()
-    for module in model.modules():
-        if isinstance(module, nn.LayerNorm):
-            no_decay.update(id(p) for p in module.parameters(recurse=False))
+    no_decay = {id(p) for module in model.modules() if isinstance(module, nn.LayerNorm)
+                for p in module.parameters(recurse=False)}
     top = model.config.num_layers + 1 if layer_decay != 1.0 else 0
 
     def depth(name: str) -> int:

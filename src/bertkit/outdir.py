@@ -86,16 +86,12 @@ def _remove(path: Path) -> None:
 
 def fsync_path(path: Path) -> None:
     """fsync one file or folder (where the file system allows it)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def fsync_tree(root: Path) -> None:
@@ -190,8 +186,7 @@ def swap_in(tmp: Path, out: Path) -> None:
         _remove(tmp)                                # now the previous one
     else:                                           # two renames: a kill in between leaves both
         old = out.with_name(out.name + ".replaced")
-        if old.exists():
-            _remove(old)
+        _remove(old)
         os.rename(out, old)
         os.rename(tmp, out)
         _remove(old)
@@ -203,8 +198,7 @@ def write_folder(out: Path, write: Callable[[Path], None]) -> None:
     written into `tmp` should carry the incomplete mark (`mark_incomplete`), so that the staging
     folder a kill leaves is refused by every reader. On an error the staging folder is removed."""
     tmp = staging_path(out)
-    if tmp.exists():
-        _remove(tmp)
+    _remove(tmp)
     tmp.mkdir(parents=True)
     try:
         write(tmp)

@@ -70,13 +70,17 @@ def check_fields(obj: Any, prefix: str = "", error: type[Exception] | None = Non
             continue
         for arg in args:
             if typing.get_origin(arg) is Literal and value not in typing.get_args(arg):
-                choices = ", ".join(map(str, typing.get_args(arg)))
-                close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(arg)], n=1)
-                raise error(f"{prefix}{f.name}: {value!r} is not one of {choices}"
-                                     + (f" (did you mean {close[0]!r}?)" if close else ""))
+                raise error(not_one_of(f"{prefix}{f.name}", value, typing.get_args(arg)))
         for rule in rules:
             if problem := rule.problem(value):
                 raise error(f"{prefix}{f.name} {problem}")
+
+
+def not_one_of(where: str, value: Any, choices) -> str:
+    """The error for a value outside its `choices`: "where: 'x' is not one of a, b (did you mean 'a'?)"."""
+    names = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(value), names, n=1)
+    return f"{where}: {value!r} is not one of {', '.join(names)}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 class Checked:
@@ -307,21 +311,17 @@ def _check_values(cfg: "PretrainConfig") -> None:
     """Ranges of the model, train and optim numbers (data: DataSection.check), named in the error."""
     m, o = cfg.model, cfg.optim
     if m.preset not in PRESETS:
-        close = difflib.get_close_matches(m.preset, PRESETS, n=1)
-        raise RunConfigError(f"model.preset: {m.preset!r} is not one of {', '.join(PRESETS)}"
-                             + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise RunConfigError(not_one_of("model.preset", m.preset, PRESETS))
     if m.hidden_act not in ACTIVATIONS:
         raise RunConfigError(f"model.hidden_act: {m.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
     hidden = m.hidden_size or PRESETS[m.preset]["hidden_size"]
     heads = m.num_heads or PRESETS[m.preset]["num_heads"]
     if hidden % heads:
         raise RunConfigError(f"model.hidden_size ({hidden}) must be divisible by model.num_heads ({heads})")
-    if m.init_from and m.position_init != "normal":
-        raise RunConfigError(f"model.position_init {m.position_init!r} starts a new model; model.init_from "
-                             f"{m.init_from} brings its own position table (drop one of the two)")
-    if m.init_from and m.attention_init != "normal":
-        raise RunConfigError(f"model.attention_init {m.attention_init!r} starts a new model; model.init_from "
-                             f"{m.init_from} brings its own weights (drop one of the two)")
+    for key, own in (("position_init", "position table"), ("attention_init", "weights")):
+        if m.init_from and getattr(m, key) != "normal":
+            raise RunConfigError(f"model.{key} {getattr(m, key)!r} starts a new model; model.init_from "
+                                 f"{m.init_from} brings its own {own} (drop one of the two)")
     if m.position_embedding_type == "alibi" and (m.position_init != "normal" or m.attention_init != "normal"):
         raise RunConfigError("model.position_embedding_type 'alibi' has no position table to start: drop "
                              "model.position_init / model.attention_init")
@@ -483,7 +483,7 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except RunConfigError as e:
                 errors.append(str(e))
-        raise RunConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+        raise RunConfigError(errors[0])          # the first arm's complaint
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise RunConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
@@ -496,9 +496,7 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
                 return choice
         if isinstance(value, bool) and str(value).lower() in args:      # packed: false -> 'false'
             return str(value).lower()
-        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-        raise RunConfigError(f"{where}: {value!r} is not one of {', '.join(map(str, args))}"
-                             + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise RunConfigError(not_one_of(where, value, args))
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -512,16 +510,13 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
             pass
     if kind is int and isinstance(value, int) and not isinstance(value, bool):
         return value
-    if kind is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return str(value)
-    if kind is str and isinstance(value, bool):      # packed: true -> 'true'
-        return str(value).lower()
+    if kind is str and isinstance(value, (str, int, float)):
+        return str(value).lower() if isinstance(value, bool) else str(value)      # packed: true -> 'true'
     raise RunConfigError(f"{where}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
 
 
 def to_dict(cfg) -> dict:
-    d = dataclasses.asdict(cfg)
-    return _listify(d)
+    return _listify(dataclasses.asdict(cfg))
 
 
 def _listify(x):

@@ -37,12 +37,12 @@ class MetricsLog:
     def __init__(self, path: str | Path, keep_until_step: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if keep_until_step is not None and self.path.exists():
+        if keep_until_step is None:
+            self.path.unlink(missing_ok=True)
+        elif self.path.exists():
             kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and _step_of(line) is not None and _step_of(line) <= keep_until_step]
+                    if (step := _step_of(line)) is not None and step <= keep_until_step]
             self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        elif keep_until_step is None and self.path.exists():
-            self.path.unlink()
 
     def write(self, record: dict[str, Any]) -> None:
         """One line; NaN / inf become null (strict JSON)."""
@@ -161,11 +161,9 @@ def bar_update(bar, run: Run, s: Step) -> None:
     bar.update(1)
     if st.step % max(1, min(run.cfg.train.log_every, 10)) == 0:
         head = "next" if getattr(run.cfg.train, "objective", "mlm") == "clm" else "mlm"
-        post = {"loss": f"{s.loss:.3f}", head: f"{s.mlm_correct / max(s.mlm_count, 1):.3f}"}
-        if s.nsp_count:
-            post["nsp"] = f"{s.nsp_correct / s.nsp_count:.3f}"
-        post["tok/s"] = f"{st.tokens / max(st.elapsed, 1e-9):.0f}"
-        post["lr"] = f"{s.lr:.2e}"
+        post = {"loss": f"{s.loss:.3f}", head: f"{s.mlm_correct / max(s.mlm_count, 1):.3f}",
+                **({"nsp": f"{s.nsp_correct / s.nsp_count:.3f}"} if s.nsp_count else {}),
+                "tok/s": f"{st.tokens / max(st.elapsed, 1e-9):.0f}", "lr": f"{s.lr:.2e}"}
         bar.set_postfix(post, refresh=False)
 
 
@@ -178,7 +176,6 @@ def tensorboard_writer(out: Path):
     return SummaryWriter(str(out / "tensorboard"))
 
 
-# ---- run card ------------------------------------------------------------------------------------
 # ---- the pre-training run card ------------------------------------------------------------------
 def pair_mode(phase) -> str:
     """'nsp' or 'sop' (sentence-order pairs), as `prepare` recorded it."""
@@ -210,7 +207,7 @@ def pretrain_card(run: Run, world, stop_reason: str, final_eval: dict | None, co
     achieved = st.flops / max(st.elapsed, 1e-9)
     ph = run.phases
     mc = model.config
-    card = {
+    return {
         "name": out.name, "command": command or " ".join(sys.argv),
         "model": f"{cfg.model.preset}: {mc.num_layers} layers, hidden {mc.hidden_size}, {mc.num_heads} heads, "
                  f"FFN {mc.intermediate_size}",
@@ -244,7 +241,6 @@ def pretrain_card(run: Run, world, stop_reason: str, final_eval: dict | None, co
         "flop_model": "per step 3 x (2 x matmul weights x tokens + 4 T^2 C L per sequence + MLM head on masked "
                       "tokens + NSP head); MFU against the best fp32 (CPU) / run-precision (GPU) GEMM measured now",
     }
-    return card
 
 
 def reproduce_line(command: str, cfg, st) -> str | None:

@@ -228,9 +228,8 @@ def export_model(run: Run, world: D.World, path: Path, model_sd: dict | None = N
     if not world.main:
         return
     if model_sd is not None:                     # a plain CPU copy of sharded weights
-        cpu = build("pretraining", model.config, nsp=model.nsp is not None)
-        cpu.load_state_dict(model_sd)
-        model = cpu
+        model = build("pretraining", model.config, nsp=model.nsp is not None)
+        model.load_state_dict(model_sd)
 
     def write(tmp: Path) -> None:
         save_model(model, tmp, extra_config=mark_incomplete({}, f"{path.name}/ being written"))
@@ -338,9 +337,8 @@ def find_checkpoint(root: Path) -> Path | None:
 def load_checkpoint(run: Run, path: Path, world: D.World) -> None:
     """Restore optimizer, scaler, loop state and RNGs (the weights were loaded when the model was built)."""
     trainer, rng = _read_trainer(path), _read_rng(path, world.rank)
-    cfg = run.cfg
     try:
-        if world.distributed and cfg.train.distributed == "fsdp":
+        if world.distributed and run.cfg.train.distributed == "fsdp":
             D.load_optimizer_state(run.model, run.optimizer, trainer["optimizer"])
         else:
             run.optimizer.load_state_dict(trainer["optimizer"])
@@ -350,11 +348,11 @@ def load_checkpoint(run: Run, path: Path, world: D.World) -> None:
         raise CheckpointError(f"{path}: its optimizer state does not fit this run's model and optimizer "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''})") from None
     st = run.state
-    fields = {f.name: f.type for f in dataclasses.fields(State)}
+    fields = {f.name for f in dataclasses.fields(State)}
     saved = trainer["state"]
-    if not isinstance(saved, dict) or set(saved) - set(fields):
+    if not isinstance(saved, dict) or set(saved) - fields:
         raise CheckpointError(f"{path}: loop state has unknown fields "
-                              f"{sorted(set(saved) - set(fields)) if isinstance(saved, dict) else saved!r:.80}")
+                              f"{sorted(set(saved) - fields) if isinstance(saved, dict) else saved!r:.80}")
     for k, v in saved.items():
         default = getattr(State(), k)
         if type(v) is not type(default) and not (isinstance(default, float) and type(v) is int):
@@ -373,7 +371,6 @@ def load_checkpoint(run: Run, path: Path, world: D.World) -> None:
         except (KeyError, ValueError, TypeError, RuntimeError) as e:
             raise CheckpointError(f"{path}: unusable RNG state ({type(e).__name__}: "
                                   f"{str(e).splitlines()[0][:150] if str(e) else ''})") from None
-    assert isinstance(st, State)
 
 
 def saved_state(path: Path) -> dict:

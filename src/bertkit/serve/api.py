@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -114,10 +116,8 @@ class Batcher:
     async def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self.task
-            except asyncio.CancelledError:
-                pass
         self.executor.shutdown(wait=True)
 
     async def submit(self, job: Job) -> Any:
@@ -220,11 +220,8 @@ class Batcher:
 
     @staticmethod
     def split(jobs: list[Job], results: list) -> list[list]:
-        out, i = [], 0
-        for j in jobs:
-            out.append(results[i:i + j.items])
-            i += j.items
-        return out
+        ends = itertools.accumulate(j.items for j in jobs)
+        return [results[end - j.items:end] for j, end in zip(jobs, ends)]
 
 
 # ---- the app -------------------------------------------------------------------------------------

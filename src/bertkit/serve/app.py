@@ -7,6 +7,7 @@ import logging
 import signal
 import time
 from contextlib import asynccontextmanager
+from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -199,7 +200,6 @@ def warm_up(predictor: Predictor, cfg: ServeConfig) -> None:
 
 
 def _page() -> str:
-    from importlib import resources
     return (resources.files("bertkit") / "static" / "index.html").read_text(encoding="utf-8")
 
 

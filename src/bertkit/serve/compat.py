@@ -141,8 +141,5 @@ def _token_ids(x: Any) -> bool:
 def _tei_scores(r: dict, raw: bool) -> list[dict]:
     if "scores" not in r:                                # regression: one value
         return [{"label": "score", "score": r["score"]}]
-    if raw and "logits" in r:
-        scores = dict(zip(r["scores"], r["logits"]))
-    else:
-        scores = r["scores"]
+    scores = dict(zip(r["scores"], r["logits"])) if raw and "logits" in r else r["scores"]
     return sorted(({"label": k, "score": v} for k, v in scores.items()), key=lambda d: -d["score"])

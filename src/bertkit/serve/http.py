@@ -272,10 +272,9 @@ class Guard:
                                    "'Authorization: Bearer KEY'"), headers=[(b"www-authenticate", b"Bearer")])
         body = b""
         if scope["method"] in ("POST", "PUT", "PATCH"):
-            read = await self.read_body(scope, headers, receive, send)
-            if read is None:
+            body = await self.read_body(scope, headers, receive, send)
+            if body is None:
                 return
-            body = read
         sent = [False]
 
         async def replay():
@@ -421,10 +420,7 @@ class Metrics:
         self.latency: dict[str, Histogram] = {}
         self.batch_items = Histogram((1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
         self.batch_tokens = Histogram((64, 256, 1024, 2048, 4096, 8192, 16384, 65536))
-        self.model_errors = 0
-        self.rejected = 0
-        self.queue_depth = 0
-        self.in_flight = 0
+        self.model_errors = self.rejected = self.queue_depth = self.in_flight = 0
 
     def request(self, path: str, code: int, seconds: float) -> None:
         path = path if path in KNOWN_PATHS else "other"         # bounded label set
