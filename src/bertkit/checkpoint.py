@@ -89,6 +89,12 @@ def _rename(hf_name: str) -> str | None:
     return "bert." + encoder if encoder is not None else _translate(name, _HEAD_NAMES, to_bertkit=True)
 
 
+def bertkit_names(hf_names) -> dict[str, str | None]:
+    """Each Hugging Face weight name -> bertkit's (None: not a weight of BERT), leaving out what is
+    not a weight (position ids) or is derived (the tied decoder)."""
+    return {k: _rename(k) for k in hf_names if not _IGNORED.search(k)}
+
+
 def _hf_name(name: str, bare: bool) -> str:
     """bertkit name -> HF name (inverse of _rename); bare: a BertModel checkpoint (no 'bert.' prefix)."""
     head = _translate(name, _HEAD_NAMES, to_bertkit=False)
@@ -271,7 +277,7 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
     if head != "encoder" and not new_head_ok and ("bertkit_probe" in raw or "bertkit_probe_layers" in raw):
         return load_probe(path, config_json, head)      # a linear head on frozen features (finetune --freeze)
     sd = read_state_dict(path)
-    names = {k: _rename(k) for k in sd if not _IGNORED.search(k)}
+    names = bertkit_names(sd)
     unknown = [k for k, new in names.items() if new is None]
     renamed = {new: sd[k] for k, new in names.items() if new is not None}
     if unknown:

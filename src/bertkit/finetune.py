@@ -52,7 +52,8 @@ from .checkpoint import build, check_inputs_fit, load_model, read_config, save_m
 from .errors import BertkitError, DivergedError
 from .finetune_card import batch_flops, build_card, eval_flops, write_card
 from .finetune_config import FinetuneConfig
-from .hardware import PRECISION_NAMES, attention_kernel, choose_precision, deterministic, machine_facts
+from .hardware import (PRECISION_NAMES, attention_kernel, choose_precision, deterministic, machine_facts,
+                       pick_device)
 from .infer import Predictor
 from .model import set_attention_kernel
 from .optim import build_optimizer, lr_at
@@ -324,7 +325,7 @@ def start_loop(cfg: FinetuneConfig, model: nn.Module, n_train: int, max_length: 
                out: Path) -> Loop:
     """The model on the device with the precision and attention kernel chosen for this machine, the
     optimizer, the number of updates; finetune.yaml written, metrics.jsonl started."""
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = pick_device(cfg.device)
     determinism = deterministic(device, cfg.deterministic)         # before the first GPU matrix product
     model.to(device).train()
     precision, precision_reason = choose_precision(cfg.precision, device, model.config)

@@ -33,7 +33,7 @@ import platform
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -66,9 +66,6 @@ class Capabilities:
         flags = " ".join(f for f in self.flags if f != "amx_tile") or "no bf16/AVX flags"
         return f"{self.cpu} ({flags}; torch {self.torch_isa}): {self.reason} -> {'bf16' if self.bf16_fast else 'fp32'}"
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux, else what `platform` knows)."""
@@ -84,6 +81,11 @@ def cpu_flags() -> tuple[str, ...]:
     info = _cpuinfo()
     have = set((info.get("flags") or info.get("Features") or "").split())
     return tuple(f for f in FLAGS if f in have)
+
+
+def pick_device(name: str | None) -> torch.device:
+    """The device a run names ('cpu', 'cuda', 'cuda:1'); 'auto' or None: the GPU where there is one."""
+    return torch.device(name if name not in (None, "auto") else "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def machine_facts() -> dict:

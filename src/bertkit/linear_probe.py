@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from .checkpoint import load_model
 from .errors import BertkitError
 from .finetune import check_checkpoint, columns_of, read_task_data, task_max_length
+from .hardware import pick_device
 from .model import pool_tokens
 from .outdir import write_whole
 from .packing import pack
@@ -409,7 +410,7 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     task, labels, train, dev = read_task(cfg)
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = pick_device(cfg.device)
     encoder = load_model(cfg.model, head="encoder").float().eval().requires_grad_(False).to(device)
     L = encoder.config.num_layers
     pairs, skipped = combinations(task.head, spec, encoder.config)

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Iterator, Literal
 
@@ -184,15 +184,16 @@ def setup_info(p) -> None:
 
 def describe(path: str | Path) -> dict:
     """Config, parameter count, heads and tokenizer casing of a checkpoint folder."""
-    from ..checkpoint import _IGNORED, _rename, check_weights_fit_config, heads_in, read_config, read_state_dict
+    from ..checkpoint import bertkit_names, check_weights_fit_config, heads_in, read_config, read_state_dict
 
     path = Path(path)
     cfg, raw = read_config(path)
     sd = read_state_dict(path)
-    renamed = {n: t for n, t in ((_rename(k), t) for k, t in sd.items() if not _IGNORED.search(k)) if n}
+    names = bertkit_names(sd)
+    renamed = {n: sd[k] for k, n in names.items() if n}
     check_weights_fit_config(cfg, renamed, path)
-    params = sum(t.numel() for k, t in sd.items() if not _IGNORED.search(k))
-    encoder = sum(t.numel() for k, t in sd.items() if (_rename(k) or "").startswith("bert."))
+    params = sum(sd[k].numel() for k in names)
+    encoder = sum(sd[k].numel() for k, n in names.items() if (n or "").startswith("bert."))
     info = {"path": str(path), "architectures": raw.get("architectures") or [],
             "config": {k: v for k, v in cfg.to_hf_dict().items() if k != "architectures"},
             "parameters": params, "encoder_parameters": encoder,
@@ -219,7 +220,7 @@ def run_info(args) -> int:
     info = describe(args.model)
     c = info["config"]
     caps = capabilities(c["hidden_size"], c["intermediate_size"])     # bf16 vs fp32 speed on this CPU
-    info["hardware"] = {**caps.as_dict(), "short_inputs": _short_inputs(info)}
+    info["hardware"] = {**asdict(caps), "short_inputs": _short_inputs(info)}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

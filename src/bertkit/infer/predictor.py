@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import check_inputs_fit, length_limit, load_model
 from ..config import BertConfig
-from ..hardware import cpu_flags, cpu_model
+from ..hardware import cpu_flags, cpu_model, pick_device
 from ..model import BertModel, pool_tokens
 from ..packing import segment_ids
 from ..st_files import max_seq_length
@@ -112,7 +112,7 @@ class Predictor:
         path, dt = Path(path), DTYPES[o.precision]
         if o.threads:
             torch.set_num_threads(int(o.threads))
-        device = o.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = pick_device(o.device)
         if o.int8 and str(device).startswith("cuda"):
             raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
         model = load_model(path, head=head, config_json=config_json)
