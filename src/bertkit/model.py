@@ -23,12 +23,16 @@ from .packing import (KERNELS, Dropout, Packed, alibi_bias, attention, on_gemm_r
                       unpack)
 
 
+# Hugging Face's GELUs by F.gelu's `approximate`: "none" is exact, x * Phi(x); "tanh" its tanh approximation
+GELU_APPROXIMATE = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",
+                    "gelu_python_tanh": "tanh", "gelu_fast": "tanh", "gelu_accurate": "tanh"}
+
+
 def activation(name: str):
     """The feed-forward nonlinearity named by Hugging Face's `hidden_act`."""
-    if name in ("gelu", "gelu_python"):
-        return F.gelu                                      # exact: x * Phi(x)
-    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_fast", "gelu_accurate"):
-        return lambda x: F.gelu(x, approximate="tanh")     # tanh approximation
+    if name in GELU_APPROXIMATE:
+        how = GELU_APPROXIMATE[name]
+        return F.gelu if how == "none" else lambda x: F.gelu(x, approximate=how)
     return {
         "gelu_10": lambda x: F.gelu(x).clamp(-10, 10), "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
         "relu": F.relu, "relu2": lambda x: F.relu(x).square(), "relu6": F.relu6, "leaky_relu": F.leaky_relu,
@@ -151,8 +155,7 @@ class Block(nn.Module):
             x = x + self.drop(self.attn(self.norm1(x), layout))
             return x + self.drop(self.mlp(self.norm2(x)))
         x = self.norm1(x + self.drop(self.attn(x, layout)))
-        x = self.norm2(x + self.drop(self.mlp(x)))
-        return x
+        return self.norm2(x + self.drop(self.mlp(x)))
 
 
 class BertModel(nn.Module):
@@ -483,8 +486,7 @@ def init_weights(model: nn.Module, cfg: BertConfig) -> nn.Module:
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
-    for m in model.modules():
-        if isinstance(m, MaskedLMHead):
+        elif isinstance(m, MaskedLMHead):
             nn.init.zeros_(m.bias)
     return model
 
@@ -524,6 +526,7 @@ def neighbour_attention_(bert: "BertModel", gap: float = 6.0, offsets: tuple[int
     # the pairs each head reads (k = h, h + H, ...: every head spans the whole frequency range)
     pairs = [torch.arange(h, C // 2, H)[: D // 2] for h in range(H)]
     T = min(n, 128)
+    i = torch.arange(T)
     words = bert.embeddings.word.weight[torch.randint(0, bert.embeddings.word.num_embeddings, (T,))]
     x = bert.embeddings.norm(words + table[:T] + bert.embeddings.segment.weight[0])     # (T, C) as layer 0 sees it
     for layer, block in enumerate(bert.blocks):
@@ -541,11 +544,9 @@ def neighbour_attention_(bert: "BertModel", gap: float = 6.0, offsets: tuple[int
             q = x.double() @ q_rows.T                                                    # (T, D)
             kk = x.double() @ k_rows.T
             logits = q @ kk.T / math.sqrt(D)                                             # (T, T)
-            i = torch.arange(T)
             j = i + d
             ok = (j >= 0) & (j < T)
-            target = logits[i[ok], j[ok]].mean()
-            measured = target - logits.mean()
+            measured = logits[i[ok], j[ok]].mean() - logits.mean()                      # at the neighbour
             scale = math.sqrt(max(gap / measured.item(), 0.0)) if measured > 0 else 1.0
             rows = slice(h * D, (h + 1) * D)
             attn.query.weight[rows] += (scale * q_rows).to(table.dtype)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -113,26 +114,23 @@ def choose_attention(p) -> None:
     the prepacked model splits a ragged batch's attention into length groups (`hardware.attention_group_overhead`)."""
     if p.device.type != "cpu":
         return
-    c = p.config
+    H, D = p.config.num_heads, p.config.hidden_size // p.config.num_heads
     dtype = next((w.dtype for w in p.encoder.blocks.parameters() if w.is_floating_point()), torch.float32)
-    speedup = hardware.attention_forward_speedup(c.num_heads, c.hidden_size // c.num_heads, min(128, p.max_length),
-                                                 dtype)
+    speedup = hardware.attention_forward_speedup(H, D, min(128, p.max_length), dtype)
     p.attention_kernel = "chunked" if speedup > SMALL_TIE else "sdpa"
     set_attention_kernel(p.model, p.attention_kernel)
     p.attention_reason = (f"{p.attention_kernel}: the chunked kernel {speedup:.3g}x SDPA's forward "
                           f"(measured once on this machine)")
     fused = [m for m in p.model.modules() if isinstance(m, FusedSelfAttention)]
     if fused:                          # ragged batches: how finely to split attention into length groups
-        overhead = hardware.attention_group_overhead(c.num_heads, c.hidden_size // c.num_heads, dtype,
-                                                     p.attention_kernel)
+        overhead = hardware.attention_group_overhead(H, D, dtype, p.attention_kernel)
         for m in fused:
             m.group_overhead = overhead
         p.attention_reason += f"; length groups at {overhead} pairs a call (measured once on this machine)"
 
 
 def _short_batches(p, small: bool | int, reference: BertModel | None, found=None, exact: bool = False) -> None:
-    found = found or load_engines(reference if reference is not None else p.encoder, SMALL_THREADS)
-    runners, why = found
+    runners, why = found or load_engines(reference if reference is not None else p.encoder, SMALL_THREADS)
     if not runners:
         p.small_reason = why
         return
@@ -154,8 +152,7 @@ def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
         raise PredictorError("backend openvino runs fp32 or bf16")
     if "openvino" not in engines.installed_engines():
         raise PredictorError("backend openvino needs the openvino package (pip install openvino)")
-    why = graph.supported(p.encoder)
-    if why:
+    if why := graph.supported(p.encoder):
         raise PredictorError(f"backend openvino runs the encoder as an ONNX graph; there is none for {why}")
     g, fp32 = graph.encoder_graph(p.encoder), p.model
     name = dtype_name(dtype) if dtype is not None else None
@@ -185,8 +182,6 @@ def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, pre
     in `down_dtype` (bf16 where it is fast, else fp32; prepacked): min cosine 0.994 there (0.98
     on one-word texts), for a third of the GEMM work taken out of int8. The embeddings, the
     pooler and the task head stay fp32."""
-    import warnings
-
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
     from torch.ao.quantization import quantize_dynamic
     from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
@@ -204,7 +199,7 @@ def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, pre
         if type(m) is DynamicLinear:
             m.__class__ = Int8Linear
         if isinstance(m, Block):
-            m.mlp.down = prepack_linear(m.mlp.down.to(down_dtype), cast=True, prepack=prepack)
+            m.mlp.down = prepack_linear(m.mlp.down.to(down_dtype), prepack=prepack)
     return model
 
 
@@ -221,14 +216,12 @@ def sample_rows(tokenizer: Tokenizer, max_length: int) -> list[tuple[list[int], 
     lines = sample_lines()
     texts = (lines + [" ".join(lines[i:i + 3]) for i in range(0, len(lines) - 1, 3)][:4]
              + [" ".join(l.split()[:n]) for l, n in zip(lines, (1, 2, 3, 4, 6, 8))])
-    rows = []
-    for ids in tokenizer.encode_ids(texts):
-        ids = [tokenizer.cls_id, *ids[:max(max_length - 2, 0)], tokenizer.sep_id]
-        rows.append((ids, [0] * len(ids)))
-    return rows
+    cut = max(max_length - 2, 0)
+    rows = [[tokenizer.cls_id, *ids[:cut], tokenizer.sep_id] for ids in tokenizer.encode_ids(texts)]
+    return [(ids, [0] * len(ids)) for ids in rows]
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Cosine along the last axis."""
     return (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
 
@@ -252,13 +245,13 @@ def check_against(p, reference: nn.Module) -> dict[str, float]:
         return q._run(rows, fn)
 
     a, b = run(p), run(type(p)(reference, p.tokenizer, p.device, p.max_length))
-    sent = np.array([_cosine(x.mean(0), y.mean(0)) for (x, _), (y, _) in zip(a, b)])
-    tok = np.concatenate([_cosine(x, y) for (x, _), (y, _) in zip(a, b)])
+    sent = np.array([cosine(x.mean(0), y.mean(0)) for (x, _), (y, _) in zip(a, b)])
+    tok = np.concatenate([cosine(x, y) for (x, _), (y, _) in zip(a, b)])
     report = {"texts": len(rows), "tokens": int(tok.size), "cosine_min": float(sent.min()),
               "cosine_mean": float(sent.mean()), "token_cosine_min": float(tok.min()),
               "max_abs_diff": float(max(np.abs(x - y).max() for (x, _), (y, _) in zip(a, b)))}
     if task:
-        report["head_cosine_min"] = float(min(_cosine(x, y) for (_, x), (_, y) in zip(a, b)))
+        report["head_cosine_min"] = float(min(cosine(x, y) for (_, x), (_, y) in zip(a, b)))
     return report
 
 
@@ -274,7 +267,7 @@ def agreement(candidate, reference, texts: Sequence[str], pairs: Sequence[str | 
         return p.embed(texts, pairs, pooling="mean", batch_size=batch_size)
 
     a, b = outputs(candidate), outputs(reference)
-    cos = _cosine(a, b)
+    cos = cosine(a, b)
     report = {"n": len(texts), "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
               "max_abs_diff": float(np.abs(a - b).max())}
     if reference.head == "sequence_classification" and getattr(reference.model, "problem", "") == "single_label":

@@ -18,6 +18,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -228,8 +229,6 @@ def padded_runs(p: Packed) -> list[tuple[int, int, Packed]]:
 
 def installed_engines() -> list[str]:
     """Which of ENGINES import here."""
-    from importlib.util import find_spec
-
     return [name for name in ENGINES if find_spec(name) is not None]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Sequence
@@ -31,7 +32,7 @@ from ..checkpoint import check_inputs_fit, load_model
 from ..errors import BertkitError
 from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Checked, Rule
 from ..tokenizer import Tokenizer
-from .choose import sample_lines
+from .choose import cosine, sample_lines
 from .engines import INPUTS, load_session
 
 
@@ -115,15 +116,13 @@ def export_onnx(model_dir: str | Path, out: str | Path, options: ExportOptions |
         check_inputs_fit(model.config, tokenizer.vocab_size, where=model_dir)
     wrapper = Exportable(model).eval()
     out.parent.mkdir(parents=True, exist_ok=True)
-    vocab = model.config.vocab_size
-    sample = _example_batch(vocab, [16, 9], seed=0)                         # trace inputs
+    sample = _example_batch(model.config.vocab_size, [16, 9], seed=0)       # trace inputs
     positions = model.config.max_position_embeddings      # ALiBi: no table, the graph takes longer inputs
     batch, seq = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim(
         "sequence", min=1, max=max(positions, 1 << 16) if model.config.position_embedding_type == "alibi" else positions)
     shapes = {name: {0: batch, 1: seq} for name in INPUTS}
     tmp = out.with_name(out.stem + ".fp32.tmp.onnx")
     try:
-        import warnings
         for name in ("torch.onnx", "onnxscript", "onnx_ir"):            # per-pass chatter of the exporter
             logging.getLogger(name).setLevel(logging.ERROR)
         with warnings.catch_warnings(), torch.no_grad():
@@ -142,7 +141,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, options: ExportOptions |
             current = _optimize(current, temps[1])
         if o.int8:
             current = _quantize(current, temps[2])
-        report = check_parity(wrapper, current, Path(model_dir), o.threads)      # checked before it is `out`
+        report = check_parity(wrapper, current, tokenizer, o.threads)            # checked before it is `out`
         tol_abs = o.max_abs_diff if o.max_abs_diff is not None else (None if o.int8 else 1e-3)
         tol_cos = o.min_cosine if o.min_cosine is not None else (0.98 if o.int8 else 0.9999)
         if (tol_abs is not None and report.max_abs_diff > tol_abs) or report.cosine_min < tol_cos:
@@ -160,8 +159,7 @@ def _example_batch(vocab: int, lengths: Sequence[int], seed: int, pairs: bool = 
     g = torch.Generator().manual_seed(seed)
     T = max(lengths)
     ids = torch.zeros(len(lengths), T, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    types = torch.zeros_like(ids)
+    mask, types = torch.zeros_like(ids), torch.zeros_like(ids)
     for i, n in enumerate(lengths):
         ids[i, :n] = torch.randint(min(1000, vocab // 2), min(vocab, 29000), (n,), generator=g)   # small vocabularies too
         ids[i, 0], ids[i, n - 1] = min(101, vocab - 1), min(102, vocab - 1)
@@ -171,7 +169,7 @@ def _example_batch(vocab: int, lengths: Sequence[int], seed: int, pairs: bool = 
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def _tokenizer_of(model_dir: Path | None):
+def _tokenizer_of(model_dir: Path):
     """The folder's tokenizer, or None (a folder of weights only: parity is checked on random ids)."""
     try:
         return Tokenizer.from_dir(model_dir)
@@ -179,25 +177,24 @@ def _tokenizer_of(model_dir: Path | None):
         return None
 
 
-def _text_batches(model_dir: Path | None, max_length: int = 128) -> list[dict[str, Tensor]]:
+def _text_batches(tok: Tokenizer | None, max_length: int = 128) -> list[dict[str, Tensor]]:
     """Real sentences (the bundled sample corpus) in two batches, one of them pairs, cut to max_length."""
-    tok = _tokenizer_of(model_dir)
     if tok is None:
         return []
     lines = sample_lines()
     return [tok(lines[:9], max_length=max_length), tok(lines[9:12], pairs=lines[:3], max_length=max_length)]
 
 
-def check_parity(wrapper: Exportable, path: Path, model_dir: Path | None = None,
+def check_parity(wrapper: Exportable, path: Path, tokenizer: Tokenizer | None = None,
                  threads: int | None = None) -> Parity:
     """onnxruntime vs PyTorch on batches unlike the trace: other sizes, lengths, padding, segment
-    ids; the cosine is taken on real sentences when the folder has a tokenizer."""
+    ids; the cosine is taken on real sentences when the folder has a tokenizer (`tokenizer`)."""
     session = load_session(path, threads=threads)
     vocab = wrapper.model.config.vocab_size
     top = min(wrapper.model.config.max_position_embeddings, 128)
     random = [_example_batch(vocab, lengths, seed=100 + k, pairs=pairs) for k, (lengths, pairs) in enumerate(
         [([5], False), ([top, 3, 17, min(64, top)], True), ([33, 33, 33], False), ([3, min(71, top)] * 3, True)])]
-    text = _text_batches(model_dir, top)
+    text = _text_batches(tokenizer, top)
     diffs, cosines = [], []
     for k, feed in enumerate(random + text):
         with torch.no_grad():
@@ -209,17 +206,14 @@ def check_parity(wrapper: Exportable, path: Path, model_dir: Path | None = None,
         mask = feed["attention_mask"].numpy().astype(bool)
         for i, (r, g) in enumerate(zip(ref, got)):
             if i == 0 or wrapper.per_token:                                   # per token: real tokens only
-                diffs.append(float(np.abs(r[mask] - g[mask]).max()))
-            else:
-                diffs.append(float(np.abs(r - g).max()))
+                r, g = r[mask], g[mask]
+            diffs.append(float(np.abs(r - g).max()))
         if text and k < len(random):
             continue
         m = mask[..., None]                    # cosine of the mean-pooled states (sentence embeddings)
-        a, b = (ref[0] * m).sum(1) / m.sum(1), (got[0] * m).sum(1) / m.sum(1)
-        cosines += list((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)))
+        cosines += list(cosine((ref[0] * m).sum(1) / m.sum(1), (got[0] * m).sum(1) / m.sum(1)))
         if len(ref) > 1 and not wrapper.per_token:                          # per-sequence logits
-            a, b = ref[1], got[1]
-            cosines += list((a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12))
+            cosines += list(cosine(ref[1], got[1]))
     return Parity(max(diffs), float(min(cosines)), float(np.mean(cosines)), len(random) + len(text))
 
 

@@ -27,13 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model import BertModel
+from ..model import GELU_APPROXIMATE, BertModel
 from .engines import INPUTS
 
 MAX_GRAPH_BYTES = 1_900_000_000  # the weights inside one ONNX protobuf (2 GB limit, with room for the rest)
 OPSET = 20                      # LayerNormalization (17), Gelu with its tanh approximation (20)
-_GELU = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",
-         "gelu_python_tanh": "tanh", "gelu_fast": "tanh", "gelu_accurate": "tanh"}
 
 
 def supported(bert: BertModel) -> str | None:
@@ -41,7 +39,7 @@ def supported(bert: BertModel) -> str | None:
     cfg = bert.config
     if cfg.causal:
         return "a causal encoder"
-    if cfg.hidden_act not in _GELU and cfg.hidden_act != "relu":
+    if cfg.hidden_act not in GELU_APPROXIMATE and cfg.hidden_act != "relu":
         return f"hidden_act {cfg.hidden_act}"
     if any(p.dtype != torch.float32 for p in bert.parameters()):
         return "weights not in float32"
@@ -54,9 +52,7 @@ class _Builder:
     def __init__(self, int8: bool = False):
         from onnx import helper, numpy_helper
         self.helper, self.numpy_helper, self.int8 = helper, numpy_helper, int8
-        self.nodes: list = []
-        self.inits: list = []
-        self.count = 0
+        self.nodes, self.inits, self.count = [], [], 0
 
     def const(self, value: Tensor | np.ndarray | float | list, dtype=np.float32) -> str:
         arr = value.detach().float().numpy() if isinstance(value, Tensor) else value
@@ -91,8 +87,7 @@ def encoder_graph(bert: BertModel, int8: bool = False) -> bytes:
     `int8`: the blocks' Linear weights int8, one scale per output channel (`_Builder.linear`)."""
     from onnx import TensorProto, helper
 
-    why = supported(bert)
-    if why:
+    if why := supported(bert):
         raise ValueError(f"no ONNX graph for {why}")
     size = 4 * sum(p.numel() for p in [*bert.blocks.parameters(), *bert.embeddings.parameters()])
     if size > MAX_GRAPH_BYTES:
@@ -161,5 +156,5 @@ def _positions(g: _Builder) -> str:
 
 def _ffn(g: _Builder, x: str, mlp, act: str) -> str:
     up = g.linear(x, mlp.up.weight, mlp.up.bias)
-    up = g.op("Relu", up) if act == "relu" else g.op("Gelu", up, approximate=_GELU[act])
+    up = g.op("Relu", up) if act == "relu" else g.op("Gelu", up, approximate=GELU_APPROXIMATE[act])
     return g.linear(up, mlp.down.weight, mlp.down.bias)

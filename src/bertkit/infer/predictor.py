@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from itertools import accumulate
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -59,18 +60,15 @@ class Predictor:
         self.engine: TorchEngine | ExportedEngine | GraphEngine = TorchEngine(model)   # runs every batch
         self.model, self.tokenizer = model, tokenizer
         self.device = torch.device(device)
-        cfg = model.config
-        self.config = cfg
+        self.config = cfg = model.config
         self.max_length = length_limit(cfg, max_length)   # ALiBi: any length asked for (no position table)
         self.head = getattr(model, "head", "encoder")
         self.output_names: tuple[str, ...] = tuple(getattr(model, "output_names", ()))   # the head's contract
         self.per_token = bool(getattr(model, "per_token", False))
         # config.json's keys beyond the architecture (id2label, bertkit_stride, ...) are in cfg.extra
         self.labels = labels or {int(k): v for k, v in (cfg.extra.get("id2label") or {}).items()}
-        self.int8 = False
-        self.compiled = False
-        self.prepacked = False
-        self.precision = str(next(model.parameters()).dtype).replace("torch.", "")
+        self.int8 = self.compiled = self.prepacked = False
+        self.precision = self.engine.precision
         self.precision_reason = "as loaded"
         self.precision_check: dict | None = None        # agreement with fp32 on the sample (bf16, int8)
         # int8 vs a separately loaded fp32 model on the bundled sample sentences (`agreement`); set by
@@ -115,8 +113,7 @@ class Predictor:
         device = pick_device(o.device)
         if o.int8 and str(device).startswith("cuda"):
             raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
-        model = load_model(path, head=head, config_json=config_json)
-        model.eval()
+        model = load_model(path, head=head, config_json=config_json).eval()
         tokenizer = Tokenizer.from_dir(path)
         check_inputs_fit(model.config, tokenizer.vocab_size, o.max_length, where=path)
         max_len = o.max_length or max_seq_length(path, model.config.max_position_embeddings)
@@ -227,8 +224,7 @@ class Predictor:
         if not self.output_names:
             raise PredictorError(f"the {self.head} head has no outputs")
         if self.engine.heads:                                  # computed in the exported file
-            missing = [n for n in self.output_names if n not in self.engine.outputs]
-            if missing:
+            if missing := [n for n in self.output_names if n not in self.engine.outputs]:
                 raise PredictorError(f"this ONNX file has no {missing[0]} output; export the {self.head} "
                                      f"checkpoint again")
             return self.engine.run(b)
@@ -401,17 +397,13 @@ class Predictor:
         the string (for word lists: into the words joined by single spaces). Long texts are cut
         into overlapping windows (`stride` pieces), each word read where it has most context."""
         self._require("token_classification", "ner")
-        examples, spans = [], []
-        for i, t in enumerate(texts):
-            words, offs = self._words(t, i)
-            examples.append(TaggedExample(str(i), words, None))
-            spans.append(offs)
-        labels = self.label_names()
+        split = [self._words(t, i) for i, t in enumerate(texts)]           # (words, offsets) per text
+        examples = [TaggedExample(str(i), words, None) for i, (words, _) in enumerate(split)]
         feats = featurize_tokens(examples, self.tokenizer, None, max_length=max_length or self.max_length,
                                  stride=stride)
-        tags = postprocess_tokens(self.outputs(feats, batch_size), feats, examples, labels)
+        tags = postprocess_tokens(self.outputs(feats, batch_size), feats, examples, self.label_names())
         results = []
-        for i, (ex, offs) in enumerate(zip(examples, spans)):
+        for i, (ex, (_, offs)) in enumerate(zip(examples, split)):
             text = texts[i] if isinstance(texts[i], str) else " ".join(texts[i])
             ents = [{"type": typ, "text": text[offs[f][0]:offs[l][1]], "start": offs[f][0], "end": offs[l][1],
                      "first_word": f, "last_word": l} for typ, f, l in get_entities(tags[ex.id])]
@@ -423,10 +415,9 @@ class Predictor:
             pieces = self.tokenizer.backend.pre_tokenizer.pre_tokenize_str(text)
             words, offs = [w for w, _ in pieces], [tuple(o) for _, o in pieces]
         elif isinstance(text, (list, tuple)) and all(isinstance(w, str) for w in text):
-            words, offs, pos = list(text), [], 0
-            for w in words:
-                offs.append((pos, pos + len(w)))
-                pos += len(w) + 1
+            words = list(text)
+            starts = [0, *accumulate(len(w) + 1 for w in words)]          # words joined by single spaces
+            offs = [(a, a + len(w)) for a, w in zip(starts, words)]
         else:
             raise PredictorError(f"text {i}: must be a string or a list of words")
         if not words:

@@ -9,19 +9,16 @@ kernels built ahead for the few GEMM row counts of `packing.gemm_rows` (`warm_ge
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..model import Block, SelfAttention, attention_bias
+from ..model import GELU_APPROXIMATE, Block, SelfAttention, attention_bias
 from ..packing import GROUP_OVERHEAD_PAIRS, Packed, attention, gemm_rows, on_gemm_rows, packed_attention
 
 log = logging.getLogger("bertkit")
-
-_FUSED_GELU = {"gelu": "none", "gelu_python": "none",              # oneDNN's exact (erf) GELU
-               "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_python_tanh": "tanh",
-               "gelu_fast": "tanh", "gelu_accurate": "tanh"}
 
 
 class PrepackedLinear(nn.Module):
@@ -36,8 +33,7 @@ class PrepackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.post, self.algorithm = post, algorithm
-        w = linear.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias.detach().clone() if linear.bias is not None else None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -112,19 +108,15 @@ class CastLinear(nn.Module):
         return self.linear(x.to(self.dtype)).to(x.dtype)
 
 
-def prepack_linear(linear: nn.Linear, cast: bool = False, prepack: bool = True) -> nn.Module:
+def prepack_linear(linear: nn.Linear, prepack: bool = True) -> nn.Module:
     """One Linear prepacked for oneDNN where that applies (and `prepack`) and agrees with F.linear,
-    else as it is; cast=True: wrapped to take and return fp32 activations whatever its own dtype."""
+    else as it is; wrapped to take and return fp32 activations whatever its own dtype."""
     out: nn.Module = linear
-    if prepack and can_prepack(linear):
-        dtype = linear.weight.dtype
-        try:
-            with torch.no_grad():
-                out = _checked(linear, "none", "", torch.Generator().manual_seed(0),
-                               1e-4 if dtype == torch.float32 else 2e-2) or linear
-        except (RuntimeError, NotImplementedError, AttributeError):
-            out = linear
-    if cast and linear.weight.dtype != torch.float32:
+    if prepack and can_prepack(linear):      # a torch build without these oneDNN ops: as it is
+        with suppress(RuntimeError, NotImplementedError, AttributeError), torch.no_grad():
+            out = _checked(linear, "none", "", torch.Generator().manual_seed(0),
+                           1e-4 if linear.weight.dtype == torch.float32 else 2e-2) or linear
+    if linear.weight.dtype != torch.float32:
         out = CastLinear(out, linear.weight.dtype)
     return out
 
@@ -153,7 +145,7 @@ class FusedSelfAttention(nn.Module):
         return self.out(y.flatten(-2))                     # (..., C)
 
 
-def prepack_linears(model: nn.Module, rtol: float | None = None) -> bool:
+def prepack_linears(model: nn.Module) -> bool:
     """Swap the encoder blocks' Linear layers for PrepackedLinear (in place): attention's Q, K and
     V as one GEMM (`FusedSelfAttention`), GELU fused into the FFN's first GEMM. Each packed
     GEMM is checked against F.linear on a random input (rtol: 1e-4 in fp32, 2e-2 in bf16, about
@@ -161,10 +153,10 @@ def prepack_linears(model: nn.Module, rtol: float | None = None) -> bool:
     swap happened."""
     if not can_prepack(model):
         return False
-    fused = _FUSED_GELU.get(getattr(getattr(model, "config", None), "hidden_act", None))
+    fused = GELU_APPROXIMATE.get(getattr(getattr(model, "config", None), "hidden_act", None))
     dtype = next(model.parameters()).dtype
-    rtol = rtol if rtol is not None else (1e-4 if dtype == torch.float32 else 2e-2)
-    swaps = []                                  # (block, FusedSelfAttention, up, down, GELU fused)
+    rtol = 1e-4 if dtype == torch.float32 else 2e-2
+    swaps = []                                  # (block, FusedSelfAttention, up, down)
     try:
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -183,14 +175,13 @@ def prepack_linears(model: nn.Module, rtol: float | None = None) -> bool:
                 if any(p is None for p in packed):
                     return False
                 swaps.append((block, FusedSelfAttention(attn.num_heads, attn.causal, packed[0], packed[1], attn.slopes,
-                                                       attn.kernel),
-                               packed[2], packed[3], bool(fused)))
+                                                       attn.kernel), packed[2], packed[3]))
     except (RuntimeError, NotImplementedError, AttributeError) as e:   # a torch build without these oneDNN ops
         log.info("oneDNN prepacked Linear unavailable (%s); kept the plain layers", str(e).splitlines()[0])
         return False
-    for block, attn, up, down, fused_act in swaps:
+    for block, attn, up, down in swaps:
         block.attn = attn
-        block.mlp = PrepackedFeedForward(up, down, _identity if fused_act else block.mlp.act)
+        block.mlp = PrepackedFeedForward(up, down, _identity if fused else block.mlp.act)
     return True
 
 

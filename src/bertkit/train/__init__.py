@@ -31,7 +31,7 @@ import math
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
@@ -69,10 +69,6 @@ class StepSums:
     real_tokens: float = 0.0     # tokens that are not padding
     padded_tokens: float = 0.0   # batch x length, padding included
     sequences: float = 0.0
-
-    @classmethod
-    def size(cls) -> int:
-        return len(fields(cls))
 
 
 def pretrain(cfg: PretrainConfig, command: str = "", on_step: Callable[[State], None] | None = None) -> dict:
@@ -117,9 +113,7 @@ def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> di
     start, last_ckpt = time.perf_counter() - st.elapsed, time.perf_counter()
     stop_reason = "max_steps" if total == tc.max_steps else f"budget: {total} updates planned"
     with stop.installed():
-        while True:
-            if st.step >= total:
-                break
+        while st.step < total:
             _maybe_switch_phase(run)
             s = train_step(run)
             if on_step is not None:
@@ -360,7 +354,7 @@ def train_step(run: Run) -> Step:
     model.train()
     batches = micro_batches(run)
     A = len(batches)
-    acc = torch.zeros(StepSums.size(), dtype=torch.float64, device=world.device)   # StepSums' fields, in order
+    acc = torch.zeros(len(fields(StepSums)), dtype=torch.float64, device=world.device)   # StepSums' fields, in order
     autocast = torch.autocast(world.device.type, dtype=run.precision) if run.precision != torch.float32 \
         else nullcontext()
     for j, batch in enumerate(batches):
@@ -428,20 +422,16 @@ def _seed(*parts: int) -> int:
 
 
 def _lr(run: Run) -> float:
-    cfg, st = run.cfg, run.state
-    oc = cfg.optim
-    total = total_steps(run)
+    oc, total = run.cfg.optim, total_steps(run)
     warm = oc.warmup * total if oc.warmup < 1 else oc.warmup
-    return lr_at(st.step, total, warm, oc.lr, oc.schedule, oc.end_lr, oc.decay_fraction)
+    return lr_at(run.state.step, total, warm, oc.lr, oc.schedule, oc.end_lr, oc.decay_fraction)
 
 
 def _maybe_switch_phase(run: Run) -> None:
-    cfg, st = run.cfg, run.state
+    st = run.state
     if len(run.phases) < 2 or st.phase == 1:
         return
-    tc = cfg.train
-    progress = st.step / total_steps(run)
-    if progress >= 1 - tc.long_fraction:
+    if st.step / total_steps(run) >= 1 - run.cfg.train.long_fraction:
         st.phase = 1
         log.info("update %d: phase 2 (long sequences, %s)", st.step, run.phases[1].path)
 
@@ -460,30 +450,23 @@ class _StopFlag:
             raise KeyboardInterrupt
         self.signum = signum
 
+    @contextmanager
     def installed(self):
-        flag = self
-
-        class _Ctx:
-            def __enter__(self_):
-                self_.old = {}
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    try:
-                        self_.old[sig] = signal.signal(sig, flag._handler)
-                    except ValueError:            # not the main thread
-                        pass
-
-            def __exit__(self_, *exc):
-                for sig, h in self_.old.items():
-                    signal.signal(sig, h)
-                return False
-        return _Ctx()
+        old = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with suppress(ValueError):            # not the main thread
+                old[sig] = signal.signal(sig, self._handler)
+        try:
+            yield
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
 
 
 # ---- the end -------------------------------------------------------------------------------------
 def finish(run: Run, world: D.World, stop_reason: str, final_eval: dict | None, command: str) -> dict:
     """Final HF folder, run card (md + json) and plot, on rank 0."""
-    cfg = run.cfg
-    out = Path(cfg.out)
+    out = Path(run.cfg.out)
     if not world.main:
         export_model(run, world, out / "final")       # FSDP: every rank takes part in gathering
         return {}

@@ -80,16 +80,13 @@ def evaluate(run: Run) -> dict | None:
     run.model.train()
     if s.mlm_count == 0:
         return None
-    loss = s.mlm_loss / s.mlm_count
-    if run.cfg.train.objective == "clm":
-        rec = {"step": run.state.step, "eval_next_token_loss": loss,
-               "eval_next_token_accuracy": s.mlm_correct / s.mlm_count,
-               "eval_next_token_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s.mlm_count)}
-    else:
-        rec = {"step": run.state.step, "eval_mlm_loss": loss, "eval_mlm_accuracy": s.mlm_correct / s.mlm_count,
-               "eval_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s.mlm_count)}
-        if s.mask_count:                # BERT's accuracy counts the 10% left unchanged, which a model copies
-            rec["eval_mask_accuracy"] = s.mask_correct / s.mask_count
+    loss, clm = s.mlm_loss / s.mlm_count, run.cfg.train.objective == "clm"
+    lm = "eval_next_token" if clm else "eval_mlm"
+    rec = {"step": run.state.step, f"{lm}_loss": loss, f"{lm}_accuracy": s.mlm_correct / s.mlm_count,
+           "eval_next_token_perplexity" if clm else "eval_perplexity": math.exp(min(loss, 50.0)),
+           "eval_predictions": int(s.mlm_count)}
+    if s.mask_count and not clm:        # BERT's accuracy counts the 10% left unchanged, which a model copies
+        rec["eval_mask_accuracy"] = s.mask_correct / s.mask_count
     rec["eval_nsp_accuracy"] = s.nsp_correct / s.nsp_count if s.nsp_count else None
     return rec
 

@@ -161,10 +161,5 @@ def _collate(run: Run, phase: int, epoch: int, k: int) -> list[dict]:
         rng = np.random.default_rng([run.cfg.train.seed, phase, epoch])
         orders[(phase, epoch)] = ph.indices[rng.permutation(len(ph.indices))]
     chosen = orders[(phase, epoch)][k * G:(k + 1) * G]
-    batches = []
-    for j in range(A):
-        g = j * W + world.rank
-        batch = ph.collator([ph.data[int(i)] for i in chosen[g * B:(g + 1) * B]], epoch=epoch)
-        batch["_g"] = g
-        batches.append(batch)
-    return batches
+    return [{**ph.collator([ph.data[int(i)] for i in chosen[g * B:(g + 1) * B]], epoch=epoch), "_g": g}
+            for g in range(world.rank, A * W, W)]                         # g = j * W + rank, j < A
