@@ -117,6 +117,11 @@ class BertConfig:
         return self.hidden_size // self.num_heads
 
     @property
+    def head_dropout(self) -> float:
+        """The dropout before task heads: classifier_dropout, else hidden_dropout."""
+        return self.classifier_dropout if self.classifier_dropout is not None else self.hidden_dropout
+
+    @property
     def bertkit_only(self) -> list[str]:
         """What of this architecture transformers' BERT classes would not compute (and would load
         without a word): [] for plain BERT. Such a checkpoint is saved as model_type 'bertkit'."""

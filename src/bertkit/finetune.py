@@ -52,8 +52,8 @@ from .checkpoint import build, check_inputs_fit, load_model, read_config, save_m
 from .errors import BertkitError, DivergedError
 from .finetune_card import batch_flops, build_card, eval_flops, write_card
 from .finetune_config import FinetuneConfig
-from .hardware import (PRECISION_NAMES, attention_kernel, choose_precision, deterministic, machine_facts,
-                       pick_device)
+from .hardware import (PRECISION_NAMES, attention_kernel, choose_precision, deterministic, dtype_name,
+                       machine_facts, pick_device)
 from .infer import Predictor
 from .model import set_attention_kernel
 from .optim import build_optimizer, lr_at
@@ -335,7 +335,7 @@ def start_loop(cfg: FinetuneConfig, model: nn.Module, n_train: int, max_length: 
                                 fused=cfg.optimizer == "adamw", layer_decay=cfg.layer_lr_decay)
     steps_per_epoch = math.ceil(n_train / cfg.batch_size)
     save_config(cfg, out / "finetune.yaml")
-    chosen = {"precision": str(precision).replace("torch.", ""), "precision_reason": precision_reason,
+    chosen = {"precision": dtype_name(precision), "precision_reason": precision_reason,
               "attention_kernel": kernel, "attention_kernel_reason": kernel_reason, "deterministic": determinism}
     return Loop(cfg, model, out, main_metric, optimizer, precision, chosen, steps_per_epoch,
                 max(1, round(steps_per_epoch * cfg.epochs)), MetricsLog(out / "metrics.jsonl"))

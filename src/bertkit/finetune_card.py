@@ -76,7 +76,7 @@ def build_card(cfg, task, model, labels, result: dict, command: str, facts: dict
         "attention": "causal (left-to-right)" if config.causal else "bidirectional",
         "normalization": f"{getattr(config, 'norm_position', 'post')}-LN",
         "dropout": {"hidden": config.hidden_dropout, "attention": config.attention_dropout,
-                    "head": config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout},
+                    "head": config.head_dropout},
         "pooling": None if probe or task.head not in ("sequence_classification", "multiple_choice")
                    else config.classifier_pooling,
         "layers": config.num_layers, "hidden_size": config.hidden_size, "heads": config.num_heads,

@@ -364,7 +364,7 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
         return raw, f"{ATTENTION_ENV}={raw}"
     if raw not in ("", "auto"):
         raise BertkitError(f"{ATTENTION_ENV}={os.environ[ATTENTION_ENV]!r}: expected sdpa, math or auto")
-    name = str(dtype).replace("torch.", "")
+    name = dtype_name(dtype)
     speedup = measured_once(f"attention math/SDPA speedup {heads}x{head_dim} T{int(length)} {name}",
                             lambda: measure_attention_speedup(heads, head_dim, int(length), dtype))
     kernel = "math" if speedup >= MIN_ATTENTION_SPEEDUP else "sdpa"
@@ -390,7 +390,7 @@ def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: tor
         except RuntimeError:                               # a dtype this build cannot run: SDPA stays
             return 0.0
         return sdpa / chunked
-    name = str(dtype).replace("torch.", "")
+    name = dtype_name(dtype)
     return measured_once(f"attention forward chunked/SDPA speedup {batch}x{heads}x{head_dim} T{length} {name}", measure)
 
 
@@ -416,7 +416,7 @@ def attention_group_overhead(heads: int, head_dim: int, dtype: torch.dtype, kern
             return candidates[0]
         best = min(range(len(candidates)), key=lambda i: times[i])
         return candidates[best] if times[0] > 1.05 * times[best] else candidates[0]
-    name = str(dtype).replace("torch.", "")
+    name = dtype_name(dtype)
     return int(decided_once(f"attention group overhead {heads}x{head_dim} {name} {kernel} of {list(candidates)}",
                             decide, lambda v: isinstance(v, int) and v in candidates))
 
@@ -440,6 +440,11 @@ def deterministic(device: torch.device, on: bool) -> str:
 
 
 PRECISION_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}   # one name everywhere
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch's name of a dtype without the module: 'bfloat16'."""
+    return str(dtype).replace("torch.", "")
 
 
 def choose_precision(name: str, device: torch.device, model_cfg, key: str = "precision") -> tuple[torch.dtype, str]:

@@ -361,7 +361,7 @@ class BertForSequenceClassification(Head):
         self.config, self.num_labels = cfg, num_labels
         self.problem = problem or ("regression" if num_labels == 1 else "single_label")
         self.bert = BertModel(cfg)
-        self.drop = Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
+        self.drop = Dropout(cfg.head_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
 
     def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None
@@ -388,7 +388,7 @@ class BertForTokenClassification(Head):
         super().__init__()
         self.config, self.num_labels = cfg, num_labels
         self.bert = BertModel(cfg, add_pooler=False)
-        self.drop = Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
+        self.drop = Dropout(cfg.head_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
 
     def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None
@@ -451,7 +451,7 @@ class BertForMultipleChoice(Head):
         super().__init__()
         self.config = cfg
         self.bert = BertModel(cfg)
-        self.drop = Dropout(cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout)
+        self.drop = Dropout(cfg.head_dropout)
         self.classifier = nn.Linear(cfg.hidden_size, 1)
 
     def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None

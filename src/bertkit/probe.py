@@ -115,7 +115,7 @@ class ProbeModel(Head):
                                    "model); a frozen random pooler is not a feature. Use concat_last_four or last")
         self.bert = encoder.requires_grad_(False)
         width = cfg.hidden_size * (len(self.layers) if self.combine == "concat" else 1)
-        dropout = cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout
+        dropout = cfg.head_dropout
         self.classifier = ProbeHead(width, num_labels, len(self.layers) if self.combine == "sum" else 0,
                                     dropout, cfg.initializer_range)
 

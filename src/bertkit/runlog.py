@@ -21,7 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .data.masking import MaskingConfig
-from .hardware import gemm_peak, machine_facts
+from .hardware import dtype_name, gemm_peak, machine_facts
 from .model import num_parameters
 from .runconfig import to_dict
 from .runstate import Run, Step
@@ -228,7 +228,7 @@ def pretrain_card(run: Run, world, stop_reason: str, final_eval: dict | None, co
         "reproduce": reproduce_line(command, cfg, st),
         "choices_changed": [f"update {u}: {k} {a} -> {b}" for u, k, a, b in st.changes] or None,
         "optimizer": cfg.optim.optimizer, "peak_lr": cfg.optim.lr, "schedule": cfg.optim.schedule,
-        "precision": str(run.precision).replace("torch.", ""), "precision_reason": run.precision_reason,
+        "precision": dtype_name(run.precision), "precision_reason": run.precision_reason,
         "packed": run.packed, "packed_reason": run.packed_reason,
         "attention_kernel": run.attention_kernel, "attention_kernel_reason": run.attention_kernel_reason,
         "deterministic": run.deterministic, "world_size": world.world_size, "wall_time_s": round(st.elapsed, 1),

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import hardware
+from ..hardware import dtype_name
 from ..model import BertModel, Block, pool_tokens, set_attention_kernel
 from ..tokenizer import Tokenizer
 from . import engines, graph
@@ -52,10 +53,6 @@ BURST_TOKENS = 160                       # a timed run: back-to-back calls of th
 # (docs/serve-measurements.md). It is kept where it is no more than SMALL_TIE slower than PyTorch.
 SMALL_THREADS = 1
 SMALL_TIE = 1.05
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, small: bool | int,

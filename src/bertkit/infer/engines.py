@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import BertkitError
+from ..hardware import dtype_name
 from ..model import BertModel
 from ..packing import Packed, pack_rows, packing, unpack
 
@@ -64,7 +65,7 @@ class TorchEngine:
 
     @property
     def precision(self) -> str:
-        return str(next(self.model.parameters()).dtype).replace("torch.", "")
+        return dtype_name(next(self.model.parameters()).dtype)
 
     def run(self, b: Batch) -> dict[str, Tensor]:
         t = b.tensors

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .. import distributed as D
-from ..hardware import PRECISION_NAMES, attention_kernel, choose_precision, deterministic
+from ..hardware import PRECISION_NAMES, attention_kernel, choose_precision, deterministic, dtype_name
 from ..model import num_parameters, set_attention_kernel
 from ..optim import build_optimizer, lr_at
 from ..packing import varlen_runs
@@ -221,7 +221,7 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
         log.info("model %s: %s parameters, vocab %d; global batch %d (%d per device x %d accumulation x %d "
                  "processes); %s, %s path, %s", cfg.model.preset, f"{num_parameters(model):,}", tokenizer.vocab_size,
                  phases[0].batch_size * phases[0].grad_accum * world.world_size, phases[0].batch_size,
-                 phases[0].grad_accum, world.world_size, str(precision).replace("torch.", ""),
+                 phases[0].grad_accum, world.world_size, dtype_name(precision),
                  "packed" if packed else "padded", world.device)
     return run
 
