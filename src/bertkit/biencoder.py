@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .checkpoint import save_model
-from .embed_eval import Retrieval, ScoredPairs, evaluate_retrieval, evaluate_similarity, read_retrieval
+from .embed_eval import ScoredPairs, evaluate_retrieval, evaluate_similarity, pair_retrieval, read_retrieval
 from .errors import BertkitError
 from .finetune import (epoch_batches, evaluating, load_encoder, log_dev, seed_run, staged_run, start_loop, train,
                        write_result)
@@ -189,9 +189,8 @@ def dev_set(source: str, columns: str | None, skip_bad_rows: bool, limit: int | 
     pairs = read_pairs(source, columns, skip_bad_rows, limit)
     if pairs.scores is not None:
         return ScoredPairs(pairs.name, pairs.anchors, pairs.positives, pairs.scores)
-    ids = {text: str(i) for i, text in enumerate(dict.fromkeys(pairs.positives + (pairs.negatives or [])))}
-    return Retrieval(pairs.name, {str(i): a for i, a in enumerate(pairs.anchors)}, {v: k for k, v in ids.items()},
-                     {str(i): {ids[p]} for i, p in enumerate(pairs.positives)})
+    return pair_retrieval(pairs.name, {str(i): a for i, a in enumerate(pairs.anchors)}, pairs.positives,
+                          pairs.negatives or ())
 
 
 # ---- losses and batches -------------------------------------------------------------------------

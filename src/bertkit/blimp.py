@@ -25,7 +25,6 @@ CPU, batches run on several threads of one core each.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +43,7 @@ from .infer import Batch, Predictor
 from .model import Block, SelfAttention
 from .packing import alibi_bias, packing
 from .runconfig import AT_LEAST_1, THREADS, Checked, Rule
-from .sources import jsonl_objects
+from .sources import jsonl_objects, open_text
 
 log = logging.getLogger("bertkit")
 
@@ -105,8 +104,7 @@ def data_files(paths: Sequence[str | Path]) -> list[Path]:
 
 def _rows(path: Path):
     """(line number, object) of a BLiMP file's JSON Lines (`sources.jsonl_objects`)."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
+    with open_text(path) as f:
         yield from jsonl_objects(f, path)
 
 

@@ -29,7 +29,7 @@ import types
 import typing
 from typing import Any, Iterable
 
-from .runconfig import RunConfigError, _coerce, moved
+from .runconfig import RunConfigError, _coerce, moved, yaml_value
 
 POSITIONAL = "positional"
 """`Annotated[str, POSITIONAL]`: the field is a positional argument, optional where it has a default."""
@@ -79,7 +79,7 @@ def _converter(kind: Any, flag: str):
     text_field = base is str or choices is not None and all(isinstance(c, str) for c in choices)
 
     def convert(text: str):
-        value = _yaml(text)
+        value = yaml_value(text)
         if text_field and not (isinstance(value, str) or value is None and base is not kind and text.strip()):
             value = text
         try:
@@ -88,16 +88,6 @@ def _converter(kind: Any, flag: str):
             raise argparse.ArgumentTypeError(str(e).removeprefix(f"{flag}: ")) from None
     convert.__name__ = getattr(base, "__name__", "value")     # argparse names it in "invalid int value"
     return convert
-
-
-def _yaml(text: str) -> Any:
-    """A command-line value as YAML reads it (as config files are read); unreadable text as is."""
-    import yaml
-
-    try:
-        return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
-        return text
 
 
 def _help(doc: str, default: Any, show_default: bool) -> str:
@@ -197,7 +187,7 @@ def _switch_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str
         action = parser._option_string_actions.get(flag) if eq and a.startswith("--") else None
         if isinstance(action, _Switch) and not flag.startswith("--no-"):
             try:
-                on = _coerce(_yaml(value), bool, flag)
+                on = _coerce(yaml_value(value), bool, flag)
             except RunConfigError as e:
                 parser.error(f"argument {e}")
             a = flag if on else "--no-" + flag[2:]

@@ -66,18 +66,16 @@ def find_checkpoint(source: str | Path) -> tuple[Path, Path]:
     source = Path(source)
     if source.is_dir():
         indexes = sorted(source.glob("*.index"))
+        if source / "bert_model.ckpt.index" in indexes:      # Google's name: taken where a folder holds several
+            indexes = [source / "bert_model.ckpt.index"]
         if not indexes:
             raise CheckpointError(f"{source}: no TensorFlow checkpoint here (no *.index file)")
         if len(indexes) > 1:
-            chosen = [i for i in indexes if i.name == "bert_model.ckpt.index"]
-            if not chosen:
-                names = ", ".join(i.name[: -len(".index")] for i in indexes[:5])
-                raise CheckpointError(f"{source}: holds {len(indexes)} checkpoints ({names}); "
-                                      f"give one as {source}/NAME")
-            indexes = chosen
-        return indexes[0].with_name(indexes[0].name[: -len(".index")]), source
-    if source.name.endswith(".index") and source.is_file():
-        return source.with_name(source.name[: -len(".index")]), source.parent
+            names = ", ".join(i.stem for i in indexes[:5])
+            raise CheckpointError(f"{source}: holds {len(indexes)} checkpoints ({names}); give one as {source}/NAME")
+        return indexes[0].with_suffix(""), source
+    if source.suffix == ".index" and source.is_file():
+        return source.with_suffix(""), source.parent
     if Path(f"{source}.index").is_file():
         return source, source.parent
     raise CheckpointError(f"{source}: no such folder or TensorFlow checkpoint (looked for {source}.index)")
@@ -141,9 +139,9 @@ def convert(source: str | Path, out: str | Path, options: ConvertOptions | None 
     if not vocab_file.is_file():
         raise CheckpointError(f"{vocab_file}: no such file (Google's releases put vocab.txt beside the checkpoint)")
     vocab = read_vocab(vocab_file)
-    if max(vocab.values()) + 1 > cfg.vocab_size:
-        raise CheckpointError(f"{vocab_file}: {max(vocab.values()) + 1} tokens but bert_config.json's vocab_size "
-                              f"is {cfg.vocab_size}")
+    tokens = max(vocab.values()) + 1
+    if tokens > cfg.vocab_size:
+        raise CheckpointError(f"{vocab_file}: {tokens} tokens but bert_config.json's vocab_size is {cfg.vocab_size}")
     why = "given"
     if lowercase is None:
         lowercase, why = infer_lowercase(vocab)
@@ -161,5 +159,5 @@ def convert(source: str | Path, out: str | Path, options: ConvertOptions | None 
     return Converted(prefix=prefix, out=Path(out), architecture=ARCHITECTURES[head], heads=heads_in(names),
                      weights=len(ckpt.names()) - left_out, left_out=left_out,
                      parameters=sum(p.numel() for p in model.parameters()), config=cfg.to_hf_dict(),
-                     vocab_size=max(vocab.values()) + 1, lowercase=lowercase, lowercase_why=why,
+                     vocab_size=tokens, lowercase=lowercase, lowercase_why=why,
                      verified=verify, files=files)

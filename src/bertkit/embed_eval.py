@@ -105,8 +105,6 @@ def read_scored_pairs(source: str | Path, split: str = "dev", columns: Sequence[
                       skip_bad_rows: bool = False, limit: int | None = None) -> ScoredPairs:
     """Scored pairs from a GLUE STS-B folder (`split`'s file) or a CSV / TSV / JSONL / Parquet file
     or dataset name with the columns `columns` (first sentence, second sentence, score)."""
-    if len(columns) != 3:
-        raise BertkitError(f"columns: give three names (sentence 1, sentence 2, score), not {list(columns)}")
     bad = BadRows(skip=skip_bad_rows)
     if Path(source).is_dir():
         task = get_task("stsb")
@@ -129,16 +127,16 @@ def read_retrieval(source: str | Path, split: str = "dev", skip_bad_rows: bool =
     if path.is_dir() and any((path / f).is_file() for f in ("corpus.jsonl", "corpus.jsonl.gz")):
         return read_beir(path, split, limit)
     squad = get_task("squad")
-    examples = squad.read(squad.split_path(source, split), BadRows(skip=skip_bad_rows))
-    return squad_retrieval(examples[:limit or None], str(source))
+    examples = squad.read(squad.split_path(source, split), BadRows(skip=skip_bad_rows))[:limit or None]
+    return pair_retrieval(str(source), {ex.id: ex.question for ex in examples}, [ex.context for ex in examples])
 
 
-def squad_retrieval(examples: Sequence, name: str = "squad") -> Retrieval:
-    """Each question retrieves its paragraph among all the examples' paragraphs (ids: "0", "1", ...
-    in order of first appearance)."""
-    ids = {text: str(i) for i, text in enumerate(dict.fromkeys(ex.context for ex in examples))}
-    return Retrieval(name, {ex.id: ex.question for ex in examples}, {pid: text for text, pid in ids.items()},
-                     {ex.id: {ids[ex.context]} for ex in examples})
+def pair_retrieval(name: str, queries: dict, positives: Sequence[str], others: Sequence[str] = ()) -> Retrieval:
+    """Each query (in order) retrieves its positive among every positive and `others` (SQuAD: each
+    question its paragraph); passage ids "0", "1", ... in order of first appearance."""
+    passages = {text: str(i) for i, text in enumerate(dict.fromkeys([*positives, *others]))}
+    return Retrieval(name, queries, {pid: text for text, pid in passages.items()},
+                     {q: {passages[p]} for q, p in zip(queries, positives)})
 
 
 def read_beir(folder: Path, split: str, limit: int | None = None) -> Retrieval:

@@ -106,6 +106,7 @@ def write_card(out: Path, card: dict) -> None:
     probe = card["probe"]
     mode = card["mode"] + (f" on {probe['features']} (layers {probe['layers']}"
                            f"{', ' + probe['pooling'] + ' pooling' if probe.get('pooling') else ''})" if probe else "")
+    why = lambda key: f"{card[key]} ({card[key + '_reason']})" if card.get(key + "_reason") else card[key]  # noqa: E731
     rows = [("frozen probe or full fine-tuning", mode),
             ("model", f"{card['model']} (init {card['init']}): {card['layers']} layers, hidden {card['hidden_size']}, "
                       f"{card['heads']} heads, {_fmt(card['parameters'])} parameters "
@@ -124,10 +125,8 @@ def write_card(out: Path, card: dict) -> None:
             ("tokens seen (training)", _fmt(card["tokens_seen"])),
             ("compute", f"{_fmt(card['train_flops'])} FLOPs training + {_fmt(card['eval_flops'])} FLOPs dev "
                         f"evaluation"),
-            ("seed", card["seed"]), ("data", card["data"]), ("precision", f"{card['precision']} ({card['precision_reason']})" if card.get("precision_reason")
-                          else card["precision"]),
-            ("attention kernel (training)", f"{card['attention_kernel']} ({card['attention_kernel_reason']})"
-                                            if card.get("attention_kernel_reason") else card["attention_kernel"]),
+            ("seed", card["seed"]), ("data", card["data"]), ("precision", why("precision")),
+            ("attention kernel (training)", why("attention_kernel")),
             ("deterministic", card.get("deterministic") or "-"),
             ("wall time (s)", card["wall_time_s"])]
     if "null_threshold" in card:

@@ -39,7 +39,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .errors import BertkitError, DataError
-from .outdir import INCOMPLETE_KEY, _check_out
+from .outdir import INCOMPLETE_KEY, _check_out, write_whole
 from .runconfig import SEED, to_dict
 from .sources import read_jsonl
 
@@ -265,9 +265,7 @@ def promote(out: Path, chosen: Path, summary: dict) -> None:
     (out / "run_card.json").write_text(json.dumps(card, indent=2, default=str) + "\n", encoding="utf-8")
     md = (chosen / "run_card.md").read_text(encoding="utf-8").rstrip("\n")
     (out / "run_card.md").write_text(md + "\n\n" + "\n".join(seeds_card_lines(summary)) + "\n", encoding="utf-8")
-    tmp = out / "config.json.tmp"
-    shutil.copyfile(chosen / "config.json", tmp)
-    os.replace(tmp, out / "config.json")
+    write_whole(out / "config.json", (chosen / "config.json").read_text(encoding="utf-8"))
 
 
 # ---- what the commands print --------------------------------------------------------------------

@@ -191,16 +191,15 @@ def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.flo
 
 
 def _measure_gemm_peak(device: torch.device, dtype: torch.dtype, n: int, repeats: int, budget_s: float) -> float:
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+
     def product_time(m: int, inner: int) -> float:
-        a = torch.randn(m, m, device=device, dtype=dtype)
-        b = torch.randn(m, m, device=device, dtype=dtype)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        a, b = (torch.randn(m, m, device=device, dtype=dtype) for _ in range(2))
+        sync()
         t0 = time.perf_counter()
         for _ in range(inner):
             a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         return time.perf_counter() - t0
 
     size = 128
@@ -222,8 +221,7 @@ CACHE_ENV = "BERTKIT_CACHE_DIR"
 
 def measurements_path() -> Path:
     """The file that holds this machine's measurements (see the module docstring)."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                      os.path.join(os.path.expanduser("~"), ".cache"), "bertkit")
+    root = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bertkit"
     return Path(root) / "measurements.json"
 
 
@@ -461,9 +459,8 @@ def choose_precision(name: str, device: torch.device, model_cfg, key: str = "pre
         return (torch.bfloat16 if caps.bf16_fast else torch.float32), f"auto: {caps.reason}"
     if name == "fp16" and device.type != "cuda":
         raise BertkitError(f"{key}=fp16 needs a GPU; use fp32 (or bf16) on CPU")
-    if name == "bf16" and device.type == "cpu" and not bf16_fast(hidden, inner):
-        log.warning("%s=bf16 on a CPU where bf16 matrix multiplies are slower than fp32 (%s)", key,
-                    capabilities(hidden, inner).reason)
+    if name == "bf16" and device.type == "cpu" and not (caps := capabilities(hidden, inner)).bf16_fast:
+        log.warning("%s=bf16 on a CPU where bf16 matrix multiplies are slower than fp32 (%s)", key, caps.reason)
     dtypes = {v: k for k, v in PRECISION_NAMES.items()}
     if name not in dtypes:
         raise BertkitError(f"{key}={name!r}: expected auto, fp32, bf16 or fp16")

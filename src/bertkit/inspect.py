@@ -160,12 +160,11 @@ class Trace:
 def trace(encoder: BertModel, ids: list[int], types: list[int]) -> Trace:
     """One sequence through the encoder twice: the model's own path (SDPA) and with the attention
     written out, recording its probabilities."""
-    x = torch.tensor([ids]), torch.tensor([types])
-    reference = torch.stack(encoder(*x, all_layers=True))[:, 0]                 # (L+1, T, C)
+    reference = states(encoder, ids, types)                                     # (L+1, T, C)
     with recording(encoder) as probs:
-        states = torch.stack(encoder(*x, all_layers=True))[:, 0]
+        recorded = states(encoder, ids, types)
     p = torch.cat(probs)                                                        # (L, H, T, T)
-    return Trace(states, p, float((states - reference).abs().max()), float((p.sum(-1) - 1).abs().max()))
+    return Trace(recorded, p, float((recorded - reference).abs().max()), float((p.sum(-1) - 1).abs().max()))
 
 
 @torch.no_grad()

@@ -235,18 +235,17 @@ def page_html(r: dict, paths: dict[str, Path], meta: dict) -> str:
         parts.append(f"<figure><img alt='{e(name)}' src='data:image/png;base64,{data}'><figcaption>"
                      f"{e(CAPTIONS[name])} ({e(path.name)})</figcaption></figure>")
     parts += _lm_section(r)
-    if not m["lm_head"]:
-        parts.append(f"<p>This checkpoint has no language-model head ({e(m['architecture'])}): no [MASK] "
-                     "predictions and no generation.</p>")
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>bertkit inspect: {e(m['name'])}</title>"
             f"<style>{STYLE}</style></head><body>" + "\n".join(parts) + "</body></html>\n")
 
 
 def _lm_section(r: dict) -> list[str]:
-    """The LM head's part of the page: the [MASK] predictions and the generation, token by token."""
+    """The LM head's part of the page: the [MASK] predictions and the generation, token by token (or that
+    the checkpoint has no LM head)."""
     e = html.escape
     if not r["model"]["lm_head"]:
-        return []
+        return [f"<p>This checkpoint has no language-model head ({e(r['model']['architecture'])}): no [MASK] "
+                "predictions and no generation.</p>"]
     out = ["<h2>The language-model head</h2>"]
     if not r.get("fill_mask"):
         out.append("<p>No [MASK] in the text" + (" (a causal checkpoint predicts the next token)" if r["model"]["causal"]

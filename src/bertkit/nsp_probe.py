@@ -43,7 +43,9 @@ from .checkpoint import CheckpointError, check_inputs_fit, load_model, model_fol
 from .data.stats import roc_auc, tfidf_cosine, threshold_baseline
 from .data.text import TextCounts, expand_inputs, read_documents
 from .errors import DataError
+from .infer.engines import torch_threads
 from .runconfig import AT_LEAST_1, SEED, THREADS, Rule, check_fields
+from .tasks import collate
 from .tokenizer import Tokenizer
 
 KINDS = ("is_next", "random_document", "same_document")
@@ -154,16 +156,10 @@ def nsp_is_next(model, pairs: list[tuple[str, np.ndarray, np.ndarray]], cls_id: 
     out = np.zeros(len(pairs))
     for lo in tqdm(range(0, len(order), batch_size), desc="nsp probe", disable=not progress, dynamic_ncols=True):
         idx = order[lo:lo + batch_size]
-        T = int(lengths[idx].max())
-        ids = torch.full((len(idx), T), pad_id, dtype=torch.long)
-        types = torch.zeros((len(idx), T), dtype=torch.long)
-        mask = torch.zeros((len(idx), T), dtype=torch.long)
-        for r, k in enumerate(idx):
-            _, a, b = pairs[k]
-            row = np.concatenate([[cls_id], a, [sep_id], b, [sep_id]])
-            ids[r, :len(row)] = torch.from_numpy(row)
-            types[r, len(a) + 2:len(row)] = 1
-            mask[r, :len(row)] = 1
+        batch = collate([{"input_ids": [cls_id, *a.tolist(), sep_id, *b.tolist(), sep_id],
+                          "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1)}
+                         for _, a, b in (pairs[k] for k in idx)], pad_id)
+        ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
         h = model.bert(ids, types, mask)                                   # (B, T, C)
         logits = model.nsp(model.bert.pool(h, None, mask)).float()         # (B, 2): 0 IsNext, 1 NotNext
         out[idx] = torch.softmax(logits, -1)[:, 0].numpy()
@@ -217,13 +213,8 @@ def nsp_shortcut(model_dir: str | Path, heldout_text_path: str | Path | Sequence
     cosine = tfidf_cosine(np.concatenate([x for _, a, b in pairs for x in (a, b)]), seg, len(pairs))
     p_next = None
     if model is not None:
-        before = torch.get_num_threads()
-        if threads:
-            torch.set_num_threads(threads)
-        try:
+        with torch_threads(threads or None):
             p_next = nsp_is_next(model, pairs, tok.cls_id, tok.sep_id, tok.pad_id, batch_size, progress)
-        finally:
-            torch.set_num_threads(before)
     return {"model": str(path), "text": [str(p) for p in paths], "documents": len(docs),
             "anchors": len(pairs) // len(KINDS), "seed": seed, "max_length": max_length,
             "min_distance": min_distance, "nsp_head": model is not None, **summarize(kinds, cosine, p_next, seed)}

@@ -8,6 +8,7 @@ checked against the field's type. `PretrainConfig` is the configuration of `bert
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -379,7 +380,7 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
     if path is not None:
         source = str(path) + (" + options" if overrides or values else "")
         data = read_yaml_mapping(path, "sections")
-    _merge(data, values or {})
+    data = merge(data, values or {})
     for item in overrides or []:
         key, value = parse_override(item)
         node = data
@@ -392,27 +393,31 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
     return from_dict(cls, data, source)
 
 
-def _merge(into: dict, values: dict) -> None:
-    for key, value in values.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
+def merge(a: dict, b: dict) -> dict:
+    """b over a, section by section (copies: neither is changed)."""
+    out = copy.deepcopy(a)
+    for k, v in (b or {}).items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
 
 
 def parse_override(item: str) -> tuple[str, Any]:
     """'--train.max_steps=20' -> ('train.max_steps', 20); the value is read as YAML."""
-    import yaml
-
     m = re.fullmatch(r"--?([A-Za-z_][\w.]*)=(.*)", item, re.S)
     if not m:
         raise RunConfigError(f"cannot read option {item!r}; write overrides as --section.key=value")
-    raw = m.group(2)
+    return m.group(1), yaml_value(m.group(2))
+
+
+def yaml_value(text: str) -> Any:
+    """A value typed as text (an override, a command-line option) as YAML reads it, as config files are
+    read; unreadable text as is."""
+    import yaml
+
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        return yaml.safe_load(text) if text != "" else ""
     except yaml.YAMLError:
-        value = raw
-    return m.group(1), value
+        return text
 
 
 # Keys renamed for one name per setting: the old spelling is the one-line error "X is now Y".
@@ -451,14 +456,13 @@ def from_dict(cls: type, data: dict, source: str = "config", prefix: str = ""):
         if key not in known and key in moved(cls, prefix):
             raise RunConfigError(f"{source}: {prefix}{key} is now {MOVED[prefix + key]}")
         if key not in known:
-            where = f"{prefix}{key}"
             close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)
             if not close and not prefix:  # a bare key may belong to a section: 'max_steps' -> train.max_steps
                 close = [f"{f.name}.{k}" for f in fields(cls) if dataclasses.is_dataclass(hints[f.name])
                          for k in difflib.get_close_matches(str(key), [g.name for g in fields(hints[f.name])],
                                                             n=1, cutoff=0.8)][:1]
             hint = f"; did you mean {(close[0] if '.' in close[0] else prefix + close[0])!r}?" if close else f"; known: {', '.join(known)}"
-            raise RunConfigError(f"{source}: unknown key {where!r}{hint}")
+            raise RunConfigError(f"{source}: unknown key {prefix + key!r}{hint}")
         kind = hints[key]
         if dataclasses.is_dataclass(kind):
             if not isinstance(value, dict):

@@ -97,7 +97,7 @@ class Window:
         figures next_token_loss / next_token_accuracy instead of mlm_*."""
         dt = max(time.perf_counter() - self.t0, 1e-9)
         n, s = max(self.n, 1), self.sums
-        lm = "next_token" if getattr(run.cfg.train, "objective", "mlm") == "clm" else "mlm"
+        lm = "next_token" if run.cfg.train.objective == "clm" else "mlm"
         return {"step": st.step, "loss": s["loss"] / n, f"{lm}_loss": s["mlm_loss"] / n,
                 "nsp_loss": s["nsp_loss"] / n if run.cfg.train.nsp else None,
                 f"{lm}_accuracy": s["mlm_correct"] / max(s["mlm_count"], 1),
@@ -141,10 +141,9 @@ class StatusLine:
             log.info("%s", self.line())
 
     def line(self) -> str:
-        done = f"update {self.n}/{self.total}"
         pct = 100.0 * self.n / self.total if self.total else 0.0
         post = "".join(f", {k} {v}" for k, v in self.postfix.items())
-        return f"pretrain: {done} ({pct:.0f}%), {time.perf_counter() - self.t0:.0f} s{post}"
+        return f"pretrain: update {self.n}/{self.total} ({pct:.0f}%), {time.perf_counter() - self.t0:.0f} s{post}"
 
     def set_postfix(self, post: dict, refresh: bool = False) -> None:
         self.postfix = dict(post)
@@ -160,7 +159,7 @@ def bar_update(bar, run: Run, s: Step) -> None:
     st = run.state
     bar.update(1)
     if st.step % max(1, min(run.cfg.train.log_every, 10)) == 0:
-        head = "next" if getattr(run.cfg.train, "objective", "mlm") == "clm" else "mlm"
+        head = "next" if run.cfg.train.objective == "clm" else "mlm"
         post = {"loss": f"{s.loss:.3f}", head: f"{s.mlm_correct / max(s.mlm_count, 1):.3f}",
                 **({"nsp": f"{s.nsp_correct / s.nsp_count:.3f}"} if s.nsp_count else {}),
                 "tok/s": f"{st.tokens / max(st.elapsed, 1e-9):.0f}", "lr": f"{s.lr:.2e}"}
@@ -273,12 +272,10 @@ def write_run_card(out: str | Path, card: dict[str, Any]) -> tuple[Path, Path]:
         if key in card:
             lines.append(f"| {key} | {_fmt(card[key])} |")
     lines += _masking_lines(card)
-    if card.get("final_eval"):
-        lines += md_section("Held-out evaluation (final)", card["final_eval"])
-    if card.get("final_train"):
-        lines += md_section("Last logged training step", card["final_train"])
-    if card.get("hardware"):
-        lines += md_section("Hardware", card["hardware"], "item")
+    for key, title, name in (("final_eval", "Held-out evaluation (final)", "metric"),
+                             ("final_train", "Last logged training step", "metric"), ("hardware", "Hardware", "item")):
+        if card.get(key):
+            lines += md_section(title, card[key], name)
     lines += ["", "Files: `config.yaml` (resolved config), `metrics.jsonl`, `eval.jsonl`, `curves.png`, "
               "`checkpoints/`, `final/` (Hugging Face format)."]
     mpath.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -342,8 +339,7 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path, card: 
             card = None
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     nan = float("nan")
-    metrics = [{k: (nan if v is None else v) for k, v in m.items()} for m in metrics]
-    evals = [{k: (nan if v is None else v) for k, v in e.items()} for e in evals]
+    metrics, evals = ([{k: (nan if v is None else v) for k, v in m.items()} for m in rows] for rows in (metrics, evals))
     steps = [m["step"] for m in metrics]
     held = "o-" if len(evals) <= 40 else "-"
     lm, name = ("next_token", "next-token") if "next_token_loss" in metrics[0] else ("mlm", "MLM")
@@ -354,7 +350,6 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path, card: 
     if evals:
         axes[0].plot([e["step"] for e in evals], [e[f"eval_{lm}_loss"] for e in evals], held, ms=3,
                      label=f"held-out {name} loss ({len(evals)} points)")
-    axes[0].set_xlabel("update"); axes[0].set_ylabel("loss"); axes[0].set_title("loss"); axes[0].legend(fontsize=8)
     axes[1].plot(steps, [m[f"{lm}_accuracy"] for m in metrics], label=f"train {name} accuracy", lw=1)
     if any(m.get("nsp_accuracy") == m.get("nsp_accuracy") for m in metrics):
         axes[1].plot(steps, [m["nsp_accuracy"] for m in metrics], label="train NSP accuracy", lw=1)
@@ -364,10 +359,11 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path, card: 
         if any(e.get("eval_nsp_accuracy") == e.get("eval_nsp_accuracy") for e in evals):
             axes[1].plot([e["step"] for e in evals], [e["eval_nsp_accuracy"] for e in evals], held, ms=3,
                          label="held-out NSP accuracy", alpha=0.6)
-    axes[1].set_xlabel("update"); axes[1].set_ylabel("accuracy"); axes[1].set_title("accuracy")
-    axes[1].legend(fontsize=8)
     axes[2].plot(steps, [m["lr"] for m in metrics], lw=1)
-    axes[2].set_xlabel("update"); axes[2].set_ylabel("learning rate"); axes[2].set_title("learning rate")
+    for ax, what in zip(axes, ("loss", "accuracy", "learning rate")):
+        ax.set(xlabel="update", ylabel=what, title=what)
+    for ax in axes[:2]:
+        ax.legend(fontsize=8)
     fig.suptitle(plot_title(card or {}, path, metrics), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -311,10 +311,8 @@ def verify(path: Path) -> str | None:
             return f"{name} has {p.stat().st_size} bytes, expected {meta['size']} (truncated?)"
         if _sha256(p) != meta["sha256"]:
             return f"{name} does not match its checksum (corrupt)"
-    for need in ("trainer.json", "trainer.safetensors", "model/model.safetensors", "model/config.json"):
-        if need not in files:
-            return f"{need} is not in the manifest"
-    return None
+    needed = ("trainer.json", "trainer.safetensors", "model/model.safetensors", "model/config.json")
+    return next((f"{need} is not in the manifest" for need in needed if need not in files), None)
 
 
 def find_checkpoint(root: Path) -> Path | None:
@@ -347,20 +345,18 @@ def load_checkpoint(run: Run, path: Path, world: D.World) -> None:
     except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
         raise CheckpointError(f"{path}: its optimizer state does not fit this run's model and optimizer "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''})") from None
-    st = run.state
-    fields = {f.name for f in dataclasses.fields(State)}
-    saved = trainer["state"]
-    if not isinstance(saved, dict) or set(saved) - fields:
-        raise CheckpointError(f"{path}: loop state has unknown fields "
-                              f"{sorted(set(saved) - fields) if isinstance(saved, dict) else saved!r:.80}")
+    saved = trainer["state"]                     # a dict: _read_trainer checked
+    unknown = set(saved) - {f.name for f in dataclasses.fields(State)}
+    if unknown:
+        raise CheckpointError(f"{path}: loop state has unknown fields {sorted(unknown)!r:.80}")
     for k, v in saved.items():
         default = getattr(State(), k)
         if type(v) is not type(default) and not (isinstance(default, float) and type(v) is int):
             raise CheckpointError(f"{path}: loop state {k}={v!r:.40} is not a {type(default).__name__}")
-        setattr(st, k, v)
-    if trainer.get("world_size", 1) != world.world_size:
+        setattr(run.state, k, v)
+    if trainer["world_size"] != world.world_size:
         log.warning("%s was written by %d processes, resuming on %d: the data order changes from here",
-                    path, trainer.get("world_size", 1), world.world_size)
+                    path, trainer["world_size"], world.world_size)
     if rng is not None:
         try:
             torch.set_rng_state(rng["torch"])

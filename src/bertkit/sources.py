@@ -204,18 +204,15 @@ def open_table(source: str | Path, default_split: str | None = None) -> Table:
     return _text_table(files, kind, s)
 
 
+_KINDS = {".parquet": "parquet", **dict.fromkeys(ARROW_SUFFIXES, "arrow"), ".jsonl": "jsonl", ".json": "jsonl",
+          ".csv": "csv", ".tsv": "tsv"}
+
+
 def _kind(f: Path) -> str:
     n = f.name.lower().removesuffix(".gz")
-    if n.endswith(".parquet"):
-        return "parquet"
-    if n.endswith(ARROW_SUFFIXES):
-        return "arrow"
-    if n.endswith((".jsonl", ".json")):
-        return "jsonl"
-    if n.endswith(".csv"):
-        return "csv"
-    if n.endswith(".tsv"):
-        return "tsv"
+    for suffix, kind in _KINDS.items():
+        if n.endswith(suffix):
+            return kind
     raise SourceError(f"{f}: not a table file (expected .parquet, .arrow, .feather, .jsonl, .json or .csv)")
 
 
@@ -323,10 +320,9 @@ def saved_dataset_files(p: Path) -> list[Path]:
 
 def _saved_table(p: Path) -> Table:
     files = saved_dataset_files(p)
-    names = None
     info = p / "dataset_info.json"
-    if info.is_file():
-        names = _names_from_features(json.loads(info.read_text(encoding="utf-8")).get("features", {}))
+    names = (_names_from_features(json.loads(info.read_text(encoding="utf-8")).get("features", {}))
+             if info.is_file() else None)
     return _arrow_table(files, str(p), names)
 
 

@@ -218,9 +218,8 @@ class Checkpoint:
         self.index = Path(f"{self.prefix}.index")
         if not self.index.is_file():
             raise CheckpointFormatError(f"{self.index}: no such file (not a TensorFlow checkpoint prefix)")
-        raw = self.index.read_bytes()
         try:
-            header, self.entries = _read_index(raw)
+            header, self.entries = _read_index(self.index.read_bytes())
         except (ValueError, struct.error, IndexError) as e:
             raise CheckpointFormatError(f"{self.index}: truncated or corrupt TensorFlow checkpoint index ({e})") from None
         self.num_shards = header.get(1, 1)

@@ -13,6 +13,7 @@ import heapq
 import logging
 import re
 from collections import Counter
+from itertools import islice
 from pathlib import Path
 from typing import Sequence
 
@@ -42,14 +43,8 @@ def _iter_lines(files: Sequence[str | Path], batch: int = 1000):
             continue
         opener = gzip.open if f.suffix == ".gz" else open
         with opener(f, "rt", encoding="utf-8", errors="replace") as fh:
-            buf = []
-            for line in fh:
-                if line.strip():
-                    buf.append(line)
-                    if len(buf) >= batch:
-                        yield buf
-                        buf = []
-            if buf:
+            lines = (line for line in fh if line.strip())
+            while buf := list(islice(lines, batch)):
                 yield buf
 
 
@@ -146,8 +141,7 @@ def learn_wordpiece(word_counts: dict[str, int], vocab_size: int, min_frequency:
         nid = index.setdefault(new, len(tokens))
         if nid == len(tokens):
             tokens.append(new)
-        changed = _merge_pair(a, b, nid, words, counts, pairs, where)
-        for p in changed:
+        for p in _merge_pair(a, b, nid, words, counts, pairs, where):
             c = pairs.get(p, 0)
             if c > 0:
                 heapq.heappush(heap, (-c, *p))

@@ -22,8 +22,8 @@ from typing import Annotated, Literal
 from ..config import BertConfig, preset
 from ..errors import BertkitError, DivergedError
 from ..outdir import write_whole
-from ..runconfig import AT_LEAST_1, Checked, PretrainConfig, from_dict, save_config
-from .config import AblateConfig, Arm, _key, _read_json, _write_json, describe, lr_search_of, merge
+from ..runconfig import AT_LEAST_1, Checked, PretrainConfig, from_dict, merge, save_config
+from .config import AblateConfig, Arm, _key, _read_json, _write_json, describe, lr_search_of
 from .measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm, weights_id
 from .shared import Shared
 from .zeroshot import arm_blimp, arm_nsp_shortcut

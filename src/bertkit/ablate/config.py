@@ -1,10 +1,9 @@
 """`bertkit ablate`'s configuration: the grid (`AblateConfig`), its arms (`Arm`, `Budget`), reading
 and checking a grid file, selecting arms, and the small helpers the grid and its report share
-(merging settings, describing an arm, JSON files written whole). The runs are arm.py and grid.py,
+(describing an arm, JSON files written whole). The runs are arm.py and grid.py,
 the statistics and the report report.py."""
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -301,14 +300,6 @@ def _parse_shard(text: str) -> tuple[int, int]:
     if not 0 <= i < n:
         raise BertkitError(f"--shard {text}: I must be in 0..N-1")
     return i, n
-
-
-def merge(a: dict, b: dict) -> dict:
-    """b over a, section by section."""
-    out = copy.deepcopy(a)
-    for k, v in (b or {}).items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

@@ -14,9 +14,9 @@ from typing import Sequence
 
 from ..data.prepare import PrepareConfig
 from ..errors import BertkitError
-from ..runconfig import from_dict, to_dict
+from ..runconfig import from_dict, merge, to_dict
 from .arm import RunOptions, _now, finetune_config, finished, one_line, pretrain_config, run_arm
-from .config import AblateConfig, Arm, _read_json, describe, flatten, lr_search_of, merge
+from .config import AblateConfig, Arm, _read_json, describe, flatten, lr_search_of
 from .measure import budget_info
 from .shared import Shared
 

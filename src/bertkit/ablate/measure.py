@@ -27,8 +27,8 @@ from ..data.prepare import PrepareConfig
 from ..data.pretraining import open_dataset
 from ..errors import BertkitError
 from ..finetune_seeds import one_answer
-from ..runconfig import PretrainConfig, from_dict
-from .config import AblateConfig, Arm, _read_json, _write_json, merge
+from ..runconfig import PretrainConfig, from_dict, merge
+from .config import AblateConfig, Arm, _read_json, _write_json
 
 
 # ---- the budget -----------------------------------------------------------------------------------

@@ -125,18 +125,18 @@ def betainc(a: float, b: float, x: float) -> float:
 
 def compare(a: Sequence[float], base: Sequence[float]) -> tuple[float, float | None, str]:
     """(difference of means, p-value or None, which test)."""
-    delta = mean_std(a)[0] - mean_std(base)[0]
+    (ma, sa), (mb, sb) = mean_std(a), mean_std(base)
     if len(a) < 2 or len(base) < 2:
-        return delta, None, "none (fewer than 2 seeds)"
+        return ma - mb, None, "none (fewer than 2 seeds)"
     try:
         from scipy import stats
-        if mean_std(a)[1] == 0 and mean_std(base)[1] == 0:
+        if sa == 0 and sb == 0:
             raise ImportError  # scipy returns nan here; ours says what it means
         with warnings.catch_warnings():            # "nearly identical data": the p-value is still right
             warnings.simplefilter("ignore", RuntimeWarning)
-            return delta, float(stats.ttest_ind(a, base, equal_var=False).pvalue), "Welch's t-test (scipy)"
+            return ma - mb, float(stats.ttest_ind(a, base, equal_var=False).pvalue), "Welch's t-test (scipy)"
     except ImportError:
-        return delta, welch_t_test(a, base)[2], "Welch's t-test (bertkit.ablate.report.welch_t_test)"
+        return ma - mb, welch_t_test(a, base)[2], "Welch's t-test (bertkit.ablate.report.welch_t_test)"
 
 
 # ---- report -------------------------------------------------------------------------------------

@@ -423,8 +423,7 @@ class _EmbeddingSink:
                 if exc_type is None:
                     os.replace(self.part, self.output)
             finally:
-                if os.path.exists(self.part):
-                    os.remove(self.part)
+                Path(self.part).unlink(missing_ok=True)
 
 
 # ---- fill-mask -----------------------------------------------------------------------------------

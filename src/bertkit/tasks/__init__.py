@@ -274,18 +274,15 @@ def collate(features: Sequence[dict], pad_id: int = 0) -> dict[str, torch.Tensor
     targets (int class, float score, start/end positions) become (B,) tensors."""
     first = features[0]
     choices = bool(first["input_ids"]) and isinstance(first["input_ids"][0], list)
-    rows = [f["input_ids"] for f in features]
-    if choices:                                           # (B, K, T)
-        T = max(len(r) for f in rows for r in f)
-        ids = torch.tensor([[r + [pad_id] * (T - len(r)) for r in f] for f in rows])
-        types = torch.tensor([[r + [0] * (T - len(r)) for r in f["token_type_ids"]] for f in features])
-        mask = torch.tensor([[[1] * len(r) + [0] * (T - len(r)) for r in f] for f in rows])
-    else:                                                 # (B, T)
-        T = max(len(r) for r in rows)
-        ids = torch.tensor([r + [pad_id] * (T - len(r)) for r in rows])
-        types = torch.tensor([f["token_type_ids"] + [0] * (T - len(f["token_type_ids"])) for f in features])
-        mask = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
-    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    # every feature as K rows (K = 1 for a single sequence), padded to the longest row
+    rows = [f["input_ids"] if choices else [f["input_ids"]] for f in features]
+    types = [f["token_type_ids"] if choices else [f["token_type_ids"]] for f in features]
+    T = max(len(r) for f in rows for r in f)
+    batch = {"input_ids": torch.tensor([[r + [pad_id] * (T - len(r)) for r in f] for f in rows]),
+             "token_type_ids": torch.tensor([[r + [0] * (T - len(r)) for r in f] for f in types]),
+             "attention_mask": torch.tensor([[[1] * len(r) + [0] * (T - len(r)) for r in f] for f in rows])}
+    if not choices:                                       # (B, 1, T) -> (B, T)
+        batch = {k: v[:, 0] for k, v in batch.items()}
     for key in ("labels", "start_positions", "end_positions"):
         if key not in first or first[key] is None:
             continue

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Sequence
 
 from ..sources import dataset_name, is_saved_dataset, jsonl_objects, open_table
-from . import BadRows, DataError, Task, finite_number, metrics as M, open_text, predicted, require_examples
-from .glue import TextExample, sentence_task
+from . import BadRows, DataError, Task, finite_number, open_text, require_examples
+from .glue import TextExample, sentence_metrics, sentence_task
 from .ner import TAG, TaggedExample, read_conll, tagging_task
 
 FORMATS = ("csv", "tsv", "jsonl", "conll")
@@ -145,20 +144,6 @@ def read_tagged(path: str | Path, bad: BadRows | None, tokens_column: str, tags_
     return require_examples(examples, path, bad)
 
 
-def classify_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict:
-    ref, pred = [str(ex.label) for ex in examples], [str(p) for p in predicted(predictions, examples)]
-    classes = sorted(set(ref) | set(pred))
-    out = {"accuracy": M.accuracy(ref, pred),
-           "macro_f1": sum(M.f1_binary(ref, pred, pos_label=c) for c in classes) / len(classes)}
-    if set(classes) <= {"0", "1"}:
-        out["f1"] = M.f1_binary(ref, pred, pos_label="1")
-    return out
-
-
-def regress_metrics(predictions: dict, examples: Sequence[TextExample]) -> dict:
-    return M.pearson_spearman([float(ex.label) for ex in examples], [float(p) for p in predicted(predictions, examples)])
-
-
 def custom_task(kind: str, text_column: str = "text", pair_column: str | None = None, label_column: str = "label",
                 id_column: str | None = None, tokens_column: str = "tokens", tags_column: str = "tags",
                 format: str | None = None) -> Task:
@@ -172,7 +157,8 @@ def custom_task(kind: str, text_column: str = "text", pair_column: str | None = 
     regression = kind == "regress"
     return sentence_task(kind, f"{kind} your own CSV/TSV/JSONL data", lambda path, bad=None: read_texts(
         path, bad, text_column, pair_column, label_column, id_column, format, regression),
-        regress_metrics if regression else classify_metrics, "spearman" if regression else "accuracy", regression, files)
+        sentence_metrics("pearson" if regression else "macro_f1"), "spearman" if regression else "accuracy",
+        regression, files)
 
 
 __all__ = ["custom_task", "read_texts", "read_tagged", "data_rows"]

@@ -174,13 +174,10 @@ def featurize_classification(examples: Sequence[TextExample], tokenizer, labels:
 
 def mean_window_logits(outputs: Sequence[np.ndarray], features: Sequence[dict]) -> dict[int, np.ndarray]:
     """{example index: its windows' logits averaged} (a long input is several windows)."""
-    sums: dict[int, np.ndarray] = {}
-    counts: dict[int, int] = {}
+    windows: dict[int, list] = {}
     for out, f in zip(outputs, features):
-        i = f["example_index"]
-        sums[i] = sums.get(i, 0) + np.asarray(out, dtype=np.float64)
-        counts[i] = counts.get(i, 0) + 1
-    return {i: total / counts[i] for i, total in sums.items()}
+        windows.setdefault(f["example_index"], []).append(out)
+    return {i: np.asarray(w, dtype=np.float64).mean(0) for i, w in windows.items()}
 
 
 def postprocess_classification(outputs: Sequence[np.ndarray], features: Sequence[dict],
@@ -216,14 +213,19 @@ def parse_text(obj: dict, where: str) -> TextExample:
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def _metrics(kind: str):
+def sentence_metrics(kind: str):
+    """The metrics of a sentence task: pearson (and spearman), or accuracy with f1 (of class 1), mcc,
+    or macro_f1 (your own classes, `tasks.custom`: with the f1 of class 1 where they are 0/1)."""
     def compute(predictions: dict, examples: Sequence[TextExample]) -> dict:
         pred, ref = predicted(predictions, examples), [ex.label for ex in examples]
         if kind == "pearson":
             return M.pearson_spearman([float(r) for r in ref], [float(p) for p in pred])
         pred, ref = [str(p) for p in pred], [str(r) for r in ref]
         out = {"accuracy": M.accuracy(ref, pred)}
-        if kind == "f1":
+        if kind == "macro_f1":
+            classes = sorted(set(ref) | set(pred))
+            out["macro_f1"] = sum(M.f1_binary(ref, pred, pos_label=c) for c in classes) / len(classes)
+        if kind == "f1" or (kind == "macro_f1" and set(classes) <= {"0", "1"}):
             out["f1"] = M.f1_binary(ref, pred, pos_label="1")
         if kind == "mcc":
             out["mcc"] = M.matthews_corrcoef(ref, pred)
@@ -240,8 +242,9 @@ def sentence_task(name: str, description: str, read, metrics, main: str, regress
 
 
 def _task(name: str, spec: Spec, kind: str, main: str, description: str, **files: str) -> Task:
-    return sentence_task(name, description, lambda path, bad=None: read_glue(path, spec, bad), _metrics(kind), main,
-                         spec.labels is None, files or {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"})
+    return sentence_task(name, description, lambda path, bad=None: read_glue(path, spec, bad), sentence_metrics(kind),
+                         main, spec.labels is None,
+                         files or {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"})
 
 
 BINARY = ("0", "1")

@@ -285,16 +285,13 @@ def squad_v1(references: Any, predictions: Mapping[str, str]) -> dict[str, float
     """evaluate-v1.1.py: {"exact_match", "f1"} in 0-100; a question with no prediction scores 0."""
     golds = squad_golds(references)
     em = f1 = 0.0
-    missing = 0
     for qid, answers in golds.items():
-        if qid not in predictions:
-            missing += 1
-            continue
-        pred = predictions[qid]
-        # v1.1's F1 is 0 when no token is shared, so an empty gold or prediction scores 0 there
-        em += max(normalize_answer(pred) == normalize_answer(g) for g in answers) if answers else 0
-        f1 += max(_token_f1(normalize_answer(g).split(), normalize_answer(pred).split()) for g in answers) \
-            if answers else 0
+        if qid in predictions and answers:
+            pred = normalize_answer(predictions[qid])
+            # v1.1's F1 is 0 when no token is shared, so an empty gold or prediction scores 0 there
+            em += max(pred == normalize_answer(g) for g in answers)
+            f1 += max(_token_f1(normalize_answer(g).split(), pred.split()) for g in answers)
+    missing = sum(qid not in predictions for qid in golds)
     total = len(golds)
     out = {"exact_match": 100.0 * em / total, "f1": 100.0 * f1 / total, "total": total}
     if missing:
@@ -366,11 +363,7 @@ def best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float], 
     low = na_probs[order[0]] if order else 0.0
     thresh = low - max(1.0, abs(low)) if reproducible and order else 0.0
     for i, qid in enumerate(order):
-        if has_ans[qid]:
-            diff = scores[qid]
-        else:
-            diff = -1 if predictions[qid] else 0
-        cur += diff
+        cur += scores[qid] if has_ans[qid] else -1 if predictions[qid] else 0
         tied = reproducible and i + 1 < len(order) and na_probs[order[i + 1]] == na_probs[qid]
         if cur > best and not tied:
             best, thresh = cur, na_probs[qid]

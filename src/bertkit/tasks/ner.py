@@ -42,7 +42,7 @@ class TaggedExample:
         return None
 
 
-def read_conll(path: str | Path, bad: BadRows | None = None, tag_column: int = -1) -> list[TaggedExample]:
+def read_conll(path: str | Path, bad: BadRows | None = None) -> list[TaggedExample]:
     """Sentences of a CoNLL column file; the id of a sentence is its 0-based index in the file."""
     bad = bad or BadRows()
     examples: list[TaggedExample] = []
@@ -78,7 +78,7 @@ def read_conll(path: str | Path, bad: BadRows | None = None, tag_column: int = -
                 bad(path, lineno, f"expected {ncols} columns like the first line, found {len(cols)}")
                 broken = True
                 continue
-            tag = cols[tag_column]
+            tag = cols[-1]
             if not TAG.match(tag):
                 bad(path, lineno, f"tag {tag!r} is not O or B-/I-/E-/S-TYPE")
                 broken = True

@@ -315,14 +315,12 @@ def postprocess_qa(outputs: Sequence, features: Sequence[dict], examples: Sequen
             preds[ex.id] = nbest[0][0]
             continue
         best = next((e for e in nbest if e[0]), None)
-        if best is None:
-            # no non-null span anywhere (e.g. a window with no context): certainly no answer
-            preds.null_odds[ex.id] = float(null[0]) + 1e4 if null is not None else 1e4
-            preds[ex.id] = ""
-            continue
-        diff = float(null[0]) - best[1]
-        preds.null_odds[ex.id] = diff
-        preds[ex.id] = "" if diff > null_threshold else best[0]
+        if best is None:        # no non-null span anywhere (e.g. a window with no context): certainly no answer
+            odds = (float(null[0]) if null is not None else 0.0) + 1e4
+        else:
+            odds = float(null[0]) - best[1]
+        preds.null_odds[ex.id] = odds
+        preds[ex.id] = "" if best is None or odds > null_threshold else best[0]
     return preds
 
 
