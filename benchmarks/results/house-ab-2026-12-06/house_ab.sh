@@ -1,0 +1,17 @@
+# issue 33: speed before (8a95d92, the start of this sitting) and after (a443936, the two passes of
+# shorter code), one machine, alternating; each tree runs its own benchmarks and its own src
+set -x
+date -u; uptime
+for round in 1 2; do
+  for tree in before after; do
+    cd /work/$tree; echo "== $tree $(git rev-parse --short HEAD) round $round"
+    PYTHONPATH=/work/$tree/src timeout 300 /work/main/.venv/bin/python benchmarks/infer_vs_hf.py --reps 5 --threads 2 --only none 2>&1 | grep -E "^\| (transformers|bertkit)|^\{" | cut -c1-200
+  done
+done
+for round in 1 2; do
+  for tree in before after; do
+    cd /work/$tree; echo "== $tree $(git rev-parse --short HEAD) pretrain round $round"
+    PYTHONPATH=/work/$tree/src timeout 400 /work/main/.venv/bin/python benchmarks/pretrain_vs_hf.py --sizes mini --reps 3 2>&1 | grep -E "^mini"
+  done
+done
+date -u
