@@ -208,6 +208,17 @@ def test_one_data_error_class():
     assert issubclass(DataError, BertkitError) and issubclass(DataError, ValueError)
 
 
+def test_a_library_error_is_one_line_even_when_it_says_nothing():
+    """`errors.first_line` quotes what a library raised in bertkit's one-line errors: the first line of
+    its message, cut; the exception's type where the message is empty (ten of the fifteen places it
+    replaced indexed the first line of an empty message: IndexError from inside the error path)."""
+    from bertkit.errors import first_line
+
+    assert first_line(OSError("\n  disk gone\nat block 7  ")) == "disk gone"
+    assert first_line(ValueError("x" * 500), 150) == "x" * 150
+    assert first_line(RuntimeError()) == first_line(RuntimeError("  \n ")) == "RuntimeError"
+
+
 def test_no_cycles_even_through_imports_at_call_time():
     """A call-time import only hides a cycle; between modules there are none (train <-> runstate,
     text <-> sources, serve <-> serve_compat and ablate <-> ablate_report were). Inside the tasks

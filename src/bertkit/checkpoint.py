@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import BertConfig, ConfigError, architecture_name
-from .errors import BertkitError
+from .errors import BertkitError, first_line
 from .model import HEADS, BertModel, init_weights
 from .probe import PROBE_HEADS, ProbeModel
 
@@ -124,7 +124,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                 raise ValueError("weight_map must map names to .safetensors files in this folder")
         except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{index}: not a valid safetensors index ({type(e).__name__}: "
-                                  f"{_first_line(e)})") from None
+                                  f"{first_line(e)})") from None
         sd: dict[str, torch.Tensor] = {}
         for f in files:
             if not (path / f).is_file():
@@ -138,7 +138,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{binf}: refused: this pickle holds objects other than tensors (it could run "
                                   "code) or is corrupt; convert trusted weights to model.safetensors") from None
         except Exception as e:  # not a zip / pickle at all, truncated, ...
-            raise CheckpointError(f"{binf}: cannot read weights ({type(e).__name__}: {_first_line(e)})") from None
+            raise CheckpointError(f"{binf}: cannot read weights ({type(e).__name__}: {first_line(e)})") from None
         if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                                for k, v in sd.items()):
             raise CheckpointError(f"{binf}: not a state dict of named tensors")
@@ -146,16 +146,11 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{path}: no model.safetensors or pytorch_model.bin (not a checkpoint folder)")
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
-
-
 def _read_safetensors(f: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(f))
     except Exception as e:  # not a safetensors file, truncated, unknown dtype, ...
-        raise CheckpointError(f"{f}: cannot read weights ({type(e).__name__}: {_first_line(e)})") from None
+        raise CheckpointError(f"{f}: cannot read weights ({type(e).__name__}: {first_line(e)})") from None
 
 
 def model_folder(path: str | Path) -> Path:
@@ -487,7 +482,7 @@ def load_probe(path: str | Path, config_json: tuple[BertConfig, dict[str, Any]],
         model.classifier.load_state_dict(head_sd)
     except RuntimeError as e:
         raise CheckpointError(f"{path}: probe head weights do not match bertkit_probe "
-                              f"{spec['features']!r}: {str(e).splitlines()[0][:200]}") from None
+                              f"{spec['features']!r}: {first_line(e, 200)}") from None
     return model.eval()          # config.json's id2label etc.: model.config.extra (the encoder's, same file)
 
 

@@ -1,6 +1,13 @@
 """The errors a user can cause. The CLI prints their message on one line and exits non-zero."""
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """What an exception from a library says, for a one-line error: its message's first line, cut to
+    `limit` characters; the exception type's name when the message is empty."""
+    text = str(e).strip()
+    return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
 class BertkitError(Exception):
     """Bad input, files or options. The message names the file, line or field."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
 from .config import ACTIVATIONS, PRESETS
-from .errors import BertkitError
+from .errors import BertkitError, first_line
 from .outdir import write_whole
 
 
@@ -365,7 +365,7 @@ def read_yaml_mapping(path: str | Path, what: str = "keys") -> dict:
     except RecursionError:
         raise RunConfigError(f"{path}: not valid YAML (nested too deeply)") from None
     except yaml.YAMLError as e:
-        raise RunConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise RunConfigError(f"{path}: not valid YAML ({first_line(e)})") from None
     if not isinstance(data, dict):
         raise RunConfigError(f"{path}: expected a mapping of {what} at the top level")
     return data

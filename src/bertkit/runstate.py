@@ -42,6 +42,7 @@ from safetensors.torch import save_file
 
 from . import distributed as D
 from .checkpoint import CheckpointError, build, save_model
+from .errors import first_line
 from .outdir import fsync_path, fsync_tree, mark_incomplete, write_folder
 from .runconfig import PretrainConfig, save_config
 
@@ -198,7 +199,7 @@ def load_state(path: Path):
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # not a safetensors file, truncated, ...
         raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:150] if str(e) else ''})") from None
+                              f"{first_line(e, 150)})") from None
     if _TREE_KEY not in meta:
         raise CheckpointError(f"{path}: no {_TREE_KEY} entry in its header (not written by bertkit)")
     try:
@@ -344,7 +345,7 @@ def load_checkpoint(run: Run, path: Path, world: D.World) -> None:
             run.scaler.load_state_dict(trainer["scaler"])
     except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
         raise CheckpointError(f"{path}: its optimizer state does not fit this run's model and optimizer "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''})") from None
+                              f"({type(e).__name__}: {first_line(e, 150)})") from None
     saved = trainer["state"]                     # a dict: _read_trainer checked
     unknown = set(saved) - {f.name for f in dataclasses.fields(State)}
     if unknown:
@@ -366,7 +367,7 @@ def load_checkpoint(run: Run, path: Path, world: D.World) -> None:
                 torch.cuda.set_rng_state_all(rng["cuda"])
         except (KeyError, ValueError, TypeError, RuntimeError) as e:
             raise CheckpointError(f"{path}: unusable RNG state ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:150] if str(e) else ''})") from None
+                                  f"{first_line(e, 150)})") from None
 
 
 def saved_state(path: Path) -> dict:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlparse
 
-from .errors import BertkitError, DataError
+from .errors import BertkitError, DataError, first_line
 
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 TABLE_SUFFIXES = (".parquet", *ARROW_SUFFIXES, ".jsonl", ".jsonl.gz", ".json", ".json.gz", ".csv", ".csv.gz")
@@ -270,7 +270,7 @@ def _parquet_table(files: list[Path], name: str) -> Table:
     try:
         pfs = [pa.parquet.ParquetFile(f) for f in files]
     except (pa.ArrowInvalid, OSError) as e:
-        raise SourceError(f"{name}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+        raise SourceError(f"{name}: not a readable Parquet file ({first_line(e)})") from None
     schema = pfs[0].schema_arrow
 
     def batches(columns):
@@ -279,7 +279,7 @@ def _parquet_table(files: list[Path], name: str) -> Table:
                 for b in pf.iter_batches(batch_size=1000, columns=columns):
                     yield b.to_pylist()
             except (pa.ArrowInvalid, OSError) as e:
-                raise SourceError(f"{f}: cannot read ({str(e).splitlines()[0]})") from None
+                raise SourceError(f"{f}: cannot read ({first_line(e)})") from None
     return Table(name, list(schema.names), _names_from_schema(schema), batches,
                  sum(pf.metadata.num_rows for pf in pfs))
 
@@ -296,7 +296,7 @@ def _arrow_reader(f: Path):
         try:
             reader = pa.ipc.open_stream(source)
         except pa.ArrowInvalid as e:
-            raise SourceError(f"{f}: not an Arrow IPC file or stream ({str(e).splitlines()[0]})") from None
+            raise SourceError(f"{f}: not an Arrow IPC file or stream ({first_line(e)})") from None
         return reader.schema, reader
 
 

@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..errors import BertkitError
+from ..errors import BertkitError, first_line
 from ..outdir import write_whole
 from ..tokenizer import Tokenizer
 from .masking import TokenInfo
@@ -53,7 +53,7 @@ def check_existing(out: Path, tok_hash: str, overwrite: bool) -> None:
             prev_hash = prev.fingerprint()
         except (BertkitError, OSError, KeyError, ValueError) as e:
             log.warning("%s: unreadable (%s), left by an interrupted run: replacing it", out / "tokenizer",
-                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+                        first_line(e))
         else:
             if prev_hash != tok_hash:
                 raise BertkitError(f"--out {out}: holds shards made with another tokenizer (hash {prev_hash[:12]}, "

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, first_line
 from ..tokenizer import Tokenizer
 from .masking import MaskingConfig, TokenInfo
 
@@ -128,7 +128,7 @@ def _load_array(f: Path) -> np.ndarray:
     try:
         a = np.load(f, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{f}: not a numeric .npy array ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})") from None
+        raise DataError(f"{f}: not a numeric .npy array ({first_line(e, 120)})") from None
     if a.dtype.kind not in "iub":
         raise DataError(f"{f}: holds {a.dtype} values, expected integers")
     return a
@@ -160,7 +160,7 @@ def _checked_meta(f: Path) -> dict:
         try:
             MaskingConfig(**meta["masking_config"])
         except (TypeError, ValueError) as e:
-            raise DataError(f"{f}: 'masking_config': {str(e).splitlines()[0]}") from None
+            raise DataError(f"{f}: 'masking_config': {first_line(e)}") from None
     return meta
 
 

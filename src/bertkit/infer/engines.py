@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..errors import BertkitError
+from ..errors import BertkitError, first_line
 from ..hardware import dtype_name
 from ..model import BertModel
 from ..packing import Packed, pack_rows, packing, unpack
@@ -111,7 +111,7 @@ def load_session(path: Path, threads: int | None = None, device: str | None = No
     try:
         session = ort.InferenceSession(str(path), so, providers=providers)
     except Exception as e:
-        raise BertkitError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0][:200]})") from None
+        raise BertkitError(f"{path}: onnxruntime cannot load it ({first_line(e, 200)})") from None
     names = [i.name for i in session.get_inputs()]
     if sorted(names) != sorted(INPUTS):
         raise BertkitError(f"{path}: expected inputs {', '.join(INPUTS)}, found {', '.join(names)}")

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoint import check_inputs_fit, load_model
-from ..errors import BertkitError
+from ..errors import BertkitError, first_line
 from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Checked, Rule
 from ..tokenizer import Tokenizer
 from .choose import cosine, sample_lines
@@ -133,7 +133,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, options: ExportOptions |
             program.save(str(tmp), external_data=False)
     except Exception as e:
         tmp.unlink(missing_ok=True)
-        raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+        raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {first_line(e, 300)}") from None
     temps = [tmp, out.with_name(out.stem + ".opt.tmp.onnx"), out.with_name(out.stem + ".int8.tmp.onnx")]
     try:
         current = tmp
@@ -202,7 +202,7 @@ def check_parity(wrapper: Exportable, path: Path, tokenizer: Tokenizer | None = 
         try:
             got = session.run(None, {n: feed[n].numpy() for n in INPUTS})
         except Exception as e:             # noqa: BLE001 - onnxruntime's own error, as one line
-            raise ExportError(f"onnxruntime fails on the exported graph: {str(e).splitlines()[0][:300]}") from None
+            raise ExportError(f"onnxruntime fails on the exported graph: {first_line(e, 300)}") from None
         mask = feed["attention_mask"].numpy().astype(bool)
         for i, (r, g) in enumerate(zip(ref, got)):
             if i == 0 or wrapper.per_token:                                   # per token: real tokens only

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import first_line
 from ..model import GELU_APPROXIMATE, Block, SelfAttention, attention_bias
 from ..packing import GROUP_OVERHEAD_PAIRS, Packed, attention, gemm_rows, on_gemm_rows, packed_attention
 
@@ -177,7 +178,7 @@ def prepack_linears(model: nn.Module) -> bool:
                 swaps.append((block, FusedSelfAttention(attn.num_heads, attn.causal, packed[0], packed[1], attn.slopes,
                                                        attn.kernel), packed[2], packed[3]))
     except (RuntimeError, NotImplementedError, AttributeError) as e:   # a torch build without these oneDNN ops
-        log.info("oneDNN prepacked Linear unavailable (%s); kept the plain layers", str(e).splitlines()[0])
+        log.info("oneDNN prepacked Linear unavailable (%s); kept the plain layers", first_line(e))
         return False
     for block, attn, up, down in swaps:
         block.attn = attn
