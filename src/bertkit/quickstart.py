@@ -13,11 +13,9 @@ from typing import Annotated, Callable, Literal
 
 from .data.prepare import PrepareConfig, prepare
 from .errors import BertkitError
-from .infer import Predictor
 from .runconfig import AT_LEAST_1, PretrainConfig, Rule, SEED, THREADS, check_fields, load_config
 from .sources import read_jsonl
 from .tokenizer import Tokenizer
-from .train import pretrain
 
 log = logging.getLogger("bertkit")
 
@@ -172,6 +170,7 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
     root = Path(out)
     QuickstartOptions(out, minutes, updates, seed, threads, precision)      # checked before anything is written
     training_config(root, max(minutes * 60 - 15, 10), updates, seed, threads, precision)   # its keys checked now
+    from .train import pretrain
 
     (root / "text").mkdir(parents=True, exist_ok=True)
     train_docs, held_docs, about = quickstart_corpus()
@@ -204,6 +203,8 @@ def quickstart(out: str, minutes: float = 5.0, seed: int = 0, threads: int = 0, 
 def score_cloze(model_dir: Path) -> dict:
     """The cloze prompts (`CLOZE`) on a masked LM: each prompt's top 3 and whether an expected word is
     among them."""
+    from .infer import Predictor
+
     answers = Predictor.from_dir(model_dir, small_batches=False).fill_mask([c[0] for c in CLOZE], top_k=3)
     cloze = []
     for (prompt, expected), preds in zip(CLOZE, answers):

@@ -19,16 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from ..checkpoint import build, save_model
 from ..config import BertConfig, preset
 from ..errors import BertkitError, DivergedError
-from ..finetune import FinetuneConfig, finetune
-from ..hardware import cpu_model
 from ..outdir import write_whole
 from ..runconfig import AT_LEAST_1, Checked, PretrainConfig, from_dict, merge, save_config
 from .config import AblateConfig, Arm, _key, _read_json, _write_json, describe, lr_search_of
 from .measure import budget_info, budget_of, choose_lr, collapse_of, heldout_mlm, weights_id
-from .probes import RESULTS_VERSION, probe_rows
 from .shared import Shared
 from .zeroshot import arm_blimp, arm_nsp_shortcut
 
@@ -82,6 +78,8 @@ def finetune_config(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Pa
                     lr: float | None = None):
     """The FinetuneConfig of one run: the grid's finetune keys, the task's, the arm's; `lr`: a candidate
     rate of the learning-rate search (over them all)."""
+    from ..finetune import FinetuneConfig
+
     spec = dict(cfg.tasks[task] or {})
     data = spec.pop("data", None)
     d = merge(merge(cfg.finetune, spec), arm.finetune)
@@ -111,6 +109,8 @@ def _given_key(config, **more) -> str:
 
 def run_arm(cfg: AblateConfig, arm: Arm, shared: Shared, opts: RunOptions) -> dict:
     """Pre-train (or not), score held-out MLM, fine-tune every task x seed; returns arm.json."""
+    from ..hardware import cpu_model
+
     d = Path(cfg.out) / "arms" / arm.name
     state = {"name": arm.name, "setting": describe(arm), "status": "running", "stage": "setup", "error": None,
              "host": socket.gethostname(), "cpu": cpu_model(), "started": _now(), "pid": os.getpid()}
@@ -195,6 +195,8 @@ def _probe_plan(arm: Arm) -> dict:
     results kept per-example outcomes are redone (only their probes run again), other arms keep their keys."""
     if not arm.probe:
         return {}
+    from .probes import RESULTS_VERSION
+
     return {"probe_results": RESULTS_VERSION}
 
 
@@ -309,8 +311,7 @@ def _pretrain(cfg: AblateConfig, arm: Arm, pcfg, opts: RunOptions, d: Path, data
             _torchrun(d / "pretrain.yaml", opts.nproc, d / "pretrain.log")
             card = _read_json(out / "run_card.json")
         else:
-            from ..train import pretrain        # at call time: a test stops the trainer through its module
-
+            from ..train import pretrain
             c0 = time.process_time()
             card = pretrain(pcfg, command=f"{opts.command}  # arm {arm.name}")
             _write_json(out / "ablate_key.json", {"key": key, "cpu_s": round(time.process_time() - c0, 1)})
@@ -372,6 +373,8 @@ def _random_model(pcfg, shared: Shared, out: Path) -> Path:
     """A random initialisation of the arm's shape (fine-tuning with init=random redraws it per seed)."""
     import torch
 
+    from ..checkpoint import build, save_model
+
     mc = pcfg.model
     names = {f.name for f in dataclasses.fields(BertConfig)}
     extra = {f.name: getattr(mc, f.name) for f in dataclasses.fields(mc)
@@ -395,6 +398,7 @@ def _finetune_task(cfg: AblateConfig, arm: Arm, task: str, model: Path, init: st
         return _finetune_one(cfg, arm, task, seed, model, init, d, pre, lr)
 
     if arm.probe:                   # logistic-regression probes: deterministic, no seeds (bertkit.linear_probe)
+        from .probes import probe_rows
         state["stage"] = f"probe {task}"
         _write_json(d / "arm.json", state)
         fcfg = finetune_config(cfg, arm, task, 0, model, probe_dir(d, task), init)
@@ -438,6 +442,8 @@ def probe_dir(arm_dir: Path, task: str) -> Path:
 
 def _finetune_one(cfg: AblateConfig, arm: Arm, task: str, seed: int, model: Path, init: str, d: Path,
                   pre: dict, lr: float | None = None) -> dict:
+    from ..finetune import finetune
+
     out = finetune_dir(d, task, seed, lr)
     fcfg = finetune_config(cfg, arm, task, seed, model, out, init, lr)
     key = _given_key(fcfg, model=str(model), weights=weights_id(model))

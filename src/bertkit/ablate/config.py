@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Sequence
 
 from ..errors import BertkitError
-from ..linear_probe import probe_spec
 from ..outdir import write_whole
 from ..runconfig import (AT_LEAST_1, SEED, THREADS, _coerce, check_fields, parse_duration, read_yaml_mapping,
                          unknown_key)
@@ -208,6 +207,7 @@ def _read_arm(raw: Any, i: int, where: str) -> Arm:
     if problem := lr_search_problem(arm.lr_search, "lr_search"):
         arm.error = f"{where} arm {arm.name}: {problem}"
     if "probe" in raw:
+        from ..linear_probe import probe_spec
         try:
             probe_spec(arm.probe, f"{where} arm {arm.name}: probe")
         except BertkitError as e:

@@ -3,10 +3,7 @@ under BERT's mask, and a causal mask changes the contract (`bertkit ablate --con
 from __future__ import annotations
 
 from pathlib import Path
-
-from ..checkpoint import load_model
 from ..config import preset
-from ..model import BertModel, init_weights
 from ..tokenizer import Tokenizer
 
 
@@ -19,8 +16,11 @@ def contract_test(model: str | Path | None = None, seed: int = 0) -> dict:
     right-hand segment is replaced by other tokens of the same length, so every tensor keeps its shape."""
     import torch
 
+    from ..model import BertModel, init_weights
+
     g = torch.Generator().manual_seed(seed)
     if model is not None:
+        from ..checkpoint import load_model
         enc = load_model(model, head="encoder").eval()
         tok = Tokenizer.from_dir(model)
         e = tok.encode("the river bank was steep and muddy", "so we walked along the road to the town")

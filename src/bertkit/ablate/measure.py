@@ -21,7 +21,6 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..checkpoint import load_model
 from ..config import preset
 from ..data.masking import Collator, MaskingConfig, num_to_predict
 from ..data.prepare import PrepareConfig
@@ -29,7 +28,6 @@ from ..data.pretraining import open_dataset
 from ..errors import BertkitError
 from ..finetune_seeds import one_answer
 from ..runconfig import PretrainConfig, from_dict, merge
-from ..runlog import step_flops
 from .config import AblateConfig, Arm, _read_json, _write_json
 
 
@@ -58,6 +56,8 @@ def update_flops(cfg: AblateConfig, arm: Arm) -> float:
     max_length token slots. The head projects what the objective predicts: masked LM only the selected
     positions (`num_to_predict` of a full sequence's maskable tokens: ~15%, capped), next-token every
     position but the last. V is the configured vocabulary size (the same for every arm)."""
+    from ..runlog import step_flops
+
     prep = from_dict(PrepareConfig, merge(cfg.prepare, arm.prepare), f"arm {arm.name} prepare")
     pc = from_dict(PretrainConfig, merge(merge(cfg.pretrain, arm.pretrain), {"data": {"path": "<train>"}}),
                    f"arm {arm.name} pretrain")
@@ -103,6 +103,8 @@ def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path, arm_dir: Path | None
     compared on the same positions (`paired_mlm_difference`)."""
     import numpy as np
     import torch
+
+    from ..checkpoint import load_model
 
     raw = _read_json(model_dir / "config.json") or {}
     if raw.get("bertkit_causal") or raw.get("is_decoder"):

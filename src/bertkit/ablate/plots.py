@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .. import blimp
 from .config import AblateConfig
 
 log = logging.getLogger("bertkit")
@@ -73,6 +72,8 @@ def _save(plt, fig, path: Path) -> Path:
 
 def _blimp_plot(plt, cfg: AblateConfig, scored: list[dict], path: Path, stamp: str) -> Path:
     """BLiMP accuracy per arm with its Wilson 95% interval, chance and the 5-gram model as lines."""
+    from .. import blimp
+
     names = [s["name"] for s in scored]
     acc = [s["blimp"]["accuracy"] for s in scored]
     err = [[a - s["blimp"]["low"] for a, s in zip(acc, scored)], [s["blimp"]["high"] - a for a, s in zip(acc, scored)]]

@@ -19,7 +19,6 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from ..hardware import git_commit, machine_facts
 from ..outdir import write_whole
 from ..sources import read_jsonl
 from .arm import _write_rows, finished, probe_dir
@@ -159,6 +158,8 @@ def collect(cfg: AblateConfig) -> tuple[list[dict], list[dict]]:
 
 def write_report(cfg: AblateConfig, command: str = "") -> Path:
     """OUT/results.jsonl, OUT/REPORT.md and OUT/plots/*.png over the finished arms."""
+    from ..hardware import git_commit, machine_facts
+
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     states, rows = collect(cfg)

@@ -18,9 +18,7 @@ import math
 import time
 from pathlib import Path
 
-from .. import blimp
 from ..errors import DataError
-from ..nsp_probe import NoNSPHead, nsp_shortcut
 from .config import AblateConfig, _key, _read_json, _write_json
 from .measure import delta_cell, weights_id
 
@@ -31,6 +29,8 @@ def arm_blimp(cfg: AblateConfig, model: Path, d: Path) -> dict:
     """BLiMP accuracy of the arm's model, zero-shot (pseudo-log-likelihood, or a causal model's
     log-likelihood: `bertkit.blimp`), with its Wilson 95% interval. Cached in d/blimp.json by model and
     settings; the per-pair outcomes in d/blimp_correct.txt (one 0/1 per pair, in the file's order)."""
+    from .. import blimp
+
     data = Path(cfg.data_dir) / cfg.blimp["data"]          # an absolute path stays as it is
     method, limit = cfg.blimp.get("method") or "auto", cfg.blimp.get("limit")
     key = _key({"model": str(model), "weights": weights_id(model), "data": str(data), "limit": limit,
@@ -59,6 +59,8 @@ def arm_nsp_shortcut(cfg: AblateConfig, shared, model: Path, d: Path) -> dict | 
     baseline (tf-idf cosine of the two segments) solves, and the arm's NSP head on next, other-document
     and same-document non-adjacent pairs (`bertkit.nsp_probe.nsp_shortcut`). None when the model has no
     NSP head (MLM only, left-to-right). Cached in d/nsp_shortcut.json by the model's weights."""
+    from ..nsp_probe import NoNSPHead, nsp_shortcut
+
     heldout = shared.root / "corpus" / "heldout.txt"
     key = _key({"model": str(model), "weights": weights_id(model), "text": str(heldout), "anchors": 1000})
     cached = _read_json(d / "nsp_shortcut.json") or {}
@@ -113,6 +115,8 @@ def _outcomes(cfg: AblateConfig, name: str) -> str:
 def blimp_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
     """BLiMP per arm with its interval, the paired difference from the base arm, and the BLiMP paper's
     models (mean over the same paradigms, all 1,000 pairs of each) as anchors."""
+    from .. import blimp
+
     scored = [s for s in states if isinstance(s.get("blimp"), dict)]
     if not cfg.blimp or not scored:
         return []
