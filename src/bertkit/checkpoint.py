@@ -84,7 +84,7 @@ def _rename(hf_name: str) -> str | None:
     """HF name -> bertkit name ('bert.'-prefixed for the encoder), or None if not a BERT weight."""
     name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", hf_name)
     name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-    inner = name[5:] if name.startswith("bert.") else name
+    inner = name.removeprefix("bert.")
     encoder = _translate(inner, _ENCODER_NAMES, to_bertkit=True)
     return "bert." + encoder if encoder is not None else _translate(name, _HEAD_NAMES, to_bertkit=True)
 
@@ -100,7 +100,7 @@ def _hf_name(name: str, bare: bool) -> str:
     head = _translate(name, _HEAD_NAMES, to_bertkit=False)
     if head is not None:
         return head
-    inner = name[5:] if name.startswith("bert.") else name   # a bare BertModel has no prefix
+    inner = name.removeprefix("bert.")                       # a bare BertModel has no prefix
     inner = _translate(inner, _ENCODER_NAMES, to_bertkit=False) or inner
     return inner if bare else "bert." + inner
 
@@ -244,11 +244,9 @@ def heads_in(state_names: set[str]) -> list[str]:
 
 def build(head: str, cfg: BertConfig, **head_args: Any) -> nn.Module:
     """A freshly initialised model for `head` ('encoder' = bare BertModel)."""
-    if head == "encoder":
-        return init_weights(BertModel(cfg, add_pooler=head_args.get("add_pooler", True)), cfg)
-    if head not in HEADS:
-        raise CheckpointError(f"unknown head {head!r}; choose from encoder, {', '.join(HEADS)}")
-    return init_weights(HEADS[head](cfg, **head_args), cfg)
+    if head not in _KINDS:
+        raise CheckpointError(f"unknown head {head!r}; choose from {', '.join(_KINDS)}")
+    return init_weights(_KINDS[head](cfg, **head_args), cfg)
 
 
 def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = False,
@@ -295,12 +293,11 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
         head_args["problem"] = _PROBLEMS.get(raw.get("problem_type"))
     if head == "pretraining" and "nsp" not in head_args:
         head_args["nsp"] = "nsp.weight" in renamed or not any(n.startswith("mlm.") for n in renamed)
-    if head == "encoder":
-        head_args.setdefault("add_pooler", "bert.pooler.weight" in renamed)
-    model = build(head, cfg, **head_args)
     if head == "encoder":  # bare BertModel: our names have no 'bert.' prefix
+        head_args.setdefault("add_pooler", "bert.pooler.weight" in renamed)
         renamed = {k[5:]: v for k, v in renamed.items() if k.startswith("bert.")}
-    _check_and_load(model, model.state_dict(), renamed, path, head, new_head_ok)
+    model = build(head, cfg, **head_args)
+    _check_and_load(model.state_dict(), renamed, path, head, new_head_ok)
     decoder = sd.get("cls.predictions.decoder.weight")
     if (decoder is not None and hasattr(model, "mlm") and raw.get("tie_word_embeddings") is False
             and not torch.equal(decoder, renamed.get("bert.embeddings.word.weight", decoder))):
@@ -369,7 +366,7 @@ def length_limit(cfg: BertConfig, max_length: int | None) -> int:
     return min(max_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
 
 
-def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, head: str, new_head_ok: bool) -> None:
+def _check_and_load(target: dict, renamed: dict, path: Path, head: str, new_head_ok: bool) -> None:
     owned = _KINDS[head].weight_prefixes
     tied = {"mlm.decoder.weight", "bert.embeddings.word.weight", "embeddings.word.weight"}
     missing_encoder, missing_head, shapes = [], [], []
@@ -382,10 +379,6 @@ def _check_and_load(model: nn.Module, target: dict, renamed: dict, path: Path, h
         elif tuple(renamed[name].shape) != tuple(t.shape):
             shapes.append(f"{_hf_name(name, head == 'encoder') if name not in tied else name}: "
                           f"checkpoint {tuple(renamed[name].shape)} vs config {tuple(t.shape)}")
-    word = "embeddings.word.weight" if head == "encoder" else "bert.embeddings.word.weight"
-    if word in renamed and renamed[word].shape[0] != model.config.vocab_size:
-        raise CheckpointError(f"{path}: vocab_size in config.json is {model.config.vocab_size} but the "
-                              f"word embedding has {renamed[word].shape[0]} rows")
     if shapes:
         raise CheckpointError(f"{path}: weights of the wrong shape for config.json: " + "; ".join(shapes[:10]))
     if missing_encoder:
@@ -422,7 +415,6 @@ def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     head = getattr(model, "head", "encoder")
-    bare = head == "encoder"
     tensors = {}
     for name, t in model.state_dict().items():
         if name == "mlm.decoder.weight":
@@ -430,7 +422,7 @@ def save_model(model: nn.Module, path: str | Path, extra_config: dict[str, Any] 
                 tensors["cls.predictions.decoder.weight"] = t.detach().to("cpu").contiguous()
                 tensors["cls.predictions.decoder.bias"] = model.mlm.bias.detach().to("cpu").clone()
             continue                       # tied to the word embeddings; HF re-ties it on load
-        tensors[_hf_name(name, bare)] = t.detach().to("cpu").contiguous()
+        tensors[_hf_name(name, head == "encoder")] = t.detach().to("cpu").contiguous()
     more: dict[str, Any] = dict(extra_config or {})
     if head in ("sequence_classification", "token_classification"):
         id2label = (more.pop("id2label", None) or model.config.extra.get("id2label")
@@ -533,5 +525,5 @@ def from_google(tensors: dict[str, torch.Tensor], cfg: BertConfig, source: Path)
         head, args = "encoder", {"add_pooler": "bert.pooler.weight" in renamed}
         renamed = {k[len("bert."):]: v for k, v in renamed.items()}
     model = build(head, cfg, **args)
-    _check_and_load(model, model.state_dict(), renamed, source, head, new_head_ok=False)
+    _check_and_load(model.state_dict(), renamed, source, head, new_head_ok=False)
     return model.eval()

@@ -249,6 +249,7 @@ def segment_test(loaded: Loaded, text: str, pair: str, other: str | None = None)
     variants = replacements(loaded, enc, text, other)
     modes = ("causal",) if loaded.causal else ("bidirectional", "causal")
     change: dict[str, dict[str, list]] = {}
+    summary = {}
     for mode in modes:
         causal = mode == "causal"
         base = states(loaded.encoder, enc.input_ids, enc.token_type_ids, causal)
@@ -257,9 +258,7 @@ def segment_test(loaded: Loaded, text: str, pair: str, other: str | None = None)
             types = [0] * n_left + [1] * (len(ids) - n_left)
             changed = states(loaded.encoder, ids, types, causal)
             change[mode][name] = relative_change(base, changed, n_left).tolist()
-    summary = {}
-    for mode, by in change.items():
-        t = torch.tensor([by[name] for name in by])                            # (R, L+1, n_left)
+        t = torch.tensor(list(change[mode].values()))                         # (R, L+1, n_left)
         summary[mode] = {"last_layer_mean": float(t[:, -1].mean()), "last_layer_cls": float(t[:, -1, 0].mean()),
                          "max": float(t.max()), "per_layer_mean": t.mean((0, 2)).tolist()}
     return {"text": text, "pair": pair, "left_tokens": enc.tokens[:n_left], "right_tokens": enc.tokens[n_left:],

@@ -554,7 +554,7 @@ def neighbour_attention_(bert: "BertModel", gap: float = 6.0, offsets: tuple[int
 
 
 def num_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return sum(p.numel() for p in model.parameters())         # tied weights once: parameters() skips repeats
 
 
 __all__ = ["BertModel", "Head", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",

@@ -155,14 +155,10 @@ def lr_at(step: float, total_steps: float, warmup_steps: float, peak_lr: float,
         return peak_lr * step / warmup_steps
     if schedule == "constant":
         return peak_lr
-    if schedule == "wsd":
-        decay_start = max(total_steps - decay_fraction * total_steps, warmup_steps)
-        if step < decay_start:
-            return peak_lr
-        progress = min((step - decay_start) / max(total_steps - decay_start, 1e-12), 1.0)
-        return end_lr + (peak_lr - end_lr) * (1.0 - progress)
-    span = max(total_steps - warmup_steps, 1e-12)
-    progress = min(max((step - warmup_steps) / span, 0.0), 1.0)
-    if schedule == "linear":
-        return end_lr + (peak_lr - end_lr) * (1.0 - progress)
-    return end_lr + (peak_lr - end_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    decay_start = max(total_steps - decay_fraction * total_steps, warmup_steps) if schedule == "wsd" else warmup_steps
+    if schedule == "wsd" and step < decay_start:
+        return peak_lr
+    progress = min(max((step - decay_start) / max(total_steps - decay_start, 1e-12), 0.0), 1.0)
+    if schedule == "cosine":
+        return end_lr + (peak_lr - end_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return end_lr + (peak_lr - end_lr) * (1.0 - progress)                # linear, and wsd's decay

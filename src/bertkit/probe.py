@@ -46,18 +46,12 @@ def probe_layers(features: str, num_layers: int) -> tuple[str, list[int]]:
     """(how to combine, which states) for a feature choice: 'concat', 'sum' or 'pooler', and
     indices into the encoder's L+1 states (0 = embeddings, L = last layer)."""
     L = num_layers
-    if features == "embeddings":
-        return "concat", [0]
-    if features == "second_to_last":
-        if L < 2:
-            raise BertkitError(f"probe features second_to_last need 2 or more layers; the model has {L}")
-        return "concat", [L - 1]
-    if features == "last":
-        return "concat", [L]
-    if features == "sum_all":
-        return "sum", list(range(1, L + 1))
-    if features == "pooler":
-        return "pooler", [L]
+    if features == "second_to_last" and L < 2:
+        raise BertkitError(f"probe features second_to_last need 2 or more layers; the model has {L}")
+    named = {"embeddings": ("concat", [0]), "second_to_last": ("concat", [L - 1]), "last": ("concat", [L]),
+             "sum_all": ("sum", list(range(1, L + 1))), "pooler": ("pooler", [L])}
+    if features in named:
+        return named[features]
     m = _LAST_N.match(features)
     if m is None:
         raise BertkitError(f"probe features {features!r}: choose from {', '.join(FEATURES)} "
@@ -115,9 +109,8 @@ class ProbeModel(Head):
                                    "model); a frozen random pooler is not a feature. Use concat_last_four or last")
         self.bert = encoder.requires_grad_(False)
         width = cfg.hidden_size * (len(self.layers) if self.combine == "concat" else 1)
-        dropout = cfg.head_dropout
         self.classifier = ProbeHead(width, num_labels, len(self.layers) if self.combine == "sum" else 0,
-                                    dropout, cfg.initializer_range)
+                                    cfg.head_dropout, cfg.initializer_range)
 
     def train(self, mode: bool = True) -> "ProbeModel":
         super().train(mode)

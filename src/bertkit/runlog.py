@@ -373,20 +373,11 @@ def plot_curves(metrics: list[dict], evals: list[dict], path: str | Path, card: 
 
 def plot_title(card: dict, path: Path, metrics: list[dict]) -> str:
     """Two lines: run, model, parameters, tokens, updates, time; machine and date."""
-    name = card.get("name") or path.parent.name
-    parts = [f"run {name}"]
-    if card.get("model"):
-        parts.append(str(card["model"]))
-    if card.get("parameters"):
-        parts.append(f"{card['parameters'] / 1e6:.1f} M parameters")
-    tokens = card.get("tokens_seen") or (metrics[-1].get("tokens") if metrics else None)
-    if tokens:
-        parts.append(f"{tokens:,.0f} tokens")
-    updates = card.get("updates") or (metrics[-1].get("step") if metrics else None)
-    if updates:
-        parts.append(f"{updates:,} updates")
-    if card.get("wall_time_s"):
-        parts.append(f"{card['wall_time_s']:.0f} s")
+    last = metrics[-1] if metrics else {}
+    shown = ((card.get("model"), "{}"), ((card.get("parameters") or 0) / 1e6, "{:.1f} M parameters"),
+             (card.get("tokens_seen") or last.get("tokens"), "{:,.0f} tokens"),
+             (card.get("updates") or last.get("step"), "{:,} updates"), (card.get("wall_time_s"), "{:.0f} s"))
+    parts = [f"run {card.get('name') or path.parent.name}", *(form.format(v) for v, form in shown if v)]
     hw = card.get("hardware") or machine_facts()
     machine = hw.get("gpu") or hw.get("cpu")
     n = hw.get("torch_threads")

@@ -271,14 +271,13 @@ class Tokenizer:
 
     def _assemble(self, ea, eb, max_length: int | None) -> Encoding:
         na, nb = len(ea), len(eb) if eb is not None else 0
-        keep_a, keep_b, cut = na, nb, 0
+        keep_a, keep_b = na, nb
         if max_length is not None:
             budget = max_length - (3 if eb is not None else 2)
             if budget < 0:
                 raise ValueError(f"max_length {max_length} leaves no room for the special tokens")
-            if na + nb > budget:
-                keep_a, keep_b = longest_first(na, nb, budget)
-                cut = na + nb - keep_a - keep_b
+            keep_a, keep_b = longest_first(na, nb, budget)
+        cut = na + nb - keep_a - keep_b
         self.stats.add(1, int(cut > 0), cut)
         if cut and not self.stats.warned:
             self.stats.warned = True
@@ -433,13 +432,11 @@ def longest_first(na: int, nb: int, budget: int) -> tuple[int, int]:
     """
     if na + nb <= budget:
         return na, nb
-    if na < nb:
+    if na <= nb:                                  # on a tie, min(na, budget // 2) is budget // 2
         keep_a = min(na, budget // 2)
         return keep_a, budget - keep_a
-    if nb < na:
-        keep_b = min(nb, budget // 2)
-        return budget - keep_b, keep_b
-    return budget // 2, budget - budget // 2
+    keep_b = min(nb, budget // 2)
+    return budget - keep_b, keep_b
 
 
 def _read_json_object(f: Path) -> dict:
@@ -483,11 +480,11 @@ def read_vocab(path: Path) -> dict[str, int]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TokenizerError(f"{path}: not valid UTF-8 at byte {e.start}") from None
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    if lines[-1] == "":                             # the newline that ends the last line
+        lines.pop()
     vocab: dict[str, int] = {}
-    for i, line in enumerate(text.split("\n")):
-        tok = line.rstrip("\r")
-        if tok == "" and i == len(text.split("\n")) - 1:
-            break
+    for i, tok in enumerate(lines):
         if tok in vocab:  # HF keeps the last index for a repeated token; so do we
             log.warning("%s:%d: token %r repeated", path, i + 1, tok)
         vocab[tok] = i

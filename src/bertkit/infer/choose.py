@@ -91,7 +91,7 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
                 p.precision, p.prepacked, p.precision_check = "bfloat16", packed, check
                 p.precision_reason = f"{caps.reason}; cosine {cos:.5f} to fp32 on the sample"
                 if small:
-                    _short_batches(p, small, encoder_of(fp32))
+                    _short_batches(p, small, encoder_of(fp32), load_engines(encoder_of(fp32), SMALL_THREADS))
                 return
             p.model = fp32
             p.precision_reason = f"{caps.reason}, but bf16 cosine {cos:.5f} < {BF16_MIN_COSINE} to fp32 on the sample"
@@ -126,8 +126,8 @@ def choose_attention(p) -> None:
         p.attention_reason += f"; length groups at {overhead} pairs a call (measured once on this machine)"
 
 
-def _short_batches(p, small: bool | int, reference: BertModel | None, found=None, exact: bool = False) -> None:
-    runners, why = found or load_engines(reference if reference is not None else p.encoder, SMALL_THREADS)
+def _short_batches(p, small: bool | int, reference: BertModel | None, found: tuple, exact: bool = False) -> None:
+    runners, why = found                                  # what `load_engines` returned
     if not runners:
         p.small_reason = why
         return

@@ -111,8 +111,11 @@ def export_onnx(model_dir: str | Path, out: str | Path, options: ExportOptions |
     if o.threads:
         torch.set_num_threads(o.threads)
     model = load_model(model_dir, head=head).eval()
-    tokenizer = _tokenizer_of(Path(model_dir))
-    if tokenizer is not None:              # its ids must index the embeddings (the parity sentences, and users)
+    try:
+        tokenizer = Tokenizer.from_dir(Path(model_dir))
+    except Exception:                      # noqa: BLE001 - a folder of weights only: parity is checked on random ids
+        tokenizer = None
+    else:                                  # its ids must index the embeddings (the parity sentences, and users)
         check_inputs_fit(model.config, tokenizer.vocab_size, where=model_dir)
     wrapper = Exportable(model).eval()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -169,22 +172,6 @@ def _example_batch(vocab: int, lengths: Sequence[int], seed: int, pairs: bool = 
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def _tokenizer_of(model_dir: Path):
-    """The folder's tokenizer, or None (a folder of weights only: parity is checked on random ids)."""
-    try:
-        return Tokenizer.from_dir(model_dir)
-    except Exception:                      # noqa: BLE001 - no usable tokenizer: the random batches only
-        return None
-
-
-def _text_batches(tok: Tokenizer | None, max_length: int = 128) -> list[dict[str, Tensor]]:
-    """Real sentences (the bundled sample corpus) in two batches, one of them pairs, cut to max_length."""
-    if tok is None:
-        return []
-    lines = sample_lines()
-    return [tok(lines[:9], max_length=max_length), tok(lines[9:12], pairs=lines[:3], max_length=max_length)]
-
-
 def check_parity(wrapper: Exportable, path: Path, tokenizer: Tokenizer | None = None,
                  threads: int | None = None) -> Parity:
     """onnxruntime vs PyTorch on batches unlike the trace: other sizes, lengths, padding, segment
@@ -194,7 +181,9 @@ def check_parity(wrapper: Exportable, path: Path, tokenizer: Tokenizer | None = 
     top = min(wrapper.model.config.max_position_embeddings, 128)
     random = [_example_batch(vocab, lengths, seed=100 + k, pairs=pairs) for k, (lengths, pairs) in enumerate(
         [([5], False), ([top, 3, 17, min(64, top)], True), ([33, 33, 33], False), ([3, min(71, top)] * 3, True)])]
-    text = _text_batches(tokenizer, top)
+    lines = sample_lines()       # real sentences (the bundled sample corpus) in two batches, one of them pairs
+    text = [] if tokenizer is None else [tokenizer(lines[:9], max_length=top),
+                                         tokenizer(lines[9:12], pairs=lines[:3], max_length=top)]
     diffs, cosines = [], []
     for k, feed in enumerate(random + text):
         with torch.no_grad():

@@ -70,12 +70,11 @@ class _Builder:
         """x W^T + b, the weight stored as (in, out) for MatMul; with `int8`, as int8 with one scale per
         output channel (max |w| / 127) behind a DequantizeLinear, which OpenVINO runs as int8 weights."""
         w = weight.detach().float().t()                                    # (in, out)
-        if not self.int8:
-            return self.op("Add", self.op("MatMul", x, self.const(w)), self.const(bias))
-        scale = w.abs().amax(0).clamp_min(1e-12) / 127
-        q = self.const(torch.round(w / scale).clamp(-127, 127).to(torch.int8).numpy(), np.int8)
-        return self.op("Add", self.op("MatMul", x, self.op("DequantizeLinear", q, self.const(scale), axis=1)),
-                       self.const(bias))
+        if self.int8:
+            scale = w.abs().amax(0).clamp_min(1e-12) / 127
+            q = self.const(torch.round(w / scale).clamp(-127, 127).to(torch.int8).numpy(), np.int8)
+        w = self.op("DequantizeLinear", q, self.const(scale), axis=1) if self.int8 else self.const(w)
+        return self.op("Add", self.op("MatMul", x, w), self.const(bias))
 
     def norm(self, x: str, ln: torch.nn.LayerNorm) -> str:
         return self.op("LayerNormalization", x, self.const(ln.weight), self.const(ln.bias),

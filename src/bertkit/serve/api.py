@@ -79,7 +79,7 @@ class QaResponse(BaseModel):
 # ---- the batcher ---------------------------------------------------------------------------------
 @dataclass
 class Job:
-    task: str                        # embed / classify / fill_mask / ner / qa
+    task: str                        # the Predictor method: embed / classify / fill_mask / ner / qa
     options: tuple                   # requests batch together only with equal options
     inputs: dict[str, list]          # lists of equal length (texts, pairs, questions, ...)
     tokens: int
@@ -205,18 +205,9 @@ class Batcher:
     def call(self, jobs: list[Job]) -> list:
         """Run the jobs' inputs, concatenated, through the Predictor; one result per input."""
         inputs = {k: [x for j in jobs for x in j.inputs[k]] for k in jobs[0].inputs}
-        opts = dict(jobs[0].options)
         self.metrics.batch(len(next(iter(inputs.values()))), sum(j.tokens for j in jobs))
-        p = self.predictor
-        if jobs[0].task == "embed":
-            return list(p.embed(inputs["texts"], inputs.get("pairs"), **opts))     # float32 arrays
-        if jobs[0].task == "classify":
-            return p.classify(inputs["texts"], inputs.get("pairs"), **opts)
-        if jobs[0].task == "fill_mask":
-            return p.fill_mask(inputs["texts"], **opts)
-        if jobs[0].task == "ner":
-            return p.ner(inputs["texts"], **opts)
-        return p.qa(inputs["questions"], inputs["contexts"], **opts)
+        # the task is the Predictor method, the inputs its first arguments in order; embed's array -> rows
+        return list(getattr(self.predictor, jobs[0].task)(*inputs.values(), **dict(jobs[0].options)))
 
     @staticmethod
     def split(jobs: list[Job], results: list) -> list[list]:

@@ -39,7 +39,6 @@ def create_app(predictor: Predictor, cfg: ServeConfig | None = None) -> Any:
     app = FastAPI(title="bertkit", version=__version__, lifespan=lifespan,
                   description=f"BERT inference ({predictor.head} head, {predictor.backend} backend).")
     app.state.api, app.state.ready = api, False
-    app.state.batcher, app.state.metrics, app.state.config = api.batcher, metrics, cfg
     add_error_handlers(app, cfg)
     add_task_routes(app, api)
     add_compat_routes(app, api)

@@ -275,13 +275,10 @@ class Guard:
             body = await self.read_body(scope, headers, receive, send)
             if body is None:
                 return
-        sent = [False]
+        first = iter([{"type": "http.request", "body": body, "more_body": False}])
 
         async def replay():
-            if not sent[0]:
-                sent[0] = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()                   # later calls: wait for the disconnect
+            return next(first, None) or await receive()     # later calls: wait for the disconnect
 
         started = [False]
 

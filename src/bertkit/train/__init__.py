@@ -80,20 +80,16 @@ def pretrain(cfg: PretrainConfig, command: str = "", on_step: Callable[[State], 
     world = D.init()
     threads = torch.get_num_threads()
     try:
-        card = _pretrain(cfg, world, command, on_step)
+        run = setup(cfg, world)
+        try:
+            card = _loop(run, command, on_step)
+        finally:
+            run.pool.shutdown(wait=True, cancel_futures=True)
         D.barrier(world)        # every rank past its last collective before the group goes (gloo aborts now and then)
         return card
     finally:
         torch.set_num_threads(threads)
         D.teardown()
-
-
-def _pretrain(cfg: PretrainConfig, world: D.World, command: str, on_step: Callable[[State], None] | None) -> dict:
-    run = setup(cfg, world)
-    try:
-        return _loop(run, command, on_step)
-    finally:
-        run.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> dict:
@@ -127,14 +123,13 @@ def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> di
                 stop_reason = f"{st.bad_steps} non-finite losses in a row"
                 log.error("stopping: %s (lower optim.lr or use fp32/bf16); a checkpoint is saved", stop_reason)
                 break
-            if st.step % tc.log_every == 0 and world.main:
-                rec = window.record(st, run)
-                metrics.write(rec)
-                if board is not None:
-                    for k, v in rec.items():
-                        if isinstance(v, (int, float)) and k != "step" and v is not None:
+            if st.step % tc.log_every == 0:                # (train.log_every >= 1)
+                if world.main:
+                    rec = window.record(st, run)
+                    metrics.write(rec)
+                    for k, v in rec.items() if board is not None else ():
+                        if isinstance(v, (int, float)) and k != "step":
                             board.add_scalar(f"train/{k}", v, st.step)
-            if tc.log_every and st.step % tc.log_every == 0:
                 window = Window()
             if (tc.eval_every and st.step % tc.eval_every == 0) or \
                     (tc.eval_minutes and st.elapsed - run.last_eval_elapsed >= 60 * tc.eval_minutes):
@@ -190,11 +185,8 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
         tokenizer.save(out / "tokenizer")
-    choices, reasons, changes = machine_choices(cfg, world, model, phases, ckpt)
-    precision, precision_reason = reasons["precision"]
-    packed, packed_reason = reasons["packed"]
-    kernel, kernel_reason = reasons["attention_kernel"]
-    set_attention_kernel(model, kernel)
+    choices, chosen, changes = machine_choices(cfg, world, model, phases, ckpt)
+    set_attention_kernel(model, chosen["attention_kernel"])
     model.config.extra["bertkit_run"] = dict(choices)     # config.json of every checkpoint and final/ says it
     said = model.config.extra.get("bertkit_trained_length")    # (an init_from model's own)
     model.config.extra["bertkit_trained_length"] = max(longest, said if isinstance(said, int) else 0)
@@ -204,14 +196,12 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
     optimizer = build_optimizer(model, cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay,
                                 cfg.optim.betas, cfg.optim.eps,
                                 fused=cfg.optim.optimizer == "adamw" and not (world.distributed and tc.distributed == "fsdp"))
-    scaler = torch.amp.GradScaler("cuda") if precision == torch.float16 else None
+    scaler = torch.amp.GradScaler("cuda") if chosen["precision"] == torch.float16 else None
     state = State()
     run = Run(cfg=cfg, world=world, model=model, wrapped=wrapped, optimizer=optimizer, scaler=scaler,
-              state=state, phases=phases, tokenizer=tokenizer, precision=precision,
-              precision_reason=precision_reason, packed=packed, packed_reason=packed_reason,
-              attention_kernel=kernel, attention_kernel_reason=kernel_reason, deterministic=determinism,
-              budget=budget, resumed=ckpt is not None, eval_batches=eval_batches(cfg, phases[0], world),
-              pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"))
+              state=state, phases=phases, tokenizer=tokenizer, deterministic=determinism, budget=budget,
+              resumed=ckpt is not None, eval_batches=eval_batches(cfg, phases[0], world),
+              pool=ThreadPoolExecutor(1, thread_name_prefix="bertkit-data"), **chosen)
     if ckpt is not None:
         load_checkpoint(run, ckpt, world)
         log.info("resumed from %s (update %d)", ckpt, state.step)
@@ -221,8 +211,8 @@ def setup(cfg: PretrainConfig, world: D.World) -> Run:
         log.info("model %s: %s parameters, vocab %d; global batch %d (%d per device x %d accumulation x %d "
                  "processes); %s, %s path, %s", cfg.model.preset, f"{num_parameters(model):,}", tokenizer.vocab_size,
                  phases[0].batch_size * phases[0].grad_accum * world.world_size, phases[0].batch_size,
-                 phases[0].grad_accum, world.world_size, dtype_name(precision),
-                 "packed" if packed else "padded", world.device)
+                 phases[0].grad_accum, world.world_size, dtype_name(run.precision),
+                 "packed" if run.packed else "padded", world.device)
     return run
 
 
@@ -232,8 +222,8 @@ def machine_choices(cfg: PretrainConfig, world: D.World, model, phases: list[Pha
     'auto' takes what the run being resumed (or the model.init_from model, on the same kind of device)
     ran with, as its checkpoint records it; else it is decided for this machine, by a measurement
     that is itself made once per machine (`hardware.measured_once`). So a rerun, a resume and a
-    continued run compute as the first run did. Returns (choices, {key: (value, reason)}, changes),
-    `changes` being (key, before, after) where an explicit setting overrides a resumed run's."""
+    continued run compute as the first run did. Returns (choices, each choice and its reason as `Run`'s
+    fields, changes), `changes` being (key, before, after) where an explicit setting overrides a resumed run's."""
     tc = cfg.train
     before, where = {}, ""
     if ckpt is not None:
@@ -257,11 +247,12 @@ def machine_choices(cfg: PretrainConfig, world: D.World, model, phases: list[Pha
                                         lambda: data_fill(phases[0]))
     kernel, kernel_why = attention_kernel(world.device, precision, model.config, phases[0].max_len or 128,
                                           reused.get("attention_kernel", tc.attention))
-    reasons = {"precision": (precision, said.get("precision", why)), "packed": (packed, said.get("packed", packed_why)),
-               "attention_kernel": (kernel, said.get("attention_kernel", kernel_why))}
+    chosen = {"precision": precision, "precision_reason": said.get("precision", why), "packed": packed,
+              "packed_reason": said.get("packed", packed_why), "attention_kernel": kernel,
+              "attention_kernel_reason": said.get("attention_kernel", kernel_why)}
     choices = {"device": world.device.type, "precision": PRECISION_NAMES[precision], "attention_kernel": kernel,
                "packed": packed}
-    return choices, reasons, changes
+    return choices, chosen, changes
 
 
 CALIBRATION_SECONDS = 3.0    # a time budget is turned into updates by timing this long (and >= 3 updates)
@@ -429,9 +420,7 @@ def _lr(run: Run) -> float:
 
 def _maybe_switch_phase(run: Run) -> None:
     st = run.state
-    if len(run.phases) < 2 or st.phase == 1:
-        return
-    if st.step / total_steps(run) >= 1 - run.cfg.train.long_fraction:
+    if len(run.phases) > 1 and st.phase != 1 and st.step / total_steps(run) >= 1 - run.cfg.train.long_fraction:
         st.phase = 1
         log.info("update %d: phase 2 (long sequences, %s)", st.step, run.phases[1].path)
 

@@ -110,12 +110,11 @@ def eval_and_log(run: Run, evals, board, bar) -> dict | None:
             for k, v in rec.items():
                 if v is not None and k != "step":
                     board.add_scalar(f"eval/{k[5:]}", v, rec["step"])
-        lm = ("next-token", "eval_next_token") if "eval_next_token_loss" in rec else ("MLM", "eval_mlm")
-        msg = (f"update {rec['step']}: held-out {lm[0]} loss {rec[lm[1] + '_loss']:.4f}, accuracy "
-               f"{rec[lm[1] + '_accuracy']:.4f}"
-               + (f" (at [MASK] {rec['eval_mask_accuracy']:.4f})" if "eval_mask_accuracy" in rec else "")
-               + ", perplexity "
-               f"{rec.get('eval_perplexity', rec.get('eval_next_token_perplexity')):.1f}"
-               + (f", NSP accuracy {rec['eval_nsp_accuracy']:.4f}" if rec["eval_nsp_accuracy"] is not None else ""))
+        name, lm = ("next-token", "eval_next_token") if "eval_next_token_loss" in rec else ("MLM", "eval_mlm")
+        at_mask = f" (at [MASK] {rec['eval_mask_accuracy']:.4f})" if "eval_mask_accuracy" in rec else ""
+        nsp = f", NSP accuracy {rec['eval_nsp_accuracy']:.4f}" if rec["eval_nsp_accuracy"] is not None else ""
+        msg = (f"update {rec['step']}: held-out {name} loss {rec[lm + '_loss']:.4f}, accuracy "
+               f"{rec[lm + '_accuracy']:.4f}{at_mask}, perplexity "
+               f"{rec.get('eval_perplexity', rec.get('eval_next_token_perplexity')):.1f}{nsp}")
         (bar.write(msg) if bar is not None else log.info(msg))
     return rec

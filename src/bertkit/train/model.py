@@ -20,6 +20,9 @@ from ..packing import pack, pad_rows
 from ..runconfig import ModelSection, PretrainConfig, RunConfigError
 
 log = logging.getLogger("bertkit")
+SHAPE = ("num_layers", "hidden_size", "num_heads", "intermediate_size")      # what a preset sets
+ARCHITECTURE = ("hidden_act", "norm_position", "max_position_embeddings", "position_embedding_type")
+NO_WEIGHTS = ("hidden_dropout", "attention_dropout", "classifier_pooling")   # change no weight (None: the model's)
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None, world: D.World | None = None):
@@ -31,13 +34,8 @@ def build_model(cfg: PretrainConfig, vocab_size: int, ckpt: Path | None, world: 
         return _attention(load_model(ckpt / "model", head="pretraining", **head_args), mc.causal)
     if mc.init_from:
         return _attention(_continued_model(cfg, vocab_size, head_args), mc.causal)
-    overrides = {k: getattr(mc, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
-                 if getattr(mc, k) is not None}
-    bert_cfg = preset(mc.preset, vocab_size=vocab_size, max_position_embeddings=mc.max_position_embeddings,
-                      hidden_act=mc.hidden_act, hidden_dropout=_or(mc.hidden_dropout, 0.1),
-                      attention_dropout=_or(mc.attention_dropout, 0.1), norm_position=mc.norm_position, causal=mc.causal,
-                      position_embedding_type=mc.position_embedding_type,
-                      classifier_pooling=mc.classifier_pooling or "cls", **overrides)
+    bert_cfg = preset(mc.preset, vocab_size=vocab_size, causal=mc.causal, **{k: getattr(mc, k) for k in ARCHITECTURE},
+                      **{k: getattr(mc, k) for k in (*SHAPE, *NO_WEIGHTS) if getattr(mc, k) is not None})
     if world is not None:
         check_memory(bert_cfg, head_args, world, cfg.train.distributed == "fsdp")
     torch.manual_seed(cfg.train.seed)
@@ -54,25 +52,22 @@ def _continued_model(cfg: PretrainConfig, vocab_size: int, head_args: dict):
     naming it), the dropout and pooling asked for applied, and cfg.model rewritten to what it is,
     so config.yaml and the run card say what trained."""
     mc, defaults = cfg.model, ModelSection()
-    changes = {k: getattr(mc, k) for k in ("hidden_dropout", "attention_dropout", "classifier_pooling")
-               if getattr(mc, k) is not None}
+    changes = {k: getattr(mc, k) for k in NO_WEIGHTS if getattr(mc, k) is not None}
     model = load_model(mc.init_from, head="pretraining", new_head_ok=True, config_changes=changes or None, **head_args)
     have = model.config
     if have.vocab_size != vocab_size:
         raise RunConfigError(f"model.init_from {mc.init_from} has vocab_size {have.vocab_size}, "
                              f"the data's tokenizer {vocab_size}")
-    shape = {k: getattr(have, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")}
+    shape = {k: getattr(have, k) for k in SHAPE}
     asked = {k: getattr(mc, k) for k in shape if getattr(mc, k) is not None}
     if mc.preset != defaults.preset:
         asked = {**PRESETS[mc.preset], **asked}
-    asked.update({k: getattr(mc, k) for k in ("hidden_act", "norm_position", "max_position_embeddings",
-                                               "position_embedding_type") if getattr(mc, k) != getattr(defaults, k)})
+    asked.update({k: getattr(mc, k) for k in ARCHITECTURE if getattr(mc, k) != getattr(defaults, k)})
     wrong = [f"model.{k}={v!r} (it has {getattr(have, k)!r})" for k, v in asked.items() if getattr(have, k) != v]
     if wrong:
         raise RunConfigError(f"model.init_from {mc.init_from} brings its own architecture: " + ", ".join(wrong)
                              + " (drop the key, or start a new model)")
-    for k in (*shape, "hidden_act", "norm_position", "max_position_embeddings", "position_embedding_type",
-              "hidden_dropout", "attention_dropout", "classifier_pooling"):
+    for k in (*SHAPE, *ARCHITECTURE, *NO_WEIGHTS):
         setattr(mc, k, getattr(have, k))
     mc.preset = next((name for name, p in PRESETS.items() if p == shape), mc.preset)
     return model
@@ -88,10 +83,6 @@ def _attention(model, causal: bool):
             if hasattr(m, "causal"):
                 m.causal = bool(causal)
     return model
-
-
-def _or(value, default):
-    return default if value is None else value
 
 
 def check_memory(bert_cfg, head_args: dict, world: D.World, sharded: bool = False) -> None:
