@@ -1,4 +1,4 @@
-# issue 33: speed before (8a95d92, the start of this sitting) and after (a443936, the two passes of
+# issue 33: speed before (8a95d92, the start of this sitting) and after (/work/after: a443936, then c4d5311) the passes of
 # shorter code), one machine, alternating; each tree runs its own benchmarks and its own src
 set -x
 date -u; uptime
