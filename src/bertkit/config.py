@@ -209,6 +209,7 @@ PRESETS: dict[str, dict[str, int]] = {
     "base":   dict(num_layers=12, hidden_size=768,  num_heads=12, intermediate_size=3072),
     "large":  dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
 }
+SHAPE = tuple(PRESETS["base"])          # the fields a size preset sets
 
 
 def preset(name: str, **overrides: Any) -> BertConfig:

@@ -56,6 +56,11 @@ def all_reduce_sum(t: torch.Tensor, world: World) -> torch.Tensor:
     return t
 
 
+def mean_over_ranks(x: float, world: World) -> float:
+    """A number's mean over all ranks (the same answer on every rank)."""
+    return all_reduce_sum(torch.tensor([x], dtype=torch.float64, device=world.device), world).item() / world.world_size
+
+
 def all_ranks_agree(flag: bool, world: World) -> bool:
     """True if `flag` is true on any rank (e.g. 'a stop signal arrived'), the same answer on all."""
     if not world.distributed:

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..config import preset
+from ..config import SHAPE, preset
 from ..data.masking import Collator, MaskingConfig, num_to_predict
 from ..data.prepare import PrepareConfig
 from ..data.pretraining import open_dataset
@@ -62,8 +62,7 @@ def update_flops(cfg: AblateConfig, arm: Arm) -> float:
     pc = from_dict(PretrainConfig, merge(merge(cfg.pretrain, arm.pretrain), {"data": {"path": "<train>"}}),
                    f"arm {arm.name} pretrain")
     mc, t, T = pc.model, pc.train, prep.max_length
-    shape = {k: getattr(mc, k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
-             if getattr(mc, k) is not None}
+    shape = {k: getattr(mc, k) for k in SHAPE if getattr(mc, k) is not None}
     bert = preset(mc.preset, vocab_size=int(cfg.tokenizer.get("vocab_size", 8000)), **shape)
     clm = (t.objective or ("clm" if mc.causal else "mlm")) == "clm"
     masking = dataclasses.replace(prep.masking_config, **pc.data.masking_overrides())

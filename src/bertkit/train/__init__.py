@@ -114,8 +114,7 @@ def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> di
             s = train_step(run)
             if on_step is not None:
                 on_step(st)
-            st.elapsed = D.all_reduce_sum(torch.tensor([time.perf_counter() - start], dtype=torch.float64,
-                                                       device=world.device), world).item() / world.world_size
+            st.elapsed = D.mean_over_ranks(time.perf_counter() - start, world)
             window.add(s)
             if bar is not None:
                 bar_update(bar, run, s)
@@ -284,9 +283,7 @@ def plan_budget(run: Run) -> int:
     torch.set_rng_state(rng)
     for f in fields(State):
         setattr(st, f.name, getattr(state, f.name))
-    pace = float(np.median(times[1:]))                      # the first update pays one-time set-up
-    pace = D.all_reduce_sum(torch.tensor([pace], dtype=torch.float64, device=world.device), world).item() \
-        / world.world_size
+    pace = D.mean_over_ranks(float(np.median(times[1:])), world)     # the first update pays one-time set-up
     planned = max(1, int(run.budget / pace))
     log.info("train.budget %s at %.3f s per update (%d timed and undone): %d updates%s", run.cfg.train.budget,
              pace, len(times), planned, f", capped by train.max_steps={run.cfg.train.max_steps}"

@@ -14,13 +14,12 @@ import torch
 
 from .. import distributed as D
 from ..checkpoint import build, load_model
-from ..config import PRESETS, preset
+from ..config import PRESETS, SHAPE, preset
 from ..model import init_weights, neighbour_attention_, num_parameters, sinusoidal_positions_
 from ..packing import pack, pad_rows
 from ..runconfig import ModelSection, PretrainConfig, RunConfigError
 
 log = logging.getLogger("bertkit")
-SHAPE = ("num_layers", "hidden_size", "num_heads", "intermediate_size")      # what a preset sets
 ARCHITECTURE = ("hidden_act", "norm_position", "max_position_embeddings", "position_embedding_type")
 NO_WEIGHTS = ("hidden_dropout", "attention_dropout", "classifier_pooling")   # change no weight (None: the model's)
 
