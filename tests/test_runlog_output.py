@@ -64,3 +64,17 @@ def test_plot_has_a_title_with_run_model_tokens_and_machine(tmp_path):
     title = runlog.plot_title(card, tmp_path / "curves.png", metrics)
     for part in ("run quick", "tiny: 2 layers", "1.5 M parameters", "159,744 tokens", "39 updates", "Some CPU 9000"):
         assert part in title
+
+
+def test_tensorboard_scalars_are_named_by_group_without_its_prefix():
+    """Training and evaluation records reach TensorBoard the same way: numbers only, `step` as the x
+    axis, eval_mlm_loss as eval/mlm_loss; keys without the prefix keep their name (eval/elapsed_s,
+    which an `eval/{key[5:]}` once wrote as eval/sed_s)."""
+    got = []
+    board = SimpleNamespace(add_scalar=lambda tag, v, step: got.append((tag, v, step)))
+    runlog.to_board(board, "eval", {"step": 7, "eval_mlm_loss": 2.5, "eval_nsp_accuracy": None,
+                                    "elapsed_s": 3.0, "tokens": 640}, 7)
+    runlog.to_board(board, "train", {"step": 8, "loss": 2.0, "phase": "long"}, 8)
+    runlog.to_board(None, "train", {"step": 9, "loss": 1.0}, 9)           # no writer: nothing
+    assert got == [("eval/mlm_loss", 2.5, 7), ("eval/elapsed_s", 3.0, 7), ("eval/tokens", 640, 7),
+                   ("train/loss", 2.0, 8)]

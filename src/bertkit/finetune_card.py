@@ -106,7 +106,10 @@ def write_card(out: Path, card: dict) -> None:
     probe = card["probe"]
     mode = card["mode"] + (f" on {probe['features']} (layers {probe['layers']}"
                            f"{', ' + probe['pooling'] + ' pooling' if probe.get('pooling') else ''})" if probe else "")
-    why = lambda key: f"{card[key]} ({card[key + '_reason']})" if card.get(key + "_reason") else card[key]  # noqa: E731
+
+    def why(key: str):                                # a choice, and why it was made where the card says
+        return f"{card[key]} ({card[key + '_reason']})" if card.get(key + "_reason") else card[key]
+
     rows = [("frozen probe or full fine-tuning", mode),
             ("model", f"{card['model']} (init {card['init']}): {card['layers']} layers, hidden {card['hidden_size']}, "
                       f"{card['heads']} heads, {_fmt(card['parameters'])} parameters "

@@ -175,6 +175,15 @@ def tensorboard_writer(out: Path):
     return SummaryWriter(str(out / "tensorboard"))
 
 
+def to_board(board, group: str, rec: dict, step: int) -> None:
+    """A metrics record's numbers as TensorBoard scalars `group/name` (the group's prefix off the name:
+    eval_mlm_loss -> eval/mlm_loss); nothing without a writer."""
+    if board is not None:
+        for k, v in rec.items():
+            if isinstance(v, (int, float)) and k != "step":
+                board.add_scalar(f"{group}/{k.removeprefix(group + '_')}", v, step)
+
+
 # ---- the pre-training run card ------------------------------------------------------------------
 def pair_mode(phase) -> str:
     """'nsp' or 'sop' (sentence-order pairs), as `prepare` recorded it."""

@@ -73,8 +73,10 @@ class _Builder:
         if self.int8:
             scale = w.abs().amax(0).clamp_min(1e-12) / 127
             q = self.const(torch.round(w / scale).clamp(-127, 127).to(torch.int8).numpy(), np.int8)
-        w = self.op("DequantizeLinear", q, self.const(scale), axis=1) if self.int8 else self.const(w)
-        return self.op("Add", self.op("MatMul", x, w), self.const(bias))
+            w_in = self.op("DequantizeLinear", q, self.const(scale), axis=1)
+        else:
+            w_in = self.const(w)
+        return self.op("Add", self.op("MatMul", x, w_in), self.const(bias))
 
     def norm(self, x: str, ln: torch.nn.LayerNorm) -> str:
         return self.op("LayerNormalization", x, self.const(ln.weight), self.const(ln.bias),

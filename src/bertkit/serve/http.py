@@ -190,8 +190,10 @@ def dump_json(value: Any) -> bytes:
     orjson = fast_json()
     if orjson is None:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    _check_value(value, ValueError("Out of range float values are not JSON compliant"))   # orjson: null
-    return orjson.dumps(value, default=_number, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    data = orjson.dumps(value, default=_number, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    if b"null" in data:          # orjson writes NaN and infinity as null: a None, or a number to refuse
+        _check_value(value, ValueError("Out of range float values are not JSON compliant"))
+    return data
 
 
 def _number(value: Any) -> Any:

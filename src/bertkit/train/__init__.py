@@ -46,7 +46,7 @@ from ..optim import build_optimizer, lr_at
 from ..packing import varlen_runs
 from ..runconfig import PretrainConfig, RunConfigError, parse_duration, save_config
 from ..runlog import (MetricsLog, Window, bar_update, plot_curves, pretrain_card, progress_bar, step_flops,
-                      tensorboard_writer, write_run_card)
+                      tensorboard_writer, to_board, write_run_card)
 from ..runstate import Phase, Run, State, Step, export_model, find_checkpoint, load_checkpoint, save_checkpoint, saved_state
 from ..sources import read_jsonl
 from .evaluation import eval_and_log, eval_batches, timed_eval
@@ -126,9 +126,7 @@ def _loop(run: Run, command: str, on_step: Callable[[State], None] | None) -> di
                 if world.main:
                     rec = window.record(st, run)
                     metrics.write(rec)
-                    for k, v in rec.items() if board is not None else ():
-                        if isinstance(v, (int, float)) and k != "step":
-                            board.add_scalar(f"train/{k}", v, st.step)
+                    to_board(board, "train", rec, st.step)
                 window = Window()
             if (tc.eval_every and st.step % tc.eval_every == 0) or \
                     (tc.eval_minutes and st.elapsed - run.last_eval_elapsed >= 60 * tc.eval_minutes):

@@ -16,6 +16,7 @@ import torch
 from .. import distributed as D
 from ..data.masking import Collator
 from ..runconfig import PretrainConfig
+from ..runlog import to_board
 from ..runstate import Phase, Run
 from .model import forward
 
@@ -80,13 +81,16 @@ def evaluate(run: Run) -> dict | None:
     run.model.train()
     if s.mlm_count == 0:
         return None
-    loss, clm = s.mlm_loss / s.mlm_count, run.cfg.train.objective == "clm"
-    lm = "eval_next_token" if clm else "eval_mlm"
-    rec = {"step": run.state.step, f"{lm}_loss": loss, f"{lm}_accuracy": s.mlm_correct / s.mlm_count,
-           "eval_next_token_perplexity" if clm else "eval_perplexity": math.exp(min(loss, 50.0)),
-           "eval_predictions": int(s.mlm_count)}
-    if s.mask_count and not clm:        # BERT's accuracy counts the 10% left unchanged, which a model copies
-        rec["eval_mask_accuracy"] = s.mask_correct / s.mask_count
+    loss = s.mlm_loss / s.mlm_count
+    if run.cfg.train.objective == "clm":
+        rec = {"step": run.state.step, "eval_next_token_loss": loss,
+               "eval_next_token_accuracy": s.mlm_correct / s.mlm_count,
+               "eval_next_token_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s.mlm_count)}
+    else:
+        rec = {"step": run.state.step, "eval_mlm_loss": loss, "eval_mlm_accuracy": s.mlm_correct / s.mlm_count,
+               "eval_perplexity": math.exp(min(loss, 50.0)), "eval_predictions": int(s.mlm_count)}
+        if s.mask_count:                # BERT's accuracy counts the 10% left unchanged, which a model copies
+            rec["eval_mask_accuracy"] = s.mask_correct / s.mask_count
     rec["eval_nsp_accuracy"] = s.nsp_correct / s.nsp_count if s.nsp_count else None
     return rec
 
@@ -106,10 +110,7 @@ def eval_and_log(run: Run, evals, board, bar) -> dict | None:
     run.last_eval = rec
     if rec and run.world.main:
         evals.write(rec)
-        if board is not None:
-            for k, v in rec.items():
-                if v is not None and k != "step":
-                    board.add_scalar(f"eval/{k[5:]}", v, rec["step"])
+        to_board(board, "eval", rec, rec["step"])
         name, lm = ("next-token", "eval_next_token") if "eval_next_token_loss" in rec else ("MLM", "eval_mlm")
         at_mask = f" (at [MASK] {rec['eval_mask_accuracy']:.4f})" if "eval_mask_accuracy" in rec else ""
         nsp = f", NSP accuracy {rec['eval_nsp_accuracy']:.4f}" if rec["eval_nsp_accuracy"] is not None else ""
