@@ -21,6 +21,7 @@ from .config import BertConfig, ConfigError, architecture_name
 from .errors import BertkitError, first_line
 from .model import HEADS, BertModel, init_weights
 from .probe import PROBE_HEADS, ProbeModel
+from .sources import read_json_object
 
 log = logging.getLogger("bertkit")
 
@@ -166,8 +167,8 @@ def read_config(path: Path) -> tuple[BertConfig, dict[str, Any]]:
     cj = path / "config.json"
     if not cj.is_file():
         raise CheckpointError(f"{path}: no config.json (not a checkpoint folder)")
+    raw = read_json_object(cj, CheckpointError)
     try:
-        raw = json.loads(cj.read_text(encoding="utf-8"))
         check_config_json(raw, cj)
         if raw.get("bertkit_incomplete"):          # see bertkit.outdir
             raise CheckpointError(f"{path}: the checkpoint of an unfinished run ({raw['bertkit_incomplete']}; "
@@ -175,10 +176,6 @@ def read_config(path: Path) -> tuple[BertConfig, dict[str, Any]]:
         if raw.get("architectures"):          # BertkitForMaskedLM (model_type 'bertkit') names the same head
             raw = {**raw, "architectures": [architecture_name(a, False) for a in raw["architectures"]]}
         return BertConfig.from_hf_dict(raw, source=str(cj)), raw
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cj}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise CheckpointError(f"{cj}: not valid JSON (nested too deeply)") from None
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
 

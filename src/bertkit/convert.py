@@ -14,7 +14,6 @@ table; Adam's slots and the step counter are left out.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from .checkpoint import ARCHITECTURES, GOOGLE_OPTIMIZER_STATE, CheckpointError, 
     heads_in, save_model
 from .config import BertConfig, ConfigError
 from .outdir import staged_dir
+from .sources import read_json_object
 from .tfckpt import Checkpoint
 from .tokenizer import Tokenizer, read_vocab
 
@@ -85,10 +85,7 @@ def read_google_config(f: Path) -> BertConfig:
     """BertConfig from Google's bert_config.json: the shape keys must be there, every key well-typed."""
     if not f.is_file():
         raise CheckpointError(f"{f}: no such file (Google's releases put bert_config.json beside the checkpoint)")
-    try:
-        raw = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{f}: not valid JSON ({e})") from None
+    raw = read_json_object(f, CheckpointError)
     check_config_json(raw, f)
     missing = [k for k in GOOGLE_CONFIG_KEYS if k not in raw]
     if missing:

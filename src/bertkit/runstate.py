@@ -45,6 +45,7 @@ from .checkpoint import CheckpointError, build, save_model
 from .errors import first_line
 from .outdir import fsync_path, fsync_tree, mark_incomplete, write_folder
 from .runconfig import PretrainConfig, save_config
+from .sources import read_json_object
 
 log = logging.getLogger("bertkit")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -382,13 +383,10 @@ def saved_state(path: Path) -> dict:
 
 def _read_trainer(path: Path) -> dict:
     """{'optimizer', 'scaler', 'state', 'world_size'} of a checkpoint."""
-    try:
-        meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path / 'trainer.json'}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path / 'trainer.json'}: format {meta.get('format') if isinstance(meta, dict) else '?'}"
-                              f" is not {FORMAT} (written by another bertkit version?)")
+    meta = read_json_object(path / "trainer.json", CheckpointError)
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path / 'trainer.json'}: format {meta.get('format')} is not {FORMAT} "
+                              f"(written by another bertkit version?)")
     tensors = load_state(path / "trainer.safetensors")
     if not isinstance(tensors, dict) or not isinstance(tensors.get("optimizer"), dict):
         raise CheckpointError(f"{path / 'trainer.safetensors'}: holds no optimizer state")

@@ -369,6 +369,17 @@ def parse_json(text: str, where: str | Path, error: type[BertkitError] = DataErr
         raise error(f"{where}: not valid JSON (nested too deeply)") from None
 
 
+def read_json_object(path: Path, error: type[BertkitError] = DataError) -> dict:
+    """The JSON object in the file `path`; anything else is one `error` naming the file."""
+    try:
+        obj = parse_json(path.read_text(encoding="utf-8-sig"), path, error)
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not valid UTF-8 (byte {e.start})") from None
+    if not isinstance(obj, dict):
+        raise error(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def jsonl_objects(lines: Iterable[str], where: str | Path, bad: Callable[[int, str], None] | None = None,
                   error: type[BertkitError] = DataError) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of JSON Lines. A line that is not a JSON object is

@@ -33,6 +33,7 @@ from tokenizers import AddedToken, Tokenizer as RustTokenizer, decoders, models,
 from .errors import BertkitError
 from .outdir import staged_dir
 from .runconfig import NON_NEGATIVE, Checked, Rule
+from .sources import read_json_object
 from .wordpiece import count_words, learn_wordpiece
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ class Tokenizer:
         tj = path / "tokenizer.json"
         vocab = read_vocab(path / "vocab.txt") if (path / "vocab.txt").is_file() else None
         if tj.is_file():
-            d = _read_json_object(tj)
+            d = read_json_object(tj, TokenizerError)
             model = d.get("model") or {}
             if not isinstance(model, dict):
                 raise TokenizerError(f"{tj}: \"model\" must be an object, got {type(model).__name__}")
@@ -148,7 +149,7 @@ class Tokenizer:
             raise TokenizerError(f"{path}: no vocab.txt or tokenizer.json (not a tokenizer folder)")
         tc = path / "tokenizer_config.json"
         if tc.is_file():
-            c = _read_json_object(tc)
+            c = read_json_object(tc, TokenizerError)
             names = {"lowercase": "do_lower_case", "strip_accents": "strip_accents",
                      "chinese_chars": "tokenize_chinese_chars"}
             given = {ours: c[theirs] for ours, theirs in names.items() if theirs in c}
@@ -437,18 +438,6 @@ def longest_first(na: int, nb: int, budget: int) -> tuple[int, int]:
         return keep_a, budget - keep_a
     keep_b = min(nb, budget // 2)
     return budget - keep_b, keep_b
-
-
-def _read_json_object(f: Path) -> dict:
-    try:
-        d = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TokenizerError(f"{f}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise TokenizerError(f"{f}: not valid JSON (nested too deeply)") from None
-    if not isinstance(d, dict):
-        raise TokenizerError(f"{f}: expected a JSON object, got {type(d).__name__}")
-    return d
 
 
 def _check_flags(settings: dict, f: Path, names: dict[str, str]) -> None:

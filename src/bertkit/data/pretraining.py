@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError, first_line
+from ..sources import read_json_object
 from ..tokenizer import Tokenizer
 from .masking import MaskingConfig, TokenInfo
 
@@ -136,12 +137,7 @@ def _load_array(f: Path) -> np.ndarray:
 
 def _checked_meta(f: Path) -> dict:
     """A meta file, with the fields readers rely on checked (a one-line DataError naming the field)."""
-    try:
-        meta = json.loads(f.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{f}: not valid JSON ({e}); rerun the prepare command") from None
-    if not isinstance(meta, dict):
-        raise DataError(f"{f}: expected a JSON object")
+    meta = read_json_object(f)
     shards, counts = meta.get("shards"), meta.get("shard_instances")
     if not isinstance(shards, list) or not all(isinstance(x, str) and x.startswith("shard-") and "/" not in x
                                                for x in shards):

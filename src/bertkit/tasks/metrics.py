@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import BertkitError
 from ..runconfig import Checked, Rule
-from ..sources import jsonl_objects, parse_json
+from ..sources import jsonl_objects, read_json_object
 from . import BadRows, SkipBadRows, get_task
 
 log = logging.getLogger("bertkit")
@@ -431,12 +431,7 @@ def read_null_odds(path: str | Path) -> dict[str, float]:
     path = Path(path)
     if not path.is_file():
         raise MetricError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-    try:
-        odds = parse_json(path.read_text(encoding="utf-8-sig"), path, MetricError)
-    except UnicodeDecodeError as e:
-        raise MetricError(f"{path}: not valid UTF-8 (byte {e.start})") from None
-    if not isinstance(odds, dict):
-        raise MetricError(f"{path}: expected a JSON object {{question id: null odds}}")
+    odds = read_json_object(path, MetricError)
     return {str(k): _number(v, f"{path}: id {k}") for k, v in odds.items()}
 
 
