@@ -97,10 +97,7 @@ def read_split(task: Task, cfg: FinetuneConfig, split: str) -> tuple[list, Path]
             return None, None
         raise
     bad = BadRows(skip=cfg.skip_bad_rows)
-    examples = task.read(path, bad)
-    limit = cfg.train_limit if split == "train" else cfg.dev_limit
-    if limit is not None:
-        examples = examples[:limit]
+    examples = task.read(path, bad)[:cfg.train_limit if split == "train" else cfg.dev_limit]     # None: all
     log.info("%s: %d %s examples%s", path, len(examples), split, f" ({bad.count} bad rows skipped)" if bad.count else "")
     return examples, path
 
@@ -462,11 +459,10 @@ def predicted_counts(task: Task, predictions: dict) -> dict[str, int] | None:
 
 
 def save_finetuned(model: nn.Module, tokenizer, out: Path, task: Task, cfg: FinetuneConfig, labels,
-                   facts: dict | None = None) -> None:
+                   facts: dict) -> None:
     """HF checkpoint (+ id2label, task, probe features, `facts`: config.json keys such as the
     stride inputs were read with) and the tokenizer into `out`."""
-    extra: dict[str, Any] = {"bertkit_task": task_record(task, cfg),
-                             "bertkit_max_length": cfg.max_length, **(facts or {})}
+    extra: dict[str, Any] = {"bertkit_task": task_record(task, cfg), "bertkit_max_length": cfg.max_length, **facts}
     if labels is not None:
         extra["id2label"] = {str(i): name for i, name in enumerate(labels)}
     if isinstance(model, ProbeModel):
@@ -495,11 +491,10 @@ def grid(cfg: FinetuneConfig, command: str = "", space: dict | None = None) -> d
     """Every combination of `space` (default: the paper's 18) into out/grid/<name>; the best run on
     dev (task's main metric) is copied to `out`. Returns a summary (also out/grid.json)."""
     space = space or PAPER_GRID
-    keys = list(space)
     with staged_dir(cfg.out, is_finetune_output, "fine-tuning run") as out:
         runs = []
-        for values in itertools.product(*(space[k] for k in keys)):
-            setting = dict(zip(keys, values))
+        for values in itertools.product(*space.values()):
+            setting = dict(zip(space, values))
             name = "_".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in setting.items())
             run_cfg = dataclasses.replace(cfg, out=str(out / "grid" / name), **setting)
             result = finetune(run_cfg, command=command + f"  # grid run {name}")

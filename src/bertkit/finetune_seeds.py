@@ -282,10 +282,8 @@ def summary_lines(summary: dict, out: str) -> list[str]:
     for k, s in summary["metrics"].items():
         lines.append(f"  {k:16s} {_num(s['mean']):>8s} {_num(s['std']):>8s} {_num(s['min']):>8s} "
                      f"{_num(s['max']):>8s}  " + ("-" if gone is None else f"{len(gone)} of {n}"))
-    if gone is None:
-        lines.append(f"  collapsed: {col['why']}")
-    else:
-        lines.append(f"  collapsed ({col['rule']}): " + (", ".join(f"seed {s}" for s in gone) or "none"))
+    lines.append(f"  collapsed: {col['why']}" if gone is None
+                 else f"  collapsed ({col['rule']}): " + (", ".join(f"seed {s}" for s in gone) or "none"))
     main = summary["main_metric"]
     lines.append(f"  chosen: seed {summary['chosen_seed']} ({main} {_num(summary['chosen_dev'].get(main))}), "
                  f"the best on dev, so that score is optimistic; {out} holds its model")

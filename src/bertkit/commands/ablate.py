@@ -62,7 +62,7 @@ def run_ablate(args: argparse.Namespace) -> int:
 
     values = {k: v for k, v in given(args, AblateConfig).items() if k in GRID_OPTIONS}   # --arms selects
     cfg = ablate.load_ablate_config(args.config, values=values)       # every grid key checked here
-    command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = shlex.join(["bertkit", *sys.argv[1:]])
     # --launcher, --nproc (checked here), --pretrain-only, and bertkit's -v as `verbose`; args.command is 'ablate'
     opts = options_of(args, RunOptions, ("command",), command=command)
     if args.report_only:

@@ -162,7 +162,7 @@ def _lines(source: str, name: str) -> Iterator[str]:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise BertkitError(f"{name}:{lineno}: invalid UTF-8 at byte {e.start} of the line") from None
-        text = text[:-1] if text.endswith("\r") else text
+        text = text.removesuffix("\r")
         if lineno == 1 and text.startswith("\ufeff"):
             text = text[1:]
         yield text
@@ -315,10 +315,13 @@ def run_tokenize(args) -> int:
     return 0
 
 
-def _check_max_length(n: int | None) -> None:
-    """PredictorOptions' max_length (at least 1 there) leaves room for [CLS] x [SEP]."""
-    if n is not None and (problem := MAX_LENGTH.problem(n)):
+def _one_shot_options(args: argparse.Namespace):
+    """`predictor_options`, checked: max_length (at least 1 there) leaves room for [CLS] x [SEP], a device here."""
+    how = predictor_options(args)
+    if how.max_length is not None and (problem := MAX_LENGTH.problem(how.max_length)):
         raise BertkitError(f"max_length {problem}")
+    check_device(how.device)
+    return how
 
 
 # ---- embed ---------------------------------------------------------------------------------------
@@ -351,9 +354,7 @@ def run_embed(args) -> int:
 
     from ..infer import Predictor
 
-    o, how = options_of(args, EmbedOptions), predictor_options(args)
-    _check_max_length(how.max_length)
-    check_device(how.device)
+    o, how = options_of(args, EmbedOptions), _one_shot_options(args)
     to_npy = bool(args.output) and args.output.endswith(".npy")
     if args.output:
         if not args.output.endswith((".jsonl", ".npy")):
@@ -442,9 +443,7 @@ def run_fill_mask(args) -> int:
     from ..infer import Predictor
     from ..predict import PredictOptions
 
-    o, how = options_of(args, PredictOptions), predictor_options(args)
-    _check_max_length(how.max_length)
-    check_device(how.device)
+    o, how = options_of(args, PredictOptions), _one_shot_options(args)
     for i, text in enumerate(args.texts):
         if not _is_unicode(text):
             raise BertkitError(f"text {i + 1}: not valid UTF-8 (undecodable bytes)")

@@ -48,6 +48,7 @@ def _sub(parser: argparse.ArgumentParser, name: str, help_: str) -> argparse.Arg
     if subs is None:
         subs = parser.add_subparsers(dest="action", metavar="ACTION")
         parser._bertkit_subs = subs
+        parser.set_defaults(run=lambda a: (parser.print_help(), 2)[1])     # no action given: the help, exit 2
     return subs.add_parser(name, help=help_, description=help_)
 
 
@@ -61,7 +62,6 @@ def setup_tokenizer(parser: argparse.ArgumentParser) -> None:
     add_options(p, DataArgs, names=("files", "model", "json"), defaults=True)
     add_options(p, TokenizerStatsOptions)
     p.set_defaults(run=run_tokenizer_stats)
-    parser.set_defaults(run=lambda a: (parser.print_help(), 2)[1])
 
 
 def run_tokenizer_train(args) -> int:
@@ -143,7 +143,7 @@ def command_line(args: argparse.Namespace) -> str:
                 parts.extend([f"--{prefix}{k}", str(v)])
     flat({k: v for k, v in given(args, PrepareRunOptions).items() if k != "progress"})
     flat(given(args, PrepareConfig))
-    return " ".join(shlex.quote(x) for x in parts)
+    return shlex.join(parts)
 
 
 def run_prepare(args) -> int:
@@ -177,7 +177,6 @@ def setup_data(parser: argparse.ArgumentParser) -> None:
         "model": "checkpoint with an NSP head (or, with --topic_only, a tokenizer)"})
     add_options(p, ShortcutOptions)
     p.set_defaults(run=run_nsp_shortcut)
-    parser.set_defaults(run=lambda a: (parser.print_help(), 2)[1])
 
 
 def run_data_stats(args) -> int:

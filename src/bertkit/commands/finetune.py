@@ -62,7 +62,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     if args.seeds is not None and (hasattr(args, "seed") or args.grid):
         raise BertkitError(f"give --seeds or {'--seed' if hasattr(args, 'seed') else '--grid'}, not both")
     cfg = finetune_config(args)
-    command = "bertkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = shlex.join(["bertkit", *sys.argv[1:]])
     if args.seeds is not None:
         summary = finetune_seeds(cfg, args.seeds, command)
         print("\n".join(summary_lines(summary, cfg.out)))

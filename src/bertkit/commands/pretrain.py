@@ -31,7 +31,7 @@ def run_pretrain(args) -> int:
     from ..train import pretrain
 
     cfg = load_config(PretrainConfig, args.config, values=given(args, PretrainConfig))
-    card = pretrain(cfg, command=" ".join(["bertkit", "pretrain"] + [shlex.quote(a) for a in sys.argv[2:]]))
+    card = pretrain(cfg, command=shlex.join(["bertkit", "pretrain", *sys.argv[2:]]))
     if card and (e := card.get("final_eval")):
         lm = ("next-token", "eval_next_token_accuracy", "eval_next_token_perplexity") if "eval_next_token_loss" in e \
             else ("MLM", "eval_mlm_accuracy", "eval_perplexity")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from ..sources import dataset_name, is_saved_dataset, jsonl_objects, open_table
+from ..sources import ARROW_SUFFIXES, dataset_name, is_saved_dataset, jsonl_objects, open_table
 from . import BadRows, DataError, Task, finite_number, open_text, require_examples
 from .glue import TextExample, sentence_metrics, sentence_task
 from .ner import TAG, TaggedExample, read_conll, tagging_task
@@ -30,9 +30,9 @@ def guess_format(path: Path, fmt: str | None) -> str:
             raise DataError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
         return fmt
     if dataset_name(path) is not None or is_saved_dataset(path) or path.name.endswith(
-            (".parquet", ".arrow", ".feather", ".ipc")) or "*" in path.name:
+            (".parquet", *ARROW_SUFFIXES)) or "*" in path.name:
         return "table"                     # bertkit.sources: a dataset name, Parquet, Arrow, a save_to_disk folder
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    name = path.name.removesuffix(".gz")
     for suffix, kind in ((".csv", "csv"), (".tsv", "tsv"), (".jsonl", "jsonl"), (".json", "jsonl"),
                          (".conll", "conll"), (".txt", "conll")):
         if name.endswith(suffix):

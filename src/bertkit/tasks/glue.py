@@ -262,11 +262,10 @@ STSB = _task("stsb", Spec("sentence1", "sentence2", "score", id="index"), "pears
              "STS-B: similarity score 0-5 (Pearson, Spearman)")
 QQP = _task("qqp", Spec("question1", "question2", "is_duplicate", id="id", labels=BINARY), "f1", "f1",
             "QQP: are the two questions duplicates? (F1 of class 1, accuracy)")
-MNLI = _task("mnli", Spec("sentence1", "sentence2", "gold_label", id="index", labels=NLI, label_last=True),
-             "accuracy", "accuracy", "MNLI matched: entailment / neutral / contradiction (accuracy)",
+MNLI_SPEC = Spec("sentence1", "sentence2", "gold_label", id="index", labels=NLI, label_last=True)   # both MNLIs
+MNLI = _task("mnli", MNLI_SPEC, "accuracy", "accuracy", "MNLI matched: entailment / neutral / contradiction (accuracy)",
              train="train.tsv", dev="dev_matched.tsv", test="test_matched.tsv")
-MNLI_MM = _task("mnli-mm", Spec("sentence1", "sentence2", "gold_label", id="index", labels=NLI, label_last=True),
-                "accuracy", "accuracy", "MNLI mismatched (accuracy)",
+MNLI_MM = _task("mnli-mm", MNLI_SPEC, "accuracy", "accuracy", "MNLI mismatched (accuracy)",
                 train="train.tsv", dev="dev_mismatched.tsv", test="test_mismatched.tsv")
 QNLI = _task("qnli", Spec("question", "sentence", "label", id="index", labels=ENTAIL), "accuracy", "accuracy",
              "QNLI: does the sentence answer the question? (accuracy)")

@@ -170,12 +170,10 @@ def conll_f1(y_true: Sequence[Sequence[str]], y_pred: Sequence[Sequence[str]]) -
     "f1", "accuracy" (token level), "per_type": {type: {"precision", "recall", "f1", "support"}}}``.
     """
     _check_sentences(y_true, y_pred)
-    flat_true = [tag for sent in y_true for tag in [*sent, "O"]]
-    flat_pred = [tag for sent in y_pred for tag in [*sent, "O"]]
     true_ents: dict[str, set] = collections.defaultdict(set)
     pred_ents: dict[str, set] = collections.defaultdict(set)
-    for ents, flat in ((true_ents, flat_true), (pred_ents, flat_pred)):
-        for type_, b, e in get_entities(flat):
+    for ents, sentences in ((true_ents, y_true), (pred_ents, y_pred)):
+        for type_, b, e in get_entities([tag for sent in sentences for tag in [*sent, "O"]]):
             ents[type_].add((b, e))
     per_type, tp_all, pred_all, true_all = {}, 0, 0, 0
     for type_ in sorted(set(true_ents) | set(pred_ents)):

@@ -30,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from ..sources import dataset_name, is_saved_dataset, open_table
+from ..sources import ARROW_SUFFIXES, dataset_name, is_saved_dataset, open_table
 from . import BadRows, DataError, Task, finite_number, open_text, require_examples
 from .glue import BINARY, ENTAIL, NLI, TextExample
 from .ner import TAG, TaggedExample
@@ -59,9 +59,9 @@ def is_table_source(task: Task, path: str | Path) -> bool:
     s = str(path)
     if dataset_name(s) is not None or is_saved_dataset(s):
         return True
-    name = s.lower()[:-3] if s.lower().endswith(".gz") else s.lower()
+    name = s.lower().removesuffix(".gz")
     native = {Path(f).suffix for f in task.files.values()}
-    if name.endswith((".parquet", ".arrow", ".feather", ".ipc", ".jsonl")):
+    if name.endswith((".parquet", *ARROW_SUFFIXES, ".jsonl")):
         return True
     if name.endswith(".csv"):
         return ".csv" not in native
@@ -144,9 +144,7 @@ def glue_label(value, allowed: tuple[str, ...] | None, names: list[str] | None) 
     if allowed is None:                                   # regression
         x = finite_number(value)
         return (x, None) if x is not None else (None, f"label {value!r} is not a finite number")
-    if isinstance(value, bool):
-        value = int(value)
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, bool) or (isinstance(value, float) and value.is_integer()):
         value = int(value)
     if isinstance(value, int):
         if str(value) in allowed:
