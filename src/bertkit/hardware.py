@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from . import __version__
 from .errors import BertkitError
-from .packing import GROUP_OVERHEAD_PAIRS, attention, packed_attention, packing
+from .packing import GROUP_OVERHEAD_PAIRS, alibi_bias, attention, packed_attention, packing
 
 log = logging.getLogger("bertkit")
 
@@ -325,11 +325,9 @@ def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtyp
     it is timed, not assumed."""
     threads = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
-    T = length
-    pos = torch.arange(T)
-    mask = -(pos[:, None] - pos[None, :]).abs().to(dtype)[None, None].expand(batch, heads, T, T).contiguous()
-    q, k, v = (torch.randn(batch, heads, T, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
-    grad = torch.randn(batch, heads, T, head_dim, generator=g).to(dtype)
+    q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    grad = torch.randn(batch, heads, length, head_dim, generator=g).to(dtype)
+    mask = alibi_bias(torch.ones(heads), length, q)[None].expand(batch, heads, length, length).contiguous()
 
     def step(kernel: str):
         return lambda: attention(q, k, v, mask, kernel=kernel).backward(grad)

@@ -256,8 +256,7 @@ def segment_test(loaded: Loaded, text: str, pair: str, other: str | None = None)
         change[mode] = {}
         for name, ids in variants.items():
             types = [0] * n_left + [1] * (len(ids) - n_left)
-            changed = states(loaded.encoder, ids, types, causal)
-            change[mode][name] = relative_change(base, changed, n_left).tolist()
+            change[mode][name] = relative_change(base, states(loaded.encoder, ids, types, causal), n_left).tolist()
         t = torch.tensor(list(change[mode].values()))                         # (R, L+1, n_left)
         summary[mode] = {"last_layer_mean": float(t[:, -1].mean()), "last_layer_cls": float(t[:, -1, 0].mean()),
                          "max": float(t.max()), "per_layer_mean": t.mean((0, 2)).tolist()}
@@ -348,10 +347,13 @@ def answers(r: dict) -> dict[str, str]:
     sinks = (f" In layer{'s' * (len(parked) > 1)} {', '.join(parked)} more than half of it rests on [CLS] itself or "
              f"[SEP]: heads with nothing to gather park on a special token and change little." if parked else "")
     moved = seg.get("bidirectional", {}).get("last_layer_cls", 0.0)
+    causal = seg["causal"]
     if m["causal"]:
         cls = (f"Under this checkpoint's causal mask [CLS] sees only itself (100% of its attention in every layer), "
                f"so the summary is the last token's state: in layer 1 it puts {pct(mass['words'][0])} of its attention "
                f"on the words, in layer {L} {pct(mass['words'][-1])}.")
+        mask = (f"This checkpoint is causal: replacing the right segment left the left tokens unchanged to rounding "
+                f"(max relative change {tiny(causal['max'])} over all layers) - a left-to-right model.")
     else:
         cls = (f"[CLS] carries no word; its state is what attention gathers into it, and under BERT's mask it reads "
                f"every position in every layer. On this input, layer 1: {pct(mass['words'][0])} of [CLS]'s attention "
@@ -362,11 +364,6 @@ def answers(r: dict) -> dict[str, str]:
                   "head (NSP, a classifier) trains it to; it is not a good sentence embedding by itself." if moved > 0.05
                   else "barely: this model's [CLS] gathers little yet (a head trained on it, NSP or a classifier, is "
                        "what makes it a summary)."))
-    causal = seg["causal"]
-    if m["causal"]:
-        mask = (f"This checkpoint is causal: replacing the right segment left the left tokens unchanged to rounding "
-                f"(max relative change {tiny(causal['max'])} over all layers) - a left-to-right model.")
-    else:
         bi = seg["bidirectional"]
         mask = (f"The attention mask: under BERT's bidirectional mask every position sees its right. Replacing the "
                 f"right segment moved the left tokens' last-layer states by {num(bi['last_layer_mean'])} on "

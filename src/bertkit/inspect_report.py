@@ -9,6 +9,8 @@ import html
 import json
 from pathlib import Path
 
+import numpy as np
+
 from .hardware import cpu_model, git_commit
 from .inspect import InspectError, tiny as _tiny
 from .outdir import write_whole
@@ -64,8 +66,6 @@ def _pyplot():
 
 def _heatmap(ax, values, xlabels=None, ylabels=None, vmax=None, annotate=False, cmap="viridis"):
     """values (rows, columns) as colours from 0 to vmax; tick labels where given (None: no ticks)."""
-    import numpy as np
-
     v = np.asarray(values, dtype=float)
     im = ax.imshow(v, aspect="auto", cmap=cmap, vmin=0, vmax=vmax if vmax is not None else max(float(v.max()), 1e-12),
                    interpolation="nearest")
@@ -79,11 +79,10 @@ def _heatmap(ax, values, xlabels=None, ylabels=None, vmax=None, annotate=False, 
     return im
 
 
-def _margins(fig, left: float, bottom: float, top: float, hspace: float, wspace: float) -> None:
-    """Margins in inches (tick labels and the footer keep their room whatever the figure's size)."""
+def _margins(fig, left: float, hspace: float, wspace: float) -> None:
+    """Margins in inches, 1.1 below and 0.6 above (tick labels and the footer keep their room whatever the size)."""
     w, h = fig.get_size_inches()
-    fig.subplots_adjust(left=left / w, right=1 - 0.1 / w, bottom=bottom / h, top=1 - top / h, hspace=hspace,
-                        wspace=wspace)
+    fig.subplots_adjust(left=left / w, right=1 - 0.1 / w, bottom=1.1 / h, top=1 - 0.6 / h, hspace=hspace, wspace=wspace)
 
 
 def _save(plt, fig, path: Path, r: dict, meta: dict) -> Path:
@@ -96,8 +95,6 @@ def _save(plt, fig, path: Path, r: dict, meta: dict) -> Path:
 
 def figures(r: dict, out: Path, meta: dict) -> dict[str, Path]:
     """One PNG per figure in `out`: name -> path."""
-    import numpy as np
-
     plt = _pyplot()
     m, a, tokens = r["model"], r["attention"], r["tokens"]
     L, H, T = m["layers"], m["heads"], len(tokens)
@@ -128,7 +125,7 @@ def figures(r: dict, out: Path, meta: dict) -> dict[str, Path]:
     per_head = np.asarray(a["rows"]).transpose(1, 0, 2)                         # (L, H, T) -> (H, L, T)
     _head_panels(axes, per_head, tokens, [str(i + 1) for i in range(L)])
     fig.suptitle(f"{who}'s attention per layer (rows) and head; scale 0-1", fontsize=9)
-    _margins(fig, left=0.5, bottom=1.1, top=0.6, hspace=0.45, wspace=0.08)
+    _margins(fig, left=0.5, hspace=0.45, wspace=0.08)
     paths["cls_attention_heads"] = _save(plt, fig, out / "cls_attention_heads.png", r, meta)
 
     maps = np.asarray(r["layer_maps"])                                          # (H, T, T)
@@ -137,7 +134,7 @@ def figures(r: dict, out: Path, meta: dict) -> dict[str, Path]:
     labels = tokens if T <= 48 else None
     _head_panels(axes, maps, labels, labels, cmap="magma")
     fig.suptitle(f"layer {r['layer']}: attention of each query (row) to each key (column)", fontsize=9)
-    _margins(fig, left=0.8, bottom=1.1, top=0.6, hspace=0.3, wspace=0.06)
+    _margins(fig, left=0.8, hspace=0.3, wspace=0.06)
     paths["attention_layer"] = _save(plt, fig, out / f"attention_layer{r['layer']}.png", r, meta)
 
     paths["segment_change"] = _segment_figure(plt, r, out, meta)
@@ -158,8 +155,6 @@ def _head_panels(axes, panels, xlabels, ylabels, cmap: str = "viridis") -> None:
 
 
 def _segment_figure(plt, r: dict, out: Path, meta: dict) -> Path:
-    import numpy as np
-
     seg, L = r["segment"], r["model"]["layers"]
     modes = list(seg["change"])
     left = seg["left_tokens"]

@@ -102,16 +102,16 @@ def hour_recipe(precision: str) -> str:
 
 def what_to_expect(passes: float, tokens: int, mask_accuracy: float | None) -> str:
     """The closing paragraph: which stage of BERT training the model reached, from its [MASK] accuracy."""
-    stage = (f"{passes:.0f} passes over this {tokens / 1e6:.1f} M-token corpus. Reference points at a [MASK] "
-             f"(benchmarks/mlm_oracles.py): the most frequent piece {ORACLES['unigram']:.2f}, a count model of "
-             f"the left neighbour {ORACLES['left']:.2f}, of both neighbours {ORACLES['left_right']:.2f}. ")
+    stage = (f"What to expect: {passes:.0f} passes over this {tokens / 1e6:.1f} M-token corpus. Reference points "
+             f"at a [MASK] (benchmarks/mlm_oracles.py): the most frequent piece {ORACLES['unigram']:.2f}, a count "
+             f"model of the left neighbour {ORACLES['left']:.2f}, of both neighbours {ORACLES['left_right']:.2f}. ")
     if mask_accuracy is None:
-        return "What to expect: " + stage
+        return stage
     if mask_accuracy < ORACLES["unigram"] + 0.02:
-        return ("What to expect: " + stage + f"At {mask_accuracy:.2f} this model is still at the first stage of "
+        return (stage + f"At {mask_accuracy:.2f} this model is still at the first stage of "
                 "BERT training: it answers a [MASK] with the most frequent pieces (and copies the 10% of chosen "
                 "tokens BERT leaves unchanged); docs/pretrain-measurements.md has the measured curves.")
-    return ("What to expect: " + stage + f"At {mask_accuracy:.2f} this model reads the words around a gap "
+    return (stage + f"At {mask_accuracy:.2f} this model reads the words around a gap "
             "(ALiBi's distance penalty lets a small model find its neighbours within minutes) but not yet the "
             "longer context and rarer words that BERT-base learns over days; longer runs and more text are the "
             "next steps (docs/pretrain.md, 'the CPU recipe').")

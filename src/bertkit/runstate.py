@@ -254,9 +254,8 @@ def save_checkpoint(run: Run, world: D.World) -> Path | None:
     rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     save_state(rng, tmp / f"rng-rank{world.rank}.safetensors")
-    fsdp = world.distributed and cfg.train.distributed == "fsdp"
     model_sd, optim_sd = D.full_state_dicts(run.model, run.optimizer, cfg.train.distributed, world) \
-        if fsdp else (None, run.optimizer.state_dict())
+        if world.distributed and cfg.train.distributed == "fsdp" else (None, run.optimizer.state_dict())
     export_model(run, world, tmp / "model", model_sd)
     D.barrier(world)
     if world.main:

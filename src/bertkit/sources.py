@@ -343,13 +343,12 @@ def _text_rows(f: Path, kind: str) -> Iterator[dict]:
             while first and first.isspace():
                 first = fh.read(1)
             if first == "[":                       # a JSON array of objects
-                rows = parse_json(first + fh.read(), f, SourceError)
-                for k, obj in enumerate(rows):
+                for k, obj in enumerate(parse_json(first + fh.read(), f, SourceError)):
                     if not isinstance(obj, dict):
                         raise SourceError(f"{f}: item {k} of the array is not an object")
                     yield obj
                 return
-            yield from (obj for _, obj in jsonl_objects(_prepend(first, fh), f, error=SourceError))
+            yield from (obj for _, obj in jsonl_objects(chain([first + fh.readline()], fh), f, error=SourceError))
             return
         reader = csv.DictReader(fh, delimiter="\t" if kind == "tsv" else ",")
         for row in reader:
@@ -411,11 +410,6 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [obj for _, obj in jsonl_objects(f, path)]
 
 
-def _prepend(first: str, fh) -> Iterator[str]:
-    yield first + fh.readline()
-    yield from fh
-
-
 def _text_table(files: list[Path], kind: str, name: str) -> Table:
     def batches(columns):
         for f in files:
@@ -459,8 +453,7 @@ def text_source_files(p: str) -> list[Path] | None:
         if name.split and "[" in name.split:
             raise SourceError(f"{name}: a slice of a split cannot be pre-training input (the corpus is read from "
                               f"the library's cache files); save the slice first: ds.to_parquet('part.parquet')")
-        ds = load_split(name, "train")
-        files = [Path(d["filename"]) for d in ds.cache_files]
+        files = [Path(d["filename"]) for d in load_split(name, "train").cache_files]
         if not files:
             raise SourceError(f"{name}: the dataset is held in memory, not in cache files; save it first: "
                               f"ds.to_parquet('corpus.parquet')")

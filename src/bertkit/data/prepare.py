@@ -218,20 +218,16 @@ def build_chunk(chunk_index: int, docs: list[list[str]], job: _Job, encoder, spl
             order = list(range(len(tok_docs)))
             rng.shuffle(order)                               # Google shuffles the documents first
             for d in order:
+                args = (tok_docs, int(d), cfg.max_length, cfg.short_seq_prob, rng, info.cls_id, info.sep_id, counts)
                 if cfg.pair_mode == "sop":                   # sentence-order pairs (ALBERT)
-                    instances.extend(sop_instances(tok_docs, int(d), cfg.max_length, cfg.short_seq_prob,
-                                                   rng, info.cls_id, info.sep_id, counts))
-                    continue
-                instances.extend(nsp_instances(tok_docs, int(d), cfg.max_length, cfg.short_seq_prob, rng,
-                                               info.cls_id, info.sep_id, counts, cfg.lone_segment))
+                    instances.extend(sop_instances(*args))
+                else:
+                    instances.extend(nsp_instances(*args, cfg.lone_segment))
         else:
             instances.extend(packed_instances(tok_docs, cfg.max_length, info.cls_id, info.sep_id, counts, cfg.fill))
-    if cfg.nsp:  # these counters tick once per dupe pass; report per corpus pass
-        counts.one_sentence_documents //= cfg.dupe_factor
-        counts.lone_segments_next //= cfg.dupe_factor
-    else:
-        counts.sentences_split //= cfg.dupe_factor
-        counts.sentences_cut //= cfg.dupe_factor
+    # these counters tick once per dupe pass (the first two with nsp, the others without); report per corpus pass
+    for name in ("one_sentence_documents", "lone_segments_next", "sentences_split", "sentences_cut"):
+        setattr(counts, name, getattr(counts, name) // cfg.dupe_factor)
     rng.shuffle(instances)
     lens = np.fromiter((x.length for x in instances), dtype=np.int64, count=len(instances))
     total = int(lens.sum())

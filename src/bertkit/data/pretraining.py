@@ -110,8 +110,7 @@ def load_meta(path: Path) -> dict:
     n = metas[0].get("num_shards", 1)
     have = {m.get("shard_index") for m in metas}
     if len(have) != n:
-        missing = sorted(set(range(n)) - have)
-        raise DataError(f"{path}: parts {missing} of {n} are missing (meta-*-of-{n:05d}.json)")
+        raise DataError(f"{path}: parts {sorted(set(range(n)) - have)} of {n} are missing (meta-*-of-{n:05d}.json)")
     for m, p in zip(metas, parts):
         if m["tokenizer_hash"] != metas[0]["tokenizer_hash"] or m["config_hash"] != metas[0]["config_hash"]:
             raise DataError(f"{p}: made with a different tokenizer or configuration than {parts[0].name}")
@@ -171,8 +170,7 @@ class PretrainingData:
             if read_shard_info(p) is None:
                 raise DataError(f"{p}: shard missing or incomplete (rerun prepare with the same options)")
         self.static = self.meta.get("masking") == "static"
-        counts = np.asarray(self.meta["shard_instances"], dtype=np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._starts = np.concatenate([[0], np.cumsum(self.meta["shard_instances"], dtype=np.int64)])
         self._open: dict[int, dict[str, np.ndarray]] = {}
 
     def __len__(self) -> int:

@@ -210,8 +210,7 @@ def topic_baseline(ds: PretrainingData, sample: int = 20000, seed: int = 0) -> d
         return None
     terms, segs = np.concatenate(terms), np.concatenate(segs)
     ok = ~np.isin(terms, never)
-    cos = tfidf_cosine(terms[ok], segs[ok], base)
-    out = threshold_baseline(cos, np.concatenate(labels) == 0, seed)
+    out = threshold_baseline(tfidf_cosine(terms[ok], segs[ok], base), np.concatenate(labels) == 0, seed)
     return {"measure": "tfidf_cosine", "pair_mode": ds.meta.get("config", {}).get("pair_mode", "nsp"), **out}
 
 
@@ -267,8 +266,7 @@ def data_stats(ds: PretrainingData, options: DataStatsOptions | None = None, bin
         b_start.append(b)
         if len(L):  # well-formed: [CLS] first, [SEP] last, [SEP] closing A when there is a B
             first, last = ids[off[:-1]], ids[off[1:] - 1]
-            two = b < L
-            sep_a = ids[(off[:-1] + b - 1)[two]]
+            sep_a = ids[(off[:-1] + b - 1)[b < L]]
             bad += int((first != info.cls_id).sum() + (last != info.sep_id).sum() + (sep_a != info.sep_id).sum()
                        + (L > max_len).sum() + ((b < 2) | (b > L)).sum())
     L, nsp, short, b = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (lengths, nsp, short, b_start))
@@ -289,7 +287,6 @@ def data_stats(ds: PretrainingData, options: DataStatsOptions | None = None, bin
     }
     # masking, over an even sample, as training sees it: the same Collator, seed and epoch 0
     idx = np.unique(np.linspace(0, n - 1, min(sample, n)).astype(np.int64)) if n else np.zeros(0, np.int64)
-    static = meta.get("masking") == "static"
     cfg = MaskingConfig(**meta.get("masking_config", {}))
     cfg = dataclasses.replace(cfg, mode=o.mask_mode) if o.mask_mode else cfg
     collator = Collator(ds, cfg, seed=seed)
@@ -306,7 +303,7 @@ def data_stats(ds: PretrainingData, options: DataStatsOptions | None = None, bin
         sel, m, k, r = sel + int(per.sum()), m + cm, k + ck, r + cr
         at_cap += int((per >= cfg.max_predictions).sum())
     out["masking"] = {
-        "mode": "static" if static else "dynamic", "config": cfg.to_dict(), "instances_measured": int(len(idx)),
+        "mode": "static" if ds.static else "dynamic", "config": cfg.to_dict(), "instances_measured": int(len(idx)),
         "seed": seed, "selected_fraction": sel / max(cand, 1), "mask_fraction": m / max(sel, 1),
         "keep_fraction": k / max(sel, 1), "random_fraction": r / max(sel, 1),
         "at_cap_fraction": at_cap / max(len(idx), 1), "predictions_per_instance": sel / max(len(idx), 1),

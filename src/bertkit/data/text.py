@@ -101,14 +101,18 @@ def split_sentences(paragraph: str) -> list[str]:
     return [s for s in out if s]
 
 
-def _cut(piece: bytes, limit: int) -> int:
-    """Where to cut a too-long line: the last space before `limit`, else a UTF-8 character boundary."""
-    cut = piece.rfind(b" ", 0, limit)
-    if cut <= 0:
-        cut = limit
-        while cut > 0 and (piece[cut] & 0xC0) == 0x80:
-            cut -= 1
-    return cut
+def _cut(line: bytes, limit: int) -> tuple[list[bytes], bytes]:
+    """(pieces, rest of at most `limit` bytes) of a too-long line, cut at spaces, else at UTF-8 character boundaries."""
+    pieces = []
+    while len(line) > limit:
+        cut = line.rfind(b" ", 0, limit)
+        if cut <= 0:
+            cut = limit
+            while cut > 0 and (line[cut] & 0xC0) == 0x80:
+                cut -= 1
+        pieces.append(line[:cut])
+        line = line[cut:].lstrip(b" ")
+    return pieces, line
 
 
 def _decode(body: bytes, name: Path, first_line: int, counts: TextCounts, strict: bool) -> list[str]:
@@ -144,11 +148,8 @@ def _read_lines(fh, name: Path, limit: int, counts: TextCounts, strict: bool, bl
             return
         cut = buf.rfind(b"\n")
         if cut < 0:                                     # inside one long line
-            pieces, n0 = [], len(buf)
-            while len(buf) > limit:
-                c = _cut(buf, limit)
-                pieces.append(buf[:c])
-                buf = buf[c:].lstrip(b" ")
+            n0 = len(buf)
+            pieces, buf = _cut(buf, limit)
             if pieces:
                 counts.bytes += n0 - len(buf)
                 counts.long_lines_split += not in_long
@@ -168,11 +169,8 @@ def _read_lines(fh, name: Path, limit: int, counts: TextCounts, strict: bool, bl
                     out.append(line)
                     continue
                 counts.long_lines_split += not (k == 0 and in_long)     # (the end of a line counted before)
-                while len(b) > limit:
-                    c = _cut(b, limit)
-                    out.append(b[:c].decode("utf-8", errors="replace"))
-                    b = b[c:].lstrip(b" ")
-                out.append(b.decode("utf-8", errors="replace"))
+                pieces, rest = _cut(b, limit)
+                out.extend(x.decode("utf-8", errors="replace") for x in (*pieces, rest))
             lines = out
         in_long = False
         yield lines
