@@ -132,8 +132,7 @@ def pick_columns(first: dict, columns: str | None, source) -> tuple[list[str], s
         if not 2 <= len(names) <= 3 or not all(names):
             raise BertkitError(f"embedding_columns {columns!r}: give anchor,positive[,negative] or "
                                "sentence1,sentence2,score")
-        missing = next((n for n in names if n not in first), None)
-        if missing is not None:
+        if (missing := next((n for n in names if n not in first), None)) is not None:
             raise DataError(f"{source}: no column {missing!r} (has: {', '.join(map(str, keys))})")
         if len(names) == 3 and _number(first[names[2]]) is not None:
             return names[:2], names[2]
@@ -251,8 +250,7 @@ def choose_loss(asked: str | None, pairs: Pairs) -> str:
         raise BertkitError(f"embedding_loss {loss!r}: choose {', '.join(LOSSES)}")
     if loss != "mnrl" and pairs.scores is None:
         raise DataError(f"{pairs.name}: embedding_loss {loss} needs scored pairs (a score or label column)")
-    if loss == "cosine" and max(pairs.scores) > 1:
-        top = max(pairs.scores)
+    if loss == "cosine" and (top := max(pairs.scores)) > 1:
         pairs.scores = [s / top for s in pairs.scores]
         log.info("cosine loss: scores divided by the largest, %g (to 0..1)", top)
     return loss

@@ -383,10 +383,8 @@ def summarize(pairs: Sequence[Pair], good: np.ndarray, bad: np.ndarray, referenc
             return None
         return {k: float(np.mean([r[k] for r in rows])) for k in PUBLISHED}
 
-    paradigms = {}
-    for uid in sorted(set(para.tolist())):
-        paradigms[uid] = {"phenomenon": phen[uid], **_group(correct, np.flatnonzero(para == uid)),
-                          "published": beside([uid])}
+    paradigms = {uid: {"phenomenon": phen[uid], **_group(correct, np.flatnonzero(para == uid)),
+                       "published": beside([uid])} for uid in sorted(set(para.tolist()))}
     phenomena = {}
     for term in sorted(set(phen.values())):
         uids = [u for u in paradigms if phen[u] == term]

@@ -68,8 +68,7 @@ class EmbedEvalOptions(SkipBadRows):
         check_fields(self)                          # the ranges on the fields
         if len(self.column_names) != 3 or not all(self.column_names):
             raise BertkitError(f"columns {self.columns!r}: give three names, e.g. sentence1,sentence2,score")
-        wrong = [x for x in self.poolings or () if x not in POOLINGS]
-        if wrong:
+        if wrong := [x for x in self.poolings or () if x not in POOLINGS]:
             raise BertkitError(f"pooling {wrong[0]!r}: choose among {', '.join(POOLINGS)}")
 
     @property
@@ -165,8 +164,7 @@ def read_beir(folder: Path, split: str, limit: int | None = None) -> Retrieval:
               for r in _beir_rows(folder, "corpus")}
     wanted = list(relevant)[:limit or None]
     texts = {str(r["_id"]): str(r.get("text") or "") for r in _beir_rows(folder, "queries")}
-    missing = [q for q in wanted if q not in texts]
-    if missing:
+    if missing := [q for q in wanted if q not in texts]:
         raise DataError(f"{qrels}: query {missing[0]!r} is not in queries.jsonl")
     return Retrieval(str(folder), {q: texts[q] for q in wanted}, corpus, {q: relevant[q] for q in wanted})
 

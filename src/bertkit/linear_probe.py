@@ -99,8 +99,7 @@ class ProbeSpec:
             if probe_layers(str(f), 10 ** 6)[0] == "pooler":       # the name only; depth is checked on the model
                 raise BertkitError("probe features 'pooler': the pooler is a trained layer, not a state; "
                                    f"choose from {', '.join(TABLE7)}")
-        bad = [p for p in self.pooling if p not in POOLINGS]
-        if bad:
+        if bad := [p for p in self.pooling if p not in POOLINGS]:
             raise BertkitError(f"probe pooling {bad[0]!r}: choose from {', '.join(POOLINGS)}")
         try:
             self.C = [float(c) for c in self.C]
@@ -267,19 +266,22 @@ def feature_matrix(enc: Encoded, features: str, pooling: str | None, num_layers:
 
 
 # ---- scoring with the task's own postprocess and metrics ----------------------------------------
-def task_scores(task: "Task", labels: Sequence[str], examples: Sequence, feats: Sequence[dict], enc: Encoded,
-                logp: np.ndarray, rows: np.ndarray, keep_examples: Sequence[int]) -> dict:
-    """The task's metrics on the examples `keep_examples` (indices), from the log-probabilities of
-    `rows` of `enc` (their windows' rows)."""
-    predictions, chosen = task_predictions(task, labels, examples, feats, enc, logp, rows, keep_examples)
+def task_scores(task: "Task", labels: Sequence[str], split: Split, logp: np.ndarray, rows: np.ndarray | None = None,
+                keep_examples: Sequence[int] | None = None) -> dict:
+    """The task's metrics on the examples `keep_examples` (indices) of `split`, from the log-probabilities
+    of `rows` of its encoder states (their windows' rows); by default every row and example."""
+    predictions, chosen = task_predictions(task, labels, split, logp, rows, keep_examples)
     return task.metrics(predictions, chosen)
 
 
-def task_predictions(task: "Task", labels: Sequence[str], examples: Sequence, feats: Sequence[dict], enc: Encoded,
-                     logp: np.ndarray, rows: np.ndarray, keep_examples: Sequence[int]) -> tuple[dict, list]:
+def task_predictions(task: "Task", labels: Sequence[str], split: Split, logp: np.ndarray,
+                     rows: np.ndarray | None = None, keep_examples: Sequence[int] | None = None) -> tuple[dict, list]:
     """({example id: prediction}, the examples `keep_examples`) by the task's own postprocess: the
     outputs it expects are rebuilt from the rows' log-probabilities ((K,) per window, or (T, K) per
-    window with the rows at first pieces)."""
+    window with the rows at first pieces); by default every row and example of `split`."""
+    examples, feats, enc = split.examples, split.feats, split.enc
+    rows = np.arange(len(enc.labels)) if rows is None else rows
+    keep_examples = range(len(examples)) if keep_examples is None else keep_examples
     place = {e: k for k, e in enumerate(keep_examples)}
     windows = sorted({int(enc.feature[r]) for r in rows})
     outputs = {}
@@ -424,12 +426,10 @@ def probe(cfg: "FinetuneConfig", spec: ProbeSpec | None = None, progress: bool =
         raise BertkitError("training rows without a label: the probe needs labelled training data")
     majority = int(np.bincount(y, minlength=len(labels)).argmax())
     one_hot = np.where(np.arange(len(labels)) == majority, 0.0, -1e9)[None].repeat(len(dev.enc.labels), 0)
-    all_dev = (np.arange(len(dev.enc.labels)), range(len(dev.examples)))
     result = {"task": task.name, "model": str(cfg.model), "metric": task.main_metric, "labels": list(labels),
               "train_examples": len(train.examples), "dev_examples": len(dev.examples),
               "dev_ids": [ex.id for ex in dev.examples], "train_rows": len(y), "dev_rows": len(dev.enc.labels),
-              "majority": {"label": labels[majority],
-                           **task_scores(task, labels, dev.examples, dev.feats, dev.enc, one_hot, *all_dev)},
+              "majority": {"label": labels[majority], **task_scores(task, labels, dev, one_hot)},
               "skipped": skipped, "spec": {f.name: getattr(spec, f.name) for f in fields(ProbeSpec)},
               "max_length": cfg.max_length, "device": str(device), "threads": torch.get_num_threads(),
               "encode_wall_s": round(encode_wall, 2), "probes": []}
@@ -491,18 +491,14 @@ def _fit_done(bar, log_file, features: str, pooling: str | None, rec: dict) -> N
 
 def _one_probe(task: "Task", labels: list[str], train: Split, dev: Split, features: str, pooling: str | None,
                num_layers: int, spec: ProbeSpec, device, report: Callable[[dict], None]) -> dict:
-    X = feature_matrix(train.enc, features, pooling, num_layers).to(device)
-    X_dev = feature_matrix(dev.enc, features, pooling, num_layers).to(device)
+    X, X_dev = (feature_matrix(split.enc, features, pooling, num_layers).to(device) for split in (train, dev))
 
     def score(model: LogReg, rows: np.ndarray, Xh: Tensor) -> float:
         keep = sorted(set(train.enc.groups[rows].tolist()))
-        scores = task_scores(task, labels, train.examples, train.feats, train.enc,
-                             model.log_proba(Xh).cpu().numpy(), rows, keep)
-        return scores[task.main_metric]
+        return task_scores(task, labels, train, model.log_proba(Xh).cpu().numpy(), rows, keep)[task.main_metric]
 
     fit = fit_probe(X, train.enc.labels, train.enc.groups, X_dev, spec, len(labels), score, report)
-    predictions, _ = task_predictions(task, labels, dev.examples, dev.feats, dev.enc, fit["dev_logp"],
-                                      np.arange(len(dev.enc.labels)), range(len(dev.examples)))
+    predictions, _ = task_predictions(task, labels, dev, fit["dev_logp"])
     scores = task.metrics(predictions, dev.examples)
     model = fit["model"]
     log.info("probe %s %s%s: dev %s %.4f (C %g%s, %d L-BFGS iterations%s)", task.name, features,

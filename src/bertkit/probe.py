@@ -128,9 +128,7 @@ class ProbeModel(Head):
         with torch.no_grad():
             states = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed, all_layers=True)
         logits = self.outputs(states, packed, attention_mask)["logits"]
-        if labels is None:
-            return logits, None
-        return logits, classification_loss(logits, labels, self.problem)
+        return logits, None if labels is None else classification_loss(logits, labels, self.problem)
 
     def outputs(self, states: Sequence[Tensor], packed=None, attention_mask: Tensor | None = None
                 ) -> dict[str, Tensor]:

@@ -37,9 +37,7 @@ def _masking(card: dict) -> str:
     if str(card.get("objective", "")).startswith("CLM"):
         return "none (next-token)"
     phases = card.get("masking") or []
-    if not phases or not isinstance(phases, list):
-        return "—"
-    m = phases[0].get("as_trained") or {}
+    m = phases[0].get("as_trained") if phases and isinstance(phases, list) else None
     if not m:
         return "—"
     mask, rand = m.get("mask_token_fraction", 0), m.get("random_token_fraction", 0)
@@ -60,7 +58,6 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
             continue
         card, ft, _ = _cards(cfg, st)
         model = (card.get("config") or {}).get("model") or {}
-        shape = _shape(st, ft)
         params = card.get("parameters") or ft.get("parameters")
         pre = st.get("pretrain") or {}
         held = card.get("held_out") or {}
@@ -76,7 +73,7 @@ def as_trained_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
             probe = f"{probe.get('features')}" + (f" ({probe['pooling']})" if probe.get("pooling") else "")
         tune = f"frozen probe: {probe}" if probe and probe != "None" else (ft.get("mode") or "—")
         out.append(f"| {st['name']} | {_objective(card)} | {card.get('attention') or ft.get('attention', '—')} | "
-                   f"{ft.get('normalization') or model.get('norm_position', '—')} | {_masking(card)} | {shape}"
+                   f"{ft.get('normalization') or model.get('norm_position', '—')} | {_masking(card)} | {_shape(st, ft)}"
                    f"{f', {params / 1e6:.2f}M' if params else ''} | {run} | "
                    f"{_fmt(held.get('overlap'), '.4f')} | {card.get('precision') or pre.get('precision') or '—'} | {tune} |")
     return out
@@ -98,7 +95,6 @@ def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
         return ["## Reproduction checklist", "", f"(the base arm `{cfg.base_arm}` has not finished)"]
     card, ft, metrics = _cards(cfg, base)
     mlm = base.get("mlm") or {}
-    names = {s["name"]: s for s in states}
     causal = [s["name"] for s in states if (s.get("pretrain") or {}).get("objective", "").startswith("CLM")]
     random_init = [s["name"] for s in states if s.get("init") == "random"]
     truncation = []
@@ -121,9 +117,9 @@ def checklist_section(cfg: AblateConfig, states: list[dict]) -> list[str]:
             f"- MLM loss only at selected positions: the held-out protocol scores {mlm.get('predictions')} selected "
             f"positions in {mlm.get('instances')} sequences; the head runs on those positions only.",
             "- NSP used, removed or replaced: the objective column above ("
-            + ", ".join(f"{n}: {_objective(_cards(cfg, names[n])[0])}" for n in names
-                        if (names[n].get("pretrain") or {}).get("objective") and not
-                        (names[n].get("pretrain") or {}).get("model_from")) + ").",
+            + ", ".join(f"{s['name']}: {_objective(_cards(cfg, s)[0])}" for s in states
+                        if (s.get("pretrain") or {}).get("objective")
+                        and not (s.get("pretrain") or {}).get("model_from")) + ").",
             f"- Depth, width, heads, normalisation placement: base {_shape(base, ft)}"
             f"{', ' + model['norm_position'] + '-LN' if model.get('norm_position') else ''}; other arms in the table above.",
             f"- Pre-training heads apart from task heads: fine-tuning loads the encoder with a new "

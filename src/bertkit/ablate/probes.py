@@ -53,8 +53,7 @@ def probe_rows(arm, fcfg: "FinetuneConfig", pre: dict, weights: list, setting: s
                  len(spec.features) * len(spec.pooling))
         c0 = time.process_time()
         result = probe(fcfg, spec, fits_log=out / "fits.jsonl", finished=out / "finished.jsonl", key=key)
-        result["cpu_s"] = round(time.process_time() - c0, 1)
-        result["ablate_key"] = key
+        result.update(cpu_s=round(time.process_time() - c0, 1), ablate_key=key)
         write_results(out / "results.json", result)
         (out / "finished.jsonl").unlink(missing_ok=True)
     return [{"arm": arm.name, "setting": setting, "task": fcfg.task, "seed": 0, "metric": p["metric"],

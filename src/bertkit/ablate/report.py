@@ -256,8 +256,7 @@ def report_markdown(cfg: AblateConfig, states: list[dict], rows: list[dict], hea
     lines += [_arm_row(cfg, s, tasks, cells, base_outcomes) for s in states]
     lines += _how_to_read(cfg, tasks, metric)
     lines += blimp_section(cfg, states) + nsp_section(states) + probe_section(cfg, rows)
-    lines += _variance_section(cfg, cells, tasks, metric)
-    lines += lr_section(cfg, rows)
+    lines += _variance_section(cfg, cells, tasks, metric) + lr_section(cfg, rows)
     lines += [""] + as_trained_section(cfg, states) + [""] + checklist_section(cfg, states)
     if len(machines) > 1:
         lines += ["", f"Arms ran on {len(machines)} machines: {', '.join(sorted(machines))} (wall times differ "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from ..data.prepare import PrepareConfig, prepare as run_prepare
 from ..errors import BertkitError
+from ..outdir import write_whole
 from ..runconfig import from_dict
 from ..tokenizer import Tokenizer
 from .config import AblateConfig, _key, _read_json, _write_json, flatten
@@ -68,9 +70,7 @@ class Shared:
             docs = [d for d in read_documents(full) if doc_hash(d, self.cfg.split_seed + 1) / 2 ** 64 < fraction]
             if len(docs) < 2:
                 raise BertkitError(f"corpus_fraction {fraction:g} leaves {len(docs)} documents")
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            _write_docs(tmp, docs)
-            tmp.replace(path)
+            _write_docs(path, docs)
         return path
 
     def tokenizer(self):
@@ -104,7 +104,8 @@ class Shared:
         key = _key(info)
         d = self.root / "data" / key
         if (_read_json(d / "ablate_key.json") or {}).get("key") != key:
-            log.info("ablate: preparing data %s (%s)", key, _short(prepare) or "the base settings")
+            log.info("ablate: preparing data %s (%s)", key,
+                     ", ".join(f"{k}={v}" for k, v in flatten(prepare).items()) or "the base settings")
             tmp = self.root / "data" / f".{key}.{os.getpid()}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             text = self.train_text(fraction)
@@ -123,10 +124,6 @@ class Shared:
             raise BertkitError(f"{self.cfg.source}: {p}: no such file (data_dir {self.cfg.data_dir}; "
                                f"set data_dir in the config or --data-dir)")
         return p
-
-
-def _short(d: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in flatten(d).items())
 
 
 def _install(tmp: Path, final: Path, key: str, marker: str = "ablate_key.json") -> None:
@@ -149,23 +146,13 @@ def _install(tmp: Path, final: Path, key: str, marker: str = "ablate_key.json") 
 def read_documents(path: Path) -> list[list[str]]:
     """Documents (lists of lines) of a text file, plain or .gz, blank lines between documents."""
     opener = gzip.open if str(path).endswith(".gz") else open
-    docs, cur = [], []
     with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                cur.append(line)
-            elif cur:
-                docs.append(cur)
-                cur = []
-    if cur:
-        docs.append(cur)
-    return docs
+        lines = (line.strip() for line in f)
+        return [list(doc) for nonblank, doc in itertools.groupby(lines, key=bool) if nonblank]   # non-blank runs
 
 
 def _write_docs(path: Path, docs: list[list[str]]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
+    write_whole(path, "\n\n".join("\n".join(d) for d in docs) + "\n")
 
 
 def doc_hash(doc: list[str], seed: int) -> int:
