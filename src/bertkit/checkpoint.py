@@ -290,11 +290,7 @@ def load_model(path: str | Path, head: str | None = None, new_head_ok: bool = Fa
         head_args["problem"] = _PROBLEMS.get(raw.get("problem_type"))
     if head == "pretraining" and "nsp" not in head_args:
         head_args["nsp"] = "nsp.weight" in renamed or not any(n.startswith("mlm.") for n in renamed)
-    if head == "encoder":  # bare BertModel: our names have no 'bert.' prefix
-        head_args.setdefault("add_pooler", "bert.pooler.weight" in renamed)
-        renamed = {k[5:]: v for k, v in renamed.items() if k.startswith("bert.")}
-    model = build(head, cfg, **head_args)
-    _check_and_load(model.state_dict(), renamed, path, head, new_head_ok)
+    model = _build_loaded(head, cfg, renamed, path, new_head_ok, **head_args)
     decoder = sd.get("cls.predictions.decoder.weight")
     if (decoder is not None and hasattr(model, "mlm") and raw.get("tie_word_embeddings") is False
             and not torch.equal(decoder, renamed.get("bert.embeddings.word.weight", decoder))):
@@ -361,6 +357,17 @@ def length_limit(cfg: BertConfig, max_length: int | None) -> int:
     if cfg.position_embedding_type == "alibi":
         return max_length or cfg.max_position_embeddings
     return min(max_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
+
+
+def _build_loaded(head: str, cfg: BertConfig, renamed: dict, path: Path, new_head_ok: bool,
+                  **head_args: Any) -> nn.Module:
+    """`build(head, cfg)` holding the (bertkit-named) weights `renamed`, checked (`_check_and_load`)."""
+    if head == "encoder":  # bare BertModel: our names have no 'bert.' prefix
+        head_args.setdefault("add_pooler", "bert.pooler.weight" in renamed)
+        renamed = {k[5:]: v for k, v in renamed.items() if k.startswith("bert.")}
+    model = build(head, cfg, **head_args)
+    _check_and_load(model.state_dict(), renamed, path, head, new_head_ok)
+    return model
 
 
 def _check_and_load(target: dict, renamed: dict, path: Path, head: str, new_head_ok: bool) -> None:
@@ -514,13 +521,5 @@ def from_google(tensors: dict[str, torch.Tensor], cfg: BertConfig, source: Path)
                for name, (hf, transpose) in mapped.items()}
     check_weights_fit_config(cfg, renamed, source, "bert_config.json")
     found = heads_in(set(renamed))
-    if "nsp" in found:
-        head, args = "pretraining", {"nsp": True}
-    elif "masked_lm" in found:
-        head, args = "masked_lm", {}
-    else:
-        head, args = "encoder", {"add_pooler": "bert.pooler.weight" in renamed}
-        renamed = {k[len("bert."):]: v for k, v in renamed.items()}
-    model = build(head, cfg, **args)
-    _check_and_load(model.state_dict(), renamed, source, head, new_head_ok=False)
-    return model.eval()
+    head = "pretraining" if "nsp" in found else "masked_lm" if "masked_lm" in found else "encoder"
+    return _build_loaded(head, cfg, renamed, source, False).eval()

@@ -184,25 +184,20 @@ class Entry:
 
 
 def _entry(name: str, value: bytes) -> Entry:
-    dtype, shape, shard, offset, size, crc = 0, (), 0, 0, 0, None
+    shape, crc, plain = (), None, {}
     for number, v in _fields(value):
-        if number == 1:
-            dtype = v
-        elif number == 2:
+        if number == 2:
             dims = [d for n, d in _fields(v) if n == 2]
             shape = tuple(next((s for n, s in _fields(d) if n == 1), 0) for d in dims)
             if any(isinstance(s, bytes) or s >= 1 << 62 for s in shape):
                 raise ValueError(f"tensor {name!r} has an unknown or negative dimension")
-        elif number == 3:
-            shard = v
-        elif number == 4:
-            offset = v
-        elif number == 5:
-            size = v
         elif number == 6 and isinstance(v, bytes):
             crc = struct.unpack("<I", v)[0]
         elif number == 7:
             raise ValueError(f"tensor {name!r} is partitioned into slices (not supported)")
+        else:
+            plain[number] = v
+    dtype, shard, offset, size = (plain.get(n, 0) for n in (1, 3, 4, 5))     # BundleEntryProto's field numbers
     kind = _DTYPES.get(dtype) or _DTYPE_NAMES.get(dtype, f"dtype {dtype}")      # others are listed, not read
     return Entry(name, kind, shape, shard, offset, size, crc)
 

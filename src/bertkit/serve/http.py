@@ -448,18 +448,16 @@ class Metrics:
                     "# TYPE bertkit_request_duration_seconds histogram"]
             for p, h in sorted(self.latency.items()):
                 out += h.lines("bertkit_request_duration_seconds", f'path="{p}"')
-            out += ["# HELP bertkit_batch_items Inputs per model call.", "# TYPE bertkit_batch_items histogram"]
-            out += self.batch_items.lines("bertkit_batch_items")
-            out += ["# HELP bertkit_batch_tokens Real tokens per model call.", "# TYPE bertkit_batch_tokens histogram"]
-            out += self.batch_tokens.lines("bertkit_batch_tokens")
-            out += ["# HELP bertkit_model_errors_total Model calls that raised.", "# TYPE bertkit_model_errors_total counter",
-                    f"bertkit_model_errors_total {self.model_errors}",
-                    "# HELP bertkit_rejected_total Requests refused because the queue was full (503).",
-                    "# TYPE bertkit_rejected_total counter", f"bertkit_rejected_total {self.rejected}",
-                    "# HELP bertkit_queue_depth Requests waiting for the model.", "# TYPE bertkit_queue_depth gauge",
-                    f"bertkit_queue_depth {self.queue_depth}",
-                    "# HELP bertkit_in_flight_requests Requests being handled.", "# TYPE bertkit_in_flight_requests gauge",
-                    f"bertkit_in_flight_requests {self.in_flight}"]
+            for name, h, text in (("bertkit_batch_items", self.batch_items, "Inputs per model call."),
+                                  ("bertkit_batch_tokens", self.batch_tokens, "Real tokens per model call.")):
+                out += [f"# HELP {name} {text}", f"# TYPE {name} histogram", *h.lines(name)]
+            for name, kind, text, value in (
+                    ("bertkit_model_errors_total", "counter", "Model calls that raised.", self.model_errors),
+                    ("bertkit_rejected_total", "counter", "Requests refused because the queue was full (503).",
+                     self.rejected),
+                    ("bertkit_queue_depth", "gauge", "Requests waiting for the model.", self.queue_depth),
+                    ("bertkit_in_flight_requests", "gauge", "Requests being handled.", self.in_flight)):
+                out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(out) + "\n"
 
 

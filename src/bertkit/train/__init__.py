@@ -454,8 +454,7 @@ def finish(run: Run, world: D.World, stop_reason: str, final_eval: dict | None, 
     if not world.main:
         export_model(run, world, out / "final")       # FSDP: every rank takes part in gathering
         return {}
-    metrics = read_jsonl(out / "metrics.jsonl")
-    evals = read_jsonl(out / "eval.jsonl")
+    metrics, evals = read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "eval.jsonl")
     card = pretrain_card(run, world, stop_reason, final_eval, command, metrics)
     export_model(run, world, out / "final")
     write_run_card(out, card)
