@@ -1,5 +1,5 @@
-# issue 33: speed before (8a95d92, the start of this sitting) and after (/work/after: a443936, then c4d5311) the passes of
-# shorter code), one machine, alternating; each tree runs its own benchmarks and its own src
+# issue 33: speed before and after the passes of shorter code, one machine, alternating; each tree runs its own
+# benchmarks and its own src. before/after: 8a95d92 / a443936, then 8a95d92 / c4d5311, then 8ebedf1 / 581f686
 set -x
 date -u; uptime
 for round in 1 2; do
