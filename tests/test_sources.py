@@ -309,3 +309,17 @@ def test_prepare_input_errors_are_one_line(tmp_path):
     write_parquet(folder / "train-00000-of-00002.parquet", {"text": ["a b"]})
     write_parquet(folder / "train-00001-of-00002.parquet", {"text": ["c d"]})
     assert [p.name for p in expand_inputs([str(folder)])] == ["train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]
+
+
+def test_a_json_object_file_reads_with_a_bom_and_anything_else_is_one_line_naming_the_file(tmp_path):
+    from bertkit.checkpoint import CheckpointError
+
+    f = tmp_path / "config.json"
+    f.write_bytes(b"\xef\xbb\xbf" + json.dumps({"hidden_size": 8}).encode())    # Windows editors write a BOM
+    assert sources.read_json_object(f) == {"hidden_size": 8}
+    for body, says in ((b'{"a": 1,\n "b": }', "config.json:2: not valid JSON"), (b"[1, 2]", "got list"),
+                       (b'{"a": "\xff"}', "not valid UTF-8 (byte 7)"), (b"[" * 100_000, "nested too deeply")):
+        f.write_bytes(body)
+        with pytest.raises(CheckpointError) as e:
+            sources.read_json_object(f, CheckpointError)
+        assert says in str(e.value) and str(f) in str(e.value) and "\n" not in str(e.value)
