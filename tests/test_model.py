@@ -400,6 +400,10 @@ def test_cpu_dropout_drops_p_unbiased_and_seeded(dtype):
     assert not torch.equal(dropout(x, 0.1), y)
     y.sum().backward()
     assert torch.equal(x.grad, torch.where(kept, y.detach(), 0))         # d/dx: mask * 1 / (1 - p)
+    r = torch.randn(300, 300).to(dtype)
+    torch.manual_seed(2)
+    got = dropout(r, 0.1)                     # the kept ones times the exact scale, rounded once (not a bf16 scale)
+    assert torch.equal(got, torch.where(got != 0, r * (65536 / (65536 - round(0.1 * 65536))), 0))
     assert torch.equal(dropout(x, 0.1, training=False), x)
     assert torch.equal(dropout(x, 0.0), x)
     for p in (1e-6, 1 - 1e-6):                                          # finer than 1/65,536: F.dropout's own draw
