@@ -241,12 +241,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         with sdpa_kernel(backends):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
-    scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5          # (B, H, T, T), fp32
+    scores = (q @ k.transpose(-1, -2)).float().mul_(q.shape[-1] ** -0.5)      # (B, H, T, T), fp32
+    # masks are added in place as 0 / -inf: the same scores as masked_fill, and a backward that is a no-op
+    # (masked_fill's is one more pass; softmax's gradient is already 0 where the mask is -inf)
     if is_causal:
         T = q.shape[-2]
-        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+        scores.add_(torch.full((T, T), float("-inf"), device=q.device).triu(1))
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+        scores.add_(mask.float() if mask.dtype != torch.bool else
+                    torch.zeros(mask.shape, device=q.device).masked_fill_(~mask, float("-inf")))
     probs = scores.softmax(-1)
     if dropout_p > 0:
         probs = dropout(probs, dropout_p)
