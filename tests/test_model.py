@@ -415,3 +415,30 @@ def test_cpu_dropout_drops_p_unbiased_and_seeded(dtype):
     assert torch.equal(m(x), x)
     rows = dropout(torch.ones(4, 65536), 0.5) == 0                       # no lane is biased: each of the four
     assert all(abs(rows[:, i::4].float().mean().item() - 0.5) < 0.01 for i in range(4))   # 16-bit lanes of a draw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_cross_entropy_is_torch_s_a_few_rows_at_a_time(dtype):
+    """packing.cross_entropy (the MLM loss): F.cross_entropy(logits.float(), targets)'s loss and gradient
+    to fp32 rounding, for row counts around CE_ROWS, without touching the logits; targets with an
+    ignore_index go to F.cross_entropy."""
+    import torch.nn.functional as F
+
+    from bertkit.packing import CE_ROWS, cross_entropy
+
+    torch.manual_seed(0)
+    for m in (1, CE_ROWS - 1, CE_ROWS, 3 * CE_ROWS + 5):
+        x = (torch.randn(m, 700) * 4).to(dtype).requires_grad_()
+        before = x.detach().clone()
+        t = torch.randint(0, 700, (m,))
+        ours = cross_entropy(x, t)
+        ours.backward()
+        got, x.grad = x.grad, None
+        want = F.cross_entropy(x.float(), t)
+        want.backward()
+        assert torch.equal(x.detach(), before) and ours.dtype == torch.float32 and got.dtype == dtype
+        assert abs(ours.item() - want.item()) < 1e-5
+        tol = 2e-6 if dtype == torch.float32 else 2 ** -8           # fp32 rounding; one bf16 step
+        torch.testing.assert_close(got.float(), x.grad.float(), rtol=tol, atol=1e-7)
+    t[0] = -100
+    assert torch.equal(cross_entropy(x, t), F.cross_entropy(x.float(), t))

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .packing import (KERNELS, Dropout, Packed, alibi_bias, attention, on_gemm_rows, packed_attention, segment_ids,
-                      unpack)
+from .packing import (KERNELS, Dropout, Packed, alibi_bias, attention, cross_entropy, on_gemm_rows, packed_attention,
+                      segment_ids, unpack)
 
 
 # Hugging Face's GELUs by F.gelu's `approximate`: "none" is exact, x * Phi(x); "tanh" its tanh approximation
@@ -329,7 +329,7 @@ class BertForPreTraining(Head):
         h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
         out = self.outputs(h, packed, attention_mask, mlm_labels)
         if mlm_labels is not None:
-            out["mlm_loss"] = F.cross_entropy(out["mlm_logits"].float(), out["mlm_targets"])
+            out["mlm_loss"] = cross_entropy(out["mlm_logits"], out["mlm_targets"])
         if "nsp_logits" in out and nsp_labels is not None:
             out["nsp_loss"] = F.cross_entropy(out["nsp_logits"].float(), nsp_labels)
         if "mlm_loss" in out:

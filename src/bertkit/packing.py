@@ -292,6 +292,42 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return x * keep.to(x.dtype) * (65536 / (65536 - cut))       # (x * mask) * scale: 1.7x torch.where's speed
 
 
+CE_ROWS = 16       # rows of logits per step of the CPU's `cross_entropy` (their fp32 copy stays in cache)
+
+
+def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """`F.cross_entropy(logits.float(), targets)`, the mean over (M, V) logits, in fp32. On the CPU
+    `_RowsCrossEntropy` goes CE_ROWS rows at a time: the (M, V) fp32 copy, log-probabilities and
+    zero-filled gradient that F.cross_entropy writes are never made (BERT-mini's MLM loss forward +
+    backward: 26 -> 16 ms). Targets must be classes (no ignore_index) there; otherwise F.cross_entropy."""
+    if logits.device.type != "cpu" or logits.dim() != 2 or not len(logits) or int(targets.min()) < 0:
+        return F.cross_entropy(logits.float(), targets)
+    return _RowsCrossEntropy.apply(logits, targets)
+
+
+class _RowsCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy, fp32 inside: loss = logsumexp(x) - x[target]; gradient (softmax - one-hot) / M,
+    in the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor) -> Tensor:
+        lse = torch.empty(len(logits), dtype=torch.float32)
+        for a in range(0, len(logits), CE_ROWS):
+            lse[a:a + CE_ROWS] = torch.logsumexp(logits[a:a + CE_ROWS].float(), -1)
+        ctx.save_for_backward(logits, targets, lse)
+        return (lse - logits.gather(1, targets[:, None])[:, 0].float()).mean()
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor, None]:
+        logits, targets, lse = ctx.saved_tensors
+        grad, scale = torch.empty_like(logits), g / len(logits)
+        for a in range(0, len(logits), CE_ROWS):
+            p = (logits[a:a + CE_ROWS].float() - lse[a:a + CE_ROWS, None]).exp_()     # softmax (a new tensor)
+            p[torch.arange(len(p)), targets[a:a + CE_ROWS]] -= 1
+            grad[a:a + CE_ROWS] = p.mul_(scale)
+        return grad, None
+
+
 class Dropout(torch.nn.Dropout):
     """nn.Dropout through `dropout` (the CPU's faster draw)."""
 
