@@ -224,3 +224,23 @@ def test_masked_attention_backward_at_length_64_is_finite_on_a_gpu():
     mask = torch.ones(L, L, dtype=torch.bool, device="cuda")[None, None]
     attention(q, k, v, mask).float().backward(torch.randn(2, 2, L, Dh, device="cuda"))
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_the_kernel_is_timed_with_the_model_s_dropout_on_a_fork_of_torch_s_generator(monkeypatch, tmp_path):
+    """The choice times a training step as it runs, attention dropout included (SDPA draws it from
+    torch's scalar Bernoulli), and its draws leave torch's generator where it was: a run that measures
+    and a run that reads the measurement go on with the same random numbers."""
+    import dataclasses
+
+    monkeypatch.setenv(hardware.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(hardware.ATTENTION_ENV, "auto")
+    monkeypatch.setattr(hardware, "_session", {})
+    cpu, small = torch.device("cpu"), preset("tiny", vocab_size=100, num_heads=2, hidden_size=32)
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    kernel, why = hardware.attention_kernel(cpu, torch.float32, small, 16)            # measured now
+    assert torch.equal(torch.rand(3), want)
+    assert f"with dropout {small.attention_dropout:g}:" in why and "measured" in (tmp_path / "measurements.json").read_text()
+    none = dataclasses.replace(small, attention_dropout=0.0)
+    assert "with dropout" not in hardware.attention_kernel(cpu, torch.float32, none, 16)[1]

@@ -318,11 +318,14 @@ MIN_ATTENTION_SPEEDUP = 1.2   # the written-out kernel must beat SDPA by this mu
 
 
 def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtype: torch.dtype = torch.bfloat16,
-                              batch: int = 8, rounds: int = 3) -> float:
+                              batch: int = 8, rounds: int = 3, dropout_p: float = 0.0) -> float:
     """SDPA time / `packing.attention(kernel='math')` time for one training step of attention
-    (forward + backward, an additive ALiBi-style mask, (batch, heads, length, head_dim) in `dtype`),
-    on one thread: about 0.1-0.3 s in all. Which is faster depends on the CPU (the module's doc), so
-    it is timed, not assumed."""
+    (forward + backward, an additive ALiBi-style mask, (batch, heads, length, head_dim) in `dtype`,
+    the model's attention dropout `dropout_p`), on one thread: about 0.1-0.3 s in all. Which is faster
+    depends on the CPU (the module's doc), so it is timed, not assumed. The dropout counts: SDPA draws
+    it with torch's scalar Bernoulli (in fp32 here a third of SDPA's time), the written-out kernel with
+    `packing.dropout`. Its draws come from a fork of torch's generator, so a run that measures draws
+    the same masks as one that reads the measurement."""
     threads = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
@@ -330,10 +333,11 @@ def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtyp
     mask = alibi_bias(torch.ones(heads), length, q)[None].expand(batch, heads, length, length).contiguous()
 
     def step(kernel: str):
-        return lambda: attention(q, k, v, mask, kernel=kernel).backward(grad)
+        return lambda: attention(q, k, v, mask, dropout_p, kernel=kernel).backward(grad)
     try:
         torch.set_num_threads(1)
-        sdpa, math = best_times([step("sdpa"), step("math")], rounds)
+        with torch.random.fork_rng(devices=[]):
+            sdpa, math = best_times([step("sdpa"), step("math")], rounds)
     except RuntimeError:                                   # a dtype this build cannot run
         return 0.0
     finally:
@@ -360,12 +364,13 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
         return raw, f"{ATTENTION_ENV}={raw}"
     if raw not in ("", "auto"):
         raise BertkitError(f"{ATTENTION_ENV}={os.environ[ATTENTION_ENV]!r}: expected sdpa, math or auto")
-    name = dtype_name(dtype)
-    speedup = measured_once(f"attention math/SDPA speedup {heads}x{head_dim} T{int(length)} {name}",
-                            lambda: measure_attention_speedup(heads, head_dim, int(length), dtype))
+    name, p = dtype_name(dtype), float(getattr(model_cfg, "attention_dropout", 0.0) or 0.0)
+    with_p = f" with dropout {p:g}" if p else ""
+    speedup = measured_once(f"attention math/SDPA speedup {heads}x{head_dim} T{int(length)} {name}{with_p}",
+                            lambda: measure_attention_speedup(heads, head_dim, int(length), dtype, dropout_p=p))
     kernel = "math" if speedup >= MIN_ATTENTION_SPEEDUP else "sdpa"
-    return kernel, f"{name} attention forward + backward: the math kernel {speedup:.3g}x as fast as SDPA " \
-                   f"(measured once on this machine)"
+    return kernel, f"{name} attention forward + backward{with_p}: the math kernel {speedup:.3g}x as fast as " \
+                   f"SDPA (measured once on this machine)"
 
 
 def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: torch.dtype, batch: int = 32,
