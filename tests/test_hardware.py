@@ -139,7 +139,11 @@ def test_gemm_peak_is_measured_once_per_device_dtype_and_threads(monkeypatch):
 def test_gemm_peak_measures_a_real_matmul():
     import torch
 
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
     assert 1e8 < hardware._measure_gemm_peak(torch.device("cpu"), torch.float32, 256, 2, 0.2) < 1e14
+    assert torch.equal(torch.rand(3), want)         # its own generator: a run's random numbers are untouched
 
 
 def test_machine_facts_name_the_cpu_and_threads():

@@ -438,7 +438,7 @@ def test_cpu_cross_entropy_is_torch_s_a_few_rows_at_a_time(dtype):
         want.backward()
         assert torch.equal(x.detach(), before) and ours.dtype == torch.float32 and got.dtype == dtype
         assert abs(ours.item() - want.item()) < 1e-5
-        tol = 2e-6 if dtype == torch.float32 else 2 ** -8           # fp32 rounding; one bf16 step
+        tol = 2e-6 if dtype == torch.float32 else 2 ** -7           # fp32 rounding; one bf16 step (8 bits)
         torch.testing.assert_close(got.float(), x.grad.float(), rtol=tol, atol=1e-7)
     t[0] = -100
     assert torch.equal(cross_entropy(x, t), F.cross_entropy(x.float(), t))

@@ -192,9 +192,10 @@ def gemm_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.flo
 
 def _measure_gemm_peak(device: torch.device, dtype: torch.dtype, n: int, repeats: int, budget_s: float) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    g = torch.Generator(device=device).manual_seed(0)       # torch's own generator is the run's: untouched
 
     def product_time(m: int, inner: int) -> float:
-        a, b = (torch.randn(m, m, device=device, dtype=dtype) for _ in range(2))
+        a, b = (torch.randn(m, m, device=device, dtype=dtype, generator=g) for _ in range(2))
         sync()
         t0 = time.perf_counter()
         for _ in range(inner):
@@ -249,7 +250,9 @@ def measured_once(name: str, measure: Callable[[], float]) -> float:
 
 
 def decided_once(name: str, decide: Callable[[], object], valid: Callable[[object], bool]) -> object:
-    """`measured_once` for any JSON value `decide()` returns (`valid` tells a usable recorded one)."""
+    """`measured_once` for any JSON value `decide()` returns (`valid` tells a usable recorded one).
+    `decide()` runs on a fork of torch's CPU generator: a run that measures goes on with the same random
+    numbers as one that reads the recorded answer (a timing with dropout draws from it)."""
     key = f"{machine_key()} :: {name}"
     if key in _session:
         return _session[key]
@@ -258,7 +261,8 @@ def decided_once(name: str, decide: Callable[[], object], valid: Callable[[objec
     if isinstance(entry, dict) and valid(entry.get("value")):
         _session[key] = entry["value"]
         return _session[key]
-    value = decide()
+    with torch.random.fork_rng(devices=[]):
+        value = decide()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _read_measurements(path)
@@ -324,8 +328,7 @@ def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtyp
     the model's attention dropout `dropout_p`), on one thread: about 0.1-0.3 s in all. Which is faster
     depends on the CPU (the module's doc), so it is timed, not assumed. The dropout counts: SDPA draws
     it with torch's scalar Bernoulli (in fp32 here a third of SDPA's time), the written-out kernel with
-    `packing.dropout`. Its draws come from a fork of torch's generator, so a run that measures draws
-    the same masks as one that reads the measurement."""
+    `packing.dropout`, both from torch's generator (`decided_once` forks it)."""
     threads = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
@@ -336,8 +339,7 @@ def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtyp
         return lambda: attention(q, k, v, mask, dropout_p, kernel=kernel).backward(grad)
     try:
         torch.set_num_threads(1)
-        with torch.random.fork_rng(devices=[]):
-            sdpa, math = best_times([step("sdpa"), step("math")], rounds)
+        sdpa, math = best_times([step("sdpa"), step("math")], rounds)
     except RuntimeError:                                   # a dtype this build cannot run
         return 0.0
     finally:
