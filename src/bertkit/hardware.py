@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from . import __version__
 from .errors import BertkitError
+from .model import alibi_slopes
 from .packing import GROUP_OVERHEAD_PAIRS, alibi_bias, attention, packed_attention, packing
 
 log = logging.getLogger("bertkit")
@@ -322,18 +323,25 @@ MIN_ATTENTION_SPEEDUP = 1.2   # the written-out kernel must beat SDPA by this mu
 
 
 def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtype: torch.dtype = torch.bfloat16,
-                              batch: int = 8, rounds: int = 3, dropout_p: float = 0.0) -> float:
+                              batch: int = 8, rounds: int = 3, dropout_p: float = 0.0,
+                              slopes: torch.Tensor | None = None) -> float:
     """SDPA time / `packing.attention(kernel='math')` time for one training step of attention
-    (forward + backward, an additive ALiBi-style mask, (batch, heads, length, head_dim) in `dtype`,
-    the model's attention dropout `dropout_p`), on one thread: about 0.1-0.3 s in all. Which is faster
-    depends on the CPU (the module's doc), so it is timed, not assumed. The dropout counts: SDPA draws
-    it with torch's scalar Bernoulli (in fp32 here a third of SDPA's time), the written-out kernel with
-    `packing.dropout`, both from torch's generator (`decided_once` forks it)."""
+    (forward + backward, (batch, heads, length, head_dim) in `dtype`, the model's attention dropout
+    `dropout_p`), on one thread: about 0.1-0.3 s in all. Which is faster depends on the CPU (the
+    module's doc), so it is timed, not assumed. The mask is the one the model trains with: a padded
+    batch's boolean mask (sequences of length/2 to length), with ALiBi `slopes` their additive
+    bias (-inf on the padding). The mask and the dropout count: SDPA's CPU backward with an additive mask
+    is 3-4x its time with a boolean one, and SDPA draws dropout with torch's scalar Bernoulli (in fp32
+    a third of its time), the written-out kernel with `packing.dropout`, both from torch's generator
+    (`decided_once` forks it)."""
     threads = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
     grad = torch.randn(batch, heads, length, head_dim, generator=g).to(dtype)
-    mask = alibi_bias(torch.ones(heads), length, q)[None].expand(batch, heads, length, length).contiguous()
+    lengths = torch.linspace(length, (length + 1) // 2, batch).round()
+    mask = (torch.arange(length)[None, :] < lengths[:, None])[:, None, None, :]      # (batch, 1, 1, length)
+    if slopes is not None:
+        mask = alibi_bias(slopes, length, q)[None].masked_fill(~mask, float("-inf"))
 
     def step(kernel: str):
         return lambda: attention(q, k, v, mask, dropout_p, kernel=kernel).backward(grad)
@@ -368,11 +376,14 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
         raise BertkitError(f"{ATTENTION_ENV}={os.environ[ATTENTION_ENV]!r}: expected sdpa, math or auto")
     name, p = dtype_name(dtype), float(getattr(model_cfg, "attention_dropout", 0.0) or 0.0)
     with_p = f" with dropout {p:g}" if p else ""
-    speedup = measured_once(f"attention math/SDPA speedup {heads}x{head_dim} T{int(length)} {name}{with_p}",
-                            lambda: measure_attention_speedup(heads, head_dim, int(length), dtype, dropout_p=p))
+    slopes = alibi_slopes(model_cfg)
+    mask = "padding mask" if slopes is None else "ALiBi bias"
+    speedup = measured_once(f"attention math/SDPA speedup {heads}x{head_dim} T{int(length)} {name}{with_p}, {mask}",
+                            lambda: measure_attention_speedup(heads, head_dim, int(length), dtype, dropout_p=p,
+                                                              slopes=slopes))
     kernel = "math" if speedup >= MIN_ATTENTION_SPEEDUP else "sdpa"
-    return kernel, f"{name} attention forward + backward{with_p}: the math kernel {speedup:.3g}x as fast as " \
-                   f"SDPA (measured once on this machine)"
+    return kernel, f"{name} attention forward + backward{with_p}, {mask}: the math kernel {speedup:.3g}x as fast " \
+                   f"as SDPA (measured once on this machine)"
 
 
 def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: torch.dtype, batch: int = 32,
