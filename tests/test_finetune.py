@@ -487,7 +487,7 @@ def test_layer_lr_decay_reaches_the_training_loop(tiny_model, sst_dir, tmp_path)
         cfg(task="sst2", layer_lr_decay=0.0)
 
 
-def test_precision_reaches_the_training_steps_and_is_recorded(tiny_model, sst_dir, tmp_path, monkeypatch):
+def test_precision_and_attention_kernel_reach_the_training_steps_and_are_recorded(tiny_model, sst_dir, tmp_path, monkeypatch):
     """precision=bf16 trains under bf16 autocast (fp32 weights) and learns as fp32 does; 'auto'
     follows the measured bf16 speed (BERTKIT_BF16 forces it here); the run card and metrics.json
     say what ran."""
@@ -519,3 +519,10 @@ def test_precision_reaches_the_training_steps_and_is_recorded(tiny_model, sst_di
     monkeypatch.setenv("BERTKIT_BF16", "0")
     assert finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(tmp_path / "slow"),
                         epochs=1))["precision"] == "float32"
+    # --attention pins the kernel as pre-training's train.attention does (with --precision: one result everywhere)
+    for kernel in ("sdpa", "math"):
+        out = tmp_path / f"kernel-{kernel}"
+        finetune(cfg(task="sst2", data=str(sst_dir), model=str(tiny_model), out=str(out), epochs=1,
+                     precision="fp32", attention=kernel))
+        card = json.loads((out / "run_card.json").read_text())
+        assert (card["attention_kernel"], card["attention_kernel_reason"]) == (kernel, f"asked: {kernel}")

@@ -326,7 +326,7 @@ def start_loop(cfg: FinetuneConfig, model: nn.Module, n_train: int, max_length: 
     determinism = deterministic(device, cfg.deterministic)         # before the first GPU matrix product
     model.to(device).train()
     precision, precision_reason = choose_precision(cfg.precision, device, model.config)
-    kernel, kernel_reason = attention_kernel(device, precision, model.config, max_length)
+    kernel, kernel_reason = attention_kernel(device, precision, model.config, max_length, cfg.attention)
     set_attention_kernel(model, kernel)
     optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                 fused=cfg.optimizer == "adamw", layer_decay=cfg.layer_lr_decay)

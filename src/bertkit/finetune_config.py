@@ -116,6 +116,10 @@ class FinetuneConfig(Columns, SkipBadRows):
     """Autocast dtype of the training steps (weights, optimizer and dev evaluation stay fp32):
     'auto' = bf16 on a GPU that has it and on a CPU where a bf16 GEMM of the model's shape is
     measured faster than fp32 (AMX, AVX-512 BF16), fp32 elsewhere (`hardware.choose_precision`)."""
+    attention: Literal["auto", "sdpa", "math"] = "auto"
+    """What computes attention while training, as pre-training's `train.attention`: 'sdpa', 'math' (the
+    formula written out, `packing.attention`) or 'auto' (SDPA, except on a CPU where the formula is
+    measured faster, once per machine). With `precision`, what gives the same numbers on every machine."""
     deterministic: bool = False
     """On a GPU, torch's deterministic algorithms (`hardware.deterministic`): the same command gives the
     same model bit for bit, at some cost in speed. Off, two GPU runs differ (GPU atomics). The CPU path
