@@ -1,6 +1,7 @@
 """hardware: CPU model and flags, bf16 speed measured (never assumed), the BERTKIT_BF16 override."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -186,3 +187,43 @@ def test_attention_group_overhead_takes_a_candidate_only_when_it_is_5_percent_fa
     monkeypatch.setattr(hardware, "_session", {})                 # a second process on the same machine
     assert hardware.attention_group_overhead(2, 16, torch.float32) == want
     assert calls == [2]
+
+
+def test_denormals_are_flushed_on_every_thread_made_inside_and_said(monkeypatch):
+    """hardware.denormals_flushed: inside, a denormal float is 0 on the calling thread and on torch's
+    worker threads made there (they inherit it: half a large product is a worker's); after, the calling
+    thread keeps denormals again; machine_facts (the run card) says which; BERTKIT_KEEP_DENORMALS=1 keeps them."""
+    code = ("import torch\ntorch.set_num_threads(2)\n"
+            "from bertkit.hardware import denormals_flushed, machine_facts\n"
+            "def nonzero():\n    x = torch.full((1 << 22,), 1e-39)\n    return int(((x * 1.0) != 0).sum())\n"
+            "with denormals_flushed() as said:\n    inside = nonzero(), machine_facts()['denormals']\n"
+            "print(repr((said, inside, machine_facts()['denormals'], torch.tensor([1e-39]).item() != 0)))")
+    import ast
+    import os
+    import subprocess
+    import sys
+    for keep in ("0", "1"):
+        env = dict(os.environ, BERTKIT_KEEP_DENORMALS=keep)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        said, (nonzero, inside), after, main_thread_keeps = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+        if keep == "1":
+            assert "kept (BERTKIT_KEEP_DENORMALS=1)" in said and nonzero == 1 << 22 and inside == "kept"
+        else:
+            assert said.startswith("denormal floats flushed") and nonzero == 0 and inside == "flushed to zero"
+        assert after == "kept" and main_thread_keeps
+
+
+def test_the_command_runs_torch_commands_with_denormals_flushed(monkeypatch, tmp_path, minilm, capsys):
+    from bertkit import cli, hardware
+
+    entered = []
+
+    @contextlib.contextmanager
+    def spy():
+        entered.append(True)
+        yield "flushed (spy)"
+    monkeypatch.setattr(hardware, "denormals_flushed", spy)
+    (tmp_path / "in.txt").write_text("hello world\n")
+    assert cli.main(["tokenize", "--model", str(minilm), str(tmp_path / "in.txt")]) == 0 and not entered  # no torch
+    assert cli.main(["info", str(tmp_path / "missing")]) == 1 and entered == [True]

@@ -7,6 +7,7 @@ when their command runs, so `bertkit --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import importlib
 import logging
@@ -17,6 +18,8 @@ from .cliconfig import suggest_unknown
 from .errors import BertkitError
 from .heap import Heap
 
+# commands that run without torch: they start without importing it (about 2 s)
+NO_TORCH = {"tokenize", "tokenizer", "prepare"}
 # name -> (module under bertkit.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "info":       ("basic",    "show a checkpoint's config, parameters, heads and tokenizer casing"),
@@ -93,6 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2 if args.command is None else 0
     logging.getLogger("bertkit").debug("%s", Heap().keep_freed())     # freed activations reused, not faulted in again
+    with contextlib.ExitStack() as stack:
+        if args.command not in NO_TORCH:    # before torch's worker threads exist: they inherit it
+            from .hardware import denormals_flushed
+            logging.getLogger("bertkit").debug("%s", stack.enter_context(denormals_flushed()))
+        return _run(args, verbose)
+
+
+def _run(args: argparse.Namespace, verbose: bool) -> int:
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
