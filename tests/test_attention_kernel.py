@@ -248,8 +248,8 @@ def test_the_kernel_is_timed_with_the_model_s_dropout_on_a_fork_of_torch_s_gener
 
 def test_the_kernel_is_timed_with_the_model_s_mask(monkeypatch, tmp_path):
     """A plain BERT trains with a boolean padding mask, an ALiBi one with an additive bias of its own
-    slopes: SDPA's CPU backward costs 3-4x as much with an additive mask, so timing one for the other
-    picked SDPA for fp32 BERT where the written-out kernel trains it 1.4x faster."""
+    slopes: timing both on a slope-1 ALiBi bias (fp32 denormals, slow for both kernels) picked SDPA for
+    fp32 BERT where the written-out kernel trains it 1.4x faster."""
     import dataclasses
 
     from bertkit.model import alibi_slopes
