@@ -207,6 +207,8 @@ def test_denormals_are_flushed_on_every_thread_made_inside_and_said(monkeypatch)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr[-2000:]
         said, (nonzero, inside), after, main_thread_keeps = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+        if "cannot flush" in said:
+            pytest.skip("this CPU cannot flush denormals (torch.set_flush_denormal needs SSE3)")
         if keep == "1":
             assert "kept (BERTKIT_KEEP_DENORMALS=1)" in said and nonzero == 1 << 22 and inside == "kept"
         else:
