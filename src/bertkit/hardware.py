@@ -110,7 +110,7 @@ _denormals = "kept"          # what `denormals_flushed` does in this process (ma
 def denormals_flushed():
     """Denormal floats (magnitude under 1.2e-38) flushed to zero (FTZ/DAZ) inside the block, on this
     thread and on every thread it starts there: torch's worker threads inherit it when they are made,
-    at the process's first parallel operation. The `bertkit` command runs in it from before its first
+    at the process's first parallel operation, and keep it after the block (the calling thread does not). The `bertkit` command runs in it from before its first
     tensor operation; BERTKIT_KEEP_DENORMALS=1 keeps them, and the library never changes it. Why:
     ALiBi's far-off attention probabilities, and their gradients, are denormal in fp32, and a CPU
     computes on denormals many times slower than on other floats. Flushed, fp32 ALiBi training runs
