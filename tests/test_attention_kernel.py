@@ -275,3 +275,9 @@ def test_the_kernel_is_timed_with_the_model_s_mask(monkeypatch, tmp_path):
     assert padding[0].all() and padding[-1, 0, 0].tolist() == [True] * 4 + [False] * 4
     assert bias.shape == (4, 2, 8, 8) and torch.isinf(bias[-1, :, :, 4:]).all() and torch.isfinite(bias[0]).all()
     assert bias[0, 1, 0, 2] == -0.5 * 2                                     # slope 1/2 x distance 2
+    measure(2, 16, 8, torch.float32, batch=4, rounds=1, causal=True)         # a next-token model's: causal too
+    causal = masks[-1]
+    assert causal.dtype == torch.bool and causal.shape == (4, 1, 8, 8)
+    assert torch.equal(causal[0, 0], torch.ones(8, 8, dtype=torch.bool).tril()) and not causal[-1, 0, 7, 4:].any()
+    clm = dataclasses.replace(plain, causal=True)
+    assert "causal padding mask: the math kernel 1.5x" in hardware.attention_kernel(cpu, torch.float32, clm, 16)[1]

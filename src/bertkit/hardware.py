@@ -43,8 +43,8 @@ import torch.nn.functional as F
 
 from . import __version__
 from .errors import BertkitError
-from .model import alibi_slopes
-from .packing import GROUP_OVERHEAD_PAIRS, alibi_bias, attention, packed_attention, packing
+from .model import alibi_slopes, attention_bias
+from .packing import GROUP_OVERHEAD_PAIRS, attention, packed_attention, packing
 
 log = logging.getLogger("bertkit")
 
@@ -110,8 +110,9 @@ _denormals = "kept"          # what `denormals_flushed` does in this process (ma
 def denormals_flushed():
     """Denormal floats (magnitude under 1.2e-38) flushed to zero (FTZ/DAZ) inside the block, on this
     thread and on every thread it starts there: torch's worker threads inherit it when they are made,
-    at the process's first parallel operation, and keep it after the block (the calling thread does not). The `bertkit` command runs in it from before its first
-    tensor operation; BERTKIT_KEEP_DENORMALS=1 keeps them, and the library never changes it. Why:
+    at the process's first parallel operation, and keep it after the block (the calling thread does
+    not). The `bertkit` command runs in it from before its first tensor operation;
+    BERTKIT_KEEP_DENORMALS=1 keeps them, and the library never changes it. Why:
     ALiBi's far-off attention probabilities, and their gradients, are denormal in fp32, and a CPU
     computes on denormals many times slower than on other floats. Flushed, fp32 ALiBi training runs
     1.1-1.2x faster with bit-identical losses and weights in every run measured
@@ -355,13 +356,13 @@ MIN_ATTENTION_SPEEDUP = 1.2   # the written-out kernel must beat SDPA by this mu
 
 def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtype: torch.dtype = torch.bfloat16,
                               batch: int = 8, rounds: int = 3, dropout_p: float = 0.0,
-                              slopes: torch.Tensor | None = None) -> float:
+                              slopes: torch.Tensor | None = None, causal: bool = False) -> float:
     """SDPA time / `packing.attention(kernel='math')` time for one training step of attention
     (forward + backward, (batch, heads, length, head_dim) in `dtype`, the model's attention dropout
     `dropout_p`), on one thread: about 0.1-0.3 s in all. Which is faster depends on the CPU (the
-    module's doc), so it is timed, not assumed. The mask is the one the model trains with: a padded
-    batch's boolean mask (sequences of length/2 to length), with ALiBi `slopes` their additive
-    bias (-inf on the padding). The mask and the dropout count: a slope-1 head's far-off probabilities
+    module's doc), so it is timed, not assumed. The mask is the one the model trains with
+    (`model.attention_bias` of a padded batch, sequences of length/2 to length): boolean, causal
+    where the model is, or with ALiBi `slopes` their additive bias (-inf where not allowed). The mask and the dropout count: a slope-1 head's far-off probabilities
     are fp32 denormals, which slow both kernels unless the process flushes them (`denormals_flushed`),
     and SDPA draws dropout with torch's scalar Bernoulli, the written-out kernel with
     `packing.dropout`, both from torch's generator (`decided_once` forks it; the figures:
@@ -371,9 +372,7 @@ def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtyp
     q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
     grad = torch.randn(batch, heads, length, head_dim, generator=g).to(dtype)
     lengths = torch.linspace(length, (length + 1) // 2, batch).round()
-    mask = (torch.arange(length)[None, :] < lengths[:, None])[:, None, None, :]      # (batch, 1, 1, length)
-    if slopes is not None:
-        mask = alibi_bias(slopes, length, q)[None].masked_fill(~mask, float("-inf"))
+    mask = attention_bias(torch.arange(length)[None, :] < lengths[:, None], q, causal, slopes)
 
     def step(kernel: str):
         return lambda: attention(q, k, v, mask, dropout_p, kernel=kernel).backward(grad)
@@ -408,11 +407,11 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
         raise BertkitError(f"{ATTENTION_ENV}={os.environ[ATTENTION_ENV]!r}: expected sdpa, math or auto")
     name, p = dtype_name(dtype), float(getattr(model_cfg, "attention_dropout", 0.0) or 0.0)
     with_p = f" with dropout {p:g}" if p else ""
-    slopes = alibi_slopes(model_cfg)
-    mask = "padding mask" if slopes is None else "ALiBi bias"
+    slopes, causal = alibi_slopes(model_cfg), bool(getattr(model_cfg, "causal", False))
+    mask = ("causal " if causal else "") + ("padding mask" if slopes is None else "ALiBi bias")
     speedup = measured_once(f"attention math/SDPA speedup {heads}x{head_dim} T{int(length)} {name}{with_p}, {mask}",
                             lambda: measure_attention_speedup(heads, head_dim, int(length), dtype, dropout_p=p,
-                                                              slopes=slopes))
+                                                              slopes=slopes, causal=causal))
     kernel = "math" if speedup >= MIN_ATTENTION_SPEEDUP else "sdpa"
     return kernel, f"{name} attention forward + backward{with_p}, {mask}: the math kernel {speedup:.3g}x as fast " \
                    f"as SDPA (measured once on this machine)"
