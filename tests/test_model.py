@@ -417,6 +417,20 @@ def test_cpu_dropout_drops_p_unbiased_and_seeded(dtype):
     assert all(abs(rows[:, i::4].float().mean().item() - 0.5) < 0.01 for i in range(4))   # 16-bit lanes of a draw
 
 
+def test_cpu_dropout_under_torch_compile_is_one_graph():
+    """Under torch.compile (train.compile) dropout is F.dropout, which the compiler draws itself: the
+    NumPy draw of eager mode would break the graph at every dropout layer."""
+    import torch._dynamo
+
+    from bertkit.packing import Dropout
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), Dropout(0.1), torch.nn.Linear(16, 16))
+    torch.compile(m, backend="eager")(torch.randn(4, 16)).sum().backward()
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_cross_entropy_is_torch_s_a_few_rows_at_a_time(dtype):
     """packing.cross_entropy (the MLM loss): F.cross_entropy(logits.float(), targets)'s loss and gradient

@@ -287,8 +287,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     speed (benchmarks/results/mlm-loss-2026-12-06/). A p that rounds to 0 or 1 there (finer than
     1/65,536 from either end) goes to `F.dropout` too, so it is never silently changed."""
     cut = round(p * 65536)
-    if not training or not 0 < cut < 65536 or x.device.type != "cpu":
-        return F.dropout(x, p, training)
+    if not training or not 0 < cut < 65536 or x.device.type != "cpu" or torch.compiler.is_compiling():
+        return F.dropout(x, p, training)                   # (under torch.compile: inductor's own fused draw)
     seed = int(torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64)) & (2 ** 64 - 1)
     words = np.random.PCG64(seed).random_raw((x.numel() + 3) // 4)          # 64-bit draws, 4 elements each
     keep = torch.from_numpy(words.view(np.int16)[:x.numel()]).view(x.shape) >= cut - 32768
