@@ -434,8 +434,9 @@ def test_cpu_dropout_under_torch_compile_is_one_graph():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_cross_entropy_is_torch_s_a_few_rows_at_a_time(dtype):
     """packing.cross_entropy (the MLM loss): F.cross_entropy(logits.float(), targets)'s loss and gradient
-    to fp32 rounding, for row counts around CE_ROWS, without touching the logits; targets with an
-    ignore_index go to F.cross_entropy."""
+    to fp32 rounding, for row counts around CE_ROWS, without touching the logits; the gradient written
+    in the forward scaled by the loss's own (a halved loss: half the gradient), the same loss without
+    autograd; targets with an ignore_index go to F.cross_entropy."""
     import torch.nn.functional as F
 
     from bertkit.packing import CE_ROWS, cross_entropy
@@ -454,5 +455,10 @@ def test_cpu_cross_entropy_is_torch_s_a_few_rows_at_a_time(dtype):
         assert abs(ours.item() - want.item()) < 1e-5
         tol = 2e-6 if dtype == torch.float32 else 2 ** -7           # fp32 rounding; one bf16 step (8 bits)
         torch.testing.assert_close(got.float(), x.grad.float(), rtol=tol, atol=1e-7)
+        half = x.detach().clone().requires_grad_()         # a loss scaled as under gradient accumulation
+        (cross_entropy(half, t) / 2).backward()
+        torch.testing.assert_close(half.grad.float(), got.float() / 2, rtol=tol, atol=1e-7)
+        with torch.no_grad():                               # no gradient written: the same loss
+            assert torch.equal(cross_entropy(x, t), ours.detach())
     t[0] = -100
     assert torch.equal(cross_entropy(x, t), F.cross_entropy(x.float(), t))

@@ -303,8 +303,8 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     `_RowsCrossEntropy` goes CE_ROWS rows at a time: the (M, V) fp32 copy, log-probabilities and
     zero-filled gradient that F.cross_entropy writes are never made, and the gradient is written with
     the loss (600 x 30,522 bf16 logits, forward + backward: F.cross_entropy's 79 ms, 42 by rows, 21-28
-    with the gradient written in the forward; benchmarks/results/mlm-loss-2026-12-06/). Targets must be classes
-    (no ignore_index) there; otherwise F.cross_entropy."""
+    with the gradient written in the forward; benchmarks/results/mlm-loss-2026-12-06/). Targets must
+    be classes (no ignore_index) there; otherwise F.cross_entropy."""
     if logits.device.type != "cpu" or logits.dim() != 2 or not len(logits) or int(targets.min()) < 0:
         return F.cross_entropy(logits.float(), targets)
     return _RowsCrossEntropy.apply(logits, targets, torch.is_grad_enabled() and logits.requires_grad)
