@@ -417,6 +417,26 @@ def test_cpu_dropout_drops_p_unbiased_and_seeded(dtype):
     assert all(abs(rows[:, i::4].float().mean().item() - 0.5) < 0.01 for i in range(4))   # 16-bit lanes of a draw
 
 
+def test_linears_is_one_gemm_under_cpu_autocast_and_each_layer_elsewhere():
+    """packing.linears (the attention's Q, K, V): each layer's output; under CPU autocast from one GEMM
+    on the layers' weights side by side, within bf16 rounding of the layers one by one, and every
+    layer's weight and bias get their gradient; elsewhere exactly the layers' own calls."""
+    from bertkit.packing import linears
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(32, n) for n in (32, 32, 16)]
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    assert all(torch.equal(a, f(x)) for a, f in zip(linears(x, *layers), layers))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linears(x, *layers)
+        alone = [f(x) for f in layers]
+    assert [t.shape for t in fused] == [(2, 5, 32), (2, 5, 32), (2, 5, 16)] and fused[0].dtype == torch.bfloat16
+    for a, b in zip(fused, alone):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=1e-2)
+    sum(t.float().sum() for t in fused).backward()
+    assert all(f.weight.grad is not None and f.bias.grad is not None for f in layers) and x.grad is not None
+
+
 def test_cpu_dropout_under_torch_compile_is_one_graph():
     """Under torch.compile (train.compile) dropout is F.dropout, which the compiler draws itself: the
     NumPy draw of eager mode would break the graph at every dropout layer."""

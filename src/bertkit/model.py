@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import BertConfig
-from .packing import (KERNELS, Dropout, Packed, alibi_bias, attention, cross_entropy, on_gemm_rows, packed_attention,
-                      segment_ids, unpack)
+from .packing import (KERNELS, Dropout, Packed, alibi_bias, attention, cross_entropy, linears, on_gemm_rows,
+                      packed_attention, segment_ids, unpack)
 
 
 # Hugging Face's GELUs by F.gelu's `approximate`: "none" is exact, x * Phi(x); "tanh" its tanh approximation
@@ -77,7 +77,7 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor, layout: Tensor | Packed | None) -> Tensor:
         H, p = self.num_heads, self.dropout if self.training else 0.0
         split = lambda t: t.unflatten(-1, (H, -1))         # (..., C) -> (..., H, D)
-        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        q, k, v = (split(t) for t in linears(x, self.query, self.key, self.value))   # (one GEMM under CPU autocast)
         if isinstance(layout, Packed):                     # (N, H, D): the padding-free path
             y = packed_attention(q, k, v, layout, causal=self.causal, dropout_p=p, slopes=self.slopes,
                                  kernel=self.kernel)

@@ -2,10 +2,11 @@
 the attention kernel training picks, denormals flushed, freed blocks kept) with one piece as it was at
 d2c042c and as it is now, swapped in one process: `loss`, the MLM loss (`ce_micro.Before` against
 `packing.cross_entropy`); `dropout`, dropout's random bits (`dropout_micro.before` against
-`packing.dropout`). Each round times 4 steps with each, the order alternating; the median step time
+`packing.dropout`); `qkv`, the attention's Q, K and V as three Linear calls against `packing.linears`
+(one GEMM under CPU autocast). Each round times 4 steps with each, the order alternating; the median step time
 and the ratio per round.
 
-    PYTHONPATH=src python benchmarks/results/mlm-loss-2026-12-06/step_ab.py loss|dropout bf16|fp32 ROUNDS
+    PYTHONPATH=src python benchmarks/results/mlm-loss-2026-12-06/step_ab.py loss|dropout|qkv bf16|fp32 ROUNDS
 """
 import statistics
 import sys
@@ -35,7 +36,9 @@ torch.set_num_threads(2)
 Heap().keep_freed()
 piece, precision, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 module, attr, fns = {"loss": (M, "cross_entropy", {"before": lambda l, t: Before.apply(l, t), "now": M.cross_entropy}),
-                     "dropout": (P, "dropout", {"before": before_dropout_p, "now": P.dropout})}[piece]
+                     "dropout": (P, "dropout", {"before": before_dropout_p, "now": P.dropout}),
+                     "qkv": (M, "linears", {"before": lambda x, *layers: tuple(f(x) for f in layers),
+                                            "now": M.linears})}[piece]
 dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
 tmp = Path(tempfile.mkdtemp())
 batches = B.make_batches(2, 32, 128, tmp)
