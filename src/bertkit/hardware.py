@@ -362,11 +362,11 @@ def measure_attention_speedup(heads: int, head_dim: int, length: int = 128, dtyp
     `dropout_p`), on one thread: about 0.1-0.3 s in all. Which is faster depends on the CPU (the
     module's doc), so it is timed, not assumed. The mask is the one the model trains with
     (`model.attention_bias` of a padded batch, sequences of length/2 to length): boolean, causal
-    where the model is, or with ALiBi `slopes` their additive bias (-inf where not allowed). The mask and the dropout count: a slope-1 head's far-off probabilities
-    are fp32 denormals, which slow both kernels unless the process flushes them (`denormals_flushed`),
-    and SDPA draws dropout with torch's scalar Bernoulli, the written-out kernel with
-    `packing.dropout`, both from torch's generator (`decided_once` forks it; the figures:
-    docs/pretrain-measurements.md)."""
+    where the model is, or with ALiBi `slopes` their additive bias (-inf where not allowed). The
+    mask and the dropout count: a slope-1 head's far-off probabilities are fp32 denormals, which
+    slow both kernels unless the process flushes them (`denormals_flushed`), and SDPA draws dropout
+    with torch's scalar Bernoulli, the written-out kernel with `packing.dropout`, both from torch's
+    generator (`decided_once` forks it; the figures: docs/pretrain-measurements.md)."""
     threads = torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, length, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3))
