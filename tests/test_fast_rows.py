@@ -112,13 +112,13 @@ def test_warm_gemm_shapes_runs_each_distinct_layer_at_each_size():
     lin = torch.nn.Linear(8, 12)
     if not can_prepack(lin):
         pytest.skip("no oneDNN prepacked Linear in this torch build")
-    from bertkit.infer.prepack import warm_gemm_shapes
+    from bertkit.infer.prepack import FUSED_GELU_ROWS, PrepackedFeedForward, warm_gemm_shapes
 
-    model = torch.nn.ModuleList([PrepackedLinear(lin), PrepackedLinear(torch.nn.Linear(8, 12)),
-                                 PrepackedLinear(torch.nn.Linear(12, 8)), PrepackedLinear(lin, "gelu", "tanh")])
+    ffn = PrepackedFeedForward(PrepackedLinear(lin), PrepackedLinear(torch.nn.Linear(12, 8)), None, "tanh")
+    model = torch.nn.ModuleList([PrepackedLinear(lin), PrepackedLinear(torch.nn.Linear(8, 12)), ffn])
     sizes = {gemm_rows(n) for n in range(1, 41)}
-    assert len(sizes) == 34                             # 1..32, 36, 40
-    assert warm_gemm_shapes(model, 40) == 3 * 34       # (8->12), (12->8), (8->12 + GELU)
+    assert len(sizes) == 34 and FUSED_GELU_ROWS == 32   # 1..32, 36, 40
+    assert warm_gemm_shapes(model, 40) == 2 * 34 + 32   # (8->12), (12->8); (8->12 + GELU) up to 32 rows
 
 
 def test_varlen_direction_follows_the_installed_signature():

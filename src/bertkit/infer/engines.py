@@ -235,8 +235,10 @@ def installed_engines() -> list[str]:
 
 class OnnxRuntimeGraph:
     """The graph on onnxruntime's CPU provider, fp32: all graph optimisations, `threads` intra-op
-    threads, no spinning between runs (spinning threads would take the cores from the PyTorch
-    batches that follow)."""
+    threads that spin between the operators of one run and stop at its end (spinning threads would
+    take the cores from the PyTorch batches that follow; not spinning at all, the workers sleep and
+    wake between operators: one 16-token request 7-9% slower on an AVX2 EPYC,
+    docs/serve-measurements.md)."""
 
     precision = "float32"
 
@@ -247,7 +249,8 @@ class OnnxRuntimeGraph:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.threads = max(1, threads)
         so.intra_op_num_threads, so.inter_op_num_threads = self.threads, 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        so.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
 
     def run(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ class PredictorOptions:
     onnx_file: str | None = None
     """The exported file for --backend onnx (default: DIR/model.onnx)."""
     prepack: bool = True
-    """On the CPU in fp32 or bf16, prepack the encoder's Linear weights for oneDNN, GELU fused."""
+    """On the CPU in fp32 or bf16, prepack the encoder's Linear weights for oneDNN."""
     small_batches: bool = True
     """On the CPU, run batches of few tokens on onnxruntime or OpenVINO where one follows the fp32
     model and times faster than PyTorch at load (1-3 s more at load, a second copy of the weights)."""

@@ -1,8 +1,8 @@
 """CPU inference: the encoder's Linear layers prepacked for oneDNN (`prepack_linears`, used by `Predictor`).
 
-The encoder's Linear weights are reordered once into oneDNN's blocked layout, and the FFN's
-GELU runs inside the first FFN GEMM, as inductor does when it freezes a model. The model code is
-unchanged; the same numbers come out (checked when the weights are packed). Also here: oneDNN's
+The encoder's Linear weights are reordered once into oneDNN's blocked layout, as inductor does
+when it freezes a model. The model code is unchanged; the same numbers come out (checked when the
+weights are packed). Also here: oneDNN's
 kernels built ahead for the few GEMM row counts of `packing.gemm_rows` (`warm_gemm_shapes`) and `CastLinear`
 (a Linear in another precision than its activations). `PredictorOptions.prepack=False` keeps the plain layers.
 """
@@ -20,20 +20,17 @@ from ..model import GELU_APPROXIMATE, Block, SelfAttention, attention_bias
 from ..packing import GROUP_OVERHEAD_PAIRS, Packed, attention, gemm_rows, on_gemm_rows, packed_attention
 
 log = logging.getLogger("bertkit")
+FUSED_GELU_ROWS = 32     # the FFN's GELU inside its first GEMM up to this many rows (PrepackedFeedForward)
 
 
 class PrepackedLinear(nn.Module):
-    """act(x W^T + b) with W reordered once into oneDNN's blocked layout; inference only, CPU,
-    fp32 or bf16 (input, weight and output of the Linear's dtype).
+    """x W^T + b with W reordered once into oneDNN's blocked layout; inference only, CPU, fp32 or
+    bf16 (input, weight and output of the Linear's dtype). The packed weight is opaque: keep the
+    original module if you need to train or save."""
 
-    `post` is a pointwise op fused into the GEMM ("none" or "gelu" with `algorithm` "none" =
-    erf, "tanh" = tanh approximation). The packed weight is opaque: keep the original module if
-    you need to train or save."""
-
-    def __init__(self, linear: nn.Linear, post: str = "none", algorithm: str = ""):
+    def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.post, self.algorithm = post, algorithm
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias.detach().clone() if linear.bias is not None else None
 
@@ -42,41 +39,60 @@ class PrepackedLinear(nn.Module):
         # 1..2048 grew by GBs of oneDNN kernels (~0.7 MB each), fp32 weights included (they are oneDNN's)
         return on_gemm_rows(x, self.rows, always=True)
 
-    def rows(self, x: Tensor) -> Tensor:
-        """The GEMM on x as it is (no rounding of its row count)."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post, [], self.algorithm)
+    def rows(self, x: Tensor, post: str = "none", algorithm: str = "") -> Tensor:
+        """The GEMM on x as it is (no rounding of its row count); `post` a pointwise op oneDNN runs
+        on the result before writing it ("gelu", `algorithm` "none" = erf or "tanh")."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, post, [], algorithm)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, post={self.post!r}"
+        return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
 class PrepackedFeedForward(nn.Module):
     """`model.FeedForward` on two PrepackedLinear: the rows padded to `gemm_rows` once for both
     GEMMs, not once each (the 4C-wide intermediate, padded again, cost more than the GEMM on a VM
-    where fresh memory faults in page by page)."""
+    where fresh memory faults in page by page).
 
-    def __init__(self, up: PrepackedLinear, down: PrepackedLinear, act):
+    A GELU (`gelu`: its `approximate`) runs inside the first GEMM (oneDNN's post-op) on at most
+    FUSED_GELU_ROWS rows, and above that in place on the GEMM's output: the post-op made the GEMM
+    1.27-1.48x slower, the separate GELU 1.11-1.12x (AVX2 EPYC, fp32, 256 and 4,096 rows; bf16 on
+    AMX 1.99x against 1.81x), but at 16 rows the separate op cost more (docs/serve-measurements.md)."""
+
+    def __init__(self, up: PrepackedLinear, down: PrepackedLinear, act, gelu: str | None = None):
         super().__init__()
-        self.up, self.down, self.act = up, down, act
+        self.up, self.down, self.act, self.gelu = up, down, act, gelu
 
     def forward(self, x: Tensor) -> Tensor:
-        return on_gemm_rows(x, lambda rows: self.down.rows(self.act(self.up.rows(rows))), always=True)
+        return on_gemm_rows(x, self.rows, always=True)
+
+    def rows(self, x: Tensor) -> Tensor:
+        if self.gelu is None:
+            h = self.act(self.up.rows(x))
+        elif x.shape[0] <= FUSED_GELU_ROWS:
+            h = self.up.rows(x, "gelu", self.gelu)
+        else:                    # torch's binding: `torch.ops.aten.gelu_` costs 8 us more a call
+            h = torch._C._nn.gelu_(self.up.rows(x), approximate=self.gelu)
+        return self.down.rows(h)
 
 
 def warm_gemm_shapes(model: nn.Module, max_rows: int) -> int:
     """Run each distinct PrepackedLinear of `model` once at every `gemm_rows` size up to max_rows,
     so oneDNN builds its kernels now (a server: before traffic, memory flat from the first
-    request, no first-time kernel build in a request's latency). Returns the GEMMs run."""
+    request, no first-time kernel build in a request's latency), and the FFN's first GEMM with
+    its GELU at the sizes that fuse it. Returns the GEMMs run."""
     distinct = {}
     for m in model.modules():
         if isinstance(m, PrepackedLinear):
-            distinct.setdefault((m.in_features, m.out_features, m.post, m.algorithm, m.packed.dtype), m)
+            distinct.setdefault((m.in_features, m.out_features, m.packed.dtype, "none", ""), m)
+        if isinstance(m, PrepackedFeedForward) and m.gelu is not None:
+            distinct.setdefault((m.up.in_features, m.up.out_features, m.up.packed.dtype, "gelu", m.gelu), m.up)
     sizes = sorted({gemm_rows(n) for n in range(1, max_rows + 1)})
+    runs = [(key, rows) for key in distinct for rows in sizes if key[3] == "none" or rows <= FUSED_GELU_ROWS]
     with torch.inference_mode():
-        for lin in distinct.values():
-            for rows in sizes:
-                lin(torch.zeros(rows, lin.in_features, dtype=lin.packed.dtype))
-    return len(distinct) * len(sizes)
+        for key, rows in runs:
+            lin = distinct[key]
+            lin.rows(torch.zeros(rows, lin.in_features, dtype=lin.packed.dtype), *key[3:])
+    return len(runs)
 
 
 def can_prepack(model: nn.Module) -> bool:
@@ -115,7 +131,7 @@ def prepack_linear(linear: nn.Linear, prepack: bool = True) -> nn.Module:
     out: nn.Module = linear
     if prepack and can_prepack(linear):      # a torch build without these oneDNN ops: as it is
         with suppress(RuntimeError, NotImplementedError, AttributeError), torch.no_grad():
-            out = _checked(linear, "none", "", torch.Generator().manual_seed(0)) or linear
+            out = _checked(linear, torch.Generator().manual_seed(0)) or linear
     if linear.weight.dtype != torch.float32:
         out = CastLinear(out, linear.weight.dtype)
     return out
@@ -147,13 +163,13 @@ class FusedSelfAttention(nn.Module):
 
 def prepack_linears(model: nn.Module) -> bool:
     """Swap the encoder blocks' Linear layers for PrepackedLinear (in place): attention's Q, K and
-    V as one GEMM (`FusedSelfAttention`), GELU fused into the FFN's first GEMM. Each packed
+    V as one GEMM (`FusedSelfAttention`), the FFN's GELU with its first GEMM (`PrepackedFeedForward`). Each packed
     GEMM is checked against F.linear on a random input (rtol: 1e-4 in fp32, 2e-2 in bf16, about
     5 bf16 ulps); on any error or disagreement the model is left as it was. Returns whether the
     swap happened."""
     if not can_prepack(model):
         return False
-    fused = GELU_APPROXIMATE.get(getattr(getattr(model, "config", None), "hidden_act", None))
+    gelu = GELU_APPROXIMATE.get(getattr(getattr(model, "config", None), "hidden_act", None))
     dtype = next(model.parameters()).dtype
     swaps = []                                  # (block, FusedSelfAttention, up, down)
     try:
@@ -168,9 +184,7 @@ def prepack_linears(model: nn.Module) -> bool:
                 qkv = nn.Linear(q.in_features, 3 * q.out_features).to(dtype)
                 qkv.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
                 qkv.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
-                act = ("gelu", fused) if fused else ("none", "")
-                packed = [_checked(lin, *post, gen) for lin, post in
-                          ((qkv, ("none", "")), (out, ("none", "")), (up, act), (down, ("none", "")))]
+                packed = [_checked(lin, gen) for lin in (qkv, out, up, down)]
                 if any(p is None for p in packed):
                     return False
                 swaps.append((block, FusedSelfAttention(attn.num_heads, attn.causal, packed[0], packed[1], attn.slopes,
@@ -180,25 +194,19 @@ def prepack_linears(model: nn.Module) -> bool:
         return False
     for block, attn, up, down in swaps:
         block.attn = attn
-        block.mlp = PrepackedFeedForward(up, down, _identity if fused else block.mlp.act)
+        block.mlp = PrepackedFeedForward(up, down, block.mlp.act, gelu)
     return True
 
 
-def _checked(lin: nn.Linear, post: str, algorithm: str, gen: torch.Generator) -> PrepackedLinear | None:
-    """`lin` prepacked (GELU fused when post is 'gelu'), or None if it disagrees with F.linear."""
+def _checked(lin: nn.Linear, gen: torch.Generator) -> PrepackedLinear | None:
+    """`lin` prepacked, or None if it disagrees with F.linear."""
     rtol = 1e-4 if lin.weight.dtype == torch.float32 else 2e-2       # about 5 bf16 ulps in bf16
-    new = PrepackedLinear(lin, post, algorithm)
+    new = PrepackedLinear(lin)
     x = torch.randn(7, lin.in_features, generator=gen).to(lin.weight.dtype)
     want = F.linear(x.float(), lin.weight.float(), lin.bias.float() if lin.bias is not None else None)
-    if post == "gelu":
-        want = F.gelu(want, approximate=algorithm)
     got = new(x).float()
     if not torch.allclose(got, want, rtol=rtol, atol=rtol * float(want.abs().max())):
         log.warning("prepacked Linear disagrees with F.linear (max diff %.3g); kept the plain layers",
                     float((got - want).abs().max()))
         return None
     return new
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x
