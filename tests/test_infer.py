@@ -324,10 +324,29 @@ def test_qa_matches_transformers(tmp_path_factory, tok, engine):
         p.qa(["a"], [])
 
 
+def test_int8_linear_gives_each_token_its_own_scale():
+    """choose.Int8Linear: a token with 1000x larger activations leaves the others' precision alone (one
+    scale for the whole input, as the GEMM itself takes it, would round them to almost nothing)."""
+    from bertkit.infer.choose import Int8Linear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    lin.weight.data.normal_(0, 0.02)   # trained-like weights: most far below the largest, which is 127 after
+    x = torch.randn(4, 64)             # quantization (AVX2's int16 sums saturate on uniform full-range ones)
+    x[0] *= 1000
+    q = Int8Linear(lin)
+    with torch.no_grad():
+        want = lin(x)
+        rel = lambda y: ((y - want).norm(dim=1) / want.norm(dim=1)).tolist()  # noqa: E731
+        assert max(rel(q(x))) < 0.1          # (AVX2's saturating int16 sums leave a few percent)
+        one_scale = torch.ops.quantized.linear_dynamic(x, q.packed, reduce_range=False) + lin.bias
+        assert min(rel(one_scale)[1:]) > 0.5 > 0.1 > rel(one_scale)[0]
+
+
 @pytest.mark.parametrize("bf16", ["0", "1"])
 def test_int8_agreement(minilm_default, monkeypatch, bf16):
-    """int8 (the FFN down projection in bf16 where bf16 is fast, else fp32) follows fp32 to cosine
-    0.99 on average; one activation scale per batch costs one-word texts most (min ~0.98)."""
+    """int8 (activations per token; the FFN down projection in bf16 where bf16 is fast, else fp32)
+    follows fp32 to cosine 0.99 on the sample (0.990 on an AVX2 EPYC; one scale per batch: 0.984)."""
     monkeypatch.setenv("BERTKIT_BF16", bf16)
     q = Predictor.from_dir(minilm_dir(), device="cpu", int8=True)
     assert f"FFN down projection in {'bfloat16' if bf16 == '1' else 'float32'}" in q.precision_reason
@@ -335,9 +354,9 @@ def test_int8_agreement(minilm_default, monkeypatch, bf16):
     assert len(linears) == 5 * 6                          # every Linear of the 6 blocks but the FFN's down
     assert all(type(b.mlp.down).__name__ in ("PrepackedLinear", "Linear", "CastLinear") for b in q.model.blocks)
     check = q.precision_check
-    assert q.precision == "int8" and 0.97 < check["cosine_min"] < 1 and check["cosine_mean"] >= 0.99, check
+    assert q.precision == "int8" and 0.985 < check["cosine_min"] < 1 and check["cosine_mean"] >= 0.995, check
     rep = agreement(q, minilm_default, TEXTS)
-    assert rep["cosine_min"] > 0.97 and rep["cosine_mean"] >= 0.99, rep
+    assert rep["cosine_min"] > 0.985 and rep["cosine_mean"] >= 0.995, rep
     assert 0 < rep["max_abs_diff"] < 0.5, rep
 
 
