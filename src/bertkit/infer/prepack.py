@@ -2,9 +2,9 @@
 
 The encoder's Linear weights are reordered once into oneDNN's blocked layout, as inductor does
 when it freezes a model. The model code is unchanged; the same numbers come out (checked when the
-weights are packed). Also here: oneDNN's
-kernels built ahead for the few GEMM row counts of `packing.gemm_rows` (`warm_gemm_shapes`) and `CastLinear`
-(a Linear in another precision than its activations). `PredictorOptions.prepack=False` keeps the plain layers.
+weights are packed). Also here: oneDNN's kernels built ahead for the few GEMM row counts of
+`packing.gemm_rows` (`warm_gemm_shapes`) and `CastLinear` (a Linear in another precision than its
+activations). `PredictorOptions.prepack=False` keeps the plain layers.
 """
 from __future__ import annotations
 
@@ -163,10 +163,10 @@ class FusedSelfAttention(nn.Module):
 
 def prepack_linears(model: nn.Module) -> bool:
     """Swap the encoder blocks' Linear layers for PrepackedLinear (in place): attention's Q, K and
-    V as one GEMM (`FusedSelfAttention`), the FFN's GELU with its first GEMM (`PrepackedFeedForward`). Each packed
-    GEMM is checked against F.linear on a random input (rtol: 1e-4 in fp32, 2e-2 in bf16, about
-    5 bf16 ulps); on any error or disagreement the model is left as it was. Returns whether the
-    swap happened."""
+    V as one GEMM (`FusedSelfAttention`), the FFN's GELU with its first GEMM (`PrepackedFeedForward`).
+    Each packed GEMM (and the first FFN GEMM with its GELU) is checked against F.linear on a random
+    input (rtol: 1e-4 in fp32, 2e-2 in bf16, about 5 bf16 ulps); on any error or disagreement the
+    model is left as it was. Returns whether the swap happened."""
     if not can_prepack(model):
         return False
     gelu = GELU_APPROXIMATE.get(getattr(getattr(model, "config", None), "hidden_act", None))
@@ -184,7 +184,7 @@ def prepack_linears(model: nn.Module) -> bool:
                 qkv = nn.Linear(q.in_features, 3 * q.out_features).to(dtype)
                 qkv.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
                 qkv.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
-                packed = [_checked(lin, gen) for lin in (qkv, out, up, down)]
+                packed = [_checked(lin, gen, gelu if lin is up else None) for lin in (qkv, out, up, down)]
                 if any(p is None for p in packed):
                     return False
                 swaps.append((block, FusedSelfAttention(attn.num_heads, attn.causal, packed[0], packed[1], attn.slopes,
@@ -198,15 +198,18 @@ def prepack_linears(model: nn.Module) -> bool:
     return True
 
 
-def _checked(lin: nn.Linear, gen: torch.Generator) -> PrepackedLinear | None:
-    """`lin` prepacked, or None if it disagrees with F.linear."""
+def _checked(lin: nn.Linear, gen: torch.Generator, gelu: str | None = None) -> PrepackedLinear | None:
+    """`lin` prepacked, or None if it (or, with `gelu`, it with oneDNN's GELU) disagrees with F.linear."""
     rtol = 1e-4 if lin.weight.dtype == torch.float32 else 2e-2       # about 5 bf16 ulps in bf16
     new = PrepackedLinear(lin)
     x = torch.randn(7, lin.in_features, generator=gen).to(lin.weight.dtype)
     want = F.linear(x.float(), lin.weight.float(), lin.bias.float() if lin.bias is not None else None)
-    got = new(x).float()
-    if not torch.allclose(got, want, rtol=rtol, atol=rtol * float(want.abs().max())):
-        log.warning("prepacked Linear disagrees with F.linear (max diff %.3g); kept the plain layers",
-                    float((got - want).abs().max()))
-        return None
+    pairs = [(new(x).float(), want)]
+    if gelu is not None:
+        pairs.append((new.rows(x, "gelu", gelu).float(), F.gelu(want, approximate=gelu)))
+    for got, ref in pairs:
+        if not torch.allclose(got, ref, rtol=rtol, atol=rtol * float(ref.abs().max())):
+            log.warning("prepacked Linear disagrees with F.linear (max diff %.3g); kept the plain layers",
+                        float((got - ref).abs().max()))
+            return None
     return new
