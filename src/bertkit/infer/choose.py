@@ -169,12 +169,12 @@ def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
             p.precision_reason = f"OpenVINO's default lost too much (cosine {cos:.5f} < {BF16_MIN_COSINE}): float32"
 
 
-def quantize_int8(model: nn.Module, down_dtype: torch.dtype | None = torch.float32, prepack: bool = True) -> nn.Module:
+def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, prepack: bool = True) -> nn.Module:
     """Dynamic int8 quantisation of the encoder blocks' nn.Linear layers (`Int8Linear`): weights
     int8 with one scale per output channel, activations with one scale per token at run time.
     The FFN's down projection, whose input (GELU outputs, heavy-tailed) loses most to 8 bits,
-    stays in `down_dtype` (bf16 where bf16 GEMMs are fast, else fp32; prepacked); None: int8 too.
-    The embeddings, the pooler and the task head stay fp32. Returns a copy.
+    stays in `down_dtype` (bf16 where bf16 GEMMs are fast, else fp32; prepacked). The embeddings,
+    the pooler and the task head stay fp32. Returns a copy.
 
     all-MiniLM-L6-v2's mean-pooled states against fp32, min cosine over the 23 sample texts (AVX2
     EPYC): one activation scale per batch 0.984 (torch's default, one weight scale and 7-bit
@@ -185,8 +185,7 @@ def quantize_int8(model: nn.Module, down_dtype: torch.dtype | None = torch.float
         for name in ("query", "key", "value", "out"):
             setattr(block.attn, name, Int8Linear(getattr(block.attn, name)))
         block.mlp.up = Int8Linear(block.mlp.up)
-        block.mlp.down = (Int8Linear(block.mlp.down) if down_dtype is None else
-                          prepack_linear(block.mlp.down.to(down_dtype), prepack=prepack))
+        block.mlp.down = prepack_linear(block.mlp.down.to(down_dtype), prepack=prepack)
     return model
 
 
