@@ -111,6 +111,42 @@ def test_chunked_kernel_in_bf16_keeps_fp32_softmax_accuracy():
     assert err["chunked"] <= 2 * err["sdpa"] + 1e-3, err
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_kernel_on_packed_tokens_runs_each_sequence_on_views(dtype, monkeypatch):
+    """On packed tokens without autograd the 'chunked' kernel computes each sequence's attention
+    on views of Q, K and V (no SDPA call, no padded buffer): SDPA's result on the padded batch, in
+    fp32 to reordering and in bf16 within SDPA's own bf16 error; rows past the layout stay 0;
+    ALiBi, causal masks and autograd keep the padded path."""
+    from bertkit import packing
+
+    keys = torch.arange(13)[None, :] < torch.tensor([13, 1, 6, 9])[:, None]
+    lay = packing.packing(keys)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(int(keys.sum()) + 2, 3, H, D, generator=g).unbind(1)    # 2 rows past the layout
+    with torch.inference_mode():
+        exact = packing.packed_attention(q, k, v, lay)                             # fp32 SDPA, padded
+        calls = []
+        real = F.scaled_dot_product_attention
+        monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        lowp = [t.to(dtype) for t in (q, k, v)]
+        fresh = packing.packing(keys)
+        got = packing.packed_attention(*lowp, fresh, kernel="chunked")
+        assert calls == [] and list(fresh.scratch) == ["cu"]                      # no padded buffers made
+        assert got.dtype == dtype and not got[-2:].any()
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-4)
+        else:
+            sdpa = packing.packed_attention(*lowp, lay, kernel="sdpa")
+            err = lambda y: float((y.float() - exact).abs().max())
+            assert err(got) <= 2 * err(sdpa) + 1e-3, (err(got), err(sdpa))
+        for kw in ({"causal": True}, {"slopes": torch.tensor([1.0, 0.5])}):             # the padded path, as before
+            padded = packing.packing(keys)
+            y = packing.packed_attention(q, k, v, padded, kernel="chunked", **kw)
+            assert "q" in padded.scratch
+            torch.testing.assert_close(y, packing.packed_attention(q, k, v, packing.packing(keys), **kw),
+                                       atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_a_model_trains_the_same_through_either_kernel(layout):
     """The encoder's loss and gradients with every layer on 'math' equal SDPA's (fp32), in the

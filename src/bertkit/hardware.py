@@ -419,24 +419,29 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
 
 def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: torch.dtype, batch: int = 32,
                               rounds: int = 7) -> float:
-    """SDPA time / `packing.attention(kernel='chunked')` time for the attention of one inference batch
-    (`batch` sequences of `length`, no mask, (batch, length, heads, head_dim) as the model's projections
-    leave them) on torch's threads, measured once per machine (`measured_once`): which one a Predictor
-    runs (the written-out formula in cache-sized chunks reads 1.2-1.5x SDPA's forward in bf16 on a
-    Zen 4; docs/serve-measurements.md)."""
+    """SDPA time / kernel 'chunked' time for the attention of two inference batches as a Predictor
+    runs them (packed tokens, Q, K and V views of one projection): `batch` sequences of `length`
+    tokens and `batch` of `length` down to 8, on torch's threads, measured once per machine
+    (`measured_once`): which kernel a Predictor runs. On packed tokens 'chunked' is one sequence
+    at a time (`packing._sequence_attention`: 1.1-1.7x SDPA in fp32 on a Zen 3; docs/serve-measurements.md)."""
     def measure() -> float:
         g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(batch, length, heads, head_dim, generator=g).to(dtype).transpose(1, 2)
-                   for _ in range(3))
+        cases = []
+        for lengths in (torch.full((batch,), length), torch.linspace(length, 8, batch).round().long()):
+            qkv = torch.randn(int(lengths.sum()), 3, heads, head_dim, generator=g).to(dtype)
+            cases.append((*qkv.unbind(1), packing(torch.arange(length)[None, :] < lengths[:, None])))
+
+        def run(kernel: str):
+            return lambda: [packed_attention(q, k, v, p, kernel=kernel) for q, k, v, p in cases]
         try:
             with torch.inference_mode():
-                sdpa, chunked = best_times([lambda: attention(q, k, v), lambda: attention(q, k, v, kernel="chunked")],
-                                           rounds)
+                sdpa, chunked = best_times([run("sdpa"), run("chunked")], rounds)
         except RuntimeError:                               # a dtype this build cannot run: SDPA stays
             return 0.0
         return sdpa / chunked
     name = dtype_name(dtype)
-    return measured_once(f"attention forward chunked/SDPA speedup {batch}x{heads}x{head_dim} T{length} {name}", measure)
+    return measured_once(f"packed attention forward chunked/SDPA speedup {batch}x{heads}x{head_dim} T{length} {name}",
+                         measure)
 
 
 def attention_group_overhead(heads: int, head_dim: int, dtype: torch.dtype, kernel: str = "sdpa",

@@ -106,10 +106,11 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
 
 
 def choose_attention(p) -> None:
-    """On the CPU, attention written out in cache-sized chunks (`packing.attention`, kernel 'chunked')
-    where it times more than SMALL_TIE faster than SDPA's forward for the model's heads, on a full
-    batch (32 sequences of up to 128 tokens) in the precision chosen, once per machine; and how finely
-    the prepacked model splits a ragged batch's attention into length groups (`hardware.attention_group_overhead`)."""
+    """On the CPU, kernel 'chunked' (`packing.attention`; on packed tokens one sequence at a time on
+    views, `packing._sequence_attention`) where it times more than SMALL_TIE faster than SDPA's
+    forward for the model's heads on a full and a ragged batch (32 sequences of 128 and of 128 down to
+    8 tokens) in the precision chosen, once per machine; with SDPA, how finely the prepacked model
+    splits a ragged batch's attention into length groups (`hardware.attention_group_overhead`)."""
     if p.device.type != "cpu":
         return
     H, D = p.config.num_heads, p.config.hidden_size // p.config.num_heads
@@ -120,7 +121,7 @@ def choose_attention(p) -> None:
     p.attention_reason = (f"{p.attention_kernel}: the chunked kernel {speedup:.3g}x SDPA's forward "
                           f"(measured once on this machine)")
     fused = [m for m in p.model.modules() if isinstance(m, FusedSelfAttention)]
-    if fused:                          # ragged batches: how finely to split attention into length groups
+    if fused and p.attention_kernel == "sdpa":     # ragged batches: how finely to split attention into length groups
         overhead = hardware.attention_group_overhead(H, D, dtype, p.attention_kernel)
         for m in fused:
             m.group_overhead = overhead
