@@ -5,6 +5,7 @@ batch on the onnxruntime graph of the encoder (infer/graph.py), and compare with
 the fp32 reordering bound below instead of a fixed atol."""
 from __future__ import annotations
 
+import copy
 import math
 import os
 
@@ -343,6 +344,35 @@ def test_int8_linear_gives_each_token_its_own_scale():
         assert min(rel(one_scale)[1:]) > 0.5 > 0.1 > rel(one_scale)[0]
 
 
+@pytest.mark.parametrize("act", ["gelu", "relu"])
+def test_quantize_int8_fuses_qkv_and_the_ffn_without_changing_the_numbers(act):
+    """quantize_int8: Q, K and V as one Int8Linear and the FFN with its GELU in place (a GELU model)
+    give what an Int8Linear for each projection in the model's own layers gives, padded and packed."""
+    from bertkit.infer.choose import Int8Linear, quantize_int8
+    from bertkit.model import BertModel
+    from bertkit.packing import pack
+
+    torch.manual_seed(0)
+    model = BertModel(preset("tiny", vocab_size=100, hidden_act=act, hidden_dropout=0.0, attention_dropout=0.0)).eval()
+    fused = quantize_int8(model)
+    plain = copy.deepcopy(model)
+    for b in plain.blocks:
+        for name in ("query", "key", "value", "out"):
+            setattr(b.attn, name, Int8Linear(getattr(b.attn, name)))
+        b.mlp.up = Int8Linear(b.mlp.up)
+    assert type(fused.blocks[0].attn).__name__ == "FusedSelfAttention"
+    assert type(fused.blocks[0].mlp).__name__ == ("PrepackedFeedForward" if act == "gelu" else "FeedForward")
+    ids = torch.randint(5, 100, (3, 40))
+    mask = torch.ones(3, 40, dtype=torch.long)
+    mask[1, 30:], mask[2, 3:] = 0, 0                   # 3 rows: the GELU inside the GEMM's call
+    with torch.inference_mode():
+        torch.testing.assert_close(fused(ids, attention_mask=mask) * mask[..., None],
+                                   plain(ids, attention_mask=mask) * mask[..., None], atol=1e-4, rtol=1e-4)
+        t, lay = pack(ids, mask)
+        run = lambda m: m(t["input_ids"], t["token_type_ids"], None, t["position_ids"], packed=lay)  # noqa: E731
+        torch.testing.assert_close(run(fused), run(plain), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("bf16", ["0", "1"])
 def test_int8_agreement(minilm_default, monkeypatch, bf16):
     """int8 (activations per token; the FFN down projection in bf16 where bf16 is fast, else fp32)
@@ -351,7 +381,8 @@ def test_int8_agreement(minilm_default, monkeypatch, bf16):
     q = Predictor.from_dir(minilm_dir(), device="cpu", int8=True)
     assert f"FFN down projection in {'bfloat16' if bf16 == '1' else 'float32'}" in q.precision_reason
     linears = [m for m in q.model.modules() if type(m).__name__ == "Int8Linear"]
-    assert len(linears) == 5 * 6                          # every Linear of the 6 blocks but the FFN's down
+    assert len(linears) == 3 * 6                          # Q, K and V as one, the attention output, the FFN's up
+    assert {m.out_features for m in linears} == {3 * 384, 384, 1536}
     assert all(type(b.mlp.down).__name__ in ("PrepackedLinear", "Linear", "CastLinear") for b in q.model.blocks)
     check = q.precision_check
     assert q.precision == "int8" and 0.985 < check["cosine_min"] < 1 and check["cosine_mean"] >= 0.995, check

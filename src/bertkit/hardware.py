@@ -418,7 +418,7 @@ def attention_kernel(device: torch.device, dtype: torch.dtype, model_cfg, length
 
 
 def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: torch.dtype, batch: int = 32,
-                              rounds: int = 7) -> float:
+                              rounds: int = 15) -> float:
     """SDPA time / kernel 'chunked' time for the attention of two inference batches as a Predictor
     runs them (packed tokens, Q, K and V views of one projection): `batch` sequences of `length`
     tokens and `batch` of `length` down to 8, on torch's threads, measured once per machine

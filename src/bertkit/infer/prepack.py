@@ -84,7 +84,7 @@ def warm_gemm_shapes(model: nn.Module, max_rows: int) -> int:
     for m in model.modules():
         if isinstance(m, PrepackedLinear):
             distinct.setdefault((m.in_features, m.out_features, m.packed.dtype, "none", ""), m)
-        if isinstance(m, PrepackedFeedForward) and m.gelu is not None:
+        if isinstance(m, PrepackedFeedForward) and m.gelu is not None and isinstance(m.up, PrepackedLinear):
             distinct.setdefault((m.up.in_features, m.up.out_features, m.up.packed.dtype, "gelu", m.gelu), m.up)
     sizes = sorted({gemm_rows(n) for n in range(1, max_rows + 1)})
     runs = [(key, rows) for key in distinct for rows in sizes if key[3] == "none" or rows <= FUSED_GELU_ROWS]
@@ -138,8 +138,8 @@ def prepack_linear(linear: nn.Linear, prepack: bool = True) -> nn.Module:
 
 
 class FusedSelfAttention(nn.Module):
-    """`model.SelfAttention` for inference with Q, K and V from one prepacked GEMM,
-    x [W_q; W_k; W_v]^T: one weight read and one kernel call instead of three (`prepack_linears`)."""
+    """`model.SelfAttention` for inference with Q, K and V from one GEMM, x [W_q; W_k; W_v]^T: one
+    weight read and one kernel call instead of three (`prepack_linears`; int8: `choose.quantize_int8`)."""
 
     def __init__(self, num_heads: int, causal: bool, qkv: PrepackedLinear, out: PrepackedLinear,
                  slopes: torch.Tensor | None = None, kernel: str = "sdpa"):
