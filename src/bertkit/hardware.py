@@ -13,8 +13,9 @@ torch's bf16 flash-attention backward is 2-3x slower than the formula on an AMD 
 A measurement is made once per machine, not once per process: the first process that needs it times
 it and writes it to a small JSON file (`measurements_path()`: `$BERTKIT_CACHE_DIR`, else
 `$XDG_CACHE_HOME/bertkit`, else `~/.cache/bertkit`), keyed by the CPU model, its flags, the thread
-count and the torch version; every later process on that machine reads the same answer. Timings flip
-on a loaded machine, and a choice that flips between two runs of one command changes their results.
+count, the torch version and bertkit's; every later process on that machine reads the same answer.
+Timings flip on a loaded machine, and a choice that flips between two runs of one command changes
+their results.
 Delete the file to measure again (`bertkit info` names it). Options pin every choice (`--precision`,
 `train.attention`); the environment (`BERTKIT_BF16=1` treats bf16 as fast, `0` as slow) is a switch
 for tests.
@@ -260,8 +261,10 @@ def measurements_path() -> Path:
 
 
 def machine_key() -> str:
-    """What a measurement depends on besides its own shape: the CPU, its flags, threads, torch."""
-    return f"{cpu_model()} [{' '.join(cpu_flags())}] {torch.get_num_threads()} threads torch {torch.__version__}"
+    """What a measurement depends on besides its own shape: the CPU, its flags, threads, torch, and
+    bertkit's version (a new release times its own code again, not its predecessor's records)."""
+    return (f"{cpu_model()} [{' '.join(cpu_flags())}] {torch.get_num_threads()} threads torch {torch.__version__}"
+            f" bertkit {__version__}")
 
 
 def _read_measurements(path: Path) -> dict:

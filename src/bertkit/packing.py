@@ -216,7 +216,6 @@ def gemm_rows(n: int) -> int:
 
 
 KERNELS = ("sdpa", "math", "chunked")   # what `attention` can compute with
-CHUNK_SCORE_BYTES = 4 << 20             # "chunked": fp32 scores of at most this many bytes at a time
 _NOT_CUDNN = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
@@ -240,13 +239,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
     trains faster (docs/pretrain.md); `hardware.attention_kernel` measures which one a run takes. Without autograd
     (evaluation, inference) SDPA's forward is the faster one, so 'math' falls back to it.
 
-    kernel 'chunked', for inference (the Predictor takes it where it times faster than SDPA's forward
-    at load, `hardware.attention_forward_speedup`): the same formula on contiguous copies of a few
-    sequences at a time, their fp32 scores within CHUNK_SCORE_BYTES (they stay in cache); with
-    autograd it is 'math'."""
+    kernel 'chunked', for inference on packed tokens (`packed_attention`; the Predictor takes it where it
+    times faster than SDPA's forward at load, `hardware.attention_forward_speedup`): the formula one
+    sequence at a time; on a padded batch as here, SDPA's forward, and with autograd 'math'."""
     recording = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if kernel == "chunked" and not recording and dropout_p == 0:
-        return _chunked_attention(q, k, v, mask, is_causal)
     if kernel == "sdpa" or not recording:
         backends = sdpa_backends(q.device.type, mask is not None, torch.is_grad_enabled())
         if backends is None:
@@ -266,27 +262,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
     if dropout_p > 0:
         probs = dropout(probs, dropout_p)
     return probs.to(v.dtype) @ v
-
-
-def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
-    """`attention`'s formula without autograd, a few sequences at a time: (B, H, T, D) -> (B, H, T, D),
-    a view of one contiguous (B, T, H, D) buffer (what the callers reshape to tokens without a copy)."""
-    B, H, T, D = q.shape
-    S = k.shape[-2]
-    out = q.new_empty(B, T, H, D)
-    if is_causal:
-        causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()
-        mask = causal if mask is None else mask & causal if mask.dtype == torch.bool else \
-            mask.masked_fill(~causal, float("-inf"))
-    step = max(1, CHUNK_SCORE_BYTES // (4 * H * T * S))
-    for a in range(0, B, step):
-        b = min(a + step, B)
-        scores = (q[a:b].contiguous() @ k[a:b].contiguous().transpose(-1, -2)).float().mul_(D ** -0.5)
-        if mask is not None:
-            m = mask[a:b] if mask.dim() == 4 and mask.shape[0] == B else mask
-            scores = scores.masked_fill_(~m, float("-inf")) if m.dtype == torch.bool else scores.add_(m)
-        torch.matmul(scores.softmax(-1).to(v.dtype), v[a:b].contiguous(), out=out[a:b].transpose(1, 2))
-    return out.transpose(1, 2)
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -384,8 +359,8 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
                             **_VARLEN_DIRECTION[causal])
     recording = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if kernel == "chunked" and not (q.is_cuda or recording or dropout_p or causal or slopes is not None):
-        return _sequence_attention(q, k, v, p)
+    if kernel == "chunked" and not (q.is_cuda or recording or dropout_p):
+        return _sequence_attention(q, k, v, p, causal, slopes)
     # Length groups pay on the CPU, where an extra attention call costs about as much as a thousand
     # padded pairs; on a GPU every group is a launch sequence and a new kernel shape for a few us of
     # work (an unsorted batch splits into dozens of groups, far slower than padded): one padded call there.
@@ -398,18 +373,33 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     return _padded_attention(q, k, v, p, causal, dropout_p, slopes, kernel)
 
 
-def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed) -> Tensor:
+def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = False,
+                        slopes: Tensor | None = None) -> Tensor:
     """Kernel 'chunked' on packed tokens, for inference: `attention`'s formula one sequence at a time
-    on views of the (N, H, D) projections: no padding, no mask and no copy of Q, K or V; one sequence's
-    H x L x L scores stay in cache, the softmax in fp32. Against the padded chunks, 1.1x on 32 x 128
-    tokens, 1.7x on 32 x 8-128 and 3x on 1 x 16 (Zen 3, fp32; docs/serve-measurements.md)."""
+    on views of the (N, H, D) projections: no padding, no key mask and no copy of Q, K or V; one
+    sequence's H x L x L scores stay in cache, the softmax in fp32. ALiBi's distances and the causal
+    mask start the scores (one (H, T, T) bias per batch, each sequence its corner of it). Against
+    SDPA on padded length groups: attention 1.15x on 32 x 128 tokens, 1.8x on 32 x 8-128, 1.2-1.3x
+    on 1 x 16 (Zen 3, fp32; docs/serve-measurements.md)."""
     cu = p.scratch.get("cu")
     if cu is None:                                       # (planned once per batch, kept for every layer)
         cu = p.scratch["cu"] = p.cu_seqlens.tolist()
+    bias = None
+    if causal or slopes is not None:
+        key = ("bias", None if slopes is None else tuple(slopes.tolist()), q.dtype, causal)
+        bias = p.scratch.get(key)
+        if bias is None:
+            T = p.max_seqlen
+            bias = alibi_bias(slopes, T, q) if slopes is not None else q.new_zeros(1, T, T)
+            if causal:
+                bias = bias.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+            p.scratch[key] = bias
     out, scale = torch.empty_like(q), q.shape[-1] ** -0.5
     for a, b in zip(cu, cu[1:]):
         qs, ks, vs = q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)   # (H, L, D) views
-        scores = torch.baddbmm(q.new_empty(len(qs), b - a, b - a), qs, ks.transpose(1, 2), beta=0, alpha=scale)
+        kt, n = ks.transpose(1, 2), b - a
+        scores = (torch.baddbmm(q.new_empty(len(qs), n, n), qs, kt, beta=0, alpha=scale) if bias is None else
+                  torch.baddbmm(bias[:, :n, :n], qs, kt, alpha=scale))
         out[a:b] = torch.bmm(scores.softmax(-1, dtype=torch.float32).to(v.dtype), vs).transpose(0, 1)
     return out
 
