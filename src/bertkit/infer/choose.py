@@ -14,7 +14,7 @@ runtime on one thread or on torch's where that is 5% faster, and larger batches 
 where it is more than 5% faster on a full batch (`_dense`), timed once per machine
 (`hardware.decided_once`).
 
-Attention (`choose_attention`): SDPA or the written-out formula in cache-sized chunks, whichever
+Attention (`choose_attention`): SDPA or the written-out formula one sequence at a time, whichever
 times faster for the model's heads, also once per machine.
 """
 from __future__ import annotations
