@@ -447,13 +447,13 @@ def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: tor
                          measure)
 
 
-def attention_group_overhead(heads: int, head_dim: int, dtype: torch.dtype, kernel: str = "sdpa",
+def attention_group_overhead(heads: int, head_dim: int, dtype: torch.dtype,
                              candidates: tuple[int, ...] = (GROUP_OVERHEAD_PAIRS, 100), rounds: int = 7) -> int:
     """Which of `candidates` (what one more attention call costs, in padded pairs: `packing.attention_groups`)
     runs a ragged inference batch's attention fastest here: 32 sequences of 8-128 tokens, longest first,
-    on torch's threads, in `dtype` with `kernel`; the first candidate unless another is more than 5%
-    faster. Decided once per machine (`decided_once`): more, smaller groups pay where a masked SDPA call
-    costs more than the calls it replaces (docs/serve-measurements.md)."""
+    on torch's threads, in `dtype` with SDPA (the kernel that uses length groups); the first candidate
+    unless another is more than 5% faster. Decided once per machine (`decided_once`): more, smaller
+    groups pay where a masked SDPA call costs more than the calls it replaces (docs/serve-measurements.md)."""
     def decide() -> int:
         g = torch.Generator().manual_seed(0)
         lengths = torch.linspace(128, 8, 32).round().long()
@@ -461,7 +461,7 @@ def attention_group_overhead(heads: int, head_dim: int, dtype: torch.dtype, kern
         q, k, v = (torch.randn(int(lengths.sum()), heads, head_dim, generator=g).to(dtype) for _ in range(3))
 
         def run(c: int):
-            return lambda: packed_attention(q, k, v, packing(mask), kernel=kernel, group_overhead=c)
+            return lambda: packed_attention(q, k, v, packing(mask), kernel="sdpa", group_overhead=c)
         try:
             with torch.inference_mode():
                 times = best_times([run(c) for c in candidates], rounds)
@@ -470,7 +470,7 @@ def attention_group_overhead(heads: int, head_dim: int, dtype: torch.dtype, kern
         best = min(range(len(candidates)), key=lambda i: times[i])
         return candidates[best] if times[0] > 1.05 * times[best] else candidates[0]
     name = dtype_name(dtype)
-    return int(decided_once(f"attention group overhead {heads}x{head_dim} {name} {kernel} of {list(candidates)}",
+    return int(decided_once(f"attention group overhead {heads}x{head_dim} {name} sdpa of {list(candidates)}",
                             decide, lambda v: isinstance(v, int) and v in candidates))
 
 

@@ -228,6 +228,11 @@ def sdpa_backends(device_type: str, masked: bool, grad: bool) -> list[SDPBackend
     return list(_NOT_CUDNN) if device_type == "cuda" and masked and grad else None
 
 
+def _recording(*tensors: Tensor) -> bool:
+    """Whether autograd records an op on these tensors."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0,
               is_causal: bool = False, kernel: str = "sdpa") -> Tensor:
     """softmax(Q K^T / sqrt(D) + mask) V on (B, H, T, D) tensors; `mask` is SDPA's (boolean 'may
@@ -242,7 +247,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
     kernel 'chunked', for inference on packed tokens (`packed_attention`; the Predictor takes it where it
     times faster than SDPA's forward at load, `hardware.attention_forward_speedup`): the formula one
     sequence at a time; on a padded batch as here, SDPA's forward, and with autograd 'math'."""
-    recording = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    recording = _recording(q, k, v)
     if kernel == "sdpa" or not recording:
         backends = sdpa_backends(q.device.type, mask is not None, torch.is_grad_enabled())
         if backends is None:
@@ -358,8 +363,7 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool = 
     if varlen_runs(q.device, q.dtype, dropout_p, slopes is not None) is None:
         return _varlen_attn(q, k, v, p.cu_seqlens, p.cu_seqlens, p.max_seqlen, p.max_seqlen,
                             **_VARLEN_DIRECTION[causal])
-    recording = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if kernel == "chunked" and not (q.is_cuda or recording or dropout_p):
+    if kernel == "chunked" and not (q.is_cuda or dropout_p or _recording(q, k, v)):
         return _sequence_attention(q, k, v, p, causal, slopes)
     # Length groups pay on the CPU, where an extra attention call costs about as much as a thousand
     # padded pairs; on a GPU every group is a launch sequence and a new kernel shape for a few us of

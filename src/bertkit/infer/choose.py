@@ -33,12 +33,13 @@ from torch import Tensor, nn
 
 from .. import hardware
 from ..hardware import dtype_name
-from ..model import GELU_APPROXIMATE, BertModel, Block, FeedForward, SelfAttention, pool_tokens, set_attention_kernel
+from ..model import BertModel, Block, FeedForward, SelfAttention, pool_tokens, set_attention_kernel
 from ..tokenizer import Tokenizer
 from . import engines, graph
 from .engines import Batch, GraphEngine, OpenVINOGraph, TorchEngine, encoder_of, split_packed
 from .options import PredictorError
-from .prepack import FusedSelfAttention, PrepackedFeedForward, PrepackedLinear, prepack_linear, prepack_linears
+from .prepack import (FusedSelfAttention, PrepackedFeedForward, PrepackedLinear, model_gelu, prepack_linear,
+                      prepack_linears, qkv_linear)
 
 BF16_MIN_COSINE = 0.999     # bf16 keeps every sample sentence, token state and head output this close to fp32
 INT8_MIN_COSINE = 0.99      # an int8 Predictor's engine: every sample sentence this close to fp32 (or as the int8 model)
@@ -123,7 +124,7 @@ def choose_attention(p) -> None:
                           f"(measured once on this machine)")
     fused = [m for m in p.model.modules() if isinstance(m, FusedSelfAttention)]
     if fused and p.attention_kernel == "sdpa":     # ragged batches: how finely to split attention into length groups
-        overhead = hardware.attention_group_overhead(H, D, dtype, p.attention_kernel)
+        overhead = hardware.attention_group_overhead(H, D, dtype)
         for m in fused:
             m.group_overhead = overhead
         p.attention_reason += f"; length groups at {overhead} pairs a call (measured once on this machine)"
@@ -185,17 +186,12 @@ def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, pre
     activations: ~0.97); one per token 0.990; one per token with the down projection int8 too
     0.987 (docs/serve-measurements.md)."""
     model = copy.deepcopy(model)
-    levels = int8_weight_levels()
-    gelu = GELU_APPROXIMATE.get(getattr(getattr(model, "config", None), "hidden_act", None))
+    levels, gelu = int8_weight_levels(), model_gelu(model)
     for block in (m for m in model.modules() if isinstance(m, Block)):
         a, ff = block.attn, block.mlp
         if type(a) is SelfAttention:           # Q, K and V in one GEMM: the tokens' scales found once, not 3 times
-            qkv = nn.Linear(a.query.in_features, 3 * a.query.out_features)
-            with torch.no_grad():
-                qkv.weight.copy_(torch.cat([a.query.weight, a.key.weight, a.value.weight]))
-                qkv.bias.copy_(torch.cat([a.query.bias, a.key.bias, a.value.bias]))
-            block.attn = FusedSelfAttention(a.num_heads, a.causal, Int8Linear(qkv, levels), Int8Linear(a.out, levels),
-                                            a.slopes, a.kernel)
+            block.attn = FusedSelfAttention(a.num_heads, a.causal, Int8Linear(qkv_linear(a), levels),
+                                            Int8Linear(a.out, levels), a.slopes, a.kernel)
         else:
             for name in ("query", "key", "value", "out"):
                 setattr(a, name, Int8Linear(getattr(a, name), levels))

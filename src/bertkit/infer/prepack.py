@@ -141,7 +141,7 @@ class FusedSelfAttention(nn.Module):
     """`model.SelfAttention` for inference with Q, K and V from one GEMM, x [W_q; W_k; W_v]^T: one
     weight read and one kernel call instead of three (`prepack_linears`; int8: `choose.quantize_int8`)."""
 
-    def __init__(self, num_heads: int, causal: bool, qkv: PrepackedLinear, out: PrepackedLinear,
+    def __init__(self, num_heads: int, causal: bool, qkv: nn.Module, out: nn.Module,
                  slopes: torch.Tensor | None = None, kernel: str = "sdpa"):
         super().__init__()
         self.num_heads, self.causal, self.qkv, self.out, self.slopes = num_heads, causal, qkv, out, slopes
@@ -169,8 +169,7 @@ def prepack_linears(model: nn.Module) -> bool:
     model is left as it was. Returns whether the swap happened."""
     if not can_prepack(model):
         return False
-    gelu = GELU_APPROXIMATE.get(getattr(getattr(model, "config", None), "hidden_act", None))
-    dtype = next(model.parameters()).dtype
+    gelu = model_gelu(model)
     swaps = []                                  # (block, FusedSelfAttention, up, down)
     try:
         gen = torch.Generator().manual_seed(0)
@@ -180,10 +179,8 @@ def prepack_linears(model: nn.Module) -> bool:
                 layers = [getattr(attn, n, None) for n in ("query", "key", "value", "out")] + [ff.up, ff.down]
                 if type(attn) is not SelfAttention or any(type(m) is not nn.Linear for m in layers):
                     return False
-                q, k, v, out, up, down = layers
-                qkv = nn.Linear(q.in_features, 3 * q.out_features).to(dtype)
-                qkv.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
-                qkv.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
+                out, up, down = layers[3:]
+                qkv = qkv_linear(attn)
                 packed = [_checked(lin, gen, gelu if lin is up else None) for lin in (qkv, out, up, down)]
                 if any(p is None for p in packed):
                     return False
@@ -196,6 +193,21 @@ def prepack_linears(model: nn.Module) -> bool:
         block.attn = attn
         block.mlp = PrepackedFeedForward(up, down, block.mlp.act, gelu)
     return True
+
+
+def model_gelu(model: nn.Module) -> str | None:
+    """The `approximate` of the model's GELU ('none' = erf, 'tanh'), or None for another activation."""
+    return GELU_APPROXIMATE.get(getattr(getattr(model, "config", None), "hidden_act", None))
+
+
+def qkv_linear(attn: SelfAttention) -> nn.Linear:
+    """One Linear for attention's Q, K and V: x [W_q; W_k; W_v]^T + [b_q; b_k; b_v] (`FusedSelfAttention`)."""
+    q, k, v = attn.query, attn.key, attn.value
+    qkv = nn.Linear(q.in_features, 3 * q.out_features, dtype=q.weight.dtype)
+    with torch.no_grad():
+        qkv.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
+        qkv.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
+    return qkv
 
 
 def _checked(lin: nn.Linear, gen: torch.Generator, gelu: str | None = None) -> PrepackedLinear | None:
