@@ -38,13 +38,19 @@ def _model(act: str, positions: str, norm: str) -> BertModel:
     return model
 
 
-@pytest.mark.parametrize("engine", engines.ENGINES)
+@pytest.mark.parametrize("engine, fused", [("onnxruntime", False), ("onnxruntime", True), ("openvino", False)])
 @pytest.mark.parametrize("act, positions, norm", VARIANTS)
-def test_graph_equals_the_model_padded_and_packed(act, positions, norm, engine):
+def test_graph_equals_the_model_padded_and_packed(act, positions, norm, engine, fused):
+    """Standard operators on both engines; onnxruntime's own (EmbedLayerNormalization, Attention) where
+    the encoder has a position table, the standard graph where it has ALiBi."""
     pytest.importorskip(engine)
+    import onnx
+
     model = _model(act, positions, norm)
-    small = engines.GraphEngine(engines.load_runner(engine, graph.encoder_graph(model), threads=1), engine,
-                                max_tokens=1 << 20)
+    g = graph.encoder_graph(model, fused=fused)
+    ops = {n.op_type for n in onnx.load_from_string(g).graph.node}
+    assert ("Attention" in ops) == ("EmbedLayerNormalization" in ops) == (fused and positions == "absolute")
+    small = engines.GraphEngine(engines.load_runner(engine, g, threads=1), engine, max_tokens=1 << 20)
     if small.precision != "float32":
         pytest.skip(f"{engine} runs {small.precision} on this CPU (judged by cosine at load)")
     ids = torch.randint(5, 500, (3, 13))
@@ -61,29 +67,40 @@ def test_graph_equals_the_model_padded_and_packed(act, positions, norm, engine):
         assert torch.allclose(small.hidden(one, alone), got[13:19], atol=1e-5)   # padding changes nothing
 
 
-def test_the_int8_graph_holds_int8_weights_and_follows_the_model():
+@pytest.mark.parametrize("positions", ["absolute", "alibi"])
+def test_the_int8_graphs_hold_int8_weights_and_follow_the_model(positions):
     """graph.encoder_graph(int8=True): every block Linear's weight int8 (one scale per output channel)
-    behind a DequantizeLinear; on OpenVINO with per-token activation quantization the states keep
-    the int8 class's cosine to the fp32 model; int8 engines are OpenVINO's only."""
+    behind a DequantizeLinear, for OpenVINO; with fused=True (onnxruntime) in DynamicQuantizeMatMul,
+    the FFN's down projection in fp32 and, with a position table, Q, K and V in the fp32 Attention
+    operator; with ranges, the FFN's input scaled per channel first. Each engine's states keep the
+    int8 class's cosine to the fp32 model."""
     import onnx
 
-    model = _model("gelu", "absolute", "post")
+    model = _model("gelu", positions, "post")
+    L = model.config.num_layers
     m = onnx.load_from_string(graph.encoder_graph(model, int8=True))
     int8 = [t for t in m.graph.initializer if t.data_type == onnx.TensorProto.INT8]
-    assert len(int8) == 4 * model.config.num_layers                  # QKV (one MatMul), out, up, down per block
+    assert len(int8) == 4 * L                  # QKV (one MatMul), out, up, down per block
     assert sum(n.op_type == "DequantizeLinear" for n in m.graph.node) == len(int8)
-    runners, why = choose.load_engines(model, 1, int8=True)
-    assert set(runners) <= {"openvino"}
-    if not runners:
-        assert why == "int8 engines need openvino (pip install openvino)"
-        return
-    small = engines.GraphEngine(runners["openvino"], "openvino", max_tokens=1 << 20)
-    assert small.precision == "int8" and small.runner.threads == 1
+    m = onnx.load_from_string(graph.encoder_graph(model, int8=True, fused=True, levels=63))
+    int8 = [t for t in m.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert len(int8) == (2 if positions == "absolute" else 3) * L and max(int(abs(onnx.numpy_helper.to_array(t)).max()) for t in int8) == 63
+    assert sum(n.op_type == "DynamicQuantizeMatMul" for n in m.graph.node) == len(int8)
     flat, layout = pack(torch.randint(5, 500, (3, 13)), torch.tensor([[1] * 13, [1] * 6 + [0] * 7, [1] * 9 + [0] * 4]))
+    calibration = [engines.Batch([0, 1, 2], layout, flat)]
+    ranges = graph.ffn_input_ranges(model, calibration)           # the FFN inputs' channel ranges, smoothed away
+    assert len(ranges) == L and all(r.shape == (model.config.hidden_size,) and r.min() > 0 for r in ranges)
+    smoothed = onnx.load_from_string(graph.encoder_graph(model, int8=True, fused=True, levels=63, ranges=ranges))
+    assert sum(n.op_type == "Mul" for n in smoothed.graph.node) == sum(n.op_type == "Mul" for n in m.graph.node) + L
+    runners, why = choose.load_engines(model, 1, int8=True, calibration=calibration)
+    assert set(runners) == set(engines.installed_engines()), why
     with torch.inference_mode():
         want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
-        got = small.hidden(flat, layout)
-    assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.98
+        for name, runner in runners.items():
+            small = engines.GraphEngine(runner, name, max_tokens=1 << 20)
+            assert small.precision == "int8" and small.runner.threads == 1
+            got = small.hidden(flat, layout)
+            assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.98, name
 
 
 def test_a_large_batch_runs_on_the_engine_in_runs_of_similar_lengths():
@@ -197,9 +214,9 @@ def test_a_disagreeing_graph_is_discarded(checkpoints, monkeypatch):
     """A graph that computes something else (here: another model's weights) never serves."""
     real = graph.encoder_graph
 
-    def other_weights(bert, int8=False):
+    def other_weights(bert, *args, **kwargs):
         torch.manual_seed(1)
-        return real(BertModel(bert.config).eval(), int8)
+        return real(BertModel(bert.config).eval(), *args, **kwargs)
 
     monkeypatch.setattr(graph, "encoder_graph", other_weights)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batch_tokens=1 << 20, small_batches=True)
@@ -222,7 +239,7 @@ class FakeEngine:
 def _with_fakes(monkeypatch, fakes: dict, ms: dict, cache_dir):
     """choose.load_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch']).
     Returns the list of the engine sets made, one per Predictor loaded."""
-    def load(encoder, threads, precision=None, int8=False):
+    def load(encoder, threads, precision=None, int8=False, calibration=None):
         assert threads == 1                  # short batches run on one thread, whatever the model's threads
         g = graph.encoder_graph(encoder)
         engines_made.append({name: make(g) for name, make in fakes.items()})
@@ -256,7 +273,7 @@ def test_the_engines_not_chosen_are_let_go(checkpoints, monkeypatch, tmp_path):
         alive.append(sorted(name for name, r in refs.items() if r() is not None))
         return FakeEngine(g)
 
-    def load(encoder, threads, precision=None, int8=False):
+    def load(encoder, threads, precision=None, int8=False, calibration=None):
         g = graph.encoder_graph(encoder)
         runners = {name: FakeEngine(g) for name in ("slow", "fast")}
         for name, e in runners.items():

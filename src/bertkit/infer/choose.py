@@ -73,7 +73,9 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
                               f"projection in {dtype_name(down)}); "
                               f"cosine {p.precision_check['cosine_min']:.4f} to fp32 on the sample")
         if small:
-            _short_batches(p, small, encoder_of(fp32), load_engines(encoder_of(fp32), SMALL_THREADS, int8=True))
+            rows = sample_rows(p.tokenizer, p.max_length)
+            _short_batches(p, small, encoder_of(fp32), load_engines(encoder_of(fp32), SMALL_THREADS, int8=True,
+                                                                    calibration=p.batches(rows, 8)))
         return
     if dtype is not None:
         p.model, p.precision = fp32.to(dtype), dtype_name(dtype)
@@ -323,28 +325,35 @@ def agreement(candidate, reference, texts: Sequence[str], pairs: Sequence[str | 
 
 # ---- the engine of short batches ------------------------------------------------------------------
 def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = None,
-                 int8: bool = False) -> tuple[dict[str, Any], str]:
+                 int8: bool = False, calibration: list | None = None) -> tuple[dict[str, Any], str]:
     """Every installed engine's runner on the encoder's graph, by name, and a reason when there is
     none (no engine installed, no graph for this encoder, or none could load it). `precision`:
     OpenVINO's ('float32' when fp32 was asked for; None: its own, bf16 where the CPU has it).
-    `int8`: the graph with int8 weights on OpenVINO, which quantizes the activations per token at
-    run time (`engines.OpenVINOGraph`; onnxruntime would run it dequantized, in fp32)."""
+    onnxruntime runs the graph in its own operators (`graph.encoder_graph(fused=True)`). `int8`: the
+    graphs with int8 weights: on OpenVINO, which quantizes the activations per token at run time
+    (`engines.OpenVINOGraph`); on onnxruntime, per tensor (its DynamicQuantizeMatMul), weights of
+    `int8_weight_levels` like `Int8Linear`'s, the FFN's down projection in fp32 like
+    `quantize_int8`'s, the FFN's input smoothed by its ranges on the `calibration` batches
+    (`graph.encoder_graph`)."""
     why = graph.supported(fp32_encoder)
-    installed = [n for n in engines.installed_engines() if n == "openvino" or not int8]
+    installed = engines.installed_engines()
     if why or not installed:
-        return {}, (f"no ONNX graph for {why}" if why else "int8 engines need openvino (pip install openvino)"
-                    if int8 else "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
-    try:
-        g = graph.encoder_graph(fp32_encoder, int8)
-    except ValueError as e:                      # over protobuf's 2 GB
-        return {}, str(e)
+        return {}, (f"no ONNX graph for {why}" if why else
+                    "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
     group = fp32_encoder.config.hidden_size if int8 else 0
+    ranges = graph.ffn_input_ranges(fp32_encoder, calibration) if int8 and calibration else None
     runners, failed = {}, []
     for name in installed:
+        ort = name == "onnxruntime"
+        try:
+            g = graph.encoder_graph(fp32_encoder, int8, fused=ort, levels=int8_weight_levels() if ort else 127,
+                                    ranges=ranges)
+        except ValueError as e:                  # over protobuf's 2 GB
+            return {}, str(e)
         try:
             runners[name] = engines.load_runner(name, g, threads, precision, group)
             # the same engine on more threads, for `_wider` (dropped once the short engine is chosen)
-            runners[name].reload = lambda n, name=name: engines.load_runner(name, g, n, precision, group)
+            runners[name].reload = lambda n, name=name, g=g: engines.load_runner(name, g, n, precision, group)
         except Exception as e:            # a build that cannot take the graph: say so, keep the others
             failed.append(f"{name} could not load the graph ({type(e).__name__}: {str(e)[:100]})")
     return runners, "; ".join(failed)
@@ -395,7 +404,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
     name = (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
             f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {p.precision} "
             f"[{' '.join(f'{k}:{v.precision}' for k, v in agreeing.items())}] "
-            f"settled t{SMALL_THREADS}-t{torch.get_num_threads()} dense burst")
+            f"settled t{SMALL_THREADS}-t{torch.get_num_threads()} dense burst fused-ops")
     timed: dict = {}    # settled t1-tN: timed with SETTLE_S, the runtimes on one thread and on torch's N (`_wider`)
 
     def decide() -> dict:

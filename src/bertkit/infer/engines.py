@@ -234,16 +234,16 @@ def installed_engines() -> list[str]:
 
 
 class OnnxRuntimeGraph:
-    """The graph on onnxruntime's CPU provider, fp32: all graph optimisations, `threads` intra-op
-    threads that spin between the operators of one run and stop at its end (spinning threads would
+    """The graph on onnxruntime's CPU provider (fp32, or int8 GEMMs where the graph has them): all
+    graph optimisations, `threads` intra-op threads that spin between the operators of one run and stop at its end (spinning threads would
     take the cores from the PyTorch batches that follow; not spinning at all, the workers sleep and
     wake between operators: one 16-token request 7-9% slower on an AVX2 EPYC,
     docs/serve-measurements.md)."""
 
-    precision = "float32"
-
-    def __init__(self, graph: bytes, threads: int):
+    def __init__(self, graph: bytes, threads: int, precision: str = "float32"):
         import onnxruntime as ort
+
+        self.precision = precision              # int8: a graph of DynamicQuantizeMatMul (`graph.encoder_graph`)
 
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -297,7 +297,7 @@ def load_runner(name: str, graph: bytes, threads: int, precision: str | None = N
     """One of ENGINES on the graph (`precision`, `int8_group`: OpenVINO's, see OpenVINOGraph)."""
     if name == "openvino":
         return OpenVINOGraph(graph, threads, precision, int8_group)
-    return OnnxRuntimeGraph(graph, threads)
+    return OnnxRuntimeGraph(graph, threads, "int8" if int8_group else "float32")
 
 
 def length_buckets(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

@@ -21,7 +21,7 @@ checked against the PyTorch model at load (`choose.py`); a disagreement discards
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from ..model import GELU_APPROXIMATE, BertModel
 from .engines import INPUTS
 
 MAX_GRAPH_BYTES = 1_900_000_000  # the weights inside one ONNX protobuf (2 GB limit, with room for the rest)
+MS = "com.microsoft"             # onnxruntime's operators (`encoder_graph(fused=True)`)
 OPSET = 20                      # LayerNormalization (17), Gelu with its tanh approximation (20)
 
 
@@ -49,9 +50,10 @@ def supported(bert: BertModel) -> str | None:
 class _Builder:
     """Nodes and initializers of one graph, each value given a fresh name."""
 
-    def __init__(self, int8: bool = False):
+    def __init__(self, int8: bool = False, fused: bool = False, levels: int = 127):
         from onnx import helper, numpy_helper
-        self.helper, self.numpy_helper, self.int8 = helper, numpy_helper, int8
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.int8, self.fused, self.levels = int8, fused, levels
         self.nodes, self.inits, self.count = [], [], 0
 
     def const(self, value: Tensor | np.ndarray | float | list, dtype=np.float32) -> str:
@@ -60,19 +62,23 @@ class _Builder:
         self.inits.append(self.numpy_helper.from_array(np.asarray(arr, dtype=dtype, order="C"), name))   # 0-d stays 0-d
         return name
 
-    def op(self, kind: str, *inputs: str, outputs: int = 1, **attrs: Any) -> Any:
+    def op(self, kind: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs: Any) -> Any:
         names = [f"v{self.count + i}" for i in range(outputs)]
         self.count += outputs
-        self.nodes.append(self.helper.make_node(kind, list(inputs), names, **attrs))
+        self.nodes.append(self.helper.make_node(kind, list(inputs), names, domain=domain, **attrs))
         return names[0] if outputs == 1 else names
 
-    def linear(self, x: str, weight: Tensor, bias: Tensor) -> str:
-        """x W^T + b, the weight stored as (in, out) for MatMul; with `int8`, as int8 with one scale per
-        output channel (max |w| / 127) behind a DequantizeLinear, which OpenVINO runs as int8 weights."""
+    def linear(self, x: str, weight: Tensor, bias: Tensor, int8: bool = True) -> str:
+        """x W^T + b, the weight stored as (in, out) for MatMul. With `int8` (the builder's and this
+        call's), the weight int8 with one scale per output channel (max |w| / `levels`): behind a
+        DequantizeLinear, which OpenVINO runs as int8 weights; `fused` (onnxruntime), in its
+        DynamicQuantizeMatMul, which quantizes the activations per tensor at run time."""
         w = weight.detach().float().t()                                    # (in, out)
-        if self.int8:
-            scale = w.abs().amax(0).clamp_min(1e-12) / 127
-            q = self.const(torch.round(w / scale).clamp(-127, 127).to(torch.int8).numpy(), np.int8)
+        if self.int8 and int8:
+            scale = w.abs().amax(0).clamp_min(1e-12) / self.levels
+            q = self.const(torch.round(w / scale).clamp(-self.levels, self.levels).to(torch.int8).numpy(), np.int8)
+            if self.fused:
+                return self.op("DynamicQuantizeMatMul", x, q, self.const(scale), "", self.const(bias), domain=MS)
             w_in = self.op("DequantizeLinear", q, self.const(scale), axis=1)
         else:
             w_in = self.const(w)
@@ -83,9 +89,19 @@ class _Builder:
                        axis=-1, epsilon=float(ln.eps))
 
 
-def encoder_graph(bert: BertModel, int8: bool = False) -> bytes:
+def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, levels: int = 127,
+                  ranges: Sequence[Tensor] | None = None) -> bytes:
     """The serialized ONNX model of `bert`'s forward pass on padded inputs (see the module doc);
-    `int8`: the blocks' Linear weights int8, one scale per output channel (`_Builder.linear`)."""
+    `int8`: the blocks' Linear weights int8, one scale per output channel, |w| up to `levels`
+    (`_Builder.linear`); `fused`: for onnxruntime only, in its own operators: the embeddings and
+    each attention as one (EmbedLayerNormalization, Attention: 77 nodes a call instead of 170) where
+    `fusable` allows, and with `int8` each Linear but attention's and the FFN's down projection as
+    one DynamicQuantizeMatMul (the down projection in fp32, as in `choose.quantize_int8`). That
+    operator quantizes its input per tensor, so a few channels with large values set the step of
+    all; with `ranges` (`ffn_input_ranges`) the FFN's input is smoothed first (SmoothQuant, Xiao et
+    al. 2023: x_j / s_j into the GEMM, row j of W^T times s_j, s_j = sqrt(range_j / max |W_:j|)):
+    on all-MiniLM-L6-v2 the Predictor's sample keeps min cosine 0.9973 to fp32 instead of 0.9890
+    (docs/serve-measurements.md)."""
     from onnx import TensorProto, helper
 
     if why := supported(bert):
@@ -93,10 +109,47 @@ def encoder_graph(bert: BertModel, int8: bool = False) -> bytes:
     size = 4 * sum(p.numel() for p in [*bert.blocks.parameters(), *bert.embeddings.parameters()])
     if size > MAX_GRAPH_BYTES:
         raise ValueError(f"no ONNX graph for {size / 2**30:.1f} GB of weights (one protobuf holds at most 2 GB)")
-    cfg, g = bert.config, _Builder(int8)
-    H, C = cfg.num_heads, cfg.hidden_size
+    g = _Builder(int8, fused, levels)
+    x, attend = _fused_inputs(g, bert) if fused and fusable(bert) else _inputs(g, bert)
+    for i, block in enumerate(bert.blocks):
+        h = g.norm(x, block.norm1) if block.pre_norm else x
+        att = g.linear(attend(h, block.attn), block.attn.out.weight, block.attn.out.bias)   # (B, T, C)
+        if block.pre_norm:
+            x = g.op("Add", x, att)
+            x = g.op("Add", x, _ffn(g, g.norm(x, block.norm2), block.mlp, bert.config.hidden_act, ranges, i))
+        else:
+            x = g.norm(g.op("Add", x, att), block.norm1)
+            x = g.norm(g.op("Add", x, _ffn(g, x, block.mlp, bert.config.hidden_act, ranges, i)), block.norm2)
+    if bert.final_norm is not None:
+        x = g.norm(x, bert.final_norm)
+    g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
+    ins = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"]) for name in INPUTS]
+    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT,
+                                        ["batch", "sequence", bert.config.hidden_size])
+    domains = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(MS, 1)] if fused else [])
+    # the weights go into the model once (make_graph and make_model would each copy them): the peak of
+    # a build is two copies of the weights, not four
+    model = helper.make_model(helper.make_graph(g.nodes, "bertkit_encoder", ins, [out]),
+                              opset_imports=domains, producer_name="bertkit")
+    model.graph.initializer.extend(g.inits)
+    g.inits.clear()
+    return model.SerializeToString()
+
+
+def _qkv(attn) -> tuple[Tensor, Tensor]:
+    """[W_q; W_k; W_v] (3C, C) and its bias (3C): Q, K and V from one GEMM."""
+    return tuple(torch.cat([getattr(lin, p) for lin in (attn.query, attn.key, attn.value)])
+                 for p in ("weight", "bias"))
+
+
+def _inputs(g: _Builder, bert: BertModel):
+    """The embeddings (B, T, C), and attention in standard operators as a function of (h, the block's
+    attention): the padding mask (and ALiBi's distance penalty) added to the scaled scores."""
+    from onnx import TensorProto
+
+    H, C = bert.config.num_heads, bert.config.hidden_size
     D = C // H
-    x = _embeddings(g, bert.embeddings)          # (B, T, C)
+    x = _embeddings(g, bert.embeddings)
     # scores bias: 0 for real keys, the lowest float for padding                   (B, 1, 1, T)
     keep = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)
     bias = g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(float(np.finfo(np.float32).min)))
@@ -108,36 +161,64 @@ def encoder_graph(bert: BertModel, int8: bool = False) -> bytes:
                                 g.op("Unsqueeze", i, g.const([0], np.int64))))          # (T, T)
         bias = g.op("Add", bias, g.op("Mul", dist, g.const(-slopes.float().reshape(1, H, 1, 1))))
     scale = g.const(1.0 / math.sqrt(D))
-    for block in bert.blocks:
-        a = block.attn
-        h = g.norm(x, block.norm1) if block.pre_norm else x
-        qkv = g.linear(h, *(torch.cat([getattr(lin, p) for lin in (a.query, a.key, a.value)])
-                            for p in ("weight", "bias")))                           # one MatMul: (B, T, 3C)
-        y = g.op("Reshape", qkv, g.const([0, 0, 3, H, D], np.int64))                # (B, T, 3, H, D)
+
+    def attend(h: str, a) -> str:
+        y = g.op("Reshape", g.linear(h, *_qkv(a)), g.const([0, 0, 3, H, D], np.int64))  # (B, T, 3, H, D)
         y = g.op("Transpose", y, perm=[2, 0, 3, 1, 4])                                  # (3, B, H, T, D)
         q, k, v = (g.op("Gather", y, g.const(n, np.int64), axis=0) for n in range(3))  # (B, H, T, D)
         s = g.op("MatMul", g.op("Mul", q, scale), g.op("Transpose", k, perm=[0, 1, 3, 2]))   # (B, H, T, T)
         p = g.op("Softmax", g.op("Add", s, bias), axis=-1)
         ctx = g.op("Transpose", g.op("MatMul", p, v), perm=[0, 2, 1, 3])               # (B, T, H, D)
-        att = g.linear(g.op("Reshape", ctx, g.const([0, 0, C], np.int64)), a.out.weight, a.out.bias)   # (B, T, C)
-        if block.pre_norm:
-            x = g.op("Add", x, att)
-            x = g.op("Add", x, _ffn(g, g.norm(x, block.norm2), block.mlp, cfg.hidden_act))
-        else:
-            x = g.norm(g.op("Add", x, att), block.norm1)
-            x = g.norm(g.op("Add", x, _ffn(g, x, block.mlp, cfg.hidden_act)), block.norm2)
-    if bert.final_norm is not None:
-        x = g.norm(x, bert.final_norm)
-    g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
-    ins = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"]) for name in INPUTS]
-    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", C])
-    # the weights go into the model once (make_graph and make_model would each copy them): the peak of
-    # a build is two copies of the weights, not four
-    model = helper.make_model(helper.make_graph(g.nodes, "bertkit_encoder", ins, [out]),
-                              opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bertkit")
-    model.graph.initializer.extend(g.inits)
-    g.inits.clear()
-    return model.SerializeToString()
+        return g.op("Reshape", ctx, g.const([0, 0, C], np.int64))
+    return x, attend
+
+
+def ffn_input_ranges(bert: BertModel, batches: Iterable) -> list[Tensor]:
+    """Per block, max |x_j| of each channel at the FFN's input over `batches` (engines.Batch, packed):
+    what `encoder_graph` smooths the int8 graph for onnxruntime with."""
+    out = [torch.zeros(bert.config.hidden_size) for _ in bert.blocks]
+
+    def seen(i: int):
+        def hook(module, args):
+            out[i] = torch.maximum(out[i], args[0].detach().float().abs().reshape(-1, out[i].numel()).amax(0))
+        return hook
+    handles = [block.mlp.up.register_forward_pre_hook(seen(i)) for i, block in enumerate(bert.blocks)]
+    try:
+        with torch.inference_mode():
+            for b in batches:
+                t = b.tensors
+                bert(t["input_ids"], t["token_type_ids"], None, t["position_ids"], packed=b.packed)
+    finally:
+        for h in handles:
+            h.remove()
+    return out
+
+
+def fusable(bert: BertModel) -> bool:
+    """Whether onnxruntime's fused operators express this encoder: a position table (no ALiBi)
+    and a bidirectional mask (`supported` excludes causal encoders)."""
+    return bert.embeddings.position is not None and bert.blocks[0].attn.slopes is None
+
+
+def _fused_inputs(g: _Builder, bert: BertModel):
+    """As `_inputs`, in onnxruntime's own operators: EmbedLayerNormalization (word + segment +
+    position rows, LayerNorm, and each row's length from the right-padded mask) and Attention (Q, K,
+    V from one GEMM, scaled scores, the padding mask, softmax, context); onnxruntime's optimiser
+    fuses the rest (bias + GELU, residual + LayerNorm). The same arithmetic in fewer, larger
+    operators (docs/serve-measurements.md)."""
+    from onnx import TensorProto
+
+    emb, int32 = bert.embeddings, lambda name: g.op("Cast", name, to=TensorProto.INT32)   # noqa: E731
+    x, lengths = g.op("EmbedLayerNormalization", int32("input_ids"), int32("token_type_ids"),
+                      g.const(emb.word.weight), g.const(emb.position.weight), g.const(emb.segment.weight),
+                      g.const(emb.norm.weight), g.const(emb.norm.bias), int32("attention_mask"),
+                      outputs=2, domain=MS, epsilon=float(emb.norm.eps))
+
+    def attend(h: str, a) -> str:
+        w, b = _qkv(a)
+        return g.op("Attention", h, g.const(w.t()), g.const(b), lengths, domain=MS,
+                    num_heads=bert.config.num_heads)
+    return x, attend
 
 
 def _embeddings(g: _Builder, emb) -> str:
@@ -155,7 +236,11 @@ def _positions(g: _Builder) -> str:
     return g.op("Range", g.const(0, np.int64), T, g.const(1, np.int64))
 
 
-def _ffn(g: _Builder, x: str, mlp, act: str) -> str:
-    up = g.linear(x, mlp.up.weight, mlp.up.bias)
+def _ffn(g: _Builder, x: str, mlp, act: str, ranges: Sequence[Tensor] | None, i: int) -> str:
+    w = mlp.up.weight.detach()
+    if g.int8 and g.fused and ranges is not None:        # smoothed (`encoder_graph`)
+        s = (ranges[i].clamp_min(1e-5) / w.abs().amax(0).clamp_min(1e-8)).sqrt()
+        x, w = g.op("Mul", x, g.const(1 / s)), w * s
+    up = g.linear(x, w, mlp.up.bias)
     up = g.op("Relu", up) if act == "relu" else g.op("Gelu", up, approximate=GELU_APPROXIMATE[act])
-    return g.linear(up, mlp.down.weight, mlp.down.bias)
+    return g.linear(up, mlp.down.weight, mlp.down.bias, int8=not g.fused)
