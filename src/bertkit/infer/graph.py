@@ -3,7 +3,8 @@
 Why a second spelling of the forward pass: on a CPU without fast bf16 (AVX2 only), one short
 request is mostly 24 small GEMMs (16 rows each for a 16-token text), and onnxruntime's GEMM
 (MLAS) runs them faster than oneDNN (docs/serve-measurements.md); at 1,000 rows and more the two
-tie, and bertkit's padding-free batches win. OpenVINO runs the same graph (bf16 where the CPU has it).
+tie, and bertkit's padding-free batches win. OpenVINO runs the graph in standard operators (bf16
+where the CPU has it), onnxruntime in its own fused ones (`encoder_graph(fused=True)`).
 
 The graph is built node by node from the loaded weights in well under a second; no tracer and no
 exporter are involved (`torch.onnx.export`'s TorchScript path freezes shapes and masks it saw,
