@@ -116,8 +116,8 @@ def denormals_flushed():
     BERTKIT_KEEP_DENORMALS=1 keeps them, and the library never changes it. Why:
     ALiBi's far-off attention probabilities, and their gradients, are denormal in fp32, and a CPU
     computes on denormals many times slower than on other floats. Flushed, fp32 ALiBi training runs
-    1.1-1.2x faster with bit-identical losses and weights in every run measured
-    (docs/pretrain-measurements.md). Yields what was done."""
+    faster with bit-identical losses and weights in every run measured (docs/pretrain-measurements.md).
+    Yields what was done."""
     global _denormals
     if os.environ.get(DENORMALS_ENV) == "1":
         yield f"denormal floats kept ({DENORMALS_ENV}=1)"
@@ -426,7 +426,7 @@ def attention_forward_speedup(heads: int, head_dim: int, length: int, dtype: tor
     runs them (packed tokens, Q, K and V views of one projection): `batch` sequences of `length`
     tokens and `batch` of `length` down to 8, on torch's threads, measured once per machine
     (`measured_once`): which kernel a Predictor runs. On packed tokens 'chunked' is one sequence
-    at a time (`packing._sequence_attention`: 1.1-1.7x SDPA in fp32 on a Zen 3; docs/serve-measurements.md)."""
+    at a time (`packing._sequence_attention`; docs/serve-measurements.md)."""
     def measure() -> float:
         g = torch.Generator().manual_seed(0)
         cases = []

@@ -175,8 +175,8 @@ def alibi_bias(slopes: Tensor, T: int, q: Tensor) -> Tensor:
 def linears(x: Tensor, *layers: torch.nn.Linear) -> tuple[Tensor, ...]:
     """Each of `layers` (nn.Linear with bias, the same input) applied to x. Under CPU autocast as one
     GEMM on their weights put side by side: x is cast to bf16 once instead of once a layer, and its
-    gradient cast back once (BERT-mini's bf16 training step: Q, K, V this way 1.020x; in fp32, where
-    nothing is cast, no gain, so each layer runs as written; benchmarks/results/mlm-loss-2026-12-06/)."""
+    gradient cast back once (a small gain on BERT-mini's bf16 training step; in fp32, where nothing is
+    cast, none, so each layer runs as written: benchmarks/results/mlm-loss-2026-12-06/)."""
     if (len(layers) < 2 or x.device.type != "cpu" or not torch.is_autocast_enabled("cpu")
             or any(layer.bias is None for layer in layers)):
         return tuple(layer(x) for layer in layers)
@@ -272,11 +272,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropo
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout: each element zeroed with probability p, the kept ones scaled by 1 / (1 - p).
     On a GPU `F.dropout`. On the CPU torch draws one Bernoulli an element from its scalar generator:
-    here each element gets 16 bits of 64-bit draws from numpy's PCG64 (2.7x the rate of
-    `torch.randint` on torch's Mersenne Twister), seeded by one draw from torch's generator (so
+    here each element gets 16 bits of 64-bit draws from numpy's PCG64 (faster than `torch.randint`
+    on torch's Mersenne Twister), seeded by one draw from torch's generator (so
     torch's seed, and a resumed run's restored state, give the same masks), p rounded to a multiple
-    of 1/65,536 (0.1 drops 0.1000061) and the scale taken from that p: unbiased, and 4x F.dropout's
-    speed (benchmarks/results/mlm-loss-2026-12-06/). A p that rounds to 0 or 1 there (finer than
+    of 1/65,536 (0.1 drops 0.1000061) and the scale taken from that p: unbiased, and several times
+    F.dropout's speed (benchmarks/results/mlm-loss-2026-12-06/). A p that rounds to 0 or 1 there (finer than
     1/65,536 from either end) goes to `F.dropout` too, so it is never silently changed."""
     cut = round(p * 65536)
     if not training or not 0 < cut < 65536 or x.device.type != "cpu" or torch.compiler.is_compiling():
@@ -284,7 +284,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     seed = int(torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64)) & (2 ** 64 - 1)
     words = np.random.PCG64(seed).random_raw((x.numel() + 3) // 4)          # 64-bit draws, 4 elements each
     keep = torch.from_numpy(words.view(np.int16)[:x.numel()]).view(x.shape) >= cut - 32768
-    return x * keep.to(x.dtype) * (65536 / (65536 - cut))       # (x * mask) * scale: 1.7x torch.where's speed
+    return x * keep.to(x.dtype) * (65536 / (65536 - cut))       # (x * mask) * scale: faster than torch.where
 
 
 CE_ROWS = 16       # rows of logits per step of the CPU's `cross_entropy` (their fp32 copy stays in cache)
@@ -294,8 +294,8 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """`F.cross_entropy(logits.float(), targets)`, the mean over (M, V) logits, in fp32. On the CPU
     `_RowsCrossEntropy` goes CE_ROWS rows at a time: the (M, V) fp32 copy, log-probabilities and
     zero-filled gradient that F.cross_entropy writes are never made, and the gradient is written with
-    the loss (600 x 30,522 bf16 logits, forward + backward: F.cross_entropy's 79 ms, 42 by rows, 21-28
-    with the gradient written in the forward; benchmarks/results/mlm-loss-2026-12-06/). Targets must
+    the loss (a third of F.cross_entropy's time or less on BERT's masked positions:
+    benchmarks/results/mlm-loss-2026-12-06/). Targets must
     be classes (no ignore_index) there; otherwise F.cross_entropy."""
     if logits.device.type != "cpu" or logits.dim() != 2 or not len(logits) or int(targets.min()) < 0:
         return F.cross_entropy(logits.float(), targets)
@@ -382,9 +382,8 @@ def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, p: Packed, causal: bool
     """Kernel 'chunked' on packed tokens, for inference: `attention`'s formula one sequence at a time
     on views of the (N, H, D) projections: no padding, no key mask and no copy of Q, K or V; one
     sequence's H x L x L scores stay in cache, the softmax in fp32. ALiBi's distances and the causal
-    mask start the scores (one (H, T, T) bias per batch, each sequence its corner of it). Against
-    SDPA on padded length groups: attention 1.15x on 32 x 128 tokens, 1.8x on 32 x 8-128, 1.2-1.3x
-    on 1 x 16 (Zen 3, fp32; docs/serve-measurements.md)."""
+    mask start the scores (one (H, T, T) bias per batch, each sequence its corner of it). Faster
+    than SDPA on padded length groups, most on ragged batches (docs/serve-measurements.md)."""
     cu = p.scratch.get("cu")
     if cu is None:                                       # (planned once per batch, kept for every layer)
         cu = p.scratch["cu"] = p.cu_seqlens.tolist()

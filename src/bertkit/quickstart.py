@@ -95,7 +95,7 @@ def pace_note(card: dict, other_s: float) -> str:
 
 def hour_recipe(precision: str) -> str:
     """The one-hour recipe for this machine: BERT-mini where training ran in bf16 or fp16, the narrower
-    model where it ran in fp32 (an AVX2-only CPU: cpu-60m-avx2.yaml sees 2.8x the tokens there;
+    model where it ran in fp32 (an AVX2-only CPU, where cpu-60m-avx2.yaml sees more tokens:
     docs/pretrain-measurements.md, 'One hour on a CPU with AVX2 only')."""
     return "configs/pretrain/cpu-60m-avx2.yaml" if precision == "float32" else "configs/pretrain/cpu-60m.yaml"
 

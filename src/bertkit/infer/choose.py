@@ -55,8 +55,8 @@ BURST_TOKENS = 160                       # a timed run: back-to-back calls of th
 SMALL_THREADS = 1
 SMALL_TIE = 1.05
 # the lead on a full batch an engine needs before it takes larger batches: that one timing at load
-# moved by more than 5% between loads on a 2-core VM (onnxruntime 1.05x PyTorch at one load, 0.90x
-# in the steady state after it; docs/serve-measurements.md), and a wrong yes costs every large batch
+# moved by more than 5% between loads on a 2-core VM (docs/serve-measurements.md), and a wrong yes
+# costs every large batch
 DENSE_TIE = 1.10
 
 
@@ -185,7 +185,7 @@ def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, pre
     stays in `down_dtype` (bf16 where bf16 GEMMs are fast, else fp32; prepacked). The embeddings,
     the pooler and the task head stay fp32. Q, K and V are one Int8Linear (`prepack.FusedSelfAttention`),
     the FFN a `prepack.PrepackedFeedForward` (GELU in place): the same numbers as an Int8Linear per
-    projection, 1.07x / 1.22x / 1.21x its speed on 32 x 8-128 / 32 x 128 / 1 x 16 tokens (Zen 3). Returns a copy.
+    projection, faster (docs/serve-measurements.md). Returns a copy.
 
     all-MiniLM-L6-v2's mean-pooled states against fp32, min cosine over the 23 sample texts (AVX2
     EPYC): one activation scale per batch 0.984 (torch's default, one weight scale and 7-bit

@@ -54,9 +54,8 @@ class PrepackedFeedForward(nn.Module):
     where fresh memory faults in page by page).
 
     A GELU (`gelu`: its `approximate`) runs inside the first GEMM (oneDNN's post-op) on at most
-    FUSED_GELU_ROWS rows, and above that in place on the GEMM's output: the post-op made the GEMM
-    1.48-1.52x slower, the separate GELU 1.11-1.12x (AVX2 EPYC, fp32, 256 and 4,096 rows; bf16 on
-    AMX 1.99x against 1.81x), but at 16 rows the separate op cost more (docs/serve-measurements.md)."""
+    FUSED_GELU_ROWS rows, and above that in place on the GEMM's output: on large inputs the post-op
+    slowed the GEMM more than the separate GELU costs, on 16 rows less (docs/serve-measurements.md)."""
 
     def __init__(self, up: PrepackedLinear, down: PrepackedLinear, act, gelu: str | None = None):
         super().__init__()

@@ -40,7 +40,7 @@ class ServeConfig:
     """Most real tokens one batching round may hold (`bertkit serve` uses 8192 on a GPU)."""
     max_wait_ms: Annotated[float, NON_NEGATIVE] = 0.0
     """How long the batcher waits for more requests once one has arrived (0: a round takes what
-    queued while the model was busy; on 2 CPU cores 5 ms only added latency)."""
+    queued while the model was busy; on 2 CPU cores a wait only added latency)."""
     max_queue: Annotated[int, AT_LEAST_1] = 256
     """Most requests waiting for the model; beyond it requests get 503 with Retry-After."""
     max_length: Annotated[int, AT_LEAST_1] = 512
