@@ -235,9 +235,9 @@ def installed_engines() -> list[str]:
 
 class OnnxRuntimeGraph:
     """The graph on onnxruntime's CPU provider (fp32, or int8 GEMMs where the graph has them): all
-    graph optimisations, `threads` intra-op threads that spin between the operators of one run and stop at its end (spinning threads would
-    take the cores from the PyTorch batches that follow; not spinning at all, the workers sleep and
-    wake between operators: one 16-token request 7-9% slower on an AVX2 EPYC,
+    graph optimisations, `threads` intra-op threads that spin between the operators of one run and
+    stop at its end (spinning threads would take the cores from the PyTorch batches that follow; not
+    spinning at all, the workers sleep and wake between operators, slower still:
     docs/serve-measurements.md)."""
 
     def __init__(self, graph: bytes, threads: int, precision: str = "float32"):
