@@ -169,8 +169,9 @@ def build_contenders(path: Path, args, tmp: Path, notes: list[str]) -> dict[str,
     from bertkit import hardware
     from bertkit.infer import Predictor
 
-    only = tuple(s.strip() for s in args.only.split(",") if s.strip())
-    args.want = lambda name: not only or name.startswith(only + ("transformers fp32", "bertkit default"))
+    only = tuple(s.strip() for s in args.only.split(",") if s.strip()) + ("transformers fp32", "bertkit default")
+    # a name is kept if a prefix matches it, or if it names a group ("onnxruntime") that a prefix is inside of
+    args.want = lambda name: len(only) == 2 or any(name.startswith(o) or o.startswith(name) for o in only)
     hf = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa").eval()
     default = Predictor.from_dir(path, device="cpu")
     caps = hardware.capabilities(hf.config.hidden_size, hf.config.intermediate_size)
