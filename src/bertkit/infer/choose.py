@@ -345,7 +345,8 @@ def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = 
         return {}, (f"no ONNX graph for {why}" if why else
                     "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
     group = fp32_encoder.config.hidden_size if int8 else 0
-    ranges = graph.ffn_input_ranges(fp32_encoder, calibration) if int8 and calibration else None
+    smooth = int8 and calibration and "onnxruntime" in installed      # only onnxruntime's int8 graph is smoothed
+    ranges = graph.ffn_input_ranges(fp32_encoder, calibration) if smooth else None
     runners, failed = {}, []
     for name in installed:
         ort = name == "onnxruntime"

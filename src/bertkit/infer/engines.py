@@ -294,7 +294,9 @@ class OpenVINOGraph:
 
 
 def load_runner(name: str, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0):
-    """One of ENGINES on the graph (`precision`, `int8_group`: OpenVINO's, see OpenVINOGraph)."""
+    """One of ENGINES on the graph. `precision`: OpenVINO's; `int8_group` > 0: a graph with int8
+    weights (OpenVINO quantizes its activations in groups of that many values, see OpenVINOGraph;
+    onnxruntime's graph quantizes its own, and its runner says int8)."""
     if name == "openvino":
         return OpenVINOGraph(graph, threads, precision, int8_group)
     return OnnxRuntimeGraph(graph, threads, "int8" if int8_group else "float32")

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ..model import GELU_APPROXIMATE, BertModel
 from .engines import INPUTS
+from .prepack import qkv_linear
 
 MAX_GRAPH_BYTES = 1_900_000_000  # the weights inside one ONNX protobuf (2 GB limit, with room for the rest)
 MS = "com.microsoft"             # onnxruntime's operators (`encoder_graph(fused=True)`)
@@ -136,12 +137,6 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
     return model.SerializeToString()
 
 
-def _qkv(attn) -> tuple[Tensor, Tensor]:
-    """[W_q; W_k; W_v] (3C, C) and its bias (3C): Q, K and V from one GEMM."""
-    return tuple(torch.cat([getattr(lin, p) for lin in (attn.query, attn.key, attn.value)])
-                 for p in ("weight", "bias"))
-
-
 def _inputs(g: _Builder, bert: BertModel):
     """The embeddings (B, T, C), and attention in standard operators as a function of (h, the block's
     attention): the padding mask (and ALiBi's distance penalty) added to the scaled scores."""
@@ -163,7 +158,8 @@ def _inputs(g: _Builder, bert: BertModel):
     scale = g.const(1.0 / math.sqrt(D))
 
     def attend(h: str, a) -> str:
-        y = g.op("Reshape", g.linear(h, *_qkv(a)), g.const([0, 0, 3, H, D], np.int64))  # (B, T, 3, H, D)
+        qkv = qkv_linear(a)                                                             # one GEMM
+        y = g.op("Reshape", g.linear(h, qkv.weight, qkv.bias), g.const([0, 0, 3, H, D], np.int64))  # (B, T, 3, H, D)
         y = g.op("Transpose", y, perm=[2, 0, 3, 1, 4])                                  # (3, B, H, T, D)
         q, k, v = (g.op("Gather", y, g.const(n, np.int64), axis=0) for n in range(3))  # (B, H, T, D)
         s = g.op("MatMul", g.op("Mul", q, scale), g.op("Transpose", k, perm=[0, 1, 3, 2]))   # (B, H, T, T)
@@ -215,8 +211,8 @@ def _fused_inputs(g: _Builder, bert: BertModel):
                       outputs=2, domain=MS, epsilon=float(emb.norm.eps))
 
     def attend(h: str, a) -> str:
-        w, b = _qkv(a)
-        return g.op("Attention", h, g.const(w.t()), g.const(b), lengths, domain=MS,
+        qkv = qkv_linear(a)
+        return g.op("Attention", h, g.const(qkv.weight.t()), g.const(qkv.bias), lengths, domain=MS,
                     num_heads=bert.config.num_heads)
     return x, attend
 
