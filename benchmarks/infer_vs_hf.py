@@ -18,7 +18,8 @@ each forced one. Contenders (each optional runtime skipped with a note when not 
   onnxruntime on transformers' graph with its BERT fusions (attention, LayerNorm, GELU fused;
   fp32 and int8 - `onnxruntime.transformers.optimizer`); OpenVINO (its default precision: bf16
   where the CPU has it) on that graph; CTranslate2 int8.
-Rounds are interleaved (contenders in a rotated order each round) after a warm-up; figures are
+Rounds are interleaved (contenders in a new random order each round, seeded: none always follows
+the same other) after a warm-up; figures are
 medians over --reps rounds. CTranslate2 is timed after the others, in rounds of its own beside
 transformers fp32 (its ratios are to that second reference): once its threads have run, GNU
 OpenMP's worker pools outnumber the cores and every PyTorch contender in the process slows by
@@ -43,6 +44,7 @@ import argparse
 import gzip
 import json
 import logging
+import random
 import statistics
 import sys
 import tempfile
@@ -295,9 +297,11 @@ def measure(contenders: dict[str, Callable], workloads: dict[str, dict], reps: i
                 run(b)
                 emb[(name, k)] = run(b)()
         times = {key: [] for key in emb}
-        names = list(contenders)
+        names, rng = list(contenders), random.Random(0)
         for r in range(reps):
-            order = names[r % len(names):] + names[:r % len(names)]       # rotate: no favoured position
+            # a new order each round: a rotation would keep each contender behind the same other,
+            # whose leftovers (threads still waking, caches) it would inherit in every round
+            order = rng.sample(names, len(names))
             for k, b in workloads.items():
                 calls = latency_calls if k == "1x16" else 1
                 for name in order:

@@ -239,10 +239,10 @@ class FakeEngine:
 def _with_fakes(monkeypatch, fakes: dict, ms: dict, cache_dir):
     """choose.load_engines gives `fakes`; timing a call costs ms[engine] (PyTorch: ms['torch']).
     Returns the list of the engine sets made, one per Predictor loaded."""
-    def load(encoder, threads, precision=None, int8=False, calibration=None):
-        assert threads == 1                  # short batches run on one thread, whatever the model's threads
+    def load(encoder, threads, precision=None, int8=False, calibration=None, only=None):
+        assert threads == 1 or only is not None     # one thread, whatever the model's, unless decided before
         g = graph.encoder_graph(encoder)
-        engines_made.append({name: make(g) for name, make in fakes.items()})
+        engines_made.append({name: make(g) for name, make in fakes.items() if only in (None, name)})
         return dict(engines_made[-1]), ""            # a copy: choose_engine empties what it is given
 
     def fake_times(fns, rounds, settle=0.0):
@@ -273,7 +273,7 @@ def test_the_engines_not_chosen_are_let_go(checkpoints, monkeypatch, tmp_path):
         alive.append(sorted(name for name, r in refs.items() if r() is not None))
         return FakeEngine(g)
 
-    def load(encoder, threads, precision=None, int8=False, calibration=None):
+    def load(encoder, threads, precision=None, int8=False, calibration=None, only=None):
         g = graph.encoder_graph(encoder)
         runners = {name: FakeEngine(g) for name in ("slow", "fast")}
         for name, e in runners.items():
@@ -355,6 +355,24 @@ def test_the_engine_is_timed_once_per_machine_and_kept_by_every_later_start(chec
     again = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert not timings and again.small.name == first.small.name == "fast"
     assert again.small.max_tokens == first.small.max_tokens == 256
+    assert again.small_reason == first.small_reason + " (timed once on this machine)"
+
+
+def test_a_later_start_loads_only_the_engine_decided_before(checkpoints, monkeypatch, tmp_path):
+    """Once the choice is recorded, a second start builds, loads and checks the kept engine alone,
+    and no runtime at all where PyTorch was the faster (what a restart costs: docs/serve.md)."""
+    made = _with_fakes(monkeypatch, {"slow": FakeEngine, "fast": FakeEngine}, {"torch": 5.0, "slow": 4.0, "fast": 2.0},
+                       tmp_path)
+    Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+    monkeypatch.setattr(hardware, "_session", {})                  # a second process on this machine
+    again = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+    assert [sorted(m) for m in made] == [["fast", "slow"], ["fast"]] and again.small.name == "fast"
+    assert again.small.agreement["ok"]                              # checked on the sample all the same
+    made = _with_fakes(monkeypatch, {"slow": FakeEngine}, {"torch": 5.0, "slow": 5.3}, tmp_path)
+    first = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+    monkeypatch.setattr(hardware, "_session", {})
+    again = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+    assert len(made) == 1 and again.small is None and first.small is None
     assert again.small_reason == first.small_reason + " (timed once on this machine)"
 
 

@@ -285,18 +285,26 @@ def measured_once(name: str, measure: Callable[[], float]) -> float:
     return float(decided_once(name, lambda: float(measure()), lambda v: isinstance(v, (int, float))))
 
 
+def recorded(name: str) -> object | None:
+    """What `decided_once(name, ...)` holds for this machine (this process's answer, else the
+    measurements file's), or None where nothing is recorded; it measures nothing."""
+    key = f"{machine_key()} :: {name}"
+    if key in _session:
+        return _session[key]
+    entry = _read_measurements(measurements_path()).get(key)
+    return entry.get("value") if isinstance(entry, dict) else None
+
+
 def decided_once(name: str, decide: Callable[[], object], valid: Callable[[object], bool]) -> object:
     """`measured_once` for any JSON value `decide()` returns (`valid` tells a usable recorded one).
     `decide()` runs on a fork of torch's CPU generator: a run that measures goes on with the same random
     numbers as one that reads the recorded answer (a timing with dropout draws from it)."""
     key = f"{machine_key()} :: {name}"
-    if key in _session:
-        return _session[key]
+    value = recorded(name)
+    if valid(value):
+        _session[key] = value
+        return value
     path = measurements_path()
-    entry = _read_measurements(path).get(key)
-    if isinstance(entry, dict) and valid(entry.get("value")):
-        _session[key] = entry["value"]
-        return _session[key]
     with torch.random.fork_rng(devices=[]):
         value = decide()
     try:

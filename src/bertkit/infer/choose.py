@@ -12,7 +12,7 @@ the fp32 model on the sample; of those the fastest on one sequence of 16 tokens,
 PyTorch, takes batches up to the longest length (16, 32, ... 256 tokens) at which it stays so, its
 runtime on one thread or on torch's where that is 5% faster, and larger batches with little padding
 where it is more than 5% faster on a full batch (`_dense`), timed once per machine
-(`hardware.decided_once`).
+(`hardware.decided_once`); a later start loads and checks that engine alone (`_load_short`).
 
 Attention (`choose_attention`): SDPA or the written-out formula one sequence at a time, whichever
 times faster for the model's heads, also once per machine.
@@ -23,6 +23,7 @@ import copy
 import sys
 import warnings
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -78,8 +79,8 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
                               f"cosine {p.precision_check['cosine_min']:.4f} to fp32 on the sample")
         if small:
             rows = sample_rows(p.tokenizer, p.max_length)
-            _short_batches(p, small, encoder_of(fp32), load_engines(encoder_of(fp32), SMALL_THREADS, int8=True,
-                                                                    calibration=p.batches(rows, 8)))
+            _short_batches(p, small, encoder_of(fp32), _load_short(p, small, encoder_of(fp32), int8=True,
+                                                                   calibration=p.batches(rows, 8)))
         return
     if dtype is not None:
         p.model, p.precision = fp32.to(dtype), dtype_name(dtype)
@@ -100,12 +101,12 @@ def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, sm
                 p.precision, p.prepacked, p.precision_check = "bfloat16", packed, check
                 p.precision_reason = f"{caps.reason}; cosine {cos:.5f} to fp32 on the sample"
                 if small:
-                    _short_batches(p, small, encoder_of(fp32), load_engines(encoder_of(fp32), SMALL_THREADS))
+                    _short_batches(p, small, encoder_of(fp32), _load_short(p, small, encoder_of(fp32)))
                 return
             p.model = fp32
             p.precision_reason = f"{caps.reason}, but bf16 cosine {cos:.5f} < {BF16_MIN_COSINE} to fp32 on the sample"
     exact = dtype == torch.float32            # fp32 asked for: short batches exact too (engines in fp32, fp32's bar)
-    found = load_engines(p.encoder, SMALL_THREADS, "float32" if exact else None) if small else None
+    found = _load_short(p, small, p.encoder, exact, "float32" if exact else None) if small else None
     if prepack and p.device.type == "cpu":    # (the engines take the plain weights, before prepacking)
         p.prepacked = prepack_linears(p.model)
     kernel(p)
@@ -329,7 +330,8 @@ def agreement(candidate, reference, texts: Sequence[str], pairs: Sequence[str | 
 
 # ---- the engine of short batches ------------------------------------------------------------------
 def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = None,
-                 int8: bool = False, calibration: list | None = None) -> tuple[dict[str, Any], str]:
+                 int8: bool = False, calibration: list | None = None,
+                 only: str | None = None) -> tuple[dict[str, Any], str]:
     """Every installed engine's runner on the encoder's graph, by name, and a reason when there is
     none (no engine installed, no graph for this encoder, or none could load it). `precision`:
     OpenVINO's ('float32' when fp32 was asked for; None: its own, bf16 where the CPU has it).
@@ -338,9 +340,9 @@ def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = 
     (`engines.OpenVINOGraph`); on onnxruntime, per tensor (its DynamicQuantizeMatMul), weights of
     `int8_weight_levels` like `Int8Linear`'s, the FFN's down projection in fp32 like
     `quantize_int8`'s, the FFN's input smoothed by its ranges on the `calibration` batches
-    (`graph.encoder_graph`)."""
+    (`graph.encoder_graph`). `only`: that engine alone."""
     why = graph.supported(fp32_encoder)
-    installed = engines.installed_engines()
+    installed = [name for name in engines.installed_engines() if only in (None, name)]
     if why or not installed:
         return {}, (f"no ONNX graph for {why}" if why else
                     "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
@@ -362,6 +364,39 @@ def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = 
         except Exception as e:            # a build that cannot take the graph: say so, keep the others
             failed.append(f"{name} could not load the graph ({type(e).__name__}: {str(e)[:100]})")
     return runners, "; ".join(failed)
+
+
+def _load_short(p, small: bool | int, encoder: BertModel, exact: bool = False, precision: str | None = None,
+                **graphs) -> tuple[dict[str, Any], str]:
+    """`load_engines` for the choice of the short-batch engine. Where this machine has made that
+    choice before (`_fastest_once`), only the engine it kept is loaded (on the threads it was kept on)
+    and checked, and none where PyTorch was the faster: a later start builds, loads and checks no
+    runtime it will not use."""
+    before = hardware.recorded(_choice_name(p, exact)) if small is True else None
+    if not (isinstance(before, dict) and "engine" in before):
+        return load_engines(encoder, SMALL_THREADS, precision, **graphs)
+    if before["engine"] is None:
+        return {}, f"{before.get('note', '')} (timed once on this machine)"
+    threads = int(before.get("runtime_threads", SMALL_THREADS))
+    return load_engines(encoder, threads, precision, only=before["engine"], **graphs)
+
+
+def _choice_name(p, exact: bool) -> str:
+    """The name the choice of short-batch engine is recorded under: the model's shape and precision,
+    the engines installed with their versions (an upgrade times again), the threads."""
+    c = p.config
+    installed = " ".join(f"{name}-{_version(name)}" for name in engines.installed_engines())
+    return (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
+            f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {p.precision}"
+            f"{' exact' if exact else ''} [{installed}] settled t{SMALL_THREADS}-t{torch.get_num_threads()} "
+            "dense burst fused-ops")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "?"
 
 
 def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
@@ -394,22 +429,18 @@ def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
             chosen.max_tokens = int(small)
             return chosen, f"{chosen.name} for batches of up to {small} tokens, as asked (not timed)"
         if agreeing:
-            chosen, note = _fastest_once(p, agreeing, rows)
+            chosen, note = _fastest_once(p, agreeing, rows, exact)
             if chosen is not None:
                 return chosen, note
             notes.append(note)
     return None, "; ".join(notes)
 
 
-def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngine | None, str]:
+def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
+                  exact: bool = False) -> tuple[GraphEngine | None, str]:
     """`_fastest`, timed once per machine for a model of this shape and precision and these engines
     (`hardware.decided_once`): every later start on the machine keeps the same engine, so two
     servers of one model answer short requests alike."""
-    c = p.config
-    name = (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
-            f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {p.precision} "
-            f"[{' '.join(f'{k}:{v.precision}' for k, v in agreeing.items())}] "
-            f"settled t{SMALL_THREADS}-t{torch.get_num_threads()} dense burst fused-ops")
     timed: dict = {}    # settled t1-tN: timed with SETTLE_S, the runtimes on one thread and on torch's N (`_wider`)
 
     def decide() -> dict:
@@ -423,8 +454,8 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
                 "max_padding": chosen.max_padding if chosen else 0.0,
                 "large_threads": getattr(chosen.wide, "threads", 0) if chosen else 0,
                 "runtime_threads": getattr(chosen.runner, "threads", 1) if chosen else 1, "note": note}
-    d = hardware.decided_once(name, decide, lambda v: isinstance(v, dict) and (v.get("engine") in agreeing or
-                                                                               v.get("engine") is None))
+    known = lambda v: isinstance(v, dict) and (v.get("engine") is None or v.get("engine") in agreeing)  # noqa: E731
+    d = hardware.decided_once(_choice_name(p, exact), decide, known)
     if "chosen" in timed:                                # timed in this process
         return timed["chosen"], d["note"]
     if d["engine"] is None:
@@ -432,12 +463,13 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[Grap
     chosen = agreeing.pop(d["engine"])
     agreeing.clear()                                     # the others go before a runtime loads again
     n, reload = int(d.get("runtime_threads", 1)), getattr(chosen.runner, "reload", None)
-    if n > 1 and reload is not None:                     # as timed: the runtime on n threads (one at a time)
+    if getattr(chosen.runner, "threads", 1) != n and reload is not None:   # as timed: on n threads (one at a time)
         chosen.runner = None
         chosen = replace(chosen, runner=reload(n))
     chosen.max_tokens, chosen.max_padding = int(d["max_tokens"]), float(d.get("max_padding", 0.0))
-    if int(d.get("large_threads", 0)) and reload is not None:          # larger batches on more threads, as timed
-        chosen.wide = reload(int(d["large_threads"]))
+    if large := int(d.get("large_threads", 0)):                         # larger batches on more threads, as timed
+        same = getattr(chosen.runner, "threads", 1) == large
+        chosen.wide = chosen.runner if same or reload is None else reload(large)
     return chosen, d["note"] + " (timed once on this machine)"
 
 
