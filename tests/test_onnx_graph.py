@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import re
+import subprocess
+import sys
 import tempfile
 import weakref
 
@@ -36,6 +38,35 @@ def _model(act: str, positions: str, norm: str) -> BertModel:
         if p.dim() > 1:
             p.data.normal_(0, 0.2)
     return model
+
+
+@pytest.mark.parametrize("int8, fused", [(False, False), (False, True), (True, False), (True, True)])
+def test_the_graph_is_onnx_that_onnx_itself_checks(int8, fused):
+    """bertkit writes the protobuf itself (no `onnx` import on the way to a runtime): the onnx package
+    reads it back, its checker passes it, and the weights come back bit for bit."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = _model("gelu", "absolute", "post")
+    proto = onnx.load_from_string(graph.encoder_graph(model, int8=int8, fused=fused))
+    onnx.checker.check_model(proto, full_check=True)
+    assert [i.name for i in proto.graph.input] == list(engines.INPUTS)
+    assert [o.name for o in proto.graph.output] == ["last_hidden_state"]
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    norm = model.blocks[0].norm1
+    assert any(a.shape == norm.weight.shape and np.array_equal(a, norm.weight.detach().numpy()) for a in inits.values())
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for n in proto.graph.node for a in n.attribute}
+    assert attrs["epsilon"] == pytest.approx(norm.eps, rel=1e-6)        # a float attribute, 32 bits
+    if not fused:
+        assert attrs["axis"] in (-1, 0, 1) and attrs["perm"] in ([2, 0, 3, 1, 4], [0, 1, 3, 2], [0, 2, 1, 3])
+
+
+def test_writing_a_graph_does_not_import_onnx():
+    code = ("import sys; from bertkit.infer import graph; from bertkit.model import BertModel; from bertkit import preset; "
+            "graph.encoder_graph(BertModel(preset('tiny', vocab_size=50)).eval(), fused=True); "
+            "print('onnx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 @pytest.mark.parametrize("engine, fused", [("onnxruntime", False), ("onnxruntime", True), ("openvino", False)])

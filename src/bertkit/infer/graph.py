@@ -6,11 +6,13 @@ request is mostly 24 small GEMMs (16 rows each for a 16-token text), and onnxrun
 tie, and bertkit's padding-free batches win. OpenVINO runs the graph in standard operators (bf16
 where the CPU has it), onnxruntime in its own fused ones (`encoder_graph(fused=True)`).
 
-The graph is built node by node from the loaded weights in well under a second; no tracer and no
-exporter are involved (`torch.onnx.export`'s TorchScript path freezes shapes and masks it saw,
-its dynamo path takes ~20 s for a 6-layer model). It mirrors `model.py`'s blocks exactly: attention
-with Q, K, V from one MatMul, the padding mask (and ALiBi's distance penalty) added to the scores,
-post-LN or pre-LN (with the final LayerNorm), the feed-forward with the checkpoint's GELU or ReLU.
+The graph is built node by node from the loaded weights in a fraction of a second and written in
+ONNX's protobuf format directly: no `onnx` package (whose import took longer than the graph,
+docs/serve-measurements.md), no tracer and no exporter (`torch.onnx.export`'s TorchScript path
+freezes shapes and masks it saw, its dynamo path takes ~20 s for a 6-layer model). It mirrors
+`model.py`'s blocks exactly: attention with Q, K, V from one MatMul, the padding mask (and ALiBi's
+distance penalty) added to the scores, post-LN or pre-LN (with the final LayerNorm), the feed-forward
+with the checkpoint's GELU or ReLU.
 Inputs: the (B, T) int64 `input_ids`, `attention_mask` and `token_type_ids`, right-padded; the graph
 looks the embeddings up itself (word + segment + position rows, LayerNorm), so a short request is one
 runtime call with no PyTorch op before it (measured in docs/serve-measurements.md; the price: a
@@ -22,6 +24,7 @@ checked against the PyTorch model at load (`choose.py`); a disagreement discards
 from __future__ import annotations
 
 import math
+import struct
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -35,6 +38,10 @@ from .prepack import qkv_linear
 MAX_GRAPH_BYTES = 1_900_000_000  # the weights inside one ONNX protobuf (2 GB limit, with room for the rest)
 MS = "com.microsoft"             # onnxruntime's operators (`encoder_graph(fused=True)`)
 OPSET = 20                      # LayerNormalization (17), Gelu with its tanh approximation (20)
+IR_VERSION = 10                 # the ONNX file format of opset 20 and 21
+FLOAT, INT8, INT32, INT64 = 1, 3, 6, 7                        # onnx.TensorProto's element types
+_ELEMENT = {np.dtype(np.float32): FLOAT, np.dtype(np.int8): INT8, np.dtype(np.int32): INT32,
+            np.dtype(np.int64): INT64}
 
 
 def supported(bert: BertModel) -> str | None:
@@ -53,21 +60,19 @@ class _Builder:
     """Nodes and initializers of one graph, each value given a fresh name."""
 
     def __init__(self, int8: bool = False, fused: bool = False, levels: int = 127):
-        from onnx import helper, numpy_helper
-        self.helper, self.numpy_helper = helper, numpy_helper
         self.int8, self.fused, self.levels = int8, fused, levels
         self.nodes, self.inits, self.count = [], [], 0
 
     def const(self, value: Tensor | np.ndarray | float | list, dtype=np.float32) -> str:
         arr = value.detach().float().numpy() if isinstance(value, Tensor) else value
         name = f"c{len(self.inits)}"
-        self.inits.append(self.numpy_helper.from_array(np.asarray(arr, dtype=dtype, order="C"), name))   # 0-d stays 0-d
+        self.inits.append(_tensor(name, np.asarray(arr, dtype=dtype, order="C")))      # 0-d stays 0-d
         return name
 
     def op(self, kind: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs: Any) -> Any:
         names = [f"v{self.count + i}" for i in range(outputs)]
         self.count += outputs
-        self.nodes.append(self.helper.make_node(kind, list(inputs), names, domain=domain, **attrs))
+        self.nodes.append(_node(kind, inputs, names, domain, **attrs))
         return names[0] if outputs == 1 else names
 
     def linear(self, x: str, weight: Tensor, bias: Tensor, int8: bool = True) -> str:
@@ -103,8 +108,6 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
     all; with `ranges` (`ffn_input_ranges`) the FFN's input is smoothed first (SmoothQuant, Xiao et
     al. 2023: x_j / s_j into the GEMM, row j of W^T times s_j, s_j = sqrt(range_j / max |W_:j|)),
     which keeps the int8 class's agreement where the plain graph lost it (docs/serve-measurements.md)."""
-    from onnx import TensorProto, helper
-
     if why := supported(bert):
         raise ValueError(f"no ONNX graph for {why}")
     size = 4 * sum(p.numel() for p in [*bert.blocks.parameters(), *bert.embeddings.parameters()])
@@ -123,35 +126,87 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
             x = g.norm(g.op("Add", x, _ffn(g, x, block.mlp, bert.config.hidden_act, ranges, i)), block.norm2)
     if bert.final_norm is not None:
         x = g.norm(x, bert.final_norm)
-    g.nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
-    ins = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"]) for name in INPUTS]
-    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT,
-                                        ["batch", "sequence", bert.config.hidden_size])
-    domains = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(MS, 1)] if fused else [])
-    # the weights go into the model once (make_graph and make_model would each copy them): the peak of
-    # a build is two copies of the weights, not four
-    model = helper.make_model(helper.make_graph(g.nodes, "bertkit_encoder", ins, [out]),
-                              opset_imports=domains, producer_name="bertkit")
-    model.graph.initializer.extend(g.inits)
-    g.inits.clear()
-    return model.SerializeToString()
+    g.nodes.append(_node("Identity", [x], ["last_hidden_state"]))
+    ins = [_value_info(name, INT64, ["batch", "sequence"]) for name in INPUTS]
+    out = _value_info("last_hidden_state", FLOAT, ["batch", "sequence", bert.config.hidden_size])
+    graph = _message(*map(_field(1), g.nodes), _field(2)("bertkit_encoder"), *map(_field(5), g.inits),
+                     *map(_field(11), ins), _field(12)(out))
+    opsets = [("", OPSET)] + ([(MS, 1)] if fused else [])
+    model = _message(_field(1)(IR_VERSION), _field(2)("bertkit"), _field(7)(graph),
+                     *(_field(8)(_message(_field(1)(d), _field(2)(v))) for d, v in opsets))
+    return b"".join(model)          # the weights' one copy into the model: views of them until here
+
+
+# ---- ONNX's protobuf, written directly (the `onnx` package is not needed to run a graph) -------------
+# A message is a list of byte chunks of its wire format, the weights' as views of their arrays, joined
+# once at the end. Field numbers from onnx.proto: NodeProto input 1, output 2, op_type 4, attribute 5,
+# domain 7; AttributeProto name 1, f 2, i 3, s 4, ints 8, type 20; TensorProto dims 1, data_type 2,
+# name 8, raw_data 9 (little-endian); GraphProto node 1, name 2, initializer 5, input 11, output 12;
+# ValueInfoProto name 1, type 2; TypeProto tensor_type 1 (elem_type 1, shape 2: dim 1: dim_value 1,
+# dim_param 2); ModelProto ir_version 1, producer_name 2, graph 7, opset_import 8 (domain 1, version 2).
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1                                  # negative ints as 64-bit two's complement
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int):
+    """A function value -> the chunks of field `number` holding it: an int as a varint, a float as
+    32 bits, a str, bytes, view or message (a list of chunks) length-delimited."""
+    def encode(value) -> list:
+        if isinstance(value, int):
+            return [_varint(number << 3), _varint(value)]
+        if isinstance(value, float):
+            return [_varint(number << 3 | 5), struct.pack("<f", value)]
+        chunks = value if isinstance(value, list) else [value.encode() if isinstance(value, str) else value]
+        return [_varint(number << 3 | 2), _varint(sum(len(c) for c in chunks)), *chunks]
+    return encode
+
+
+def _message(*fields: list) -> list:
+    return [chunk for f in fields for chunk in f]
+
+
+def _node(kind: str, inputs: Sequence[str], outputs: Sequence[str], domain: str = "", **attrs: Any) -> list:
+    attributes = [_field(5)(_attribute(k, v)) for k, v in attrs.items()]
+    return _message(*map(_field(1), inputs), *map(_field(2), outputs), _field(4)(kind), *attributes,
+                    _field(7)(domain) if domain else [])
+
+
+def _attribute(name: str, value: int | float | str | Sequence[int]) -> list:
+    if isinstance(value, (int, float, str)):      # type INT 2, FLOAT 1, STRING 3 in fields i 3, f 2, s 4
+        number, kind = {int: (3, 2), float: (2, 1), str: (4, 3)}[type(value)]
+        return _message(_field(1)(name), _field(number)(value), _field(20)(kind))
+    return _message(_field(1)(name), *map(_field(8), value), _field(20)(7))          # INTS
+
+
+def _tensor(name: str, arr: np.ndarray) -> list:
+    raw = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))            # no copy
+    return _message(*map(_field(1), arr.shape), _field(2)(_ELEMENT[arr.dtype]), _field(8)(name), _field(9)(raw))
+
+
+def _value_info(name: str, element: int, dims: Sequence[int | str]) -> list:
+    shape = _message(*(_field(1)(_field(2 if isinstance(d, str) else 1)(d)) for d in dims))
+    return _message(_field(1)(name), _field(2)(_field(1)(_message(_field(1)(element), _field(2)(shape)))))
 
 
 def _inputs(g: _Builder, bert: BertModel):
     """The embeddings (B, T, C), and attention in standard operators as a function of (h, the block's
     attention): the padding mask (and ALiBi's distance penalty) added to the scaled scores."""
-    from onnx import TensorProto
-
     H, C = bert.config.num_heads, bert.config.hidden_size
     D = C // H
     x = _embeddings(g, bert.embeddings)
     # scores bias: 0 for real keys, the lowest float for padding                   (B, 1, 1, T)
-    keep = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)
+    keep = g.op("Cast", "attention_mask", to=FLOAT)
     bias = g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(float(np.finfo(np.float32).min)))
     bias = g.op("Unsqueeze", bias, g.const([1, 2], np.int64))
     slopes = bert.blocks[0].attn.slopes
     if slopes is not None:                       # ALiBi: - slope_h |i - j|                     (1, H, T, T)
-        i = g.op("Cast", _positions(g), to=TensorProto.FLOAT)
+        i = g.op("Cast", _positions(g), to=FLOAT)
         dist = g.op("Abs", g.op("Sub", g.op("Unsqueeze", i, g.const([1], np.int64)),
                                 g.op("Unsqueeze", i, g.const([0], np.int64))))          # (T, T)
         bias = g.op("Add", bias, g.op("Mul", dist, g.const(-slopes.float().reshape(1, H, 1, 1))))
@@ -202,9 +257,7 @@ def _fused_inputs(g: _Builder, bert: BertModel):
     V from one GEMM, scaled scores, the padding mask, softmax, context); onnxruntime's optimiser
     fuses the rest (bias + GELU, residual + LayerNorm). The same arithmetic in fewer, larger
     operators (docs/serve-measurements.md)."""
-    from onnx import TensorProto
-
-    emb, int32 = bert.embeddings, lambda name: g.op("Cast", name, to=TensorProto.INT32)   # noqa: E731
+    emb, int32 = bert.embeddings, lambda name: g.op("Cast", name, to=INT32)   # noqa: E731
     x, lengths = g.op("EmbedLayerNormalization", int32("input_ids"), int32("token_type_ids"),
                       g.const(emb.word.weight), g.const(emb.position.weight), g.const(emb.segment.weight),
                       g.const(emb.norm.weight), g.const(emb.norm.bias), int32("attention_mask"),
