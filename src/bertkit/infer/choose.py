@@ -59,6 +59,7 @@ SMALL_TIE = 1.05
 # moved by more than 5% between loads on a 2-core VM (docs/serve-measurements.md), and a wrong yes
 # costs every large batch
 DENSE_TIE = 1.10
+RECORDED = " (timed once on this machine)"     # after a reason read from the machine's record, not timed now
 
 
 def choose_precision(p, dtype: torch.dtype | None, int8: bool, prepack: bool, small: bool | int,
@@ -376,7 +377,7 @@ def _load_short(p, small: bool | int, encoder: BertModel, exact: bool = False, p
     if not (isinstance(before, dict) and "engine" in before):
         return load_engines(encoder, SMALL_THREADS, precision, **graphs)
     if before["engine"] is None:
-        return {}, f"{before.get('note', '')} (timed once on this machine)"
+        return {}, before.get("note", "") + RECORDED
     threads = int(before.get("runtime_threads", SMALL_THREADS))
     return load_engines(encoder, threads, precision, only=before["engine"], **graphs)
 
@@ -459,7 +460,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
     if "chosen" in timed:                                # timed in this process
         return timed["chosen"], d["note"]
     if d["engine"] is None:
-        return None, d["note"] + " (timed once on this machine)"
+        return None, d["note"] + RECORDED
     chosen = agreeing.pop(d["engine"])
     agreeing.clear()                                     # the others go before a runtime loads again
     n, reload = int(d.get("runtime_threads", 1)), getattr(chosen.runner, "reload", None)
@@ -470,7 +471,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
     if large := int(d.get("large_threads", 0)):                         # larger batches on more threads, as timed
         same = getattr(chosen.runner, "threads", 1) == large
         chosen.wide = chosen.runner if same or reload is None else reload(large)
-    return chosen, d["note"] + " (timed once on this machine)"
+    return chosen, d["note"] + RECORDED
 
 
 def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngine | None, str]:

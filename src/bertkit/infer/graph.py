@@ -129,11 +129,11 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
     g.nodes.append(_node("Identity", [x], ["last_hidden_state"]))
     ins = [_value_info(name, INT64, ["batch", "sequence"]) for name in INPUTS]
     out = _value_info("last_hidden_state", FLOAT, ["batch", "sequence", bert.config.hidden_size])
-    graph = _message(*map(_field(1), g.nodes), _field(2)("bertkit_encoder"), *map(_field(5), g.inits),
-                     *map(_field(11), ins), _field(12)(out))
+    graph = _message(*[_field(1, n) for n in g.nodes], _field(2, "bertkit_encoder"),
+                     *[_field(5, t) for t in g.inits], *[_field(11, v) for v in ins], _field(12, out))
     opsets = [("", OPSET)] + ([(MS, 1)] if fused else [])
-    model = _message(_field(1)(IR_VERSION), _field(2)("bertkit"), _field(7)(graph),
-                     *(_field(8)(_message(_field(1)(d), _field(2)(v))) for d, v in opsets))
+    model = _message(_field(1, IR_VERSION), _field(2, "bertkit"), _field(7, graph),
+                     *[_field(8, _message(_field(1, domain), _field(2, version))) for domain, version in opsets])
     return b"".join(model)          # the weights' one copy into the model: views of them until here
 
 
@@ -154,17 +154,15 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _field(number: int):
-    """A function value -> the chunks of field `number` holding it: an int as a varint, a float as
-    32 bits, a str, bytes, view or message (a list of chunks) length-delimited."""
-    def encode(value) -> list:
-        if isinstance(value, int):
-            return [_varint(number << 3), _varint(value)]
-        if isinstance(value, float):
-            return [_varint(number << 3 | 5), struct.pack("<f", value)]
-        chunks = value if isinstance(value, list) else [value.encode() if isinstance(value, str) else value]
-        return [_varint(number << 3 | 2), _varint(sum(len(c) for c in chunks)), *chunks]
-    return encode
+def _field(number: int, value) -> list:
+    """The chunks of field `number` holding `value`: an int as a varint, a float as 32 bits, a str,
+    bytes, view or message (a list of chunks) length-delimited."""
+    if isinstance(value, int):
+        return [_varint(number << 3), _varint(value)]
+    if isinstance(value, float):
+        return [_varint(number << 3 | 5), struct.pack("<f", value)]
+    chunks = value if isinstance(value, list) else [value.encode() if isinstance(value, str) else value]
+    return [_varint(number << 3 | 2), _varint(sum(len(c) for c in chunks)), *chunks]
 
 
 def _message(*fields: list) -> list:
@@ -172,26 +170,27 @@ def _message(*fields: list) -> list:
 
 
 def _node(kind: str, inputs: Sequence[str], outputs: Sequence[str], domain: str = "", **attrs: Any) -> list:
-    attributes = [_field(5)(_attribute(k, v)) for k, v in attrs.items()]
-    return _message(*map(_field(1), inputs), *map(_field(2), outputs), _field(4)(kind), *attributes,
-                    _field(7)(domain) if domain else [])
+    return _message(*[_field(1, i) for i in inputs], *[_field(2, o) for o in outputs], _field(4, kind),
+                    *[_field(5, _attribute(k, v)) for k, v in attrs.items()], _field(7, domain) if domain else [])
 
 
 def _attribute(name: str, value: int | float | str | Sequence[int]) -> list:
     if isinstance(value, (int, float, str)):      # type INT 2, FLOAT 1, STRING 3 in fields i 3, f 2, s 4
         number, kind = {int: (3, 2), float: (2, 1), str: (4, 3)}[type(value)]
-        return _message(_field(1)(name), _field(number)(value), _field(20)(kind))
-    return _message(_field(1)(name), *map(_field(8), value), _field(20)(7))          # INTS
+        return _message(_field(1, name), _field(number, value), _field(20, kind))
+    return _message(_field(1, name), *[_field(8, i) for i in value], _field(20, 7))   # INTS
 
 
 def _tensor(name: str, arr: np.ndarray) -> list:
-    raw = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))            # no copy
-    return _message(*map(_field(1), arr.shape), _field(2)(_ELEMENT[arr.dtype]), _field(8)(name), _field(9)(raw))
+    """`arr` (C order, as `_Builder.const` makes it) as a TensorProto; its bytes a view, not a copy."""
+    return _message(*[_field(1, d) for d in arr.shape], _field(2, _ELEMENT[arr.dtype]), _field(8, name),
+                    _field(9, memoryview(arr.reshape(-1).view(np.uint8))))
 
 
 def _value_info(name: str, element: int, dims: Sequence[int | str]) -> list:
-    shape = _message(*(_field(1)(_field(2 if isinstance(d, str) else 1)(d)) for d in dims))
-    return _message(_field(1)(name), _field(2)(_field(1)(_message(_field(1)(element), _field(2)(shape)))))
+    shape = _message(*[_field(1, _field(2, d) if isinstance(d, str) else _field(1, d)) for d in dims])
+    tensor_type = _message(_field(1, element), _field(2, shape))
+    return _message(_field(1, name), _field(2, _field(1, tensor_type)))
 
 
 def _inputs(g: _Builder, bert: BertModel):
