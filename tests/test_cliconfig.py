@@ -255,9 +255,9 @@ def test_export_options_are_export_options_fields(capsys):
     a range on a field is a one-line error naming it (no export run)."""
     from bertkit.infer.export import ExportOptions
 
-    args = build_parser("export").parse_args(["export", "onnx", "--model", "m", "--out", "o.onnx", "--opset", "17",
+    args = build_parser("export").parse_args(["export", "onnx", "--model", "m", "--out", "o.onnx", "--optimize",
                                               "--int8", "--max-abs-diff", "0.01", "--min_cosine=0.99"])
-    assert given(args, ExportOptions) == {"opset": 17, "int8": True, "max_abs_diff": 0.01, "min_cosine": 0.99}
+    assert given(args, ExportOptions) == {"optimize": True, "int8": True, "max_abs_diff": 0.01, "min_cosine": 0.99}
     assert main(["export", "onnx", "--model", "m", "--out", "o.onnx", "--min_cosine", "2"]) == 1
     assert capsys.readouterr().err == "bertkit export: error: min_cosine must be in [0, 1], got 2.0\n"
 

@@ -16,6 +16,7 @@ import torch
 from bertkit import Tokenizer, hardware, preset
 from bertkit.checkpoint import build, save_model
 from bertkit.infer import Predictor, PredictorError, PredictorOptions
+from bertkit.config import ACTIVATIONS
 from bertkit.model import BertModel
 from bertkit.packing import pack
 
@@ -171,29 +172,41 @@ def test_a_wrong_graph_is_caught_by_the_bound():
 
 def test_what_is_not_written_as_a_graph():
     assert graph.supported(_model("gelu", "absolute", "post")) is None
-    causal = BertModel(preset("tiny", vocab_size=500, causal=True))
-    assert graph.supported(causal) == "a causal encoder"
-    assert graph.supported(BertModel(preset("tiny", vocab_size=500, hidden_act="silu"))) == "hidden_act silu"
     assert graph.supported(BertModel(preset("tiny", vocab_size=500)).to(torch.bfloat16)) == "weights not in float32"
-    with pytest.raises(ValueError, match="causal"):
-        graph.encoder_graph(causal)
     with pytest.raises(ValueError, match="2 GB"):
         import unittest.mock
         with unittest.mock.patch.object(graph, "MAX_GRAPH_BYTES", 1000):
             graph.encoder_graph(_model("gelu", "absolute", "post"))
 
 
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_every_activation_and_a_causal_mask_in_the_graph(act):
+    """Every hidden_act model.py knows has its ONNX spelling; a causal encoder (with ALiBi for
+    one in three) has its mask in the standard graph and is not fused."""
+    causal = ACTIVATIONS.index(act) % 2 == 0
+    torch.manual_seed(0)
+    model = BertModel(preset("tiny", vocab_size=500, hidden_act=act, causal=causal, norm_position="pre",
+                             position_embedding_type="alibi" if ACTIVATIONS.index(act) % 3 == 0 else "absolute")).eval()
+    for p in model.parameters():
+        if p.dim() > 1:
+            p.data.normal_(0, 0.2)
+    assert not graph.fusable(model) if causal else True
+    small = engines.GraphEngine(engines.load_runner("onnxruntime", graph.encoder_graph(model, fused=True), 1),
+                                "onnxruntime", max_tokens=1 << 20)
+    flat, layout = pack(torch.randint(5, 500, (2, 11)), torch.tensor([[1] * 11, [1] * 7 + [0] * 4]))
+    with torch.inference_mode():
+        want = model(flat["input_ids"], flat["token_type_ids"], position_ids=flat["position_ids"], packed=layout)
+        assert_fp32_close(small.hidden(flat, layout), want, model.config, f"{act}, causal {causal}")
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict:
     tok = Tokenizer.from_dir(minilm_dir())
-    out = {}
-    for name, kw in (("plain", {}), ("causal", {"causal": True})):
-        torch.manual_seed(0)
-        d = tmp_path_factory.mktemp(name)
-        save_model(build("encoder", preset("tiny", vocab_size=tok.vocab_size, **kw)), d)
-        tok.save(d)
-        out[name] = d
-    return out
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("plain")
+    save_model(build("encoder", preset("tiny", vocab_size=tok.vocab_size)), d)
+    tok.save(d)
+    return {"plain": d}
 
 
 def test_predictor_default_measures_and_says_why(checkpoints, monkeypatch):
@@ -214,8 +227,6 @@ def test_predictor_default_measures_and_says_why(checkpoints, monkeypatch):
 
 
 def test_predictor_keeps_pytorch_where_no_graph_applies(checkpoints, monkeypatch):
-    p = Predictor.from_dir(checkpoints["causal"], device="cpu", precision="fp32", small_batches=True)
-    assert p.small is None and p.small_reason == "no ONNX graph for a causal encoder"
     monkeypatch.setattr(graph, "MAX_GRAPH_BYTES", 1000)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and "at most 2 GB" in p.small_reason

@@ -169,7 +169,6 @@ def test_cli_probe_options_are_one_line_errors(tiny_model, sst_dir, tmp_path, ca
 
 def test_probe_exports_to_onnx(minilm, sst_dir, tmp_path):
     pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnxscript")
     from bertkit.infer import Predictor
     from bertkit.infer.export import export_onnx
 

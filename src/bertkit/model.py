@@ -211,8 +211,12 @@ class BertModel(nn.Module):
         (BERT), or the mean over its tokens where config.classifier_pooling is 'mean'."""
         if self.pooler is None:
             raise ValueError("this model was built without a pooler")
-        how = "mean" if self.config.classifier_pooling == "mean" else "last" if self.config.causal else "cls"
-        return torch.tanh(self.pooler(pool_tokens(hidden, how, packed, attention_mask)))
+        return torch.tanh(self.pooler(pool_tokens(hidden, self.pooling, packed, attention_mask)))
+
+    @property
+    def pooling(self) -> str:
+        """What `pool` summarises: 'cls', 'last' (a causal encoder) or 'mean' (`pool_tokens`)."""
+        return "mean" if self.config.classifier_pooling == "mean" else "last" if self.config.causal else "cls"
 
 
 def summary_token(hidden: Tensor, causal: bool, packed: Packed | None = None,

@@ -273,8 +273,6 @@ def _short_inputs(info: dict) -> str:
     """What a Predictor (bertkit serve, the Python API) will run short batches on, before loading it."""
     from ..infer.engines import installed_engines
 
-    if info["config"].get("bertkit_causal"):
-        return "PyTorch (no ONNX graph for a causal encoder)"
     engines = installed_engines()
     if not engines:
         return "PyTorch (pip install 'bertkit[onnx]': onnxruntime's GEMMs are faster on short inputs on some CPUs)"

@@ -5,11 +5,12 @@ axes dynamic and returns `last_hidden_state` (B, T, C) plus the head's outputs: 
 (sequence: (B, L), token: (B, T, L)), `start_logits`/`end_logits` (B, T) or `mlm_logits`
 (B, T, V).
 
-It is exported with the dynamo exporter (`torch.onnx.export(..., dynamo=True)`): the
-TorchScript exporter bakes the trace-time attention mask into some graphs (BASELINES.md).
-Every export is then checked numerically on onnxruntime against PyTorch, on batches whose
-sizes, lengths and padding differ from the trace inputs; over tolerance the file is removed
-and the export fails.
+It is the graph the Predictor runs short batches on (`graph.encoder_graph`, ONNX opset 20), written
+from the weights in about a second with the head's operators added, not traced: torch's TorchScript
+exporter bakes the trace-time attention mask into some graphs (BASELINES.md), its dynamo exporter
+took ~20 s for a 6-layer model and needs onnxscript. Every export is then checked numerically on
+onnxruntime against PyTorch, on batches of several sizes, lengths and paddings; over tolerance the
+file is removed and the export fails.
 
 `--int8` quantises the MatMul weights with onnxruntime's dynamic quantisation, per output
 channel: its default (one scale per tensor) drops all-MiniLM-L6-v2 to cosine 0.92.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Sequence
@@ -29,29 +29,21 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoint import check_inputs_fit, load_model
-from ..errors import BertkitError, first_line
-from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Checked, Rule
+from ..errors import BertkitError
+from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Checked
 from ..tokenizer import Tokenizer
 from .choose import cosine, sample_lines
-from .engines import INPUTS, load_session
+from .engines import INPUTS, encoder_of, load_session
+from .graph import encoder_graph
 
 
 class ExportError(BertkitError):
     """The export failed or its output disagrees with PyTorch."""
 
 
-# The opsets written as asked: below 17 torch's exporter writes 18 whatever was asked; from 23 on it
-# writes attention as ONNX's Attention op, which onnxruntime (1.32) fails to run on these inputs.
-OPSETS = range(17, 23)
-OPSET = Rule(f"{OPSETS[0]} to {OPSETS[-1]} (below {OPSETS[0]} torch writes 18 anyway; {OPSETS[-1] + 1} and later run "
-             "attention as an op onnxruntime does not run here)", lambda v: v in OPSETS)
-
-
 @dataclass
 class ExportOptions(Checked):
     """How `bertkit export onnx` writes and checks the file (its flags: `cliconfig.add_options`)."""
-    opset: Annotated[int, OPSET] = 18
-    """ONNX opset, 17 to 22."""
     optimize: bool = False
     """Save onnxruntime's fused graph (LayerNorm, GELU, ...)."""
     int8: bool = False
@@ -65,17 +57,14 @@ class ExportOptions(Checked):
 
 
 class Exportable(nn.Module):
-    """A loaded bertkit model as a graph of padded inputs -> last_hidden_state and the head's
-    `outputs` by its `output_names`."""
+    """What the exported graph computes, in PyTorch (the parity check's reference): padded inputs ->
+    last_hidden_state and the head's `outputs` by its `output_names`."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
         self.names = tuple(getattr(model, "output_names", ()))
         self.per_token = bool(getattr(model, "per_token", False))
-
-    def output_names(self) -> list[str]:
-        return ["last_hidden_state", *self.names]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> tuple[Tensor, ...]:
         m = self.model
@@ -110,7 +99,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, options: ExportOptions |
         raise ExportError(f"{out}: the output file must end in .onnx")
     if o.threads:
         torch.set_num_threads(o.threads)
-    model = load_model(model_dir, head=head).eval()
+    model = load_model(model_dir, head=head).float().eval()
     try:
         tokenizer = Tokenizer.from_dir(Path(model_dir))
     except Exception:                      # noqa: BLE001 - a folder of weights only: parity is checked on random ids
@@ -119,24 +108,12 @@ def export_onnx(model_dir: str | Path, out: str | Path, options: ExportOptions |
         check_inputs_fit(model.config, tokenizer.vocab_size, where=model_dir)
     wrapper = Exportable(model).eval()
     out.parent.mkdir(parents=True, exist_ok=True)
-    sample = _example_batch(model.config.vocab_size, [16, 9], seed=0)       # trace inputs
-    positions = model.config.max_position_embeddings      # ALiBi: no table, the graph takes longer inputs
-    batch, seq = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim(
-        "sequence", min=1, max=max(positions, 1 << 16) if model.config.position_embedding_type == "alibi" else positions)
-    shapes = {name: {0: batch, 1: seq} for name in INPUTS}
     tmp = out.with_name(out.stem + ".fp32.tmp.onnx")
     try:
-        for name in ("torch.onnx", "onnxscript", "onnx_ir"):            # per-pass chatter of the exporter
-            logging.getLogger(name).setLevel(logging.ERROR)
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(wrapper, tuple(sample[n] for n in INPUTS), dynamo=True,
-                                        input_names=list(INPUTS), output_names=wrapper.output_names(),
-                                        dynamic_shapes=shapes, opset_version=o.opset, verbose=False)
-            program.save(str(tmp), external_data=False)
-    except Exception as e:
-        tmp.unlink(missing_ok=True)
-        raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {first_line(e, 300)}") from None
+        bert = encoder_of(model)
+        tmp.write_bytes(encoder_graph(bert, head=None if model is bert else model))
+    except ValueError as e:                # weights over protobuf's 2 GB, a head with no graph
+        raise ExportError(str(e)) from None
     temps = [tmp, out.with_name(out.stem + ".opt.tmp.onnx"), out.with_name(out.stem + ".int8.tmp.onnx")]
     try:
         current = tmp
@@ -227,7 +204,8 @@ def _quantize(src: Path, dst: Path) -> Path:
     root.setLevel(logging.ERROR)          # its advice to run pre-processing, printed on the root logger
     try:
         quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8,
-                         op_types_to_quantize=["MatMul"])
+                         op_types_to_quantize=["MatMul"],
+                         extra_options={"DefaultTensorType": 1})     # FLOAT where shape inference stops (fused ops)
     finally:
         root.setLevel(level)
     return dst

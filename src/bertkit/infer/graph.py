@@ -1,4 +1,5 @@
-"""The encoder written out as an ONNX graph from its weights (for `engines.GraphEngine`).
+"""The encoder written out as an ONNX graph from its weights (for `engines.GraphEngine`, and with
+its head for `bertkit export onnx`).
 
 Why a second spelling of the forward pass: on a CPU without fast bf16 (AVX2 only), one short
 request is mostly 24 small GEMMs (16 rows each for a 16-token text), and onnxruntime's GEMM
@@ -10,16 +11,16 @@ The graph is built node by node from the loaded weights in a fraction of a secon
 ONNX's protobuf format directly: no `onnx` package (whose import took longer than the graph,
 docs/serve-measurements.md), no tracer and no exporter (`torch.onnx.export`'s TorchScript path
 freezes shapes and masks it saw, its dynamo path takes ~20 s for a 6-layer model). It mirrors
-`model.py`'s blocks exactly: attention with Q, K, V from one MatMul, the padding mask (and ALiBi's
-distance penalty) added to the scores, post-LN or pre-LN (with the final LayerNorm), the feed-forward
-with the checkpoint's GELU or ReLU.
+`model.py`'s blocks exactly: attention with Q, K, V from one MatMul, the padding mask (and the
+causal mask, ALiBi's distance penalty) added to the scores, post-LN or pre-LN (with the final
+LayerNorm), the feed-forward with the checkpoint's activation.
 Inputs: the (B, T) int64 `input_ids`, `attention_mask` and `token_type_ids`, right-padded; the graph
 looks the embeddings up itself (word + segment + position rows, LayerNorm), so a short request is one
 runtime call with no PyTorch op before it (measured in docs/serve-measurements.md; the price: a
 second copy of the vocabulary's rows in the graph);
-output: `last_hidden_state` (B, T, C). Heads stay in PyTorch: they read these states. Causal
-encoders and other activations are not written here (`supported` says why). Every graph is
-checked against the PyTorch model at load (`choose.py`); a disagreement discards it.
+output: `last_hidden_state` (B, T, C), then the head's outputs where one is given (`_head`; the
+Predictor's engines leave heads in PyTorch). Every graph is checked against the PyTorch model before
+use (`choose.py` at load, `export.py` before the file is written); a disagreement discards it.
 """
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..model import GELU_APPROXIMATE, BertModel
+from ..model import (GELU_APPROXIMATE, BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering,
+                     BertForSequenceClassification, BertForTokenClassification, BertModel)
+from ..probe import ProbeModel
 from .engines import INPUTS
 from .prepack import qkv_linear
 
@@ -46,11 +49,6 @@ _ELEMENT = {np.dtype(np.float32): FLOAT, np.dtype(np.int8): INT8, np.dtype(np.in
 
 def supported(bert: BertModel) -> str | None:
     """None if `encoder_graph` can write this encoder, else why not."""
-    cfg = bert.config
-    if cfg.causal:
-        return "a causal encoder"
-    if cfg.hidden_act not in GELU_APPROXIMATE and cfg.hidden_act != "relu":
-        return f"hidden_act {cfg.hidden_act}"
     if any(p.dtype != torch.float32 for p in bert.parameters()):
         return "weights not in float32"
     return None
@@ -61,12 +59,16 @@ class _Builder:
 
     def __init__(self, int8: bool = False, fused: bool = False, levels: int = 127):
         self.int8, self.fused, self.levels = int8, fused, levels
-        self.nodes, self.inits, self.count = [], [], 0
+        self.nodes, self.inits, self.count, self.params = [], [], 0, {}
 
     def const(self, value: Tensor | np.ndarray | float | list, dtype=np.float32) -> str:
+        if isinstance(value, nn.Parameter) and id(value) in self.params:      # a tied weight: one copy
+            return self.params[id(value)]
         arr = value.detach().float().numpy() if isinstance(value, Tensor) else value
         name = f"c{len(self.inits)}"
         self.inits.append(_tensor(name, np.asarray(arr, dtype=dtype, order="C")))      # 0-d stays 0-d
+        if isinstance(value, nn.Parameter):
+            self.params[id(value)] = name
         return name
 
     def op(self, kind: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs: Any) -> Any:
@@ -97,8 +99,10 @@ class _Builder:
 
 
 def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, levels: int = 127,
-                  ranges: Sequence[Tensor] | None = None) -> bytes:
+                  ranges: Sequence[Tensor] | None = None, head: nn.Module | None = None) -> bytes:
     """The serialized ONNX model of `bert`'s forward pass on padded inputs (see the module doc);
+    with `head` (the model `bert` belongs to: `bertkit export onnx`), its `outputs` by its
+    `output_names` after `last_hidden_state` (`_head`).
     `int8`: the blocks' Linear weights int8, one scale per output channel, |w| up to `levels`
     (`_Builder.linear`); `fused`: for onnxruntime only, in its own operators: the embeddings and
     each attention as one (EmbedLayerNormalization, Attention: 77 nodes a call instead of 170) where
@@ -110,11 +114,12 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
     which keeps the int8 class's agreement where the plain graph lost it (docs/serve-measurements.md)."""
     if why := supported(bert):
         raise ValueError(f"no ONNX graph for {why}")
-    size = 4 * sum(p.numel() for p in [*bert.blocks.parameters(), *bert.embeddings.parameters()])
+    size = 4 * sum(p.numel() for p in (head or bert).parameters())
     if size > MAX_GRAPH_BYTES:
         raise ValueError(f"no ONNX graph for {size / 2**30:.1f} GB of weights (one protobuf holds at most 2 GB)")
     g = _Builder(int8, fused, levels)
     x, attend = _fused_inputs(g, bert) if fused and fusable(bert) else _inputs(g, bert)
+    states = [x]                                                  # the embeddings' and each block's output
     for i, block in enumerate(bert.blocks):
         h = g.norm(x, block.norm1) if block.pre_norm else x
         att = g.linear(attend(h, block.attn), block.attn.out.weight, block.attn.out.bias)   # (B, T, C)
@@ -124,13 +129,17 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
         else:
             x = g.norm(g.op("Add", x, att), block.norm1)
             x = g.norm(g.op("Add", x, _ffn(g, x, block.mlp, bert.config.hidden_act, ranges, i)), block.norm2)
+        states.append(x)
     if bert.final_norm is not None:
-        x = g.norm(x, bert.final_norm)
-    g.nodes.append(_node("Identity", [x], ["last_hidden_state"]))
+        states[-1] = x = g.norm(x, bert.final_norm)
+    outputs = {"last_hidden_state": (x, [bert.config.hidden_size]), **(_head(g, head, states) if head else {})}
+    g.nodes += [_node("Identity", [value], [name]) for name, (value, _) in outputs.items()]
     ins = [_value_info(name, INT64, ["batch", "sequence"]) for name in INPUTS]
-    out = _value_info("last_hidden_state", FLOAT, ["batch", "sequence", bert.config.hidden_size])
+    per_token = lambda name: name == "last_hidden_state" or getattr(head, "per_token", False)   # noqa: E731
+    outs = [_value_info(name, FLOAT, ["batch", *["sequence"] * per_token(name), *dims])
+            for name, (_, dims) in outputs.items()]
     graph = _message(*[_field(1, n) for n in g.nodes], _field(2, "bertkit_encoder"),
-                     *[_field(5, t) for t in g.inits], *[_field(11, v) for v in ins], _field(12, out))
+                     *[_field(5, t) for t in g.inits], *[_field(11, v) for v in ins], *[_field(12, v) for v in outs])
     opsets = [("", OPSET)] + ([(MS, 1)] if fused else [])
     model = _message(_field(1, IR_VERSION), _field(2, "bertkit"), _field(7, graph),
                      *[_field(8, _message(_field(1, domain), _field(2, version))) for domain, version in opsets])
@@ -204,11 +213,15 @@ def _inputs(g: _Builder, bert: BertModel):
     bias = g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(float(np.finfo(np.float32).min)))
     bias = g.op("Unsqueeze", bias, g.const([1, 2], np.int64))
     slopes = bert.blocks[0].attn.slopes
-    if slopes is not None:                       # ALiBi: - slope_h |i - j|                     (1, H, T, T)
+    if slopes is not None or bert.config.causal:
         i = g.op("Cast", _positions(g), to=FLOAT)
-        dist = g.op("Abs", g.op("Sub", g.op("Unsqueeze", i, g.const([1], np.int64)),
-                                g.op("Unsqueeze", i, g.const([0], np.int64))))          # (T, T)
+        query, key = g.op("Unsqueeze", i, g.const([1], np.int64)), g.op("Unsqueeze", i, g.const([0], np.int64))
+    if slopes is not None:                       # ALiBi: - slope_h |i - j|                     (1, H, T, T)
+        dist = g.op("Abs", g.op("Sub", query, key))                                      # (T, T)
         bias = g.op("Add", bias, g.op("Mul", dist, g.const(-slopes.float().reshape(1, H, 1, 1))))
+    if bert.config.causal:                       # no key after the query                       (T, T)
+        later = g.op("Cast", g.op("Greater", key, query), to=FLOAT)
+        bias = g.op("Add", bias, g.op("Mul", later, g.const(float(np.finfo(np.float32).min))))
     scale = g.const(1.0 / math.sqrt(D))
 
     def attend(h: str, a) -> str:
@@ -246,8 +259,8 @@ def ffn_input_ranges(bert: BertModel, batches: Iterable) -> list[Tensor]:
 
 def fusable(bert: BertModel) -> bool:
     """Whether onnxruntime's fused operators express this encoder: a position table (no ALiBi)
-    and a bidirectional mask (`supported` excludes causal encoders)."""
-    return bert.embeddings.position is not None and bert.blocks[0].attn.slopes is None
+    and a bidirectional mask."""
+    return bert.embeddings.position is not None and bert.blocks[0].attn.slopes is None and not bert.config.causal
 
 
 def _fused_inputs(g: _Builder, bert: BertModel):
@@ -289,6 +302,89 @@ def _ffn(g: _Builder, x: str, mlp, act: str, ranges: Sequence[Tensor] | None, i:
     if g.int8 and g.fused and ranges is not None:        # smoothed (`encoder_graph`)
         s = (ranges[i].clamp_min(1e-5) / w.abs().amax(0).clamp_min(1e-8)).sqrt()
         x, w = g.op("Mul", x, g.const(1 / s)), w * s
-    up = g.linear(x, w, mlp.up.bias)
-    up = g.op("Relu", up) if act == "relu" else g.op("Gelu", up, approximate=GELU_APPROXIMATE[act])
+    up = _activation(g, g.linear(x, w, mlp.up.bias), act)
     return g.linear(up, mlp.down.weight, mlp.down.bias, int8=not g.fused)
+
+
+def _activation(g: _Builder, x: str, name: str) -> str:
+    """model.activation's `name` in ONNX operators."""
+    if name in GELU_APPROXIMATE:
+        return g.op("Gelu", x, approximate=GELU_APPROXIMATE[name])
+    times_sigmoid = lambda k: g.op("Mul", x, g.op("Sigmoid", g.op("Mul", x, g.const(k))))     # noqa: E731
+    clip = lambda y, low, high: g.op("Clip", y, g.const(low), g.const(high))                 # noqa: E731
+    if name == "laplace":                        # 0.5 (1 + erf((x - mu) / (sigma sqrt 2)))
+        z = g.op("Div", g.op("Sub", x, g.const(0.707107)), g.const(0.282095 * math.sqrt(2.0)))
+        return g.op("Mul", g.const(0.5), g.op("Add", g.const(1.0), g.op("Erf", z)))
+    if name == "relu2":
+        r = g.op("Relu", x)
+        return g.op("Mul", r, r)
+    return {"gelu_10": lambda: clip(g.op("Gelu", x), -10.0, 10.0), "quick_gelu": lambda: times_sigmoid(1.702),
+            "relu": lambda: g.op("Relu", x), "relu6": lambda: clip(x, 0.0, 6.0),
+            "leaky_relu": lambda: g.op("LeakyRelu", x, alpha=0.01), "silu": lambda: times_sigmoid(1.0),
+            "swish": lambda: times_sigmoid(1.0), "mish": lambda: g.op("Mish", x),
+            "hardswish": lambda: g.op("HardSwish", x), "tanh": lambda: g.op("Tanh", x),
+            "sigmoid": lambda: g.op("Sigmoid", x), "linear": lambda: x}[name]()
+
+
+def _head(g: _Builder, model: nn.Module, states: list[str]) -> dict[str, tuple[str, list[int]]]:
+    """`model.outputs` (model.py's heads and probe.py's) on the graph's states, by its `output_names`,
+    each with its size after (B, T) per token or (B,) per sequence. Dropout is off (eval)."""
+    h, bert = states[-1], model.bert
+    linear = lambda x, layer: g.linear(x, layer.weight, layer.bias, int8=False)     # noqa: E731
+    if isinstance(model, ProbeModel):
+        return {"logits": (_probe(g, model, states), [model.num_labels])}
+    if isinstance(model, BertForPreTraining):                # and BertForMaskedLM: the tied decoder E
+        m = model.mlm
+        y = g.norm(_activation(g, linear(h, m.dense), bert.config.hidden_act), m.norm)
+        decoder = g.op("Transpose", g.const(m.decoder.weight), perm=[1, 0])                 # (C, V)
+        return {"mlm_logits": (g.op("Add", g.op("MatMul", y, decoder), g.const(m.bias)), [m.bias.numel()])}
+    if isinstance(model, (BertForSequenceClassification, BertForMultipleChoice)):
+        return {"logits": (linear(_pooler(g, bert, h), model.classifier), [model.classifier.out_features])}
+    if isinstance(model, BertForTokenClassification):
+        return {"logits": (linear(h, model.classifier), [model.classifier.out_features])}
+    if isinstance(model, BertForQuestionAnswering):
+        y = linear(h, model.qa)                                                              # (B, T, 2)
+        return {name: (g.op("Gather", y, g.const(k, np.int64), axis=-1), [])
+                for k, name in enumerate(("start_logits", "end_logits"))}
+    raise ValueError(f"no ONNX graph for the head {type(model).__name__}")
+
+
+def _pooler(g: _Builder, bert: BertModel, h: str) -> str:
+    """BertModel.pool: tanh(W summary + b), the summary as `bert.pooling` says."""
+    return g.op("Tanh", g.linear(_pool(g, h, bert.pooling), bert.pooler.weight, bert.pooler.bias, int8=False))
+
+
+def _pool(g: _Builder, h: str, how: str) -> str:
+    """model.pool_tokens on padded (B, T, C) states -> (B, C): the first token's ('cls'), the last
+    real token's ('last') or the mean over the real tokens ('mean')."""
+    if how == "cls":
+        return g.op("Gather", h, g.const(0, np.int64), axis=1)
+    axis = g.const([1], np.int64)
+    weight = g.op("Cast", "attention_mask", to=FLOAT)                                       # (B, T)
+    if how == "last":                            # 1 at position length - 1
+        last = g.op("Sub", g.op("ReduceSum", "attention_mask", axis, keepdims=1), g.const([1], np.int64))
+        weight = g.op("Cast", g.op("Equal", _positions(g), last), to=FLOAT)
+    weight = g.op("Unsqueeze", weight, g.const([-1], np.int64))                            # (B, T, 1)
+    total = g.op("ReduceSum", g.op("Mul", h, weight), axis, keepdims=0)
+    if how == "last":
+        return total
+    return g.op("Div", total, g.op("Max", g.op("ReduceSum", weight, axis, keepdims=0), g.const(1.0)))
+
+
+def _probe(g: _Builder, model: ProbeModel, states: list[str]) -> str:
+    """ProbeModel.outputs: the chosen states (pooled for a sentence task), concatenated or mixed by
+    softmax(layer_weights), then the linear layer."""
+    if model.combine == "pooler":
+        chosen = [_pooler(g, model.bert, states[-1])]
+    else:
+        chosen = [states[i] for i in model.layers]
+        if model.head == "sequence_classification":
+            chosen = [_pool(g, h, model.pooling) for h in chosen]
+    c = model.classifier
+    if c.layer_weights is None:
+        x = g.op("Concat", *chosen, axis=-1)
+    else:
+        x = g.const(0.0)
+        for w, state in zip(c.layer_weights.detach().softmax(0).tolist(), chosen):
+            x = g.op("Add", x, g.op("Mul", g.const(w), state))
+    return g.linear(x, c.weight, c.bias, int8=False)
