@@ -579,3 +579,32 @@ def test_busy_reads_the_load_average(monkeypatch):
     assert hardware.busy() == "load 4.5 on 2 cores"
     monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 1.0, 1.0))
     assert hardware.busy() is None
+
+
+@pytest.mark.parametrize("head, features, pooling, causal", [
+    ("sequence_classification", "pooler", None, False), ("sequence_classification", "concat_last_2", None, False),
+    ("sequence_classification", "sum_all", "mean", False), ("sequence_classification", "last", "last", True),
+    ("token_classification", "second_to_last", None, True)])
+def test_a_probe_in_the_graph_equals_its_outputs(head, features, pooling, causal):
+    """`encoder_graph(head=probe)`, as `bertkit export onnx` writes a probe: the chosen states, pooled,
+    concatenated or mixed, then the linear layer, on a padded batch of three lengths."""
+    from bertkit.infer.export import Exportable
+    from bertkit.probe import ProbeModel
+
+    torch.manual_seed(0)
+    probe = ProbeModel(BertModel(preset("tiny", vocab_size=500, causal=causal)), head, 3, features, pooling=pooling).eval()
+    if probe.classifier.layer_weights is not None:
+        probe.classifier.layer_weights.data.normal_()          # a mix that is not uniform
+    session = ort.InferenceSession(graph.encoder_graph(probe.bert, head=probe), providers=["CPUExecutionProvider"])
+    ids = torch.randint(5, 500, (3, 13))
+    mask = torch.tensor([[1] * 13, [1] * 6 + [0] * 7, [1] * 9 + [0] * 4])
+    types = (torch.arange(13) >= 7).long().expand(3, 13) * mask
+    with torch.no_grad():
+        want = Exportable(probe)(ids, mask, types)
+    got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": types.numpy()})
+    keep = mask.bool().numpy()
+    for w, g in zip(want, got):
+        w = w.numpy()
+        if w.ndim == 3:                                          # per token: the real tokens only
+            w, g = w[keep], g[keep]
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
