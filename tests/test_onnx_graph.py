@@ -608,3 +608,13 @@ def test_a_probe_in_the_graph_equals_its_outputs(head, features, pooling, causal
         if w.ndim == 3:                                          # per token: the real tokens only
             w, g = w[keep], g[keep]
         np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_a_causal_encoder_has_its_own_recorded_choice():
+    """A causal encoder's graph is not fused (slower on onnxruntime): its short-engine choice is not
+    the one a bidirectional model of the same shape recorded."""
+    from types import SimpleNamespace
+
+    names = {causal: choose._choice_name(SimpleNamespace(config=preset("tiny", vocab_size=500, causal=causal),
+                                                         precision="float32"), False) for causal in (False, True)}
+    assert names[False] != names[True] and "causal" in names[True] and "causal" not in names[False]

@@ -388,7 +388,7 @@ def _choice_name(p, exact: bool) -> str:
     c = p.config
     installed = " ".join(f"{name}-{_version(name)}" for name in engines.installed_engines())
     return (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
-            f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type} {p.precision}"
+            f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type}{' causal' * c.causal} {p.precision}"
             f"{' exact' if exact else ''} [{installed}] settled t{SMALL_THREADS}-t{torch.get_num_threads()} "
             "dense burst fused-ops")
 
