@@ -202,11 +202,13 @@ def test_every_activation_and_a_causal_mask_in_the_graph(act):
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict:
     tok = Tokenizer.from_dir(minilm_dir())
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("plain")
-    save_model(build("encoder", preset("tiny", vocab_size=tok.vocab_size)), d)
-    tok.save(d)
-    return {"plain": d}
+    out = {}
+    for name, kw in (("plain", {}), ("causal", {"causal": True})):
+        torch.manual_seed(0)
+        out[name] = tmp_path_factory.mktemp(name)
+        save_model(build("encoder", preset("tiny", vocab_size=tok.vocab_size, **kw)), out[name])
+        tok.save(out[name])
+    return out
 
 
 def test_predictor_default_measures_and_says_why(checkpoints, monkeypatch):
@@ -234,6 +236,17 @@ def test_predictor_keeps_pytorch_where_no_graph_applies(checkpoints, monkeypatch
     monkeypatch.setattr(engines, "installed_engines", lambda: [])
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and "neither onnxruntime nor openvino is installed" in p.small_reason
+
+
+def test_a_causal_encoder_takes_the_graph_too(checkpoints):
+    """Its mask is in the standard graph (not fused): the engine agrees with PyTorch at load and
+    answers as PyTorch does."""
+    p = Predictor.from_dir(checkpoints["causal"], device="cpu", precision="fp32", small_batch_tokens=64,
+                           small_batches=True)
+    assert p.small is not None and p.small.agreement["ok"], p.small_reason
+    off = Predictor.from_dir(checkpoints["causal"], device="cpu", precision="fp32", small_batches=False)
+    texts = ["one", "two words", "a third text of a few more words"]
+    np.testing.assert_allclose(p.embed(texts), off.embed(texts), atol=1e-5)
 
 
 def test_the_options(checkpoints):
