@@ -91,6 +91,21 @@ def test_onnx_backend_equals_torch(classifier, exported):
         assert_fp32_close(x, y, cfg, "token states")
 
 
+def test_onnx_backend_runs_a_ragged_batch_in_runs_of_similar_lengths(classifier, exported):
+    """Texts of 3 to ~100 tokens in one batch: the exported file runs on runs of similar lengths
+    (`engines.padded_runs`), and each text's logits and token states are PyTorch's."""
+    from bertkit.infer.engines import padded_runs
+
+    texts = [" ".join(["word"] * n) for n in (90, 60, 30, 10, 1, 45)]
+    torch_p = Predictor.from_dir(classifier, device="cpu", precision="fp32")
+    onnx_p = Predictor.from_dir(classifier, device="cpu", backend="onnx")
+    assert len(padded_runs(onnx_p.batches([(r, [0] * len(r)) for r in onnx_p.tokenizer.encode_ids(texts)])[0].packed)) > 2
+    a, b = onnx_p.classify(texts, raw=True), torch_p.classify(texts, raw=True)
+    assert_fp32_close([r["logits"] for r in a], [r["logits"] for r in b], torch_p.config, "logits")
+    for x, y in zip(onnx_p.embed(texts, pooling="none"), torch_p.embed(texts, pooling="none")):
+        assert_fp32_close(x, y, torch_p.config, "token states")
+
+
 def test_cli_int8_optimized_export_and_tolerance(classifier, exported, tmp_path, capsys):
     fp32, _ = exported
     out = tmp_path / "int8.onnx"

@@ -74,8 +74,9 @@ class TorchEngine:
 
 
 class ExportedEngine:
-    """An exported file on onnxruntime: the batch padded to (B, T), its outputs by name, the
-    states and a per-token head's outputs packed back to (N, ...)."""
+    """An exported file on onnxruntime: the batch padded to (B, T) in runs of similar lengths
+    (`padded_runs`), its outputs by name, the states and a per-token head's outputs packed back to
+    (N, ...)."""
     name, heads, precision = "onnx", True, "float32"
 
     def __init__(self, session, per_token: bool):
@@ -83,9 +84,13 @@ class ExportedEngine:
         self.outputs = [o.name for o in session.get_outputs()]
 
     def run(self, b: Batch) -> dict[str, Tensor]:
-        p, t = b.packed, b.tensors
-        feed = {"input_ids": unpack(t["input_ids"], p), "token_type_ids": unpack(t["token_type_ids"], p),
-                "attention_mask": unpack(torch.ones_like(t["input_ids"]), p)}
+        t = b.tensors
+        runs = [self._padded(t["input_ids"][a:z], t["token_type_ids"][a:z], p) for a, z, p in padded_runs(b.packed)]
+        return {name: torch.cat([r[name] for r in runs]) for name in self.outputs}
+
+    def _padded(self, ids: Tensor, types: Tensor, p: Packed) -> dict[str, Tensor]:
+        feed = {"input_ids": unpack(ids, p), "token_type_ids": unpack(types, p),
+                "attention_mask": unpack(torch.ones_like(ids), p)}
         flat = lambda a: torch.from_numpy(a).flatten(0, 1)[p.indices]       # (B, T, ...) -> (N, ...)
         res = self.session.run(None, {n: feed[n].numpy() for n in INPUTS})
         return {name: flat(a) if self.per_token or name == "last_hidden_state" else torch.from_numpy(a)
