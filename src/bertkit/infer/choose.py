@@ -20,7 +20,6 @@ times faster for the model's heads, also once per machine.
 from __future__ import annotations
 
 import copy
-import sys
 import warnings
 from dataclasses import replace
 from importlib import metadata
@@ -166,9 +165,10 @@ def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
     g, fp32 = graph.encoder_graph(p.encoder), p.model
     name = dtype_name(dtype) if dtype is not None else None
     # its PyTorch part (gathering the states of a padded batch) on one thread: two would leave an OpenMP
-    # worker spinning on the core OpenVINO is about to use (docs/serve-measurements.md, Zen 4)
+    # worker spinning on the core OpenVINO is about to use (docs/serve-measurements.md, Zen 4); every
+    # batch padded in runs of similar lengths (max_tokens 0: `GraphEngine.hidden`, `engines.padded_runs`)
     run = lambda precision: GraphEngine(OpenVINOGraph(g, threads or torch.get_num_threads(), precision),  # noqa: E731
-                                        "openvino", sys.maxsize, threads=1)
+                                        "openvino", 0, threads=1)
     p.engine = run(name)
     p.precision, p.precision_reason = p.engine.precision, "OpenVINO " + ("asked for" if name else "default")
     if p.precision != "float32":
