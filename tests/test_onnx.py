@@ -91,14 +91,16 @@ def test_onnx_backend_equals_torch(classifier, exported):
         assert_fp32_close(x, y, cfg, "token states")
 
 
-def test_onnx_backend_runs_a_ragged_batch_in_runs_of_similar_lengths(classifier, exported):
-    """Texts of 3 to ~100 tokens in one batch: the exported file runs on runs of similar lengths
-    (`engines.padded_runs`), and each text's logits and token states are PyTorch's."""
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_other_backends_run_a_ragged_batch_in_runs_of_similar_lengths(classifier, exported, backend):
+    """Texts of 3 to ~100 tokens in one batch: the exported file (or OpenVINO's graph) runs on runs of
+    similar lengths (`engines.padded_runs`), and each text's logits and token states are PyTorch's."""
     from bertkit.infer.engines import padded_runs
 
+    pytest.importorskip(backend if backend == "openvino" else "onnxruntime")
     texts = [" ".join(["word"] * n) for n in (90, 60, 30, 10, 1, 45)]
     torch_p = Predictor.from_dir(classifier, device="cpu", precision="fp32")
-    onnx_p = Predictor.from_dir(classifier, device="cpu", backend="onnx")
+    onnx_p = Predictor.from_dir(classifier, device="cpu", backend=backend, precision="fp32")
     assert len(padded_runs(onnx_p.batches([(r, [0] * len(r)) for r in onnx_p.tokenizer.encode_ids(texts)])[0].packed)) > 2
     a, b = onnx_p.classify(texts, raw=True), torch_p.classify(texts, raw=True)
     assert_fp32_close([r["logits"] for r in a], [r["logits"] for r in b], torch_p.config, "logits")
