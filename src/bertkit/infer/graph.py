@@ -114,7 +114,7 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
     which keeps the int8 class's agreement where the plain graph lost it (docs/serve-measurements.md)."""
     if why := supported(bert):
         raise ValueError(f"no ONNX graph for {why}")
-    size = 4 * sum(p.numel() for p in (head or bert).parameters())
+    size = 4 * sum(p.numel() for p in (bert if head is None else head).parameters())   # tied weights once
     if size > MAX_GRAPH_BYTES:
         raise ValueError(f"no ONNX graph for {size / 2**30:.1f} GB of weights (one protobuf holds at most 2 GB)")
     g = _Builder(int8, fused, levels)
@@ -132,7 +132,8 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
         states.append(x)
     if bert.final_norm is not None:
         states[-1] = x = g.norm(x, bert.final_norm)
-    outputs = {"last_hidden_state": (x, [bert.config.hidden_size]), **(_head(g, head, states) if head else {})}
+    outputs = {"last_hidden_state": (x, [bert.config.hidden_size]),
+               **(_head(g, head, states) if head is not None else {})}
     g.nodes += [_node("Identity", [value], [name]) for name, (value, _) in outputs.items()]
     ins = [_value_info(name, INT64, ["batch", "sequence"]) for name in INPUTS]
     per_token = lambda name: name == "last_hidden_state" or getattr(head, "per_token", False)   # noqa: E731
