@@ -6,9 +6,9 @@ axes dynamic and returns `last_hidden_state` (B, T, C) plus the head's outputs: 
 (B, T, V).
 
 It is the graph the Predictor runs short batches on (`graph.encoder_graph`, ONNX opset 20), written
-from the weights in about a second with the head's operators added, not traced: torch's TorchScript
-exporter bakes the trace-time attention mask into some graphs (BASELINES.md), its dynamo exporter
-took ~20 s for a 6-layer model and needs onnxscript. Every export is then checked numerically on
+from the weights with the head's operators added, not traced: torch's TorchScript exporter bakes the
+trace-time attention mask into some graphs (BASELINES.md), its dynamo exporter took twice as long
+and needs onnxscript (docs/serve-measurements.md). Every export is then checked numerically on
 onnxruntime against PyTorch, on batches of several sizes, lengths and paddings; over tolerance the
 file is removed and the export fails.
 

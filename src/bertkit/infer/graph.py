@@ -10,7 +10,7 @@ where the CPU has it), onnxruntime in its own fused ones (`encoder_graph(fused=T
 The graph is built node by node from the loaded weights in a fraction of a second and written in
 ONNX's protobuf format directly: no `onnx` package (whose import took longer than the graph,
 docs/serve-measurements.md), no tracer and no exporter (`torch.onnx.export`'s TorchScript path
-freezes shapes and masks it saw, its dynamo path takes ~20 s for a 6-layer model). It mirrors
+freezes shapes and masks it saw, its dynamo path is slow and needs onnxscript). It mirrors
 `model.py`'s blocks exactly: attention with Q, K, V from one MatMul, the padding mask (and the
 causal mask, ALiBi's distance penalty) added to the scores, post-LN or pre-LN (with the final
 LayerNorm), the feed-forward with the checkpoint's activation.
