@@ -15,8 +15,8 @@ import torch
 
 from bertkit import Tokenizer, hardware, preset
 from bertkit.checkpoint import build, save_model
-from bertkit.infer import Predictor, PredictorError, PredictorOptions
 from bertkit.config import ACTIVATIONS
+from bertkit.infer import Predictor, PredictorError, PredictorOptions
 from bertkit.model import BertModel
 from bertkit.packing import pack
 

@@ -163,6 +163,22 @@ class _Moved(argparse.Action):
         parser.error(f"{option_string} is now {self.dest}")
 
 
+def add_gone(parser: argparse.ArgumentParser, gone: dict[str, str]) -> None:
+    """Former flags with no replacement ({'--opset': 'why'}): given, each is the one-line error
+    "X is gone: why"."""
+    for former, why in gone.items():
+        parser.add_argument(former, action=_Gone, nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                            dest=why)
+
+
+class _Gone(_Moved):
+    """A former flag with no replacement (its value, if any, is not read): the one-line error saying
+    why; like `_Moved`, never suggested for a typo."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is gone: {self.dest}")
+
+
 class _Switch(argparse.Action):
     """--x / --no-x (and their kebab spellings), shown as `--x | --no-x`. `--x=false` (a YAML
     boolean, as config keys are written) is rewritten to --no-x before parsing (`suggest_unknown`)."""

@@ -220,7 +220,7 @@ def run_info(args) -> int:
     info = describe(args.model)
     c = info["config"]
     caps = capabilities(c["hidden_size"], c["intermediate_size"])     # bf16 vs fp32 speed on this CPU
-    info["hardware"] = {**asdict(caps), "short_inputs": _short_inputs(info)}
+    info["hardware"] = {**asdict(caps), "short_inputs": _short_inputs()}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -269,7 +269,7 @@ def _measurements() -> str:
            f"delete the file to measure again)" if n else f"{path} (nothing measured yet)"
 
 
-def _short_inputs(info: dict) -> str:
+def _short_inputs() -> str:
     """What a Predictor (bertkit serve, the Python API) will run short batches on, before loading it."""
     from ..infer.engines import installed_engines
 

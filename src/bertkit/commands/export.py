@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cliconfig import add_options
+from ..cliconfig import add_gone, add_options
 from ..errors import BertkitError
 from ..infer.export import ExportOptions, export_onnx
 from .basic import Args, options_of
@@ -17,15 +17,8 @@ def setup_export(p: argparse.ArgumentParser) -> None:
     add_options(o, Args, names=("model", "out", "head"), defaults=True, required=("out",), help={
         "out": "output FILE.onnx (DIR/model.onnx is what --backend onnx looks for by default)"})
     add_options(o, ExportOptions)
-    o.add_argument("--opset", nargs="?", action=_Gone, help=argparse.SUPPRESS)
+    add_gone(o, {"--opset": "the file is always ONNX opset 20 (bertkit writes the graph itself)"})
     p.set_defaults(run=run_export)
-
-
-class _Gone(argparse.Action):
-    """A former flag with no replacement: the one-line error saying why."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is gone: the file is always ONNX opset 20 (bertkit writes the graph itself)")
 
 
 def run_export(args) -> int:

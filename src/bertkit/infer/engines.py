@@ -86,6 +86,8 @@ class ExportedEngine:
     def run(self, b: Batch) -> dict[str, Tensor]:
         t = b.tensors
         runs = [self._padded(t["input_ids"][a:z], t["token_type_ids"][a:z], p) for a, z, p in padded_runs(b.packed)]
+        if len(runs) == 1:                            # one run (a batch of similar lengths): no copy
+            return runs[0]
         return {name: torch.cat([r[name] for r in runs]) for name in self.outputs}
 
     def _padded(self, ids: Tensor, types: Tensor, p: Packed) -> dict[str, Tensor]:
