@@ -20,6 +20,7 @@ times faster for the model's heads, also once per machine.
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 from dataclasses import replace
 from importlib import metadata
@@ -40,6 +41,8 @@ from .engines import Batch, GraphEngine, OpenVINOGraph, TorchEngine, encoder_of,
 from .options import PredictorError
 from .prepack import (FusedSelfAttention, PrepackedFeedForward, PrepackedLinear, model_gelu, prepack_linear,
                       prepack_linears, qkv_linear)
+
+log = logging.getLogger("bertkit")
 
 BF16_MIN_COSINE = 0.999     # bf16 keeps every sample sentence, token state and head output this close to fp32
 INT8_MIN_COSINE = 0.99      # an int8 Predictor's engine: every sample sentence this close to fp32 (or as the int8 model)
@@ -446,6 +449,8 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
     timed: dict = {}    # settled t1-tN: timed with SETTLE_S, the runtimes on one thread and on torch's N (`_wider`)
 
     def decide() -> dict:
+        log.info("timing %s against PyTorch for short batches, once on this machine (20-30 s on 2 cores; "
+                 "recorded in %s)", " and ".join(agreeing), hardware.measurements_path())
         loaded = hardware.busy()
         chosen, note = _fastest(p, agreeing, rows)
         if loaded:                       # kept all the same (one choice per machine), but said
