@@ -5,6 +5,8 @@ import contextlib
 import json
 import math
 
+import time
+
 import pytest
 import torch
 
@@ -157,15 +159,36 @@ def test_machine_facts_name_the_cpu_and_threads():
 
 def test_best_times_settles_before_each_timed_run_when_asked(monkeypatch):
     """Runtimes' worker threads spin after a call: with `settle`, every timed run (not the warm-ups)
-    starts after a sleep, so one function's spinning threads do not slow the next one's timing."""
+    starts once the process is quiet (up to `settle` seconds), so one function's spinning threads do
+    not slow the next one's timing."""
     events = []
-    monkeypatch.setattr(hardware.time, "sleep", lambda s: events.append(("sleep", s)))
+    monkeypatch.setattr(hardware, "quiet", lambda s: events.append(("quiet", s)))
     fns = [lambda: events.append("a"), lambda: events.append("b")]
     assert len(hardware.best_times(fns, 2, settle=0.25)) == 2
-    assert events == ["a", "b"] + [("sleep", 0.25), "a", ("sleep", 0.25), "b"] * 2
+    assert events == ["a", "b"] + [("quiet", 0.25), "a", ("quiet", 0.25), "b"] * 2
     events.clear()
     hardware.best_times(fns, 1)
     assert events == ["a", "b", "a", "b"]
+
+
+def test_quiet_waits_while_another_thread_of_the_process_runs():
+    """hardware.quiet: a thread of this process that keeps a core busy (as a runtime's spinning
+    workers do) holds it back until that thread stops, or until its limit; an idle process passes
+    after a few short steps."""
+    import threading
+
+    stop = time.perf_counter() + 0.3
+    spinner = threading.Thread(target=lambda: [None for _ in iter(lambda: time.perf_counter() < stop, False)])
+    spinner.start()
+    waited = hardware.quiet(2.0)
+    spinner.join()
+    assert waited >= 0.2
+    assert hardware.quiet(2.0) < 0.5
+    stop = time.perf_counter() + 1.0
+    spinner = threading.Thread(target=lambda: [None for _ in iter(lambda: time.perf_counter() < stop, False)])
+    spinner.start()
+    assert 0.1 <= hardware.quiet(0.1) < 0.5           # at most the limit (and a step)
+    spinner.join()
 
 
 @pytest.mark.parametrize("second_time, want", [(0.90, 100), (0.98, 1000)])

@@ -161,19 +161,34 @@ def busy() -> str | None:
 def best_times(fns, rounds: int, settle: float = 0.0) -> list[float]:
     """Fastest of `rounds` interleaved runs of each function (after one warm-up run each):
     interleaving and the minimum keep a noisy, shared machine from favouring either. `settle`:
-    seconds of sleep before each run, for functions on different runtimes, whose worker threads
-    spin-wait after a call and would take the cores from the function timed next."""
+    before each run, wait up to that many seconds for the process's other threads to go idle
+    (`quiet`), for functions on different runtimes, whose worker threads spin-wait after a call and
+    would take the cores from the function timed next."""
     for f in fns:
         f()
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
         for i, f in enumerate(fns):
             if settle:
-                time.sleep(settle)
+                quiet(settle)
             t0 = time.perf_counter()
             f()
             best[i] = min(best[i], time.perf_counter() - t0)
     return best
+
+
+def quiet(limit: float, step: float = 0.005) -> float:
+    """Sleep until this process's other threads are idle, `limit` seconds at most; returns the seconds
+    slept. Idle: the process's CPU time grows by less than a tenth of a core over a `step` in which
+    this thread sleeps. How long a runtime's workers spin after a call depends on the runtime and
+    the CPU (docs/serve-measurements.md), so it is watched rather than assumed."""
+    start = time.perf_counter()
+    while True:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(step)
+        now = time.perf_counter()
+        if time.process_time() - cpu < 0.1 * (now - wall) or now - start >= limit:
+            return now - start
 
 
 def measure_bf16_speedup(hidden: int = 384, intermediate: int = 1536, tokens: int | None = None,

@@ -50,7 +50,7 @@ DENSE_BATCH = 8             # sequences of the full batch the engine is timed on
 # 1,024 tokens: the same per-token ratio as 32 x 128 within this VM's noise, a quarter of the time at load
 SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
 TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts
-SETTLE_S = 0.1                           # sleep before each timed run: the last runtime's threads go idle
+SETTLE_S = 0.1                           # before each timed run, up to this long for the last runtime's threads to go idle
 BURST_TOKENS = 160                       # a timed run: back-to-back calls of this many padded positions (`_timed`)
 # The engine of short batches runs its PyTorch part on one thread, and its runtime on one thread unless
 # torch's threads time more than SMALL_TIE faster at load (`_wider`): one thread never waits at a barrier for
@@ -449,7 +449,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
     timed: dict = {}    # settled t1-tN: timed with SETTLE_S, the runtimes on one thread and on torch's N (`_wider`)
 
     def decide() -> dict:
-        log.info("timing %s against PyTorch for short batches, once on this machine (20-30 s on 2 cores; "
+        log.info("timing %s against PyTorch for short batches, once on this machine (15-30 s on 2 cores; "
                  "recorded in %s)", " and ".join(agreeing), hardware.measurements_path())
         loaded = hardware.busy()
         chosen, note = _fastest(p, agreeing, rows)
