@@ -50,7 +50,7 @@ DENSE_BATCH = 8             # sequences of the full batch the engine is timed on
 # 1,024 tokens: the same per-token ratio as 32 x 128 within this VM's noise, a quarter of the time at load
 SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
 TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts
-SETTLE_S = 0.1                           # before each timed run, up to this long for the last runtime's threads to go idle
+SETTLE_S = 0.1                           # before each timed run, at most this long for idle threads (`quiet`)
 BURST_TOKENS = 160                       # a timed run: back-to-back calls of this many padded positions (`_timed`)
 # The engine of short batches runs its PyTorch part on one thread, and its runtime on one thread unless
 # torch's threads time more than SMALL_TIE faster at load (`_wider`): one thread never waits at a barrier for
