@@ -191,6 +191,15 @@ def test_quiet_waits_while_another_thread_of_the_process_runs():
     spinner.join()
 
 
+def test_quiet_sleeps_its_limit_where_cpu_time_moves_in_coarse_ticks(monkeypatch):
+    """On Windows the process's CPU time advances in ~16 ms ticks, too coarse for 5 ms steps: the
+    whole limit, as a fixed pause."""
+    slept = []
+    monkeypatch.setattr(hardware.sys, "platform", "win32")
+    monkeypatch.setattr(hardware.time, "sleep", slept.append)
+    assert hardware.quiet(0.1) == 0.1 and slept == [0.1]
+
+
 @pytest.mark.parametrize("second_time, want", [(0.90, 100), (0.98, 1000)])
 def test_attention_group_overhead_takes_a_candidate_only_when_it_is_5_percent_faster(monkeypatch, tmp_path,
                                                                                       second_time, want):
