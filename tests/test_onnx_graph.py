@@ -179,6 +179,22 @@ def test_what_is_not_written_as_a_graph():
             graph.encoder_graph(_model("gelu", "absolute", "post"))
 
 
+def test_a_freed_parameter_never_stands_in_for_a_new_one():
+    """graph._Builder keeps one initializer per Parameter (a tied weight is written once). The fused
+    Q, K, V Linear each layer makes for the graph is freed after its layer, and Python may give the
+    next one the same id(): that one must get its own initializer, not the last layer's. (It did not:
+    OpenVINO's and onnxruntime's engines failed the load-time check in some starts, 2026-12-07.)"""
+    g = graph._Builder()
+    names = []
+    for i in range(50):
+        p = torch.nn.Parameter(torch.full((3,), float(i)))
+        names.append(g.const(p))
+        del p
+    assert len(set(names)) == 50
+    tied = torch.nn.Parameter(torch.ones(2))
+    assert g.const(tied) == g.const(tied)
+
+
 @pytest.mark.parametrize("act", ACTIVATIONS)
 def test_every_activation_and_a_causal_mask_in_the_graph(act):
     """Every hidden_act model.py knows has its ONNX spelling; a causal encoder (with ALiBi for

@@ -63,12 +63,12 @@ class _Builder:
 
     def const(self, value: Tensor | np.ndarray | float | list, dtype=np.float32) -> str:
         if isinstance(value, nn.Parameter) and id(value) in self.params:      # a tied weight: one copy
-            return self.params[id(value)]
+            return self.params[id(value)][1]
         arr = value.detach().float().numpy() if isinstance(value, Tensor) else value
         name = f"c{len(self.inits)}"
         self.inits.append(_tensor(name, np.asarray(arr, dtype=dtype, order="C")))      # 0-d stays 0-d
-        if isinstance(value, nn.Parameter):
-            self.params[id(value)] = name
+        if isinstance(value, nn.Parameter):       # held, so a freed temporary's id is never a new one's
+            self.params[id(value)] = (value, name)
         return name
 
     def op(self, kind: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs: Any) -> Any:
