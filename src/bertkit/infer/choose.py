@@ -46,8 +46,8 @@ log = logging.getLogger("bertkit")
 
 BF16_MIN_COSINE = 0.999     # bf16 keeps every sample sentence, token state and head output this close to fp32
 INT8_MIN_COSINE = 0.99      # an int8 Predictor's engine: every sample sentence this close to fp32 (or as the int8 model)
-DENSE_BATCH = 8             # sequences of the full batch the engine is timed on against PyTorch (`_dense`);
-# 1,024 tokens: the same per-token ratio as 32 x 128 within this VM's noise, a quarter of the time at load
+DENSE_BATCH = 8             # sequences of the full batch the engine is timed on against PyTorch (`_dense`;
+                            # why not 32: docs/serve-measurements.md)
 SMALL_LENGTHS = (16, 32, 64, 128, 256)   # one-sequence lengths timed at load
 TIMING_ROUNDS = 7                        # interleaved rounds per length; the fastest of each counts
 SETTLE_S = 0.1                           # before each timed run, at most this long for idle threads (`quiet`)
@@ -449,8 +449,8 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
     timed: dict = {}    # settled t1-tN: timed with SETTLE_S, the runtimes on one thread and on torch's N (`_wider`)
 
     def decide() -> dict:
-        log.info("timing %s against PyTorch for short batches, once on this machine (15-30 s on 2 cores; "
-                 "recorded in %s)", " and ".join(agreeing), hardware.measurements_path())
+        log.info("timing %s against PyTorch for short batches, once on this machine (tens of seconds; recorded in %s)",
+                 " and ".join(agreeing), hardware.measurements_path())
         loaded = hardware.busy()
         chosen, note = _fastest(p, agreeing, rows)
         if loaded:                       # kept all the same (one choice per machine), but said
