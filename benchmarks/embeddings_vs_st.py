@@ -62,7 +62,7 @@ class Bertkit:
     """bertkit's side: the encoder, its optimizer and batches, one update per call."""
 
     def __init__(self, model_dir: Path, pairs, args, dtype: torch.dtype):
-        from bertkit.biencoder import epoch_batches
+        from bertkit.finetune.biencoder import epoch_batches
         from bertkit.checkpoint import load_model
         from bertkit.hardware import attention_kernel
         from bertkit.model import set_attention_kernel
@@ -85,7 +85,7 @@ class Bertkit:
         self.step, self.tokens = 0, 0
 
     def update(self) -> float:
-        from bertkit.biencoder import batch_loss
+        from bertkit.finetune.biencoder import batch_loss
         from bertkit.optim import lr_at
 
         a = self.args
@@ -102,7 +102,7 @@ class Bertkit:
         return loss.item()
 
     def save(self, out: Path) -> Path:
-        from bertkit.biencoder import save_embedding_model
+        from bertkit.finetune.biencoder import save_embedding_model
         save_embedding_model(self.model, self.tokenizer, out, "mean", self.args.max_length, {})
         return out
 
@@ -131,7 +131,7 @@ def sentence_transformers_trainer(model_dir: Path, pairs, args, dtype: torch.dty
 def main() -> int:
     from transformers import TrainerCallback
 
-    from bertkit.biencoder import read_pairs
+    from bertkit.finetune.biencoder import read_pairs
     from bertkit.hardware import bf16_fast, cpu_model, machine_facts
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

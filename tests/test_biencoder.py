@@ -1,4 +1,4 @@
-"""bertkit.biencoder (`bertkit finetune --task embedding`): losses equal sentence-transformers'
+"""bertkit.finetune.biencoder (`bertkit finetune --task embedding`): losses equal sentence-transformers'
 (MultipleNegativesRankingLoss, CoSENTLoss, CosineSimilarityLoss), batches without repeated texts,
 columns and sources, and the trained folder: `bertkit embed`, the server's /v1/embeddings and
 `SentenceTransformer(path)` give the same vectors (1e-5, fp32), with mean and [CLS] pooling."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.biencoder import (Pairs, cosent_loss, cosine_loss, dev_set, epoch_batches, mnrl_loss, pick_columns,
+from bertkit.finetune.biencoder import (Pairs, cosent_loss, cosine_loss, dev_set, epoch_batches, mnrl_loss, pick_columns,
                                read_pairs)
 from bertkit.embed_eval import Retrieval, ScoredPairs
 from bertkit.errors import BertkitError

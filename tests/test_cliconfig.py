@@ -11,7 +11,7 @@ import pytest
 from bertkit.cli import build_parser, main
 from bertkit.cliconfig import POSITIONAL, add_options, field_docs, given, suggest_unknown
 from bertkit.commands.finetune import finetune_config
-from bertkit.finetune_config import FinetuneConfig
+from bertkit.finetune.config import FinetuneConfig
 
 
 def finetune_parser() -> argparse.ArgumentParser:
@@ -155,7 +155,7 @@ def test_a_renamed_key_is_a_one_line_error_naming_the_new_one():
     """One name per setting: `threads` everywhere, `optimizer` in fine-tuning and pre-training. An
     old spelling (YAML files, scripts) is never taken silently: one line says what replaced it; a
     typo of either still gets 'did you mean'."""
-    from bertkit.finetune_config import FinetuneConfig
+    from bertkit.finetune.config import FinetuneConfig
     from bertkit.runconfig import PretrainConfig, RunConfigError, from_dict
 
     with pytest.raises(RunConfigError, match="old.yaml: train.num_threads is now train.threads"):

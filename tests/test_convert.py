@@ -1,5 +1,5 @@
-"""bertkit convert: Google's TensorFlow checkpoints read without TensorFlow (bertkit.tfckpt), converted
-through checkpoint.py's one name table, equal to transformers' own conversion.
+"""bertkit convert: Google's TensorFlow checkpoints read without TensorFlow (bertkit.checkpoint.tfckpt), converted
+through the checkpoint package's one name table, equal to transformers' own conversion.
 
 Two sources of checkpoints: tests/data/google_tf_checkpoint/ holds one that TensorFlow wrote and
 transformers 4's load_tf_weights_in_bert converted (make.py there remakes both); and `write_bundle`
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from bertkit.cli import main
-from bertkit.tfckpt import Checkpoint, crc32c, unmask
+from bertkit.checkpoint.tfckpt import Checkpoint, crc32c, unmask
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "google_tf_checkpoint"

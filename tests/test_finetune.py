@@ -367,7 +367,7 @@ def test_squad2_null_threshold_and_doc_stride_travel_with_the_model(tiny_model, 
 def test_run_card_answers_the_reproduction_checklist(tiny_model, sst_dir, tmp_path, freeze):
     """Probe or full fine-tuning (and the features), attention direction, normalisation, inputs,
     tokens seen and FLOPs (3 x forward per update, 1 x for a frozen probe), seed, resolved config."""
-    from bertkit.finetune_card import forward_flops
+    from bertkit.finetune.card import forward_flops
     from bertkit.tasks import get_task
 
     out = tmp_path / "run"

@@ -12,7 +12,7 @@ import pytest
 from bertkit.cli import main
 from bertkit.errors import BertkitError
 from bertkit.finetune import FinetuneConfig
-from bertkit.finetune_seeds import collapse_rule, finetune_seeds, is_collapsed, parse_seeds, summarize
+from bertkit.finetune.seeds import collapse_rule, finetune_seeds, is_collapsed, parse_seeds, summarize
 from bertkit.tasks import get_task
 from test_finetune import sst_dir, tiny_model  # noqa: F401  (fixtures)
 

@@ -58,7 +58,7 @@ from .tasks.plumbing import resolve_task
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from .finetune_config import FinetuneConfig
+    from .finetune.config import FinetuneConfig
     from .tasks import Task
 
 log = logging.getLogger("bertkit")

@@ -6,7 +6,7 @@ Predictor and post-processes them (masked-LM checkpoints answer each [MASK] inst
 is read once (`checkpoint.read_config`) and handed down to the Predictor's loader and the task's
 settings: how the checkpoint reads long inputs and SQuAD v2.0's null threshold
 (`tasks.plumbing.inference_stride`, `qa_options`) come from it unless the caller overrides them.
-The task side lives in `bertkit.tasks.plumbing`; fine-tuning (finetune.py) is never imported.
+The task side lives in `bertkit.tasks.plumbing`; fine-tuning (`finetune/`) is never imported.
 """
 from __future__ import annotations
 

@@ -26,7 +26,6 @@ from ..data.masking import Collator, MaskingConfig, num_to_predict
 from ..data.prepare import PrepareConfig
 from ..data.pretraining import open_dataset
 from ..errors import BertkitError
-from ..finetune_seeds import one_answer
 from ..runconfig import PretrainConfig, from_dict, merge
 from .config import AblateConfig, Arm, _read_json, _write_json
 
@@ -211,8 +210,10 @@ def choose_lr(scores: dict[float, list[float | None]]) -> tuple[float, dict[floa
 def collapse_of(result: dict) -> dict:
     """{predicted, collapsed} of a fine-tuning run's last dev evaluation: how often each class (each
     tag) was predicted, and whether all predictions were one class (for tagging: no entity, all 'O')
-    - a seed that fell to the majority class: `finetune --seeds`' rule (`finetune_seeds.one_answer`).
+    - a seed that fell to the majority class: `finetune --seeds`' rule (`finetune.seeds.one_answer`).
     None where the run did not record it."""
+    from ..finetune.seeds import one_answer      # the fine-tuning package imports torch: ablate --help stays light
+
     metric = result.get("main_metric")
     history = [h for h in result.get("history") or [] if f"dev_{metric}" in h]     # the reported one: the last
     counts = history[-1].get("dev_predicted") if history else None

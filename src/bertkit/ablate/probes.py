@@ -11,7 +11,7 @@ from ..linear_probe import probe, probe_spec, write_results
 from .config import _key, _read_json
 
 if TYPE_CHECKING:
-    from ..finetune_config import FinetuneConfig
+    from ..finetune.config import FinetuneConfig
 
 log = logging.getLogger("bertkit")
 

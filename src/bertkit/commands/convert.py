@@ -3,7 +3,7 @@
     bertkit convert uncased_L-12_H-768_A-12 --out bert-base-uncased
     bertkit convert biobert_v1.1_pubmed/model.ckpt-1000000 --out biobert --do-lower-case false
 
-A thin layer over `bertkit.convert.convert`; TensorFlow is not needed.
+A thin layer over `bertkit.checkpoint.convert.convert`; TensorFlow is not needed.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import argparse
 import json
 
 from ..cliconfig import add_options, field_docs
-from ..convert import ConvertOptions, convert
+from ..checkpoint.convert import ConvertOptions, convert
 from .basic import Args, options_of
 
 

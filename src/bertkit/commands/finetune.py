@@ -6,12 +6,12 @@ import json
 import shlex
 import sys
 
-from ..biencoder import finetune_embedding
+from ..finetune.biencoder import finetune_embedding
 from ..cliconfig import add_options, given, suggest_unknown
 from ..errors import BertkitError
 from ..finetune import finetune, grid
-from ..finetune_config import FinetuneConfig
-from ..finetune_seeds import finetune_seeds, parse_seeds, summary_lines
+from ..finetune.config import FinetuneConfig
+from ..finetune.seeds import finetune_seeds, parse_seeds, summary_lines
 from ..runconfig import RunConfigError, from_dict, read_yaml_mapping
 from ..tasks.plumbing import COLUMN_KEYS
 from .predict import column_options
@@ -31,7 +31,7 @@ def setup_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=_seeds, metavar="N,N,...",
                    help="fine-tune once per seed into OUT/seed-N (a finished seed is skipped on a rerun), print "
                         "each dev metric's mean, std, min-max and the collapsed seeds, keep the best seed on dev "
-                        "as OUT's model (bertkit.finetune_seeds)")
+                        "as OUT's model (bertkit.finetune.seeds)")
     column_options(p, show_defaults=True)
     suggest_unknown(p)
     p.set_defaults(run=run_finetune)

@@ -3,7 +3,7 @@
     bertkit inspect --model $M "The cat sat on the mat." "It was warm there." --out runs/inspect-minilm
     bertkit inspect --model runs/quickstart/final "The capital of France is [MASK]." --steps 8
 
-A thin layer over `bertkit.inspect` (the measurements) and `bertkit.inspect_report` (figures, page).
+A thin layer over `bertkit.inspect` (the measurements) and `bertkit.inspect.report` (figures, page).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 
 from ..cliconfig import add_options
 from ..inspect import InspectOptions, inspect, load
-from ..inspect_report import check_out, summary_lines, write_report
+from ..inspect.report import check_out, summary_lines, write_report
 from .basic import Args, options_of
 
 

@@ -42,7 +42,7 @@ def _columns(args: argparse.Namespace) -> dict:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from ..finetune_seeds import read_summary, spread_footer, spread_text   # only here: predicting never loads fine-tuning
+    from ..finetune.seeds import read_summary, spread_footer, spread_text   # only here: predicting never loads fine-tuning
 
     o, how = options_of(args, PredictOptions), predictor_options(args, ("max_length",))
     predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), how, max_length=o.max_length)

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..checkpoint import read_config
 from ..cliconfig import add_options, given
 from ..errors import BertkitError
-from ..finetune_config import FinetuneConfig
+from ..finetune.config import FinetuneConfig
 from ..linear_probe import ProbeSpec, probe, results_json, write_results
 from ..tasks.plumbing import CUSTOM
 from .basic import Args, check_device

@@ -13,7 +13,7 @@ What it measures, all on the user's own text:
   * with an MLM head: the top predictions at each [MASK], and what greedy left-to-right generation
     with it gives (append [MASK], take the argmax, repeat). A causal checkpoint generates with its
     next-token head instead.
-`inspect_report.py` turns the result into figures and an HTML page; the server's /v1/inspect
+`inspect/report.py` turns the result into figures and an HTML page; the server's /v1/inspect
 answers the same numbers as JSON.
 """
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import Annotated, Iterator
 import torch
 from torch import Tensor, nn
 
-from .checkpoint import load_model, model_folder
-from .errors import BertkitError
-from .model import BertModel, SelfAttention
-from .packing import alibi_bias
-from .runconfig import AT_LEAST_1, THREADS, Checked, Rule
-from .tokenizer import Tokenizer
+from ..checkpoint import load_model, model_folder
+from ..errors import BertkitError
+from ..model import BertModel, SelfAttention
+from ..packing import alibi_bias
+from ..runconfig import AT_LEAST_1, THREADS, Checked, Rule
+from ..tokenizer import Tokenizer
 
 
 class InspectError(BertkitError, ValueError):

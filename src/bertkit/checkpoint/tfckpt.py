@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import BertkitError
+from ..errors import BertkitError
 
 
 class CheckpointFormatError(BertkitError, ValueError):

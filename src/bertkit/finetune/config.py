@@ -9,12 +9,12 @@ from typing import Annotated, Literal
 
 import torch
 
-from .errors import BertkitError
-from .probe import DEFAULT_FEATURES, probe_layers
-from .runconfig import (AT_LEAST_1, HALF_OPEN_UNIT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, THREADS,
-                        check_fields)
-from .tasks import SkipBadRows, get_task
-from .tasks.plumbing import CUSTOM, Columns
+from ..errors import BertkitError
+from ..probe import DEFAULT_FEATURES, probe_layers
+from ..runconfig import (AT_LEAST_1, HALF_OPEN_UNIT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, THREADS,
+                         check_fields)
+from ..tasks import SkipBadRows, get_task
+from ..tasks.plumbing import CUSTOM, Columns
 
 
 @dataclass

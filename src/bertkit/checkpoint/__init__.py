@@ -17,11 +17,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import BertConfig, ConfigError, architecture_name
-from .errors import BertkitError, first_line
-from .model import HEADS, BertModel, init_weights
-from .probe import PROBE_HEADS, ProbeModel
-from .sources import read_json_object
+from ..config import BertConfig, ConfigError, architecture_name
+from ..errors import BertkitError, first_line
+from ..model import HEADS, BertModel, init_weights
+from ..probe import PROBE_HEADS, ProbeModel
+from ..sources import read_json_object
 
 log = logging.getLogger("bertkit")
 

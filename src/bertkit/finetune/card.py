@@ -16,7 +16,7 @@ import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Sequence
-from .runlog import _fmt, matmul_weights, md_section
+from ..runlog import _fmt, matmul_weights, md_section
 
 FILES = ("config.json + model.safetensors + tokenizer files: the best checkpoint on dev; finetune.yaml: the "
          "resolved config; metrics.json, metrics.jsonl, dev_predictions.jsonl; run_card.json")
@@ -145,7 +145,7 @@ def write_card(out: Path, card: dict) -> None:
 
 
 def seeds_card_lines(summary: dict) -> list[str]:
-    """The run card's section of a `--seeds` run (`bertkit.finetune_seeds`): per dev metric the
+    """The run card's section of a `--seeds` run (`finetune.seeds`): per dev metric the
     seeds' mean, standard deviation and min-max, the collapsed seeds, the chosen seed and why."""
     n, gone = len(summary["seeds"]), summary["collapse"]["seeds"]
     lines = ["## Seeds", "", f"{n} seeds ({', '.join(map(str, summary['seeds']))}), each in `seed-N/`; this "

@@ -42,22 +42,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checkpoint import save_model
-from .embed_eval import ScoredPairs, evaluate_retrieval, evaluate_similarity, pair_retrieval, read_retrieval
-from .errors import BertkitError
-from .finetune import (epoch_batches, evaluating, load_encoder, log_dev, seed_run, staged_run, start_loop, train,
-                       write_result)
-from .hardware import machine_facts
-from .model import pool_tokens
-from .outdir import INCOMPLETE_KEY
-from .packing import pack, pad_rows
-from .runlog import write_run_card
-from .sources import dataset_name
-from .st_files import max_seq_length, write_sentence_transformers
-from .tasks import BadRows, DataError, finite_number, get_task
-from .tasks.custom import data_rows
-from .tasks.tables import is_table_source
-from .tokenizer import Tokenizer
+from ..checkpoint import save_model
+from ..embed_eval import ScoredPairs, evaluate_retrieval, evaluate_similarity, pair_retrieval, read_retrieval
+from ..errors import BertkitError
+from ..hardware import machine_facts
+from ..model import pool_tokens
+from ..outdir import INCOMPLETE_KEY
+from ..packing import pack, pad_rows
+from ..runlog import write_run_card
+from ..sources import dataset_name
+from ..st_files import max_seq_length, write_sentence_transformers
+from ..tasks import BadRows, DataError, finite_number, get_task
+from ..tasks.custom import data_rows
+from ..tasks.tables import is_table_source
+from ..tokenizer import Tokenizer
+from . import (epoch_batches, evaluating, load_encoder, log_dev, seed_run, staged_run, start_loop, train,
+               write_result)
 
 log = logging.getLogger("bertkit")
 

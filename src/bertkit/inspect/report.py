@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .hardware import cpu_model, git_commit
-from .inspect import InspectError, tiny as _tiny
-from .outdir import write_whole
+from ..hardware import cpu_model, git_commit
+from ..outdir import write_whole
+from . import InspectError, tiny as _tiny
 
 MODE_TITLES = {"bidirectional": "bidirectional mask (BERT's)", "causal": "causal mask"}
 

@@ -9,7 +9,7 @@ The input is what google-research/bert (and the first BioBERT and SciBERT releas
 
 The output is a folder every bertkit command and transformers' `BertForPreTraining` load:
 config.json, model.safetensors (the encoder with its pooler, the MLM and NSP heads) and the
-tokenizer files. Weights go Google name -> Hugging Face name -> bertkit name in checkpoint.py's one
+tokenizer files. Weights go Google name -> Hugging Face name -> bertkit name in the checkpoint package's one
 table; Adam's slots and the step counter are left out.
 """
 from __future__ import annotations
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import ARCHITECTURES, GOOGLE_OPTIMIZER_STATE, CheckpointError, check_config_json, from_google, \
+from ..config import BertConfig, ConfigError
+from ..outdir import staged_dir
+from ..sources import read_json_object
+from ..tokenizer import Tokenizer, read_vocab
+from . import ARCHITECTURES, GOOGLE_OPTIMIZER_STATE, CheckpointError, check_config_json, from_google, \
     heads_in, save_model
-from .config import BertConfig, ConfigError
-from .outdir import staged_dir
-from .sources import read_json_object
 from .tfckpt import Checkpoint
-from .tokenizer import Tokenizer, read_vocab
 
 # the keys of Google's bert_config.json that fix the weights' shapes (the rest have defaults)
 GOOGLE_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -1,12 +1,12 @@
 """Fine-tuning: one pre-trained encoder, one small task head, the paper's recipe (section 4).
 
-The settings are `bertkit.finetune_config.FinetuneConfig`; evaluation runs through `infer.Predictor`.
+The settings are `finetune.config.FinetuneConfig`; evaluation runs through `infer.Predictor`.
 What training shares with inference about a task (which task, strides, features, reference checks,
 scores, the predictions file) is `bertkit.tasks.plumbing`; running a fine-tuned checkpoint on new
 inputs (`evaluate`, `predict` commands) is `bertkit.predict`, which never imports this module.
 
 The loop has the pre-training loop's shape - explicit phases you can read top to bottom (the
-bi-encoder, `bertkit.biencoder`, runs the same `start_loop` / `train` with its own batches and loss):
+bi-encoder, `finetune.biencoder`, runs the same `start_loop` / `train` with its own batches and loss):
 
     setup      read train/dev files through the task, label names from the training data,
                load the checkpoint with a new head (or random weights of the same shape)
@@ -20,7 +20,7 @@ bi-encoder, `bertkit.biencoder`, runs the same `start_loop` / `train` with its o
 
 Inputs longer than max_length: sentence classification truncates (longest first, as the paper)
 unless `windows`/`stride` ask for overlapping windows; tagging and SQuAD read windows. How many
-were cut or windowed goes to the log, metrics.json and the run card (`finetune_card`).
+were cut or windowed goes to the log, metrics.json and the run card (`finetune.card`).
 
 `grid()` runs the paper's hyper-parameter grid (batch {16, 32} x lr {5e-5, 3e-5, 2e-5} x
 epochs {2, 3, 4}) and keeps the best run on dev. `freeze=True` trains a linear probe on a frozen
@@ -48,25 +48,25 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .checkpoint import build, check_inputs_fit, load_model, read_config, save_model
-from .errors import BertkitError, DivergedError
-from .finetune_card import batch_flops, build_card, eval_flops, write_card
-from .finetune_config import FinetuneConfig
-from .hardware import (PRECISION_NAMES, attention_kernel, choose_precision, deterministic, dtype_name,
-                       machine_facts, pick_device)
-from .infer import Predictor
-from .model import set_attention_kernel
-from .optim import build_optimizer, lr_at
-from .outdir import INCOMPLETE_KEY, staged_dir
-from .packing import pack
-from .probe import ProbeModel
-from .runconfig import save_config
-from .runlog import MetricsLog
-from .tasks import BadRows, DataError, Task
-from .tasks.plumbing import (COLUMN_KEYS, CUSTOM, check_references, evaluate, featurize, input_stride,
-                             resolve_task, write_predictions)
-from .tasks.squad import apply_null_threshold
-from .tokenizer import Tokenizer
+from ..checkpoint import build, check_inputs_fit, load_model, read_config, save_model
+from ..errors import BertkitError, DivergedError
+from ..hardware import (PRECISION_NAMES, attention_kernel, choose_precision, deterministic, dtype_name,
+                        machine_facts, pick_device)
+from ..infer import Predictor
+from ..model import set_attention_kernel
+from ..optim import build_optimizer, lr_at
+from ..outdir import INCOMPLETE_KEY, staged_dir
+from ..packing import pack
+from ..probe import ProbeModel
+from ..runconfig import save_config
+from ..runlog import MetricsLog
+from ..tasks import BadRows, DataError, Task
+from ..tasks.plumbing import (COLUMN_KEYS, CUSTOM, check_references, evaluate, featurize, input_stride,
+                              resolve_task, write_predictions)
+from ..tasks.squad import apply_null_threshold
+from ..tokenizer import Tokenizer
+from .card import batch_flops, build_card, eval_flops, write_card
+from .config import FinetuneConfig
 
 log = logging.getLogger("bertkit")
 
@@ -194,7 +194,7 @@ def is_finetune_output(path: Path) -> bool:
 def finetune(cfg: FinetuneConfig, command: str = "") -> dict:
     """Fine-tune `cfg.model` on `cfg.task`; returns the metrics written to `out/metrics.json`."""
     if cfg.task == "embedding":                   # `bertkit finetune --task embedding` runs biencoder.py's loop
-        raise BertkitError("task embedding trains a bi-encoder: bertkit.biencoder.finetune_embedding (no --grid)")
+        raise BertkitError("task embedding trains a bi-encoder: bertkit.finetune.biencoder.finetune_embedding (no --grid)")
     check_checkpoint(cfg)
     return staged_run(cfg, lambda out: _finetune(cfg, command, out))
 

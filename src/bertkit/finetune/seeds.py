@@ -38,10 +38,10 @@ from typing import Mapping, Sequence
 import yaml
 from tqdm.auto import tqdm
 
-from .errors import BertkitError, DataError
-from .outdir import INCOMPLETE_KEY, _check_out, write_whole
-from .runconfig import SEED, to_dict
-from .sources import read_jsonl
+from ..errors import BertkitError, DataError
+from ..outdir import INCOMPLETE_KEY, _check_out, write_whole
+from ..runconfig import SEED, to_dict
+from ..sources import read_jsonl
 
 log = logging.getLogger("bertkit")
 
@@ -84,8 +84,8 @@ def is_seeds_output(path: Path) -> bool:
 def finetune_seeds(cfg, seeds: Sequence[int], command: str = "") -> dict:
     """Fine-tune `cfg` once per seed into cfg.out/seed-N, keep the best on dev as cfg.out's model;
     returns the summary (also cfg.out/seeds.json)."""
-    from .finetune import columns_of, finetune, is_finetune_output, task_max_length
-    from .tasks.plumbing import resolve_task
+    from . import columns_of, finetune, is_finetune_output, task_max_length
+    from ..tasks.plumbing import resolve_task
 
     if cfg.task == "embedding":
         raise BertkitError("--seeds: task embedding is not supported; run each --seed into its own --out")
@@ -247,7 +247,7 @@ def summarize(task, runs: list[dict], dev_file: str | None, wall_time_s: float) 
 def promote(out: Path, chosen: Path, summary: dict) -> None:
     """Make `out` the chosen seed's model: its files linked in, seeds.json, the run card with the
     summary, and config.json last (removed first), so OUT is no checkpoint while its files change."""
-    from .finetune_card import seeds_card_lines
+    from .card import seeds_card_lines
 
     (out / "config.json").unlink(missing_ok=True)
     for p in out.iterdir():                        # a previous run's files (the previous chosen seed's)
