@@ -256,7 +256,7 @@ def choose_loss(asked: str | None, pairs: Pairs) -> str:
     return loss
 
 
-# ---- the loop: fine-tuning's (finetune.py) -------------------------------------------------------
+# ---- the loop: fine-tuning's (finetune/__init__.py) ---------------------------------------------
 def finetune_embedding(cfg, command: str = "") -> dict:
     """Train `cfg.model` as a bi-encoder (`bertkit finetune --task embedding`); returns the metrics
     written to out/metrics.json. Staged as every fine-tuning run (`bertkit.outdir`)."""
