@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.finetune.biencoder import (Pairs, cosent_loss, cosine_loss, dev_set, epoch_batches, mnrl_loss, pick_columns,
-                               read_pairs)
 from bertkit.embed_eval import Retrieval, ScoredPairs
 from bertkit.errors import BertkitError
+from bertkit.finetune.biencoder import (Pairs, cosent_loss, cosine_loss, dev_set, epoch_batches, mnrl_loss,
+                                        pick_columns, read_pairs)
 from bertkit.st_files import sentence_transformers_pooling
 
 PAIRS = [("how tall is the tower?", "the tower is 300 metres tall."),

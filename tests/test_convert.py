@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.cli import main
 from bertkit.checkpoint.tfckpt import Checkpoint, crc32c, unmask
+from bertkit.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "google_tf_checkpoint"

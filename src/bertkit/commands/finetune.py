@@ -6,10 +6,10 @@ import json
 import shlex
 import sys
 
-from ..finetune.biencoder import finetune_embedding
 from ..cliconfig import add_options, given, suggest_unknown
 from ..errors import BertkitError
 from ..finetune import finetune, grid
+from ..finetune.biencoder import finetune_embedding
 from ..finetune.config import FinetuneConfig
 from ..finetune.seeds import finetune_seeds, parse_seeds, summary_lines
 from ..runconfig import RunConfigError, from_dict, read_yaml_mapping

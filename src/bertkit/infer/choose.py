@@ -10,9 +10,9 @@ The engine of short batches (`choose_engine`): every installed engine of the enc
 (`engines.GraphEngine`; for an int8 Predictor the graph with int8 weights on OpenVINO) must follow
 the fp32 model on the sample; of those the fastest on one sequence of 16 tokens, if within 5% of
 PyTorch, takes batches up to the longest length (16, 32, ... 256 tokens) at which it stays so, its
-runtime on one thread or on torch's where that is 5% faster, and larger batches with little padding
-where it is more than 5% faster on a full batch (`_dense`), timed once per machine
-(`hardware.decided_once`); a later start loads and checks that engine alone (`_load_short`).
+runtime on one thread or on torch's where that is 5% faster (each engine timed on both), and larger
+batches with little padding where it is more than 5% faster on a full batch (`_dense`), timed once
+per machine (`hardware.decided_once`); a later start loads and checks that engine alone (`_load_short`).
 
 Attention (`choose_attention`): SDPA or the written-out formula one sequence at a time, whichever
 times faster for the model's heads, also once per machine.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import warnings
 from dataclasses import replace
 from importlib import metadata
@@ -53,7 +54,7 @@ TIMING_ROUNDS = 7                        # interleaved rounds per length; the fa
 SETTLE_S = 0.1                           # before each timed run, at most this long for idle threads (`quiet`)
 BURST_TOKENS = 160                       # a timed run: back-to-back calls of this many padded positions (`_timed`)
 # The engine of short batches runs its PyTorch part on one thread, and its runtime on one thread unless
-# torch's threads time more than SMALL_TIE faster at load (`_wider`): one thread never waits at a barrier for
+# torch's threads time more than SMALL_TIE faster at load (`_pick`): one thread never waits at a barrier for
 # a core another process holds; a second gained nothing on a Xeon with AMX and much on Zen 4
 # (docs/serve-measurements.md). It is kept where it is no more than SMALL_TIE slower than PyTorch.
 SMALL_THREADS = 1
@@ -364,7 +365,7 @@ def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = 
             return {}, str(e)
         try:
             runners[name] = engines.load_runner(name, g, threads, precision, group)
-            # the same engine on more threads, for `_wider` (dropped once the short engine is chosen)
+            # the same engine on more threads, for `_on_threads` (dropped once the short engine is chosen)
             runners[name].reload = lambda n, name=name, g=g: engines.load_runner(name, g, n, precision, group)
         except Exception as e:            # a build that cannot take the graph: say so, keep the others
             failed.append(f"{name} could not load the graph ({type(e).__name__}: {str(e)[:100]})")
@@ -394,7 +395,7 @@ def _choice_name(p, exact: bool) -> str:
     return (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
             f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type}{' causal' * c.causal} {p.precision}"
             f"{' exact' if exact else ''} [{installed}] settled t{SMALL_THREADS}-t{torch.get_num_threads()} "
-            "dense burst fused-ops")
+            "each-on-tN dense burst fused-ops")
 
 
 def _version(package: str) -> str:
@@ -446,7 +447,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
     """`_fastest`, timed once per machine for a model of this shape and precision and these engines
     (`hardware.decided_once`): every later start on the machine keeps the same engine, so two
     servers of one model answer short requests alike."""
-    timed: dict = {}    # settled t1-tN: timed with SETTLE_S, the runtimes on one thread and on torch's N (`_wider`)
+    timed: dict = {}    # settled t1-tN: timed with SETTLE_S, each runtime on one thread and on torch's N (`_on_threads`)
 
     def decide() -> dict:
         log.info("timing %s against PyTorch for short batches, once on this machine (tens of seconds; recorded in %s)",
@@ -481,10 +482,11 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
 
 
 def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngine | None, str]:
-    """Time PyTorch and each engine, interleaved (`_timed`), on one sequence of each SMALL_LENGTHS; the
-    fastest engine, its runtime on one thread or torch's (`_wider`), if it is then within SMALL_TIE of
-    PyTorch at the first length, up to the longest length at which it stays so, with its reason, else
-    None and why not."""
+    """Time PyTorch and each engine, interleaved (`_timed`), on one sequence of each SMALL_LENGTHS, the
+    engines on one thread and on torch's (`_on_threads`: an engine that gains more from a second
+    thread than another can overtake it there); the fastest engine on its threads (`_pick`), if it is
+    within SMALL_TIE of PyTorch at the first length, up to the longest length at which it stays so,
+    with its reason, else None and why not."""
     tok = p.tokenizer
     stream = [i for r in rows for i in r[0][1:-1]]
     lengths = [n for n in SMALL_LENGTHS if n <= min(p.max_length, len(stream) + 2)]
@@ -492,18 +494,15 @@ def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngi
         return None, f"the model takes fewer than {SMALL_LENGTHS[0]} tokens: nothing to time"
     batch = {n: p.batches([([tok.cls_id, *stream[:n - 2], tok.sep_id], [0] * n)])[0] for n in lengths}
     b = batch[lengths[0]]
-    ms_torch, *ms_engines = _timed([(p.engine, b), *((c, b) for c in agreeing.values())])
-    timed = dict(zip(agreeing, ms_engines))
+    options = _on_threads(agreeing)
+    ms_torch, *ms_options = _timed([(p.engine, b), *((e, b) for e in options.values())])
+    timed = dict(zip(options, ms_options))
     times = ", ".join(f"{k} {v:.2f} ms" for k, v in timed.items())
-    best = min(timed, key=timed.get)
-    chosen, wide = _wider(agreeing[best], b)               # on one thread or torch's, before the comparison
-    k = getattr(chosen.runner, "threads", 1)
-    if wide.get(f"{best} x{k}", timed[best]) > SMALL_TIE * ms_torch:
-        on = f"; {best} on {torch.get_num_threads()} threads {wide[f'{best} x{torch.get_num_threads()}']:.2f} ms" \
-            if wide else ""
-        return None, f"slower than PyTorch on {lengths[0]} tokens here ({times}{on} vs {ms_torch:.2f} ms)"
-    chosen.latency_ms[lengths[0]] = {"torch": round(ms_torch, 3), **{k: round(v, 3) for k, v in timed.items()},
-                                     **wide}
+    best, label, chosen = _pick(agreeing, options, timed)
+    options.clear()
+    if timed[label] > SMALL_TIE * ms_torch:
+        return None, f"slower than PyTorch on {lengths[0]} tokens here ({times} vs {ms_torch:.2f} ms)"
+    chosen.latency_ms[lengths[0]] = {"torch": round(ms_torch, 3), **{k: round(v, 3) for k, v in timed.items()}}
     chosen.max_tokens = lengths[0]
     for n in lengths[1:]:
         t_torch, t = _timed([(p.engine, batch[n]), (chosen, batch[n])])
@@ -512,7 +511,8 @@ def _fastest(p, agreeing: dict[str, GraphEngine], rows: list) -> tuple[GraphEngi
             break
         chosen.max_tokens = n
     dense = _dense(p, chosen, stream)
-    on = "one thread" if k == 1 else f"{k} threads: {wide[f'{best} x{k}']:.2f} ms"
+    k = getattr(chosen.runner, "threads", 1)
+    on = "one thread" if k == 1 else f"{k} threads"
     return chosen, (f"{best} ({chosen.precision}, {on}) as fast as PyTorch or faster up to {chosen.max_tokens} "
                     f"tokens here ({times} vs PyTorch {ms_torch:.2f} ms at {lengths[0]}); {dense}")
 
@@ -544,7 +544,7 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
     n, reload = torch.get_num_threads(), getattr(chosen.runner, "reload", None)
     wide = None
     if getattr(chosen.runner, "threads", 1) < n and reload is not None:
-        wide = chosen.wide or reload(n)                   # the copy `_wider` loaded and timed, where it did
+        wide = chosen.wide or reload(n)                   # the copy `_on_threads` loaded and timed, where it did
     t_torch, t = _timed([(p.engine, b), (replace(chosen, runner=wide) if wide else chosen, b)])
     chosen.latency_ms[f"{DENSE_BATCH}x{T}"] = {"torch": round(t_torch, 3), chosen.name: round(t, 3)}
     lead = t_torch / t / SMALL_TIE
@@ -554,21 +554,30 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
             else f"not larger batches ({said})")
 
 
-def _wider(chosen: GraphEngine, b) -> tuple[GraphEngine, dict]:
-    """`chosen`, or the same engine with its runtime on torch's threads instead of one where that
-    times more than SMALL_TIE faster on the batch `b` (one thread is kept on a tie: it never waits at a
-    barrier for a core another process holds). Its PyTorch part stays on one thread either way.
-    Returns the engine and {name xN: ms} when timed."""
-    n, reload = torch.get_num_threads(), getattr(chosen.runner, "reload", None)
-    if n <= 1 or reload is None:
-        return chosen, {}
-    wider = replace(chosen, runner=reload(n), latency_ms={}, agreement=dict(chosen.agreement))
-    t_one, t_n = _timed([(chosen, b), (wider, b)])
-    times = {f"{chosen.name} x{n}": round(t_n, 3), f"{chosen.name} x1": round(t_one, 3)}
-    if t_n * SMALL_TIE < t_one:
-        return wider, times
-    chosen.wide = wider.runner                            # kept for `_dense` to time, not loaded twice
-    return chosen, times
+def _on_threads(agreeing: dict[str, GraphEngine]) -> dict[str, GraphEngine]:
+    """Each engine on one thread (`NAME`) and, where torch has N > 1 threads, a copy on N (`NAME xN`)."""
+    n, out = torch.get_num_threads(), {}
+    for name, engine in agreeing.items():
+        out[name] = engine
+        if n > 1 and (reload := getattr(engine.runner, "reload", None)) is not None:
+            out[f"{name} x{n}"] = replace(engine, runner=reload(n), latency_ms={}, agreement=dict(engine.agreement))
+    return out
+
+
+def _pick(agreeing: dict[str, GraphEngine], options: dict[str, GraphEngine],
+          timed: dict[str, float]) -> tuple[str, str, GraphEngine]:
+    """The fastest engine as timed: (its name, the label of its threads, the engine). Each engine runs
+    on torch's N threads only where that times more than SMALL_TIE faster than one (one thread is
+    kept on a tie: it never waits at a barrier for a core another process holds); a chosen engine on
+    one thread keeps its copy on N for `_dense` to time."""
+    n = torch.get_num_threads()
+    label = {name: (f"{name} x{n}" if timed.get(f"{name} x{n}", math.inf) * SMALL_TIE < timed[name] else name)
+             for name in agreeing}
+    best = min(label, key=lambda name: timed[label[name]])
+    chosen = options[label[best]]
+    if label[best] == best and f"{best} x{n}" in options:
+        chosen.wide = options[f"{best} x{n}"].runner
+    return best, label[best], chosen
 
 
 def _agreement(p, candidate: GraphEngine, rows: list, reference: BertModel | None, exact: bool = False) -> dict:
