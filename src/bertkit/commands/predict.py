@@ -42,8 +42,6 @@ def _columns(args: argparse.Namespace) -> dict:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from ..finetune.seeds import read_summary, spread_footer, spread_text   # only here: predicting never loads fine-tuning
-
     o, how = options_of(args, PredictOptions), predictor_options(args, ("max_length",))
     predictor, task, labels, raw = load_task_predictor(args.model, args.task, _columns(args), how, max_length=o.max_length)
     if task is None:
@@ -63,7 +61,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
     result = {"task": task.name, "data": str(path), "examples": len(examples), **flat}
     if bad.count:
         result["skipped_rows"] = bad.count
-    seeds = read_summary(args.model)            # a `finetune --seeds` folder: the spread beside the score
+    # after predicting: the fine-tuning package (its loop) loads only now, for a `finetune --seeds` folder's
+    # spread beside the score
+    from ..finetune.seeds import read_summary, spread_footer, spread_text
+
+    seeds = read_summary(args.model)
     if seeds is not None:
         result["seeds"] = {k: v for k, v in seeds.items() if k != "runs"}
     if args.json:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import warnings
 from dataclasses import replace
 from importlib import metadata
@@ -571,7 +570,8 @@ def _pick(agreeing: dict[str, GraphEngine], options: dict[str, GraphEngine],
     kept on a tie: it never waits at a barrier for a core another process holds); a chosen engine on
     one thread keeps its copy on N for `_dense` to time."""
     n = torch.get_num_threads()
-    label = {name: (f"{name} x{n}" if timed.get(f"{name} x{n}", math.inf) * SMALL_TIE < timed[name] else name)
+    wide = {name: f"{name} x{n}" for name in agreeing if f"{name} x{n}" in timed}
+    label = {name: wide[name] if name in wide and timed[wide[name]] * SMALL_TIE < timed[name] else name
              for name in agreeing}
     best = min(label, key=lambda name: timed[label[name]])
     chosen = options[label[best]]
