@@ -17,7 +17,8 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 # tests/test_infer.py and tests/test_hardware.py force each path (BERTKIT_BF16=1 / 0) everywhere.
 os.environ.setdefault("BERTKIT_BF16", "0")
 # Machine measurements (bf16 speed, attention kernel) are made once per machine and kept in a file
-# (hardware.measured_once): the suite keeps its own, fresh for each run, shared by its subprocesses.
+# (hardware.measured_once): the suite keeps its own, fresh for each run, shared by its subprocesses
+# and its workers (set here in pytest's main process, before pytest-xdist starts them).
 os.environ.setdefault("BERTKIT_CACHE_DIR", tempfile.mkdtemp(prefix="bertkit-test-cache-"))
 # Tests never reach a hub: a dataset or model name that is not local fails at once instead of waiting
 # on the network (bertkit reads names through the `datasets` library when a path does not exist).
@@ -31,6 +32,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import bertkit.infer.predictor  # noqa: E402
 
 bertkit.infer.predictor.DEFAULT_OPTIONS = bertkit.infer.PredictorOptions(small_batches=False)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject.toml): a worker per core this process may run on, at most 4 (each runs
+    torch on up to 2 threads, and the docs' examples start servers and subprocesses); on one core,
+    none (the tests run in pytest's own process)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cores, 4) if cores > 1 else 0
 
 
 def minilm_dir() -> Path:

@@ -38,8 +38,9 @@ RUNNABLE = {"bash": "bash", "sh": "bash", "python": "python"}
 MARK = re.compile(r"<!--\s*docs-test:\s*(skip|slow|output|recorded)\s*(?:\((.*)\))?\s*-->")
 MAX_NOT_RUN = 16
 """Blocks marked skip or slow, in all the docs together: keep this small (each needs a reason)."""
-BLOCK_SECONDS = 120
-"""A runnable block that takes longer than this should be marked slow (a loaded 2-core machine: ~10x slack)."""
+BLOCK_SECONDS = 120 * int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+"""A runnable block that takes longer than this should be marked slow (a loaded 2-core machine: ~10x slack;
+times the number of pytest-xdist workers, which share the cores with it)."""
 SLOW = os.environ.get("BERTKIT_DOCS_SLOW") == "1"
 
 
