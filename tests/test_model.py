@@ -482,3 +482,31 @@ def test_cpu_cross_entropy_is_torch_s_a_few_rows_at_a_time(dtype):
             assert torch.equal(cross_entropy(x, t), ours.detach())
     t[0] = -100
     assert torch.equal(cross_entropy(x, t), F.cross_entropy(x.float(), t))
+
+
+@pytest.mark.parametrize("name,head,args", HEAD_CASES)
+@pytest.mark.parametrize("variant", [{}, {"position_embedding_type": "alibi"}])
+def test_loading_for_inference_skips_the_random_init_and_gives_the_same_model(tmp_path, name, head, args, variant):
+    """load_model(random_init=False), as the Predictor loads: every weight equal to the default load's
+    (tied MLM decoder still tied, ALiBi slopes real), and nothing drawn from torch's random generator."""
+    cfg = BertConfig(vocab_size=1000, hidden_size=48, num_layers=3, num_heads=3, intermediate_size=100,
+                     max_position_embeddings=64, **variant)
+    save_model(bertkit.checkpoint.build(head, cfg, **args), tmp_path)
+    ref = load_model(tmp_path)
+    torch.manual_seed(1)
+    model = load_model(tmp_path, random_init=False)
+    drawn = torch.rand(3)
+    torch.manual_seed(1)
+    assert torch.equal(drawn, torch.rand(3))                          # the generator untouched
+    assert type(model) is type(ref)
+    got, want = model.state_dict(), ref.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    if hasattr(model, "mlm"):
+        assert model.mlm.decoder.weight is model.bert.embeddings.word.weight
+    for a, b in zip(model.modules(), ref.modules()):                  # the one tensor that is not a weight
+        slopes = getattr(a, "slopes", None)
+        assert (slopes is None) == (getattr(b, "slopes", None) is None)
+        assert slopes is None or (not slopes.is_meta and torch.equal(slopes, b.slopes))
+    with pytest.raises(CheckpointError, match="has no weights"):        # a missing head is still refused
+        load_model(tmp_path, head="question_answering" if head != "question_answering" else "token_classification",
+                   random_init=False)

@@ -106,7 +106,7 @@ def alibi_slopes(cfg: BertConfig) -> Tensor | None:
     here: docs/pretrain-measurements.md, the levers at matched wall time)."""
     if cfg.position_embedding_type != "alibi":
         return None
-    return torch.tensor([2.0 ** -h for h in range(cfg.num_heads)])
+    return torch.tensor([2.0 ** -h for h in range(cfg.num_heads)], device="cpu")    # not a parameter: never on meta
 
 
 def attention_bias(mask: Tensor | None, q: Tensor, causal: bool, slopes: Tensor | None = None) -> Tensor | None:

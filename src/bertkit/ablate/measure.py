@@ -115,7 +115,7 @@ def heldout_mlm(cfg: AblateConfig, shared, model_dir: Path, arm_dir: Path | None
     collator = Collator(data, MaskingConfig(mode="token", mask_prob=0.15, max_predictions=cap,
                                             mask_token_fraction=0.8, random_token_fraction=0.1), seed=20190101)
     mask_id = collator.info.mask_id
-    model = load_model(model_dir, head="masked_lm").eval()
+    model = load_model(model_dir, head="masked_lm", random_init=False).eval()
     loss, right, targets, shown, rows = 0.0, [], [], [], []
     with torch.no_grad():
         for s in range(0, n, 64):

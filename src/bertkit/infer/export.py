@@ -99,7 +99,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, options: ExportOptions |
         raise ExportError(f"{out}: the output file must end in .onnx")
     if o.threads:
         torch.set_num_threads(o.threads)
-    model = load_model(model_dir, head=head).float().eval()
+    model = load_model(model_dir, head=head, random_init=False).float().eval()
     try:
         tokenizer = Tokenizer.from_dir(Path(model_dir))
     except Exception:                      # noqa: BLE001 - a folder of weights only: parity is checked on random ids

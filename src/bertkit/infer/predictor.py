@@ -113,7 +113,7 @@ class Predictor:
         device = pick_device(o.device)
         if o.int8 and str(device).startswith("cuda"):
             raise PredictorError("int8 dynamic quantisation runs on the CPU only; use --device cpu")
-        model = load_model(path, head=head, config_json=config_json).eval()
+        model = load_model(path, head=head, config_json=config_json, random_init=False).eval()
         tokenizer = Tokenizer.from_dir(path)
         check_inputs_fit(model.config, tokenizer.vocab_size, o.max_length, where=path)
         max_len = o.max_length or max_seq_length(path, model.config.max_position_embeddings)

@@ -84,7 +84,7 @@ def load(path: str | Path) -> Loaded:
     path = model_folder(path)
     if not (path / "config.json").is_file():
         raise InspectError(f"--model {path}: no config.json (not a model folder)")
-    return Loaded(load_model(path).float().eval(), Tokenizer.from_dir(path), path)
+    return Loaded(load_model(path, random_init=False).float().eval(), Tokenizer.from_dir(path), path)
 
 
 # ---- attention, written out --------------------------------------------------------------------
