@@ -538,4 +538,4 @@ def from_google(tensors: dict[str, torch.Tensor], cfg: BertConfig, source: Path)
     check_weights_fit_config(cfg, renamed, source, "bert_config.json")
     found = heads_in(set(renamed))
     head = "pretraining" if "nsp" in found else "masked_lm" if "masked_lm" in found else "encoder"
-    return _build_loaded(head, cfg, renamed, source, False).eval()
+    return _build_loaded(head, cfg, renamed, source, False, False).eval()   # every weight from the TF file
