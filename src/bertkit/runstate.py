@@ -229,8 +229,8 @@ def export_model(run: Run, world: D.World, path: Path, model_sd: dict | None = N
         model_sd, _ = D.full_state_dicts(model, run.optimizer, "fsdp", world)
     if not world.main:
         return
-    if model_sd is not None:                     # a plain CPU copy of sharded weights
-        model = build("pretraining", model.config, nsp=model.nsp is not None)
+    if model_sd is not None:                     # a plain CPU copy of sharded weights (all loaded: no random init)
+        model = build("pretraining", model.config, random_init=False, nsp=model.nsp is not None)
         model.load_state_dict(model_sd)
 
     def write(tmp: Path) -> None:
