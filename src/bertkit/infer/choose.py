@@ -62,6 +62,7 @@ SMALL_TIE = 1.05
 # moved by more than 5% between loads on a 2-core VM (docs/serve-measurements.md), and a wrong yes
 # costs every large batch
 DENSE_TIE = 1.10
+OPENVINO_INT8_GROUP = 128   # activation values per int8 scale in OpenVINO's int8 engine (`openvino_int8_group`)
 RECORDED = " (timed once on this machine)"     # after a reason read from the machine's record, not timed now
 
 
@@ -341,8 +342,8 @@ def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = 
     none (no engine installed, no graph for this encoder, or none could load it). `precision`:
     OpenVINO's ('float32' when fp32 was asked for; None: its own, bf16 where the CPU has it).
     onnxruntime runs the graph in its own operators (`graph.encoder_graph(fused=True)`). `int8`: the
-    graphs with int8 weights: on OpenVINO, which quantizes the activations per token at run time
-    (`engines.OpenVINOGraph`); on onnxruntime, per tensor (its DynamicQuantizeMatMul), weights of
+    graphs with int8 weights: on OpenVINO, which quantizes the activations at run time in groups
+    of `openvino_int8_group` values (`engines.OpenVINOGraph`); on onnxruntime, per tensor (its DynamicQuantizeMatMul), weights of
     `int8_weight_levels` like `Int8Linear`'s, the FFN's down projection in fp32 like
     `quantize_int8`'s, the FFN's input smoothed by its ranges on the `calibration` batches
     (`graph.encoder_graph`). `only`: that engine alone."""
@@ -351,7 +352,7 @@ def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = 
     if why or not installed:
         return {}, (f"no ONNX graph for {why}" if why else
                     "neither onnxruntime nor openvino is installed (pip install 'bertkit[onnx]')")
-    group = fp32_encoder.config.hidden_size if int8 else 0
+    group = openvino_int8_group(fp32_encoder.config.hidden_size) if int8 else 0
     smooth = int8 and calibration and "onnxruntime" in installed      # only onnxruntime's int8 graph is smoothed
     ranges = graph.ffn_input_ranges(fp32_encoder, calibration) if smooth else None
     runners, failed = {}, []
@@ -386,6 +387,16 @@ def _load_short(p, small: bool | int, encoder: BertModel, exact: bool = False, p
     return load_engines(encoder, threads, precision, only=before["engine"], **graphs)
 
 
+def openvino_int8_group(hidden: int) -> int:
+    """How many activation values share one int8 scale in OpenVINO's int8 engine
+    (`DYNAMIC_QUANTIZATION_GROUP_SIZE`): 128 where the hidden size divides by it, else the hidden size
+    (one scale per token). On all-MiniLM-L6-v2 (2-vCPU Zen 4, 2026-12-07) one scale per token left the
+    sample's texts at cosine 0.9897 to fp32, under INT8_MIN_COSINE, so the engine was never used; groups
+    of 128 read 0.9957 at the same speed (32 x 128: 260-270 ms against 266-274), groups of 32 0.9973 but
+    334 ms (docs/serve-measurements.md)."""
+    return OPENVINO_INT8_GROUP if hidden % OPENVINO_INT8_GROUP == 0 else hidden
+
+
 def _choice_name(p, exact: bool) -> str:
     """The name the choice of short-batch engine is recorded under: the model's shape and precision,
     the engines installed with their versions (an upgrade times again), the threads."""
@@ -394,7 +405,7 @@ def _choice_name(p, exact: bool) -> str:
     return (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
             f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type}{' causal' * c.causal} {p.precision}"
             f"{' exact' if exact else ''} [{installed}] settled t{SMALL_THREADS}-t{torch.get_num_threads()} "
-            "each-on-tN dense burst fused-ops")
+            f"each-on-tN dense burst fused-ops{' ov-group' * (p.precision == 'int8')}")
 
 
 def _version(package: str) -> str:

@@ -269,7 +269,7 @@ class OpenVINOGraph:
     or 'bfloat16'; default OpenVINO's own: bf16 where the CPU has AMX or AVX512_BF16, and the
     agreement check at load decides whether it may serve). `int8_group`: a graph with int8 weights
     (`graph.encoder_graph(int8=True)`) whose activations OpenVINO quantizes to int8 at run time in
-    groups of this many values (the hidden size: one scale per token), so its GEMMs run int8 x int8."""
+    groups of this many values (`choose.openvino_int8_group`), so its GEMMs run int8 x int8."""
 
     def __init__(self, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0):
         import openvino as ov
