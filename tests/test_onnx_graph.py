@@ -517,7 +517,8 @@ def test_a_bf16_engine_is_judged_by_cosine(checkpoints, monkeypatch, tmp_path):
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", small_batches=True)
     assert p.precision == "float32" and p.small is not None and p.small.name == "bf16", p.small_reason
     assert p.small.agreement["max_abs_diff"] > 1e-3 and p.small.agreement["token_cosine_min"] >= 0.999
-    assert "fp32 (float32) disagrees with PyTorch" not in p.small_reason      # chosen: the reason is the choice
+    assert p.small_reason.startswith("bf16 (bfloat16")                        # the choice first, then what was
+    assert "; not timed: fp32 (float32) disagrees with PyTorch" in p.small_reason   # dropped for its accuracy
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is None and "bf16 runs bfloat16, and fp32 was asked for" in p.small_reason
     _with_fakes(monkeypatch, {"bf16": lambda g: FakeEngine(g, "bfloat16", noise=0.3)}, {"torch": 5.0, "bf16": 1.0}, tmp_path)
@@ -599,6 +600,14 @@ def test_an_int8_predictor_asks_for_int8_engines_held_to_its_own_class(checkpoin
     _with_fakes(monkeypatch, {"noisy": lambda g: FakeEngine(g, noise=0.5)}, {"torch": 5.0, "noisy": 2.0}, tmp_path)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", int8=True, small_batches=True)
     assert p.small is None and "noisy (float32) disagrees" in p.small_reason
+    # one agrees, one does not: the one dropped for its accuracy is said in the reason, and stays said
+    # when the recorded choice is reused
+    _with_fakes(monkeypatch, {"fast": FakeEngine, "noisy": lambda g: FakeEngine(g, noise=0.5)},
+                {"torch": 5.0, "fast": 2.0, "noisy": 1.0}, tmp_path)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", int8=True, small_batches=True)
+    assert p.small.name == "fast" and "not timed: noisy (float32) disagrees" in p.small_reason, p.small_reason
+    again = Predictor.from_dir(checkpoints["plain"], device="cpu", int8=True, small_batches=True)
+    assert again.small.name == "fast" and "not timed: noisy (float32) disagrees" in again.small_reason
 
 
 def test_short_batches_run_on_one_thread_and_longer_ones_on_the_models(checkpoints, monkeypatch, tmp_path):

@@ -445,7 +445,7 @@ def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
             chosen.max_tokens = int(small)
             return chosen, f"{chosen.name} for batches of up to {small} tokens, as asked (not timed)"
         if agreeing:
-            chosen, note = _fastest_once(p, agreeing, rows, exact)
+            chosen, note = _fastest_once(p, agreeing, rows, exact, dropped=notes)
             if chosen is not None:
                 return chosen, note
             notes.append(note)
@@ -453,10 +453,11 @@ def choose_engine(p, runners: dict[str, Any], small: bool | int, rows: list,
 
 
 def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
-                  exact: bool = False) -> tuple[GraphEngine | None, str]:
+                  exact: bool = False, dropped: Sequence[str] = ()) -> tuple[GraphEngine | None, str]:
     """`_fastest`, timed once per machine for a model of this shape and precision and these engines
     (`hardware.decided_once`): every later start on the machine keeps the same engine, so two
-    servers of one model answer short requests alike."""
+    servers of one model answer short requests alike. `dropped`: why the engines that disagree were
+    left out, kept in the recorded reason (an engine dropped for its accuracy is said, not hidden)."""
     timed: dict = {}    # settled t1-tN: timed with SETTLE_S, each runtime on one thread and on torch's N (`_on_threads`)
 
     def decide() -> dict:
@@ -464,6 +465,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
                  " and ".join(agreeing), hardware.measurements_path())
         loaded = hardware.busy()
         chosen, note = _fastest(p, agreeing, rows)
+        note = "; ".join([note, *(f"not timed: {d}" for d in dropped)])
         if loaded:                       # kept all the same (one choice per machine), but said
             note += (f" (timed while the machine was busy: {loaded}; delete {hardware.measurements_path()} "
                      "to time it again)")
