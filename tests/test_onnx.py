@@ -129,6 +129,41 @@ def test_cli_int8_optimized_export_and_tolerance(classifier, exported, tmp_path,
     assert main(["export", "onnx", "--model", str(tmp_path / "nope"), "--out", str(out)]) == 1
 
 
+def test_the_int8_file_is_onnxruntime_int8_in_standard_attention_and_takes_any_padding(classifier, tmp_path):
+    """`--int8` writes every block Linear as DynamicQuantizeMatMul with 7-bit weights (a file that runs
+    on CPUs without VNNI too), the FFN's input smoothed (a Mul before each up projection), attention
+    in standard operators: a left-padded batch follows PyTorch as a right-padded one does."""
+    import onnx
+
+    from bertkit.checkpoint import load_model
+    from bertkit.infer.export import Exportable
+
+    out = tmp_path / "int8.onnx"
+    report = export_onnx(classifier, out, int8=True)
+    assert 0.98 <= report.cosine_min < 1.0
+    m = onnx.load(str(out))
+    L = load_model(classifier).config.num_layers
+    ops = [n.op_type for n in m.graph.node]
+    assert ops.count("DynamicQuantizeMatMul") == 4 * L and "EmbedLayerNormalization" not in ops and "Attention" not in ops
+    int8 = [onnx.numpy_helper.to_array(t) for t in m.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert len(int8) == 4 * L and max(int(abs(w.astype(int)).max()) for w in int8) == 63
+    tok = Tokenizer.from_dir(classifier)
+    rows = tok.encode_ids(TEXTS)
+    T = max(map(len, rows))
+    ids, mask = np.zeros((len(rows), T), np.int64), np.zeros((len(rows), T), np.int64)
+    for i, r in enumerate(rows):                                    # left padding
+        ids[i, T - len(r):], mask[i, T - len(r):] = r, 1
+    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    got = load_session(out).run(None, feed)[0]
+    with torch.no_grad():
+        want = Exportable(load_model(classifier).eval())(*(torch.from_numpy(feed[k]) for k in
+                                                           ("input_ids", "attention_mask", "token_type_ids")))[0].numpy()
+    keep = mask.astype(bool)
+    a, b = got[keep], want[keep]
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+    assert cos.min() > 0.98, cos.min()
+
+
 def test_the_file_is_opset_20_and_a_model_of_64_positions_exports(classifier, exported, tmp_path, capsys):
     """The file is ONNX that `onnx` itself checks, opset 20; a model of fewer than 128 positions
     exports (its parity sentences are cut to its length: a traceback before)."""

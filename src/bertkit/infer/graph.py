@@ -57,8 +57,8 @@ def supported(bert: BertModel) -> str | None:
 class _Builder:
     """Nodes and initializers of one graph, each value given a fresh name."""
 
-    def __init__(self, int8: bool = False, fused: bool = False, levels: int = 127):
-        self.int8, self.fused, self.levels = int8, fused, levels
+    def __init__(self, int8: bool = False, fused: bool = False, levels: int = 127, down_int8: bool = True):
+        self.int8, self.fused, self.levels, self.down_int8 = int8, fused, levels, down_int8
         self.nodes, self.inits, self.count, self.params = [], [], 0, {}
 
     def const(self, value: Tensor | np.ndarray | float | list, dtype=np.float32) -> str:
@@ -99,7 +99,8 @@ class _Builder:
 
 
 def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, levels: int = 127,
-                  ranges: Sequence[Tensor] | None = None, head: nn.Module | None = None) -> bytes:
+                  ranges: Sequence[Tensor] | None = None, head: nn.Module | None = None,
+                  fused_inputs: bool = True, down_int8: bool | None = None) -> bytes:
     """The serialized ONNX model of `bert`'s forward pass on padded inputs (see the module doc);
     with `head` (the model `bert` belongs to: `bertkit export onnx`), its `outputs` by its
     `output_names` after `last_hidden_state` (`_head`).
@@ -111,14 +112,18 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
     operator quantizes its input per tensor, so a few channels with large values set the step of
     all; with `ranges` (`ffn_input_ranges`) the FFN's input is smoothed first (SmoothQuant, Xiao et
     al. 2023: x_j / s_j into the GEMM, row j of W^T times s_j, s_j = sqrt(range_j / max |W_:j|)),
-    which keeps the int8 class's agreement where the plain graph lost it (docs/serve-measurements.md)."""
+    which keeps the int8 class's agreement where the plain graph lost it (docs/serve-measurements.md).
+    `fused_inputs` False keeps the embeddings and attention in standard operators under `fused`
+    (`bertkit export onnx --int8`: EmbedLayerNormalization reads each row's length from its mask, so
+    it takes right padding only, and an exported file takes any mask); `down_int8` (default: not
+    `fused`) whether the FFN's down projection is int8 too."""
     if why := supported(bert):
         raise ValueError(f"no ONNX graph for {why}")
     size = 4 * sum(p.numel() for p in (bert if head is None else head).parameters())   # tied weights once
     if size > MAX_GRAPH_BYTES:
         raise ValueError(f"no ONNX graph for {size / 2**30:.1f} GB of weights (one protobuf holds at most 2 GB)")
-    g = _Builder(int8, fused, levels)
-    x, attend = _fused_inputs(g, bert) if fused and fusable(bert) else _inputs(g, bert)
+    g = _Builder(int8, fused, levels, down_int8=not fused if down_int8 is None else down_int8)
+    x, attend = _fused_inputs(g, bert) if fused and fused_inputs and fusable(bert) else _inputs(g, bert)
     states = [x]                                                  # the embeddings' and each block's output
     for i, block in enumerate(bert.blocks):
         h = g.norm(x, block.norm1) if block.pre_norm else x
@@ -304,7 +309,7 @@ def _ffn(g: _Builder, x: str, mlp, act: str, ranges: Sequence[Tensor] | None, i:
         s = (ranges[i].clamp_min(1e-5) / w.abs().amax(0).clamp_min(1e-8)).sqrt()
         x, w = g.op("Mul", x, g.const(1 / s)), w * s
     up = _activation(g, g.linear(x, w, mlp.up.bias), act)
-    return g.linear(up, mlp.down.weight, mlp.down.bias, int8=not g.fused)
+    return g.linear(up, mlp.down.weight, mlp.down.bias, int8=g.down_int8)
 
 
 def _activation(g: _Builder, x: str, name: str) -> str:
