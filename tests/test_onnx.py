@@ -75,6 +75,8 @@ def test_every_head_exports_and_follows_pytorch(classifier, tmp_path, head, kw):
     assert list(outputs) == ["last_hidden_state", *model.output_names]
     rank = 2 if head == "question_answering" else 3 if model.per_token else 2          # (B, T[, L]) or (B, L)
     assert [len(shape) for shape in outputs.values()][1:] == [rank] * len(model.output_names)
+    int8 = export_onnx(tmp_path / head, tmp_path / head / "int8.onnx", int8=True)    # every head in int8 too
+    assert int8.cosine_min >= 0.98, int8.line()
 
 
 def test_onnx_backend_equals_torch(classifier, exported):
