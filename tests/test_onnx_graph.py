@@ -118,6 +118,8 @@ def test_the_int8_graphs_hold_int8_weights_and_follow_the_model(positions):
     int8 = [t for t in m.graph.initializer if t.data_type == onnx.TensorProto.INT8]
     assert len(int8) == (2 if positions == "absolute" else 3) * L and max(int(abs(onnx.numpy_helper.to_array(t)).max()) for t in int8) == 63
     assert sum(n.op_type == "DynamicQuantizeMatMul" for n in m.graph.node) == len(int8)
+    down8 = onnx.load_from_string(graph.encoder_graph(model, int8=True, fused=True, levels=63, down_int8=True))
+    assert sum(n.op_type == "DynamicQuantizeMatMul" for n in down8.graph.node) == len(int8) + L   # the down projection too
     flat, layout = pack(torch.randint(5, 500, (3, 13)), torch.tensor([[1] * 13, [1] * 6 + [0] * 7, [1] * 9 + [0] * 4]))
     calibration = [engines.Batch([0, 1, 2], layout, flat)]
     ranges = graph.ffn_input_ranges(model, calibration)           # the FFN inputs' channel ranges, smoothed away
@@ -139,7 +141,8 @@ def test_each_int8_engine_keeps_real_weights_in_the_int8_class():
     """On all-MiniLM-L6-v2's weights every installed int8 engine, as `load_engines` builds it, keeps
     each sample text (mean-pooled) within INT8_MIN_COSINE of fp32, the bar it must pass to serve. On a
     Zen 4 OpenVINO's engine with one activation scale per token read 0.9897 and was silently never
-    used; in groups of 128 (`openvino_int8_group`) it reads 0.9957 (docs/serve-measurements.md)."""
+    used; in groups of 128 (`openvino_int8_group`) it reads 0.9957 (docs/serve-measurements.md).
+    onnxruntime's is held to it after its fallback (`choose_engine`), as it would serve."""
     from bertkit.checkpoint import load_model
 
     assert choose.openvino_int8_group(384) == 128 and choose.openvino_int8_group(312) == 312
@@ -152,6 +155,8 @@ def test_each_int8_engine_keeps_real_weights_in_the_int8_class():
     with torch.inference_mode():
         for name, runner in runners.items():
             agreement = choose._agreement(p, engines.GraphEngine(runner, name), rows, fp32)
+            if not agreement["ok"] and hasattr(runner, "safer"):     # as choose_engine: onnxruntime's fp32-down graph
+                agreement = choose._agreement(p, engines.GraphEngine(runner.safer(), name), rows, fp32)
             assert agreement["ok"] and agreement["cosine_min"] >= choose.INT8_MIN_COSINE, (name, agreement)
 
 
@@ -608,6 +613,24 @@ def test_an_int8_predictor_asks_for_int8_engines_held_to_its_own_class(checkpoin
     assert p.small.name == "fast" and "not timed: noisy (float32) disagrees" in p.small_reason, p.small_reason
     again = Predictor.from_dir(checkpoints["plain"], device="cpu", int8=True, small_batches=True)
     assert again.small.name == "fast" and "not timed: noisy (float32) disagrees" in again.small_reason
+
+
+def test_an_int8_onnxruntime_engine_that_disagrees_falls_back_to_its_fp32_down_projection(checkpoints, monkeypatch):
+    """onnxruntime's int8 engine runs every Linear in int8 first; where that graph disagrees with fp32
+    on the sample, the one with the FFN's down projection in fp32 (`safer`) is loaded and checked in
+    its place, and the reason says so."""
+    monkeypatch.setattr(engines, "installed_engines", lambda: ["onnxruntime"])
+    real, seen = choose._agreement, []
+
+    def agreement(p, candidate, *a, **k):
+        out = real(p, candidate, *a, **k)
+        seen.append(hasattr(candidate.runner, "safer"))
+        return {**out, "ok": False} if seen[-1] else out          # the all-int8 graph "disagrees"
+    monkeypatch.setattr(choose, "_agreement", agreement)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", int8=True, small_batches=True, small_batch_tokens=40)
+    assert seen == [True, False] and p.small is not None and p.small.name == "onnxruntime", p.small_reason
+    assert not hasattr(p.small.runner, "safer")                   # the fp32-down graph serves
+    assert "onnxruntime with its FFN down projection in fp32 (every Linear int8: cosine" in p.small_reason
 
 
 def test_short_batches_run_on_one_thread_and_longer_ones_on_the_models(checkpoints, monkeypatch, tmp_path):
