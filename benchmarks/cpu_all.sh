@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One prepared run of issue 35's CPU measurements on this machine, for a sitting on a CPU kind the
-# results do not have yet (about 30 minutes on 2 cores). Run it alone: nothing else heavy on the cores.
+# results do not have yet (about 15-30 minutes on 2 cores: 18 on a Zen 4). Run it alone: nothing else heavy on the cores.
 #   bash benchmarks/cpu_all.sh                      every stage, into benchmarks/results/<kind>-<date>/
-#   STAGES="infer first" bash benchmarks/cpu_all.sh  some stages (infer first serve pretrain)
+#   STAGES="infer first" bash benchmarks/cpu_all.sh  some stages (infer first serve serve8 pretrain)
 #   OUT=/tmp/x bash benchmarks/cpu_all.sh            another folder
 # Stages, most wanted first (each writes its command line and output to its own .txt):
 #   infer    benchmarks/infer_vs_hf.py --reps 11 --threads 2 --settle 0.3   the table: every runtime,
@@ -11,12 +11,13 @@
 #   first    Predictor.from_dir's first start (empty cache): seconds and what it chose, fp32 and int8
 #   serve    benchmarks/serve_load.py against the OpenVINO, onnxruntime and sentence-transformers apps,
 #            concurrency 1 and 32, 3 interleaved rounds of 15 s
+#   serve8   the same with `bertkit serve --int8` against the OpenVINO app (answers within cosine 0.99)
 #   pretrain benchmarks/pretrain_vs_hf.py --sizes mini --reps 5             the BERT-mini step
 # The CPU kind in the folder's name comes from /proc/cpuinfo (amx, zen4, zen3, zen1-2, or the vendor).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
-STAGES=${STAGES:-"infer first serve pretrain"}
+STAGES=${STAGES:-"infer first serve serve8 pretrain"}
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 vendor=$(grep -m1 '^vendor_id' /proc/cpuinfo | awk '{print $3}')
 family=$(grep -m1 '^cpu family' /proc/cpuinfo | awk '{print $4}')
@@ -56,8 +57,10 @@ EOF
            done ;;
     serve) BERTKIT_CACHE_DIR=$(fresh) run serve_load $PY benchmarks/serve_load.py --apps openvino,onnxruntime,sentence-transformers \
              --concurrency 1,32 --duration 15 --rounds 3 --min-cosine 0.999 ;;
+    serve8) BERTKIT_CACHE_DIR=$(fresh) run serve_load_int8 $PY benchmarks/serve_load.py --server-args=--int8 --apps openvino \
+             --concurrency 1,32 --duration 15 --rounds 3 --min-cosine 0.99 ;;
     pretrain) run pretrain_vs_hf $PY benchmarks/pretrain_vs_hf.py --sizes mini --reps 5 ;;
-    *) t "unknown stage $stage (infer first serve pretrain)" ;;
+    *) t "unknown stage $stage (infer first serve serve8 pretrain)" ;;
   esac
 done
 t done
