@@ -664,11 +664,16 @@ def test_short_batches_run_on_one_thread_and_longer_ones_on_the_models(checkpoin
 
 def test_a_small_lead_on_the_full_batch_keeps_larger_batches_on_pytorch(checkpoints, monkeypatch, tmp_path):
     """An engine 7% faster everywhere takes the short batches (within SMALL_TIE) but not the larger
-    ones: a full batch timed once at load moves by more than that between loads (DENSE_TIE)."""
+    ones: a full batch timed once at load moves by more than that between loads (DENSE_TIE). A lead
+    that near the tie is timed a second time (DENSE_AGAIN), a clear one once."""
     _with_fakes(monkeypatch, {"fast": FakeEngine}, {"torch": 5.35, "fast": 5.0}, tmp_path)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
     assert p.small is not None and p.small.name == "fast", p.small_reason
     assert p.small.max_padding == 0.0 and p.small.wide is None and "not larger batches" in p.small_reason
+    assert "timed twice: near the tie" in p.small_reason          # 1.07x is within DENSE_AGAIN of DENSE_TIE
+    _with_fakes(monkeypatch, {"fast": FakeEngine}, {"torch": 5.0, "fast": 2.0}, tmp_path)
+    p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+    assert p.small.max_padding > 1 and "timed twice" not in p.small_reason     # a clear lead: timed once
 
 
 def test_an_engine_timed_on_a_busy_machine_says_so(checkpoints, monkeypatch, tmp_path):
