@@ -620,16 +620,18 @@ def test_an_int8_onnxruntime_engine_that_disagrees_falls_back_to_its_fp32_down_p
     on the sample, the one with the FFN's down projection in fp32 (`safer`) is loaded and checked in
     its place, and the reason says so."""
     monkeypatch.setattr(engines, "installed_engines", lambda: ["onnxruntime"])
-    real, seen = choose._agreement, []
+    real, seen, checked = choose._agreement, [], []
 
     def agreement(p, candidate, *a, **k):
         out = real(p, candidate, *a, **k)
         seen.append(hasattr(candidate.runner, "safer"))
+        checked.append(candidate.runner)
         return {**out, "ok": False} if seen[-1] else out          # the all-int8 graph "disagrees"
     monkeypatch.setattr(choose, "_agreement", agreement)
     p = Predictor.from_dir(checkpoints["plain"], device="cpu", int8=True, small_batches=True, small_batch_tokens=40)
     assert seen == [True, False] and p.small is not None and p.small.name == "onnxruntime", p.small_reason
-    assert not hasattr(p.small.runner, "safer")                   # the fp32-down graph serves
+    assert p.small.runner is checked[1]                           # the fp32-down graph serves
+    assert not hasattr(p.small.runner, "safer") and not hasattr(p.small.runner, "reload")   # nothing held for them
     assert "onnxruntime with its FFN down projection in fp32 (every Linear int8: cosine" in p.small_reason
 
 

@@ -154,7 +154,8 @@ def _short_batches(p, small: bool | int, reference: BertModel | None, found: tup
     p.small, p.small_reason = choose_engine(p, runners, small, sample_rows(p.tokenizer, p.max_length), reference,
                                             exact)
     for r in (p.small.runner, p.small.wide) if p.small is not None else ():
-        getattr(r, "__dict__", {}).pop("reload", None)     # the graph's bytes go with the reload functions
+        for held in ("reload", "safer"):                   # the graph's bytes (and the fp32 encoder) go with them
+            getattr(r, "__dict__", {}).pop(held, None)
 
 
 def _worst(check: dict) -> float:
