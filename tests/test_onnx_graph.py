@@ -139,9 +139,10 @@ def test_the_int8_graphs_hold_int8_weights_and_follow_the_model(positions):
 
 def test_each_int8_engine_keeps_real_weights_in_the_int8_class():
     """On all-MiniLM-L6-v2's weights every installed int8 engine, as `load_engines` builds it, keeps
-    each sample text (mean-pooled) within INT8_MIN_COSINE of fp32, the bar it must pass to serve. On a
-    Zen 4 OpenVINO's engine with one activation scale per token read 0.9897 and was silently never
-    used; in groups of 128 (`openvino_int8_group`) it reads 0.9957 (docs/serve-measurements.md).
+    each sample text (mean-pooled) within INT8_MIN_COSINE of fp32, or as close as the PyTorch int8
+    model itself: the bar it must pass to serve. On a Zen 4 OpenVINO's engine with one activation
+    scale per token read 0.9897 and was silently never used; in groups of 128 (`openvino_int8_group`)
+    it reads 0.9957 (docs/serve-measurements.md).
     onnxruntime's is held to it after its fallback (`choose_engine`), as it would serve."""
     from bertkit.checkpoint import load_model
 
@@ -157,7 +158,8 @@ def test_each_int8_engine_keeps_real_weights_in_the_int8_class():
             agreement = choose._agreement(p, engines.GraphEngine(runner, name), rows, fp32)
             if not agreement["ok"] and hasattr(runner, "safer"):     # as choose_engine: onnxruntime's fp32-down graph
                 agreement = choose._agreement(p, engines.GraphEngine(runner.safer(), name), rows, fp32)
-            assert agreement["ok"] and agreement["cosine_min"] >= choose.INT8_MIN_COSINE, (name, agreement)
+            bar = min(choose.INT8_MIN_COSINE, p.precision_check["cosine_min"])   # the class, as `_agreement` holds it
+            assert agreement["ok"] and agreement["cosine_min"] >= bar, (name, agreement, bar)
 
 
 def test_a_large_batch_runs_on_the_engine_in_runs_of_similar_lengths():
