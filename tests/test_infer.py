@@ -326,9 +326,9 @@ def test_qa_matches_transformers(tmp_path_factory, tok, engine):
 
 
 def test_int8_linear_gives_each_token_its_own_scale():
-    """choose.Int8Linear: a token with 1000x larger activations leaves the others' precision alone (one
+    """int8.Int8Linear: a token with 1000x larger activations leaves the others' precision alone (one
     scale for the whole input, as the GEMM itself takes it, would round them to almost nothing)."""
-    from bertkit.infer.choose import Int8Linear
+    from bertkit.infer.int8 import Int8Linear
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 32)
@@ -349,7 +349,7 @@ def test_int8_weights_lose_a_bit_where_the_cpu_sums_pairs_in_int16(monkeypatch):
     keep every pair in range (on uniform random weights, 0.19 relative error per row with 8 bits
     there, ~0.013 with 7 on any CPU); with VNNI the full 8 bits."""
     from bertkit import hardware
-    from bertkit.infer.choose import Int8Linear, int8_weight_levels
+    from bertkit.infer.int8 import Int8Linear, int8_weight_levels
 
     torch.manual_seed(0)
     lin, x = torch.nn.Linear(384, 1536), torch.randn(256, 384)
@@ -367,7 +367,7 @@ def test_int8_weights_lose_a_bit_where_the_cpu_sums_pairs_in_int16(monkeypatch):
 def test_quantize_int8_fuses_qkv_and_the_ffn_without_changing_the_numbers(act):
     """quantize_int8: Q, K and V as one Int8Linear and the FFN with its GELU in place (a GELU model)
     give what an Int8Linear for each projection in the model's own layers gives, padded and packed."""
-    from bertkit.infer.choose import Int8Linear, int8_weight_levels, quantize_int8
+    from bertkit.infer.int8 import Int8Linear, int8_weight_levels, quantize_int8
     from bertkit.model import BertModel
     from bertkit.packing import pack
 

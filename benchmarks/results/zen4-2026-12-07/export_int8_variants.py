@@ -1,15 +1,17 @@
 """The int8 export written by graph.py (DynamicQuantizeMatMul, standard attention, 8-bit weights, the FFN input
 smoothed) in variants, against onnxruntime's quantize_dynamic per channel ('old', the export of 6141ce4):
 the FFN down projection int8 or fp32, its own input smoothed too (alpha 0.5, 0.7). Parity (export.check_parity)
-and run speed as export_int8_speed.py (7 rounds). as run: graph.py of 67d1d51 beside export.py of 6141ce4 (the
+and run speed by export_int8_speed.py (7 rounds). as run: graph.py of 67d1d51 beside export.py of 6141ce4 (the
 state between the two commits). usage (from the repository root):
     python benchmarks/results/zen4-2026-12-07/export_int8_variants.py"""
-import sys, time, statistics, random, tempfile
+import sys, tempfile
 from pathlib import Path
-import numpy as np, torch
+import torch
 torch.set_num_threads(2)
 sys.path.insert(0, "benchmarks")
-from infer_vs_hf import minilm_dir, make_inputs
+from infer_vs_hf import minilm_dir
+sys.path.insert(0, str(Path(__file__).parent))
+from export_int8_speed import speed          # the same timing
 from bertkit.checkpoint import load_model
 from bertkit.tokenizer import Tokenizer
 from bertkit.infer import export, graph, choose, engines
@@ -54,17 +56,4 @@ f = tmp / "base.onnx"; f.write_bytes(graph.encoder_graph(model, True, fused=True
 files["down fp32 (new)"] = export._optimize(f, tmp / "obase.onnx")
 for k, f in files.items():
     print(k, export.check_parity(wrapper, f, tok).line(), flush=True)
-sess = {k: engines.load_session(f, threads=2) for k, f in files.items()}
-b16 = make_inputs(tok, [16]); lengths = np.random.default_rng(0).permutation(np.linspace(8, 128, 32).round().astype(int)).tolist()
-rag = make_inputs(tok, lengths); fix = make_inputs(tok, [128] * 32)
-feeds = {n: {k: x["numpy"][k] for k in ("input_ids", "attention_mask", "token_type_ids")} for n, x in (("1x16", b16), ("ragged", rag), ("fixed", fix))}
-times = {(k, n): [] for k in sess for n in feeds}
-for r in range(7):
-    order = list(times); random.Random(r).shuffle(order)
-    for k, n in order:
-        time.sleep(0.2); reps = 10 if n == "1x16" else 1
-        t = time.perf_counter()
-        for _ in range(reps): sess[k].run(None, feeds[n])
-        times[(k, n)].append((time.perf_counter() - t) / reps * 1e3)
-for k in sess:
-    print(f"{k:24s} " + "  ".join(f"{n} {statistics.median(times[(k, n)]):.2f} ms" for n in feeds))
+speed(files, rounds=7)

@@ -7,12 +7,13 @@ head outputs keep cosine >= 0.999 to fp32; otherwise, and on GPUs, fp32. int8 (`
 OpenVINO's bf16 (`openvino`) are measured against fp32 the same way.
 
 The engine of short batches (`choose_engine`): every installed engine of the encoder's graph
-(`engines.GraphEngine`; for an int8 Predictor the graph with int8 weights on OpenVINO) must follow
+(`engines.GraphEngine`; for an int8 Predictor the graphs with int8 weights) must follow
 the fp32 model on the sample; of those the fastest on one sequence of 16 tokens, if within 5% of
 PyTorch, takes batches up to the longest length (16, 32, ... 256 tokens) at which it stays so, its
 runtime on one thread or on torch's where that is 5% faster (each engine timed on both), and larger
-batches with little padding where it is more than 5% faster on a full batch (`_dense`), timed once
-per machine (`hardware.decided_once`); a later start loads and checks that engine alone (`_load_short`).
+batches with little padding where it is 10% faster on a full batch (`_dense`, timed twice near that
+tie), timed once per machine (`hardware.decided_once`); a later start loads and checks that engine
+alone (`_load_short`). Dynamic int8 itself is `int8.py`.
 
 Attention (`choose_attention`): SDPA or the written-out formula one sequence at a time, whichever
 times faster for the model's heads, also once per machine.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import warnings
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
@@ -30,17 +30,18 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from .. import hardware
 from ..hardware import dtype_name
-from ..model import BertModel, Block, FeedForward, SelfAttention, pool_tokens, set_attention_kernel
+from ..model import BertModel, pool_tokens, set_attention_kernel
 from ..tokenizer import Tokenizer
 from . import engines, graph
 from .engines import Batch, GraphEngine, OpenVINOGraph, TorchEngine, encoder_of, split_packed
 from .options import PredictorError
-from .prepack import (FusedSelfAttention, PrepackedFeedForward, PrepackedLinear, model_gelu, prepack_linear,
-                      prepack_linears, qkv_linear)
+# Int8Linear and prepack_linear: benchmarks/results' scripts of 2026-12-06/07 import them from here
+from .int8 import Int8Linear, int8_weight_levels, quantize_int8  # noqa: F401
+from .prepack import FusedSelfAttention, prepack_linear, prepack_linears  # noqa: F401
 
 log = logging.getLogger("bertkit")
 
@@ -188,78 +189,6 @@ def openvino(p, threads: int | None, dtype: torch.dtype | None) -> None:
         if cos < BF16_MIN_COSINE and name is None:
             p.engine, p.precision, p.precision_check = run("float32"), "float32", None
             p.precision_reason = f"OpenVINO's default lost too much (cosine {cos:.5f} < {BF16_MIN_COSINE}): float32"
-
-
-def quantize_int8(model: nn.Module, down_dtype: torch.dtype = torch.float32, prepack: bool = True) -> nn.Module:
-    """Dynamic int8 quantisation of the encoder blocks' nn.Linear layers (`Int8Linear`): weights
-    int8 with one scale per output channel, activations with one scale per token at run time.
-    The FFN's down projection, whose input (GELU outputs, heavy-tailed) loses most to 8 bits,
-    stays in `down_dtype` (bf16 where bf16 GEMMs are fast, else fp32; prepacked). The embeddings,
-    the pooler and the task head stay fp32. Q, K and V are one Int8Linear (`prepack.FusedSelfAttention`),
-    the FFN a `prepack.PrepackedFeedForward` (GELU in place): the same numbers as an Int8Linear per
-    projection, faster (docs/serve-measurements.md). Returns a copy.
-
-    all-MiniLM-L6-v2's mean-pooled states against fp32, min cosine over the 23 sample texts (AVX2
-    EPYC): one activation scale per batch 0.984 (torch's default, one weight scale and 7-bit
-    activations: ~0.97); one per token 0.990; one per token with the down projection int8 too
-    0.987 (docs/serve-measurements.md)."""
-    model = copy.deepcopy(model)
-    levels, gelu = int8_weight_levels(), model_gelu(model)
-    for block in (m for m in model.modules() if isinstance(m, Block)):
-        a, ff = block.attn, block.mlp
-        if type(a) is SelfAttention:           # Q, K and V in one GEMM: the tokens' scales found once, not 3 times
-            block.attn = FusedSelfAttention(a.num_heads, a.causal, Int8Linear(qkv_linear(a), levels),
-                                            Int8Linear(a.out, levels), a.slopes, a.kernel)
-        else:
-            for name in ("query", "key", "value", "out"):
-                setattr(a, name, Int8Linear(getattr(a, name), levels))
-        up, down = Int8Linear(ff.up, levels), prepack_linear(ff.down.to(down_dtype), prepack=prepack)
-        if type(ff) is FeedForward and gelu is not None and isinstance(down, PrepackedLinear):
-            block.mlp = PrepackedFeedForward(up, down, ff.act, gelu)    # the GELU in place, rows padded once
-        else:
-            ff.up, ff.down = up, down
-    return model
-
-
-def int8_weight_levels() -> int:
-    """The largest |int8 weight| `Int8Linear` uses here: 127 where the CPU has AVX512-VNNI (its int8
-    dot products sum in int32); 63 on the others, where fbgemm's AVX2 kernel adds pairs of u8 x s8
-    products in saturating int16 (255 x 127 x 2 > 32,767; 255 x 63 x 2 is not). On random weights
-    the saturation left 0.19 relative error per row against 0.013 with 7-bit weights; on
-    all-MiniLM-L6-v2 (Zen 3) the sample's min cosine to fp32 went 0.9900 -> 0.9911."""
-    return 127 if "avx512_vnni" in hardware.cpu_flags() else 63
-
-
-class Int8Linear(nn.Module):
-    """x W^T + b on fbgemm's (or oneDNN's) dynamic int8 GEMM, W int8 with one scale per output
-    channel (|W| up to `levels`: `int8_weight_levels`). The GEMM quantizes its whole input with one
-    scale; each token's row is divided by its largest |value| first and multiplied back after, so
-    every token gets its own scale (a token with large activations no longer coarsens every other
-    token's)."""
-
-    def __init__(self, linear: nn.Linear, levels: int = 127):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        w = linear.weight.detach().float()
-        scale = (w.abs().amax(1).clamp_min(1e-12) / levels).double()
-        with warnings.catch_warnings():     # torch's quantized tensors are deprecated in favour of torchao
-            warnings.simplefilter("ignore")
-            q = torch.quantize_per_channel(w, scale, torch.zeros(len(scale), dtype=torch.long), 0, torch.qint8)
-        self.packed = torch.ops.quantized.linear_prepack(q, None)
-        self.bias = linear.bias.detach().float().clone() if linear.bias is not None else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        r = x.abs().amax(-1, keepdim=True).clamp_min_(1e-12)                 # (N, 1); vector_norm(inf): 15x slower
-        y = torch.ops.quantized.linear_dynamic(x / r, self.packed, reduce_range=False)
-        return y.mul_(r) if self.bias is None else torch.addcmul(self.bias, y, r, out=y)    # in place: no fresh pages
-
-    def rows(self, x: Tensor, post: str = "none", algorithm: str = "") -> Tensor:
-        """`PrepackedLinear.rows`' contract (`PrepackedFeedForward`): `post` "gelu" runs it in place after."""
-        y = self(x)
-        return torch._C._nn.gelu_(y, approximate=algorithm) if post == "gelu" else y
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel and token"
 
 
 def sample_lines() -> list[str]:

@@ -108,7 +108,7 @@ def encoder_graph(bert: BertModel, int8: bool = False, fused: bool = False, leve
     (`_Builder.linear`); `fused`: for onnxruntime only, in its own operators: the embeddings and
     each attention as one (EmbedLayerNormalization, Attention: 77 nodes a call instead of 170) where
     `fusable` allows, and with `int8` each Linear but attention's and the FFN's down projection as
-    one DynamicQuantizeMatMul (the down projection in fp32, as in `choose.quantize_int8`). That
+    one DynamicQuantizeMatMul (the down projection in fp32, as in `int8.quantize_int8`). That
     operator quantizes its input per tensor, so a few channels with large values set the step of
     all; with `ranges` (`ffn_input_ranges`) the FFN's input is smoothed first (SmoothQuant, Xiao et
     al. 2023: x_j / s_j into the GEMM, row j of W^T times s_j, s_j = sqrt(range_j / max |W_:j|)),

@@ -138,7 +138,7 @@ def prepack_linear(linear: nn.Linear, prepack: bool = True) -> nn.Module:
 
 class FusedSelfAttention(nn.Module):
     """`model.SelfAttention` for inference with Q, K and V from one GEMM, x [W_q; W_k; W_v]^T: one
-    weight read and one kernel call instead of three (`prepack_linears`; int8: `choose.quantize_int8`)."""
+    weight read and one kernel call instead of three (`prepack_linears`; int8: `int8.quantize_int8`)."""
 
     def __init__(self, num_heads: int, causal: bool, qkv: nn.Module, out: nn.Module,
                  slopes: torch.Tensor | None = None, kernel: str = "sdpa"):
