@@ -241,3 +241,18 @@ def test_openvino_backend_runs_its_pytorch_part_on_one_thread(classifier, monkey
         assert p.engine.threads == 1 and seen and set(seen) == {1} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_graph_onnxruntime_cannot_run_is_one_line_error(classifier, tmp_path, monkeypatch):
+    """When onnxruntime fails on the written graph, the export says so in one line (its first), naming
+    onnxruntime, instead of a traceback from inside the parity check."""
+    import bertkit.infer.export as export_module
+
+    class Broken:
+        def run(self, *a, **k):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code\nmore detail on a second line")
+
+    monkeypatch.setattr(export_module, "load_session", lambda path, threads=None: Broken())
+    with pytest.raises(ExportError, match=r"^onnxruntime fails on the exported graph: \[ONNXRuntimeError\] : 1 : "
+                                          r"FAIL : Non-zero status code$"):
+        export_onnx(classifier, tmp_path / "model.onnx")

@@ -301,7 +301,7 @@ def load_engines(fp32_encoder: BertModel, threads: int, precision: str | None = 
                                     ranges=ranges, down_int8=down_int8)
             runner = engines.load_runner(name, g, threads, precision, group)
             # the same engine on more threads, for `_on_threads` (dropped once the short engine is chosen)
-            runner.reload = lambda n: engines.load_runner(name, g, n, precision, group)
+            runner.reload = lambda n, streams=1: engines.load_runner(name, g, n, precision, group, streams)
             return runner
         try:
             runners[name] = load(True if down8 else None)
@@ -347,7 +347,7 @@ def _choice_name(p, exact: bool) -> str:
     return (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
             f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type}{' causal' * c.causal} {p.precision}"
             f"{' exact' if exact else ''} [{installed}] settled t{SMALL_THREADS}-t{torch.get_num_threads()} "
-            f"each-on-tN dense-again burst fused-ops{' ov-group ort-down8' * (p.precision == 'int8')}")
+            f"each-on-tN dense-again burst fused-ops split-rows{' ov-group ort-down8' * (p.precision == 'int8')}")
 
 
 def _version(package: str) -> str:
@@ -426,6 +426,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
         return {"engine": chosen.name if chosen else None, "max_tokens": chosen.max_tokens if chosen else 0,
                 "max_padding": chosen.max_padding if chosen else 0.0,
                 "large_threads": getattr(chosen.wide, "threads", 0) if chosen else 0,
+                "large_streams": getattr(chosen.wide, "streams", 1) if chosen else 1,
                 "runtime_threads": getattr(chosen.runner, "threads", 1) if chosen else 1, "note": note}
     known = lambda v: isinstance(v, dict) and (v.get("engine") is None or v.get("engine") in agreeing)  # noqa: E731
     d = hardware.decided_once(_choice_name(p, exact), decide, known)
@@ -441,8 +442,10 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
         chosen = replace(chosen, runner=reload(n))
     chosen.max_tokens, chosen.max_padding = int(d["max_tokens"]), float(d.get("max_padding", 0.0))
     if large := int(d.get("large_threads", 0)):                         # larger batches on more threads, as timed
-        same = getattr(chosen.runner, "threads", 1) == large
-        chosen.wide = chosen.runner if same or reload is None else reload(large)
+        streams = int(d.get("large_streams", 1))
+        same = getattr(chosen.runner, "threads", 1) == large and streams == 1
+        chosen.wide = (chosen.runner if same or reload is None else
+                       reload(large, streams=streams) if streams > 1 else reload(large))
     return chosen, d["note"] + RECORDED
 
 
@@ -502,24 +505,42 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
     also takes larger batches while their padding costs less than that lead: `max_padding`, padded
     positions per real token, is the speed ratio over SMALL_TIE (PyTorch's padding-free batches pay
     for real tokens only, the engine for every padded position). A lead within DENSE_AGAIN of the tie
-    is timed again, each side's fastest kept. Returns what it found."""
+    is timed again, each side's fastest kept. A runtime with streams (OpenVINO) on torch's N > 1
+    threads is also timed as N streams of one thread, the batch's rows cut among them
+    (`engines.OpenVINOGraph`), and runs the larger batches so unless that times more than SMALL_TIE
+    slower: on a Zen 4, 32 x 128 in 264-279 against 276-291 ms (medians; three runs), while at load, on
+    8 x 128 and fastest of 7, the two read within 3% either way (docs/serve-measurements.md). Returns
+    what it found."""
     T, tok = min(128, p.max_length), p.tokenizer
     rows = [[tok.cls_id, *(stream[(i * (T - 2) + j) % len(stream)] for j in range(T - 2)), tok.sep_id]
             for i in range(DENSE_BATCH)]
     b = p.batches([(r, [0] * T) for r in rows], batch_size=DENSE_BATCH)[0]
     n, reload = torch.get_num_threads(), getattr(chosen.runner, "reload", None)
-    wide = None
+    wide = split = None
     if getattr(chosen.runner, "threads", 1) < n and reload is not None:
         wide = chosen.wide or reload(n)                   # the copy `_on_threads` loaded and timed, where it did
-    calls = [(p.engine, b), (replace(chosen, runner=wide) if wide else chosen, b)]
-    t_torch, t = _timed(calls)
-    again = DENSE_TIE / DENSE_AGAIN <= t_torch / t < DENSE_TIE * DENSE_AGAIN
+    calls = [(p.engine, b), (replace(chosen, runner=wide, wide=None) if wide else replace(chosen, wide=None), b)]
+    if n > 1 and reload is not None and hasattr(chosen.runner, "streams"):
+        split = reload(n, streams=n)
+        calls.append((replace(chosen, runner=split, wide=split), b))
+    times = _timed(calls)
+    again = DENSE_TIE / DENSE_AGAIN <= times[0] / min(times[1:]) < DENSE_TIE * DENSE_AGAIN
     if again:                          # near the tie: as many rounds again, each side's fastest kept
-        t_torch, t = (min(x, y) for x, y in zip((t_torch, t), _timed(calls)))
-    chosen.latency_ms[f"{DENSE_BATCH}x{T}"] = {"torch": round(t_torch, 3), chosen.name: round(t, 3)}
+        times = [min(x, y) for x, y in zip(times, _timed(calls))]
+    t_torch, t, *t_split = times
+    timed, on, also = {"torch": round(t_torch, 3), chosen.name: round(t, 3)}, f" on {n} threads" if wide else "", ""
+    if split is not None:
+        timed[f"{chosen.name} {n} streams"] = round(t_split[0], 3)
+        if t_split[0] <= t * SMALL_TIE:    # the same runtime and graph, cut by rows: kept unless clearly slower
+            also = f" ({t:.1f} on {n} threads as one stream)"
+            wide, t, on = split, t_split[0], f" on {n} streams of one thread"
+        else:
+            also = f" ({t_split[0]:.1f} on {n} streams of one thread)"
+    split = None                       # let go unless kept
+    chosen.latency_ms[f"{DENSE_BATCH}x{T}"] = timed
     lead = t_torch / t / SMALL_TIE
     chosen.max_padding, chosen.wide = (round(lead, 3), wide) if t_torch / t >= DENSE_TIE else (0.0, None)
-    said = (f"{DENSE_BATCH} x {T}{f' on {n} threads' if wide else ''}: {t:.1f} ms against PyTorch's {t_torch:.1f}"
+    said = (f"{DENSE_BATCH} x {T}{on}: {t:.1f} ms against PyTorch's {t_torch:.1f}{also}"
             f"{', timed twice: near the tie' if again else ''}")
     return (f"and batches padded to at most {chosen.max_padding:.2f}x their tokens ({said})" if chosen.max_padding
             else f"not larger batches ({said})")
@@ -532,6 +553,7 @@ def _on_threads(agreeing: dict[str, GraphEngine]) -> dict[str, GraphEngine]:
         out[name] = engine
         if n > 1 and (reload := getattr(engine.runner, "reload", None)) is not None:
             out[f"{name} x{n}"] = replace(engine, runner=reload(n), latency_ms={}, agreement=dict(engine.agreement))
+            out[f"{name} x{n}"].runner.reload = reload        # for `_dense`'s streams, where it is the one kept
     return out
 
 

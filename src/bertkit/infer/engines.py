@@ -150,7 +150,7 @@ class GraphEngine:
     name: str
     max_tokens: int = 0
     max_padding: float = 0.0         # larger batches too, while padded positions <= this x real tokens (0: none)
-    wide: Any = None                 # the runtime on more threads for those larger batches (None: `runner`)
+    wide: Any = None                 # the runtime on more threads (or streams) for those larger batches (None: `runner`)
     latency_ms: dict = field(default_factory=dict)
     agreement: dict = field(default_factory=dict)
     threads: int | None = None
@@ -175,8 +175,10 @@ class GraphEngine:
         ids, types = tensors["input_ids"], tensors["token_type_ids"]                   # (N,)
         if p.batch_size * p.max_seqlen <= self.max_tokens:               # a short batch: one call
             return self._padded(self.runner, ids, types, p)
-        runner = self.wide or self.runner                                 # a larger one: a call per run of lengths
-        return torch.cat([self._padded(runner, ids[a:b], types[a:b], g) for a, b, g in padded_runs(p)])
+        wide = self.wide or self.runner                                   # a larger one: a call per run of lengths,
+        return torch.cat([self._padded(wide if g.batch_size >= getattr(wide, "streams", 1) else self.runner,
+                                       ids[a:b], types[a:b], g)          # a run too short to cut among streams
+                          for a, b, g in padded_runs(p)])                 # on the short batches' runtime
 
     @staticmethod
     def _padded(runner, ids: Tensor, types: Tensor, p: Packed) -> Tensor:
@@ -201,6 +203,7 @@ class GraphEngine:
                 "runtime_threads": getattr(self.runner, "threads", None),
                 "max_tokens": self.max_tokens, "max_padding": self.max_padding,
                 "large_runtime_threads": getattr(self.wide or self.runner, "threads", None),
+                "large_runtime_streams": getattr(self.wide or self.runner, "streams", 1),
                 "latency_ms": self.latency_ms, "agreement": self.agreement}
 
 
@@ -269,14 +272,20 @@ class OpenVINOGraph:
     or 'bfloat16'; default OpenVINO's own: bf16 where the CPU has AMX or AVX512_BF16, and the
     agreement check at load decides whether it may serve). `int8_group`: a graph with int8 weights
     (`graph.encoder_graph(int8=True)`) whose activations OpenVINO quantizes to int8 at run time in
-    groups of this many values (`choose.openvino_int8_group`), so its GEMMs run int8 x int8."""
+    groups of this many values (`choose.openvino_int8_group`), so its GEMMs run int8 x int8.
+    `streams` > 1: compiled for throughput instead, `threads` shared among that many streams, each
+    call's rows cut into as many parts that run at once (one stream per part); for large batches only:
+    one short sequence runs on one stream's threads (`choose._dense` decides)."""
 
-    def __init__(self, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0):
+    def __init__(self, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0,
+                 streams: int = 1):
         import openvino as ov
 
         core = ov.Core()
-        self.threads = max(1, threads)
+        self.threads, self.streams = max(1, threads), max(1, min(streams, threads))
         config: dict = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": self.threads}
+        if self.streams > 1:
+            config.update(PERFORMANCE_HINT="THROUGHPUT", NUM_STREAMS=self.streams)
         if precision:
             config["INFERENCE_PRECISION_HINT"] = {"float32": "f32", "bfloat16": "bf16"}[precision]
         if int8_group:
@@ -285,8 +294,9 @@ class OpenVINOGraph:
         with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
             (Path(d) / "encoder.onnx").write_bytes(graph)
             self.compiled = core.compile_model(core.read_model(str(Path(d) / "encoder.onnx")), "CPU", config)
-        self.request = self.compiled.create_infer_request()
-        self.lock = threading.Lock()                     # one request object: one call at a time
+        self.requests = [self.compiled.create_infer_request() for _ in range(self.streams)]
+        self.request = self.requests[0]
+        self.lock = threading.Lock()                     # one set of request objects: one call at a time
         hint = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))      # "<Type: 'bfloat16'>"
         name = hint.split("'")[1] if "'" in hint else hint
         names = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
@@ -296,16 +306,26 @@ class OpenVINOGraph:
         # inputs by index (INPUTS' order) and shared, not copied: a list goes through OpenVINO's
         # slower Python dispatch, a visible share of one short request (docs/serve-measurements.md)
         with self.lock:
-            out = self.request.infer({0: ids, 1: mask, 2: types}, share_inputs=True, share_outputs=True)
-            return np.array(out[0])                             # a copy: the request reuses its buffers
+            if self.streams == 1 or ids.shape[0] < 2:
+                out = self.request.infer({0: ids, 1: mask, 2: types}, share_inputs=True, share_outputs=True)
+                return np.array(out[0])                         # a copy: the request reuses its buffers
+            cuts = np.linspace(0, ids.shape[0], min(self.streams, ids.shape[0]) + 1).round().astype(int)
+            parts = list(zip(self.requests, cuts[:-1], cuts[1:]))
+            for r, a, b in parts:                                # rows a:b on their own stream, all at once
+                r.start_async({0: ids[a:b], 1: mask[a:b], 2: types[a:b]}, share_inputs=True)
+            for r, _, _ in parts:
+                r.wait()
+            return np.concatenate([r.get_output_tensor(0).data for r, _, _ in parts])
 
 
-def load_runner(name: str, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0):
+def load_runner(name: str, graph: bytes, threads: int, precision: str | None = None, int8_group: int = 0,
+                streams: int = 1):
     """One of ENGINES on the graph. `precision`: OpenVINO's; `int8_group` > 0: a graph with int8
     weights (OpenVINO quantizes its activations in groups of that many values, see OpenVINOGraph;
-    onnxruntime's graph quantizes its own, and its runner says int8)."""
+    onnxruntime's graph quantizes its own, and its runner says int8); `streams`: OpenVINO's (one
+    otherwise)."""
     if name == "openvino":
-        return OpenVINOGraph(graph, threads, precision, int8_group)
+        return OpenVINOGraph(graph, threads, precision, int8_group, streams)
     return OnnxRuntimeGraph(graph, threads, "int8" if int8_group else "float32")
 
 

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoint import check_inputs_fit, load_model
-from ..errors import BertkitError
+from ..errors import BertkitError, first_line
 from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Checked
 from ..tokenizer import Tokenizer
 from .choose import cosine, sample_lines
