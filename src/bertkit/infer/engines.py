@@ -244,7 +244,8 @@ def installed_engines() -> list[str]:
 
 
 class OnnxRuntimeGraph:
-    """The graph on onnxruntime's CPU provider (fp32, or int8 GEMMs where the graph has them): all
+    """The graph on onnxruntime's CPU provider (fp32, or int8 GEMMs where the graph has them, a call
+    per row so that a text's states do not depend on its batch): all
     graph optimisations, `threads` intra-op threads that spin between the operators of one run and
     stop at its end (spinning threads would take the cores from the PyTorch batches that follow; not
     spinning at all, the workers sleep and wake between operators, slower still:
@@ -264,7 +265,18 @@ class OnnxRuntimeGraph:
         self.session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
 
     def run(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
-        return self.session.run(None, dict(zip(INPUTS, (ids, mask, types))))[0]
+        if self.precision != "int8" or ids.shape[0] == 1:
+            return self.session.run(None, dict(zip(INPUTS, (ids, mask, types))))[0]
+        # int8: DynamicQuantizeMatMul takes one activation scale per call, so in one call a row's states
+        # would depend on the rows beside it and their padding (16 sample texts alone against together:
+        # cosine down to 0.990, docs/serve-measurements.md); each (right-padded) row alone, at its length
+        out = None
+        for i, n in enumerate(mask.sum(1).tolist()):
+            h = self.session.run(None, dict(zip(INPUTS, (ids[i:i + 1, :n], mask[i:i + 1, :n], types[i:i + 1, :n]))))[0]
+            if out is None:
+                out = np.zeros((*ids.shape, h.shape[-1]), h.dtype)
+            out[i, :n] = h[0]
+        return out
 
 
 class OpenVINOGraph:
