@@ -347,7 +347,7 @@ def _choice_name(p, exact: bool) -> str:
     return (f"short-input engine L{c.num_layers} C{c.hidden_size} H{c.num_heads} F{c.intermediate_size} "
             f"{c.hidden_act} {c.norm_position}-LN {c.position_embedding_type}{' causal' * c.causal} {p.precision}"
             f"{' exact' if exact else ''} [{installed}] settled t{SMALL_THREADS}-t{torch.get_num_threads()} "
-            f"each-on-tN dense-again burst fused-ops split-rows{' ov-group ort-down8' * (p.precision == 'int8')}")
+            f"each-on-tN dense-again burst fused-ops split-rows{' ov-group ort-down8 ort-rows' * (p.precision == 'int8')}")
 
 
 def _version(package: str) -> str:
