@@ -502,6 +502,22 @@ def test_larger_batches_run_on_streams_unless_that_times_clearly_slower(checkpoi
         torch.set_num_threads(before)
 
 
+def test_on_more_threads_the_streams_share_them(checkpoints, monkeypatch, tmp_path):
+    """With four torch threads the larger batches are timed (and kept) as LARGE_STREAMS = 2 streams of two
+    threads, not four of one: a batch of a few rows is still cut among every core."""
+    made = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        _with_fakes(monkeypatch, {"fast": streamable("fast", made)},
+                    {"torch": 10.0, "fast": 4.0, "fast x4": 2.0, "fast x4s2": 1.9}, tmp_path, made)
+        p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
+        assert (p.small.wide.threads, p.small.wide.streams) == (4, 2), p.small_reason
+        assert "(8 x 128 on 2 streams of 2 threads: 1.9 ms against PyTorch's 10.0" in p.small_reason
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_openvino_on_streams_cuts_the_rows_and_gives_the_same_states():
     """OpenVINOGraph(streams=2): a batch's rows cut between two streams of one thread, run at once;
     the states are those of one stream, for an odd number of rows and for one row."""

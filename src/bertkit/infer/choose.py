@@ -68,6 +68,10 @@ DENSE_TIE = 1.10
 # six kept its full batches on PyTorch, 10% slower in steady state (docs/serve-measurements.md)
 DENSE_AGAIN = 1.10
 OPENVINO_INT8_GROUP = 128   # activation values per int8 scale in OpenVINO's int8 engine (`openvino_int8_group`)
+# OpenVINO's larger batches may run as this many streams sharing torch's threads, the rows cut among them
+# (`_dense`): measured with two cores (two streams of one thread) only; two keeps a batch of a few rows
+# cut among all the cores on a larger machine too
+LARGE_STREAMS = 2
 RECORDED = " (timed once on this machine)"     # after a reason read from the machine's record, not timed now
 
 
@@ -506,9 +510,9 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
     positions per real token, is the speed ratio over SMALL_TIE (PyTorch's padding-free batches pay
     for real tokens only, the engine for every padded position). A lead within DENSE_AGAIN of the tie
     is timed again, each side's fastest kept. A runtime with streams (OpenVINO) on torch's N > 1
-    threads is also timed as N streams of one thread, the batch's rows cut among them
-    (`engines.OpenVINOGraph`), and runs the larger batches so unless that times more than SMALL_TIE
-    slower: on a Zen 4, 32 x 128 in 264-279 against 276-291 ms (medians; three runs), while at load, on
+    threads is also timed as LARGE_STREAMS streams sharing them (N = 2: two of one thread), the batch's
+    rows cut among them (`engines.OpenVINOGraph`), and runs the larger batches so unless that times
+    more than SMALL_TIE slower: on a Zen 4, 32 x 128 in 264-279 against 276-291 ms (medians; three runs), while at load, on
     8 x 128 and fastest of 7, the two read within 3% either way (docs/serve-measurements.md). Returns
     what it found."""
     T, tok = min(128, p.max_length), p.tokenizer
@@ -521,7 +525,7 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
         wide = chosen.wide or reload(n)                   # the copy `_on_threads` loaded and timed, where it did
     calls = [(p.engine, b), (replace(chosen, runner=wide, wide=None) if wide else replace(chosen, wide=None), b)]
     if n > 1 and reload is not None and hasattr(chosen.runner, "streams"):
-        split = reload(n, streams=n)
+        split = reload(n, streams=min(n, LARGE_STREAMS))
         calls.append((replace(chosen, runner=split, wide=split), b))
     times = _timed(calls)
     again = DENSE_TIE / DENSE_AGAIN <= times[0] / min(times[1:]) < DENSE_TIE * DENSE_AGAIN
@@ -530,12 +534,14 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
     t_torch, t, *t_split = times
     timed, on, also = {"torch": round(t_torch, 3), chosen.name: round(t, 3)}, f" on {n} threads" if wide else "", ""
     if split is not None:
-        timed[f"{chosen.name} {n} streams"] = round(t_split[0], 3)
+        k = split.streams
+        streams = f"{k} streams of {'one thread' if n == k else f'{n // k} threads'}"
+        timed[f"{chosen.name} {k} streams"] = round(t_split[0], 3)
         if t_split[0] <= t * SMALL_TIE:    # the same runtime and graph, cut by rows: kept unless clearly slower
             also = f" ({t:.1f} on {n} threads as one stream)"
-            wide, t, on = split, t_split[0], f" on {n} streams of one thread"
+            wide, t, on = split, t_split[0], f" on {streams}"
         else:
-            also = f" ({t_split[0]:.1f} on {n} streams of one thread)"
+            also = f" ({t_split[0]:.1f} on {streams})"
     split = None                       # let go unless kept
     chosen.latency_ms[f"{DENSE_BATCH}x{T}"] = timed
     lead = t_torch / t / SMALL_TIE
