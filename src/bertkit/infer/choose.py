@@ -512,7 +512,7 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
     is timed again, each side's fastest kept. A runtime with streams (OpenVINO) on torch's N > 1
     threads is also timed as LARGE_STREAMS streams sharing them (N = 2: two of one thread), the batch's
     rows cut among them (`engines.OpenVINOGraph`), and runs the larger batches so unless that times
-    more than SMALL_TIE slower: on a Zen 4, 32 x 128 in 264-279 against 276-291 ms (medians; three runs), while at load, on
+    more than SMALL_TIE slower: on a Zen 4, 32 x 128 in 263-279 against 276-291 ms (medians; four runs), while at load, on
     8 x 128 and fastest of 7, the two read within 3% either way (docs/serve-measurements.md). Returns
     what it found."""
     T, tok = min(128, p.max_length), p.tokenizer
