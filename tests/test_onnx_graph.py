@@ -368,17 +368,20 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict, cache_dir, made: list | None
     return engines_made
 
 
-def reloadable(name: str, made: list):
-    """A maker of FakeEngine `name` on one thread whose `reload(n)` loads a copy on n threads, timed as
-    'NAME xN' (it joins the engine set `_with_fakes` made last)."""
+def reloadable(name: str, made: list, streams: bool = False):
+    """A maker of FakeEngine `name` on one thread whose `reload(n, streams=1)` loads a copy on n threads,
+    timed as 'NAME xN' (it joins the engine set `_with_fakes` made last); with `streams` it has streams
+    as OpenVINO has them, a copy on S streams timed as 'NAME xNsS'."""
     def make(g: bytes) -> FakeEngine:
-        def reload(n: int) -> FakeEngine:
-            wide = FakeEngine(g)
-            made[-1][f"{name} x{n}"] = wide
-            wide.threads = n
-            return wide
+        def reload(n: int, streams: int = 1) -> FakeEngine:
+            copy = FakeEngine(g)
+            made[-1][f"{name} x{n}" + (f"s{streams}" if streams > 1 else "")] = copy
+            copy.threads, copy.streams = n, streams
+            return copy
         e = FakeEngine(g)
         e.threads, e.reload = 1, reload
+        if streams:
+            e.streams = 1
         return e
     return make
 
@@ -455,21 +458,6 @@ def test_the_engine_runtime_takes_torchs_threads_only_where_that_times_faster(ch
         torch.set_num_threads(before)
 
 
-def streamable(name: str, made: list):
-    """`reloadable`, with streams as OpenVINO has them: `reload(n, streams=S)` loads a copy timed as
-    'NAME xNsS'."""
-    def make(g: bytes) -> FakeEngine:
-        def reload(n: int, streams: int = 1) -> FakeEngine:
-            copy = FakeEngine(g)
-            made[-1][f"{name} x{n}" + (f"s{streams}" if streams > 1 else "")] = copy
-            copy.threads, copy.streams = n, streams
-            return copy
-        e = FakeEngine(g)
-        e.threads, e.streams, e.reload = 1, 1, reload
-        return e
-    return make
-
-
 @pytest.mark.parametrize("split_ms, kept", [(2.05, True), (2.2, False)])
 def test_larger_batches_run_on_streams_unless_that_times_clearly_slower(checkpoints, monkeypatch, tmp_path,
                                                                         split_ms, kept):
@@ -480,7 +468,7 @@ def test_larger_batches_run_on_streams_unless_that_times_clearly_slower(checkpoi
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        _with_fakes(monkeypatch, {"fast": streamable("fast", made)},
+        _with_fakes(monkeypatch, {"fast": reloadable("fast", made, streams=True)},
                     {"torch": 10.0, "fast": 4.0, "fast x2": 2.0, "fast x2s2": split_ms}, tmp_path, made)
         p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
         assert p.small.runner.threads == 2 and p.small.runner.streams == 1, p.small_reason
@@ -509,7 +497,7 @@ def test_on_more_threads_the_streams_share_them(checkpoints, monkeypatch, tmp_pa
     before = torch.get_num_threads()
     torch.set_num_threads(4)
     try:
-        _with_fakes(monkeypatch, {"fast": streamable("fast", made)},
+        _with_fakes(monkeypatch, {"fast": reloadable("fast", made, streams=True)},
                     {"torch": 10.0, "fast": 4.0, "fast x4": 2.0, "fast x4s2": 1.9}, tmp_path, made)
         p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
         assert (p.small.wide.threads, p.small.wide.streams) == (4, 2), p.small_reason

@@ -448,8 +448,7 @@ def _fastest_once(p, agreeing: dict[str, GraphEngine], rows: list,
     if large := int(d.get("large_threads", 0)):                         # larger batches on more threads, as timed
         streams = int(d.get("large_streams", 1))
         same = getattr(chosen.runner, "threads", 1) == large and streams == 1
-        chosen.wide = (chosen.runner if same or reload is None else
-                       reload(large, streams=streams) if streams > 1 else reload(large))
+        chosen.wide = chosen.runner if same or reload is None else reload(large, streams=streams)
     return chosen, d["note"] + RECORDED
 
 
@@ -525,7 +524,7 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
         wide = chosen.wide or reload(n)                   # the copy `_on_threads` loaded and timed, where it did
     calls = [(p.engine, b), (replace(chosen, runner=wide, wide=None) if wide else replace(chosen, wide=None), b)]
     if n > 1 and reload is not None and hasattr(chosen.runner, "streams"):
-        split = reload(n, streams=min(n, LARGE_STREAMS))
+        split = reload(n, streams=LARGE_STREAMS)
         calls.append((replace(chosen, runner=split, wide=split), b))
     times = _timed(calls)
     again = DENSE_TIE / DENSE_AGAIN <= times[0] / min(times[1:]) < DENSE_TIE * DENSE_AGAIN
@@ -542,7 +541,6 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
             wide, t, on = split, t_split[0], f" on {streams}"
         else:
             also = f" ({t_split[0]:.1f} on {streams})"
-    split = None                       # let go unless kept
     chosen.latency_ms[f"{DENSE_BATCH}x{T}"] = timed
     lead = t_torch / t / SMALL_TIE
     chosen.max_padding, chosen.wide = (round(lead, 3), wide) if t_torch / t >= DENSE_TIE else (0.0, None)

@@ -36,9 +36,9 @@ from ..checkpoint import check_inputs_fit, load_model
 from ..errors import BertkitError, first_line
 from ..runconfig import NON_NEGATIVE, THREADS, UNIT, Checked
 from ..tokenizer import Tokenizer
-from .choose import cosine, sample_lines
-from .engines import INPUTS, encoder_of, load_session
-from .graph import encoder_graph
+from .choose import cosine, sample_lines, sample_rows
+from .engines import INPUTS, encoder_of, load_session, make_batches
+from .graph import encoder_graph, ffn_input_ranges
 
 
 class ExportError(BertkitError):
@@ -202,10 +202,6 @@ def _int8_graph(bert: nn.Module, tokenizer: Tokenizer | None, config) -> dict:
     """`encoder_graph`'s arguments for `--int8` (the module doc): DynamicQuantizeMatMul in standard
     attention (any padding), 7-bit weights, the FFN's input smoothed by its ranges on the bundled
     sample texts (none without a tokenizer: random ids would set wrong ranges)."""
-    from .choose import sample_rows
-    from .engines import make_batches
-    from .graph import ffn_input_ranges
-
     ranges = None
     if tokenizer is not None:
         rows = sample_rows(tokenizer, min(config.max_position_embeddings, 512))
