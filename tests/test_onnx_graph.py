@@ -137,10 +137,17 @@ def test_the_int8_graphs_hold_int8_weights_and_follow_the_model(positions):
             assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.98, name
             # a text's states do not depend on the texts in the same call (nor on their padding): onnxruntime's
             # DynamicQuantizeMatMul takes one activation scale per call, so its runner calls each row alone
+            # (the same call either way: equal); OpenVINO's scales are per token, its other operators may run
+            # bf16, whose rounding a different batch shape can move (equal on a Zen 4; before the fix
+            # onnxruntime's rows moved by 0.03)
             for i, n in enumerate(layout.cu_seqlens.diff().tolist()):
                 one, alone = pack(flat["input_ids"][layout.cu_seqlens[i]:][:n][None], torch.ones(1, n, dtype=torch.long),
                                   flat["token_type_ids"][layout.cu_seqlens[i]:][:n][None])
-                assert torch.allclose(small.hidden(one, alone), got[layout.cu_seqlens[i]:][:n], atol=2e-3), (name, i)
+                by_itself, in_batch = small.hidden(one, alone), got[layout.cu_seqlens[i]:][:n]
+                if name == "onnxruntime":
+                    assert torch.allclose(by_itself, in_batch, atol=1e-6), (name, i)
+                else:
+                    assert torch.nn.functional.cosine_similarity(by_itself, in_batch, dim=-1).min() > 0.9999, (name, i)
 
 
 def test_each_int8_engine_keeps_real_weights_in_the_int8_class():
