@@ -375,19 +375,21 @@ def _with_fakes(monkeypatch, fakes: dict, ms: dict, cache_dir, made: list | None
     return engines_made
 
 
-def reloadable(name: str, made: list, streams: bool = False):
+def reloadable(name: str, made: list, has_streams: bool = False):
     """A maker of FakeEngine `name` on one thread whose `reload(n, streams=1)` loads a copy on n threads,
-    timed as 'NAME xN' (it joins the engine set `_with_fakes` made last); with `streams` it has streams
-    as OpenVINO has them, a copy on S streams timed as 'NAME xNsS'."""
+    timed as 'NAME xN' (it joins the engine set `_with_fakes` made last); with `has_streams` the engine
+    and its copies have streams as OpenVINO's do, a copy on S streams timed as 'NAME xNsS'."""
     def make(g: bytes) -> FakeEngine:
         def reload(n: int, streams: int = 1) -> FakeEngine:
             copy = FakeEngine(g)
             made[-1][f"{name} x{n}" + (f"s{streams}" if streams > 1 else "")] = copy
-            copy.threads, copy.streams = n, streams
+            copy.threads = n
+            if has_streams:
+                copy.streams = streams
             return copy
         e = FakeEngine(g)
         e.threads, e.reload = 1, reload
-        if streams:
+        if has_streams:
             e.streams = 1
         return e
     return make
@@ -475,7 +477,7 @@ def test_larger_batches_run_on_streams_unless_that_times_clearly_slower(checkpoi
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        _with_fakes(monkeypatch, {"fast": reloadable("fast", made, streams=True)},
+        _with_fakes(monkeypatch, {"fast": reloadable("fast", made, has_streams=True)},
                     {"torch": 10.0, "fast": 4.0, "fast x2": 2.0, "fast x2s2": split_ms}, tmp_path, made)
         p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
         assert p.small.runner.threads == 2 and p.small.runner.streams == 1, p.small_reason
@@ -504,7 +506,7 @@ def test_on_more_threads_the_streams_share_them(checkpoints, monkeypatch, tmp_pa
     before = torch.get_num_threads()
     torch.set_num_threads(4)
     try:
-        _with_fakes(monkeypatch, {"fast": reloadable("fast", made, streams=True)},
+        _with_fakes(monkeypatch, {"fast": reloadable("fast", made, has_streams=True)},
                     {"torch": 10.0, "fast": 4.0, "fast x4": 2.0, "fast x4s2": 1.9}, tmp_path, made)
         p = Predictor.from_dir(checkpoints["plain"], device="cpu", precision="fp32", small_batches=True)
         assert (p.small.wide.threads, p.small.wide.streams) == (4, 2), p.small_reason
