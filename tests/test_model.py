@@ -484,6 +484,33 @@ def test_cpu_cross_entropy_is_torch_s_a_few_rows_at_a_time(dtype):
     assert torch.equal(cross_entropy(x, t), F.cross_entropy(x.float(), t))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_cross_entropy_ignores_padding_rows_and_survives_an_underflowing_target(dtype):
+    """Logits with more rows than targets (the MLM head's GEMM padding, `on_gemm_rows(cut=False)`): the
+    loss and gradient of the first M rows, a gradient of exactly 0 on the rest (also where the padding
+    crosses a CE_ROWS step); a target whose softmax underflows fp32 (300 below the row's top) gets
+    its true loss (~300), not inf, and a finite gradient."""
+    import torch.nn.functional as F
+
+    from bertkit.packing import CE_ROWS, cross_entropy
+
+    torch.manual_seed(1)
+    M, rows = CE_ROWS + 3, 2 * CE_ROWS + 1
+    x = (torch.randn(rows, 500) * 3).to(dtype)
+    t = torch.randint(0, 500, (M,))
+    x[2, t[2]] = x[2].max() - 300                           # exp(-300) is 0 in fp32
+    x = x.requires_grad_()
+    ours = cross_entropy(x, t)
+    ours.backward()
+    ref = x.detach()[:M].clone().requires_grad_()
+    want = F.cross_entropy(ref.float(), t)
+    want.backward()
+    assert want.item() > 300 / M and abs(ours.item() - want.item()) < 1e-4 * want.item()
+    assert torch.isfinite(x.grad.float()).all() and not x.grad[M:].any()
+    tol = 2e-6 if dtype == torch.float32 else 2 ** -7
+    torch.testing.assert_close(x.grad[:M].float(), ref.grad.float(), rtol=tol, atol=1e-7)
+
+
 @pytest.mark.parametrize("name,head,args", HEAD_CASES)
 @pytest.mark.parametrize("variant", [{}, {"position_embedding_type": "alibi"}])
 def test_loading_for_inference_skips_the_random_init_and_gives_the_same_model(tmp_path, name, head, args, variant):

@@ -314,13 +314,14 @@ class BertForPreTraining(Head):
         self.nsp = nn.Linear(cfg.hidden_size, 2) if nsp else None
 
     def outputs(self, h: Tensor, packed: Packed | None = None, attention_mask: Tensor | None = None,
-                mlm_labels: Tensor | None = None) -> dict:
-        """mlm_logits (B, T, V), or (M, V) on the positions mlm_labels marks (with their mlm_targets);
-        nsp_logits (B, 2) when the model has the NSP head."""
+                mlm_labels: Tensor | None = None, padded: bool = False) -> dict:
+        """mlm_logits (B, T, V), or (M, V) on the positions mlm_labels marks (with their mlm_targets;
+        padded=True: with the rows `on_gemm_rows` added past M, as the loss reads them); nsp_logits
+        (B, 2) when the model has the NSP head."""
         out: dict[str, Tensor] = {}
         if mlm_labels is not None:
             h_masked, out["mlm_targets"] = select_masked(h, mlm_labels)      # (M, C), (M,)
-            out["mlm_logits"] = on_gemm_rows(h_masked, self.mlm)            # (M, V); M rounded inside (bf16 CPU)
+            out["mlm_logits"] = on_gemm_rows(h_masked, self.mlm, cut=not padded)   # M rounded up (bf16 CPU)
         else:
             out["mlm_logits"] = self.mlm(h)                                 # (B, T, V)
         if self.nsp is not None:
@@ -331,9 +332,11 @@ class BertForPreTraining(Head):
                 attention_mask: Tensor | None = None, mlm_labels: Tensor | None = None,
                 nsp_labels: Tensor | None = None, packed: Packed | None = None, position_ids=None) -> dict:
         h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, packed)
-        out = self.outputs(h, packed, attention_mask, mlm_labels)
+        out = self.outputs(h, packed, attention_mask, mlm_labels, padded=True)
         if mlm_labels is not None:
-            out["mlm_loss"] = cross_entropy(out["mlm_logits"], out["mlm_targets"])
+            M = len(out["mlm_targets"])
+            out["mlm_loss"] = cross_entropy(out["mlm_logits"], out["mlm_targets"])   # rows past M: padding
+            out["mlm_logits"] = out["mlm_logits"][:M]
         if "nsp_logits" in out and nsp_labels is not None:
             out["nsp_loss"] = F.cross_entropy(out["nsp_logits"].float(), nsp_labels)
         if "mlm_loss" in out:

@@ -184,10 +184,11 @@ def linears(x: Tensor, *layers: torch.nn.Linear) -> tuple[Tensor, ...]:
     return y.split([layer.out_features for layer in layers], -1)
 
 
-def on_gemm_rows(x: Tensor, fn, always: bool = False) -> Tensor:
+def on_gemm_rows(x: Tensor, fn, always: bool = False, cut: bool = True) -> Tensor:
     """fn on x's rows padded with zeros to `gemm_rows` where that bounds memory (`kept_per_row_count`;
     always=True: on the CPU whatever the dtype, for oneDNN's prepacked fp32 weights too), cut back to
-    x's (a 2-D x; others as they are). oneDNN builds and keeps a kernel per GEMM row count (MBs each,
+    x's (a 2-D x; others as they are; cut=False: the padding rows kept, for a loss that ignores them:
+    a cut's backward zero-fills a gradient of all the rows). oneDNN builds and keeps a kernel per GEMM row count (MBs each,
     never given back), so a row count that changes with every batch grows the process by GBs: the MLM
     head on the masked positions of each batch (a next-token run: 12 GB in 6 minutes), a server's
     packed lengths."""
@@ -196,7 +197,8 @@ def on_gemm_rows(x: Tensor, fn, always: bool = False) -> Tensor:
     m = gemm_rows(n) if pad else n
     if m == n:
         return fn(x)
-    return fn(torch.cat([x, x.new_zeros(m - n, x.shape[1])]))[:n]
+    y = fn(torch.cat([x, x.new_zeros(m - n, x.shape[1])]))
+    return y[:n] if cut else y
 
 
 def kept_per_row_count(x: Tensor) -> bool:
@@ -283,50 +285,63 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return F.dropout(x, p, training)                   # (under torch.compile: inductor's own fused draw)
     seed = int(torch.randint(-2 ** 63, 2 ** 63 - 1, (), dtype=torch.int64)) & (2 ** 64 - 1)
     words = np.random.PCG64(seed).random_raw((x.numel() + 3) // 4)          # 64-bit draws, 4 elements each
-    keep = torch.from_numpy(words.view(np.int16)[:x.numel()]).view(x.shape) >= cut - 32768
-    return x * keep.to(x.dtype) * (65536 / (65536 - cut))       # (x * mask) * scale: faster than torch.where
+    draws = torch.from_numpy(words.view(np.int16)[:x.numel()]).view(x.shape)
+    keep = torch.ge(draws, cut - 32768, out=torch.empty_like(x))    # 1 / 0 in x's dtype, written by the compare
+    scale = 65536 / (65536 - cut)
+    if x.dtype in (torch.float32, torch.float64):        # {0, scale} exact in x's dtype: one multiply each way
+        return x * keep.mul_(scale)
+    return x * keep * scale           # bf16/fp16 would round the scale: it goes on as the scalar it is
 
 
 CE_ROWS = 16       # rows of logits per step of the CPU's `cross_entropy` (their fp32 copy stays in cache)
+TINY = 1e-30       # a target's softmax below this takes its log from log_softmax (fp32 underflow)
 
 
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """`F.cross_entropy(logits.float(), targets)`, the mean over (M, V) logits, in fp32. On the CPU
-    `_RowsCrossEntropy` goes CE_ROWS rows at a time: the (M, V) fp32 copy, log-probabilities and
-    zero-filled gradient that F.cross_entropy writes are never made, and the gradient is written with
-    the loss (a third of F.cross_entropy's time or less on BERT's masked positions:
-    benchmarks/results/mlm-loss-2026-12-06/). Targets must
-    be classes (no ignore_index) there; otherwise F.cross_entropy."""
-    if logits.device.type != "cpu" or logits.dim() != 2 or not len(logits) or int(targets.min()) < 0:
-        return F.cross_entropy(logits.float(), targets)
+    """`F.cross_entropy(logits[:M].float(), targets)` for M targets, the mean over (M, V) logits, in fp32;
+    rows of logits past M are padding (`on_gemm_rows(cut=False)`): no loss, a gradient of 0, so the
+    loss reads the logits as the GEMM wrote them and no (rows, V) zero-filled gradient of a cut is
+    made. On the CPU `_RowsCrossEntropy` goes CE_ROWS rows at a time: the (M, V) fp32 copy,
+    log-probabilities and zero-filled gradient that F.cross_entropy writes are never made, and the
+    gradient is written with the loss (a third of F.cross_entropy's time or less on BERT's masked
+    positions: benchmarks/results/mlm-loss-2026-12-06/). Targets must be classes (no ignore_index)
+    there; otherwise F.cross_entropy."""
+    M = len(targets)
+    if logits.device.type != "cpu" or logits.dim() != 2 or not M or int(targets.min()) < 0:
+        return F.cross_entropy(logits[:M].float(), targets)
     return _RowsCrossEntropy.apply(logits, targets, torch.is_grad_enabled() and logits.requires_grad)
 
 
 class _RowsCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy, fp32 inside: loss = logsumexp(x) - x[target]. With `grad`, the gradient
-    (softmax - one-hot) / M is written in the forward pass, in the logits' dtype, from the exponentials
-    the loss computes anyway (one pass over the logits instead of two, no fp32 copy made twice); the
-    backward scales it by the loss's gradient (1 in training, so it returns it as it is)."""
+    """Mean cross-entropy over the rows with a target, fp32 inside: loss = -log softmax(x)[target],
+    the softmax torch's fused kernel. With `grad`, the gradient (softmax - one-hot) / M is written in
+    the forward pass from that same softmax, in the logits' dtype (one pass over the logits instead of
+    two), and 0 on padding rows; the backward scales it by the loss's gradient (1 in training, so it
+    returns it as it is). A target whose probability underflows fp32 (below TINY) takes its loss from
+    log_softmax instead, so a confidently wrong row gives its true loss, not inf."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, grad: bool) -> Tensor:
-        M = len(logits)
-        lse = torch.empty(M, dtype=torch.float32)
+        M = len(targets)
+        picked = torch.empty(M, dtype=torch.float32)                      # softmax at each target
         g = torch.empty_like(logits) if grad else None
-        direct = g is not None and logits.dtype == torch.float32          # exponentials straight into g
+        if g is not None:
+            g[M:].zero_()
+        direct = g is not None and logits.dtype == torch.float32           # softmax straight into g
         for a in range(0, M, CE_ROWS):
-            x = logits[a:a + CE_ROWS].float()                              # fp32 logits: a view, not a copy
-            top = x.amax(-1, keepdim=True)
-            e = torch.sub(x, top, out=g[a:a + CE_ROWS] if direct else None).exp_()
-            total = e.sum(-1, keepdim=True)
-            lse[a:a + CE_ROWS] = (total.log() + top)[:, 0]
+            b = min(a + CE_ROWS, M)
+            rows, t, at = logits[a:b].float(), targets[a:b], torch.arange(b - a)
+            p = torch.softmax(rows, -1, out=g[a:b]) if direct else torch.softmax(rows, -1)
+            picked[a:b] = p[at, t]
             if g is not None:
-                e.mul_(total.reciprocal_().mul_(1 / M))                    # softmax / M
-                e[torch.arange(len(e)), targets[a:a + CE_ROWS]] -= 1 / M
-                if not direct:
-                    g[a:a + CE_ROWS] = e
+                p[at, t] -= 1
+                torch.mul(p, 1 / M, out=g[a:b])
+        loss = -picked.log()
+        low = (picked < TINY).nonzero()[:, 0]
+        if len(low):
+            loss[low] = -torch.log_softmax(logits[low].float(), -1).gather(1, targets[low, None])[:, 0]
         ctx.save_for_backward(g)
-        return (lse - logits.gather(1, targets[:, None])[:, 0].float()).mean()
+        return loss.mean()
 
     @staticmethod
     def backward(ctx, upstream: Tensor) -> tuple[Tensor, None, None]:
