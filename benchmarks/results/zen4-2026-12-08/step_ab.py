@@ -2,7 +2,7 @@
 in one process: arm 'old' = the MLM loss and the CPU dropout as at 0c3aa66 (logits cut to the M masked rows,
 whose backward zero-fills an (m, V) gradient; the loss from exp/sum a few rows at a time; the dropout mask a
 bool cast to x's dtype, two multiplies each way), arm 'new' = the working tree's.
-Interleaved rounds of 2 steps each; medians. Usage: python step_ab.py OLD_PACKING_PY [rounds]"""
+Interleaved rounds of 2 steps each; medians. Usage: python step_ab.py OLD_PACKING_PY [rounds] [fp32]"""
 import importlib.util, statistics, sys, tempfile, time
 from pathlib import Path
 import torch
@@ -16,12 +16,13 @@ torch.set_num_threads(2)
 spec = importlib.util.spec_from_file_location("old_packing", sys.argv[1])
 old = importlib.util.module_from_spec(spec); sys.modules["old_packing"] = old; spec.loader.exec_module(old)
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 15
+dtype = torch.float32 if "fp32" in sys.argv[3:] else torch.bfloat16
 tmp = Path(tempfile.mkdtemp())
 batches = pv.make_batches(2, 32, 128, tmp)
 ours, hf, cfg = pv.build_pair("mini", tmp)
 from bertkit.hardware import attention_kernel
 from bertkit.model import set_attention_kernel
-set_attention_kernel(ours, attention_kernel(torch.device("cpu"), torch.bfloat16, cfg, 128)[0])
+set_attention_kernel(ours, attention_kernel(torch.device("cpu"), dtype, cfg, 128)[0])
 opt = torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=True)
 new_forward = bm.BertForPreTraining.forward
 def old_forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_labels=None, nsp_labels=None,
@@ -35,7 +36,7 @@ def old_forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_l
     out["loss"] = out["mlm_loss"] + out.get("nsp_loss", 0.0)
     return out
 arms = {"old": (old_forward, old.dropout), "new": (new_forward, bp.dropout)}
-step = pv.step_fn("padded", ours, opt, torch.bfloat16)
+step = pv.step_fn("padded", ours, opt, dtype)
 losses = {}
 for name, (f, d) in arms.items():
     bm.BertForPreTraining.forward, bp.dropout = f, d
@@ -49,4 +50,4 @@ for r in range(rounds):
         times[name].append(time.perf_counter() - t0)
 for k, v in times.items():
     print(f"{k}: median {statistics.median(v) / 2 * 1e3:.1f} ms a step, fastest {min(v) / 2 * 1e3:.1f}")
-print(f"new/old step time: {statistics.median(times['new']) / statistics.median(times['old']):.3f}")
+print(f"{dtype}: new/old step time: {statistics.median(times['new']) / statistics.median(times['old']):.3f}")
