@@ -12,7 +12,8 @@
 #   serve    benchmarks/serve_load.py against the OpenVINO, onnxruntime and sentence-transformers apps,
 #            concurrency 1 and 32, 3 interleaved rounds of 15 s
 #   serve8   the same with `bertkit serve --int8` against the OpenVINO app (answers within cosine 0.99)
-#   pretrain benchmarks/pretrain_vs_hf.py --sizes mini --reps 5             the BERT-mini step
+#   pretrain benchmarks/pretrain_vs_hf.py --sizes mini --reps 5 --processes 3   the BERT-mini step in
+#            3 fresh processes (transformers' own speed moves 1.4x between processes): median ratio
 # The CPU kind in the folder's name comes from /proc/cpuinfo (amx, zen4, zen3, zen1-2, or the vendor).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +60,7 @@ EOF
              --concurrency 1,32 --duration 15 --rounds 3 --min-cosine 0.999 ;;
     serve8) BERTKIT_CACHE_DIR=$(fresh) run serve_load_int8 $PY benchmarks/serve_load.py --server-args=--int8 --apps openvino \
              --concurrency 1,32 --duration 15 --rounds 3 --min-cosine 0.99 ;;
-    pretrain) run pretrain_vs_hf $PY benchmarks/pretrain_vs_hf.py --sizes mini --reps 5 ;;
+    pretrain) run pretrain_vs_hf $PY benchmarks/pretrain_vs_hf.py --sizes mini --reps 5 --processes 3 ;;
     *) t "unknown stage $stage (infer first serve serve8 pretrain)" ;;
   esac
 done
