@@ -188,10 +188,10 @@ def on_gemm_rows(x: Tensor, fn, always: bool = False, cut: bool = True) -> Tenso
     """fn on x's rows padded with zeros to `gemm_rows` where that bounds memory (`kept_per_row_count`;
     always=True: on the CPU whatever the dtype, for oneDNN's prepacked fp32 weights too), cut back to
     x's (a 2-D x; others as they are; cut=False: the padding rows kept, for a loss that ignores them:
-    a cut's backward zero-fills a gradient of all the rows). oneDNN builds and keeps a kernel per GEMM row count (MBs each,
-    never given back), so a row count that changes with every batch grows the process by GBs: the MLM
-    head on the masked positions of each batch (a next-token run: 12 GB in 6 minutes), a server's
-    packed lengths."""
+    a cut's backward zero-fills a gradient of all the rows). oneDNN builds and keeps a kernel per GEMM
+    row count (MBs each, never given back), so a row count that changes with every batch grows the
+    process by GBs: the MLM head on the masked positions of each batch (a next-token run: 12 GB in 6
+    minutes), a server's packed lengths."""
     n = x.shape[0]
     pad = x.dim() == 2 and ((always and x.device.type == "cpu") or kept_per_row_count(x))
     m = gemm_rows(n) if pad else n
