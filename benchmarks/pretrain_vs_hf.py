@@ -268,16 +268,21 @@ def over_processes(n: int) -> int:
               flush=True)
         runs.append(json.loads(lines[-1]))
     size = runs[0]["size"]
-    ratios = [r["speedup_vs_hf"] for r in runs]
-    hf = [r["results"][size]["hf"]["tokens_per_s"] for r in runs]
     ours = [r["results"][size][r["results"][size]["best_bertkit_path"]]["tokens_per_s"] for r in runs]
-    summary = {"speedup_vs_hf": round(statistics.median(ratios), 3), "speedups": ratios,
-               "speedup_vs_hf_fastest": round(statistics.median(ours) / max(hf), 3),
-               "hf_tokens_per_s": [round(x) for x in hf], "bertkit_tokens_per_s": [round(x) for x in ours],
-               "size": size, "processes": n, "runs": runs}
-    print(f"{size}: speedup median {summary['speedup_vs_hf']:.2f}x over {n} processes "
-          f"({min(ratios):.2f}-{max(ratios):.2f}); bertkit's median against transformers' fastest process "
-          f"{summary['speedup_vs_hf_fastest']:.2f}x")
+    summary = {"size": size, "processes": n, "bertkit_tokens_per_s": [round(x) for x in ours]}
+    if runs[0]["speedup_vs_hf"] is None:                   # --no-hf: bertkit's paths only
+        print(f"{size}: bertkit's best path {statistics.median(ours):.0f} tokens/s, median of {n} processes "
+              f"({min(ours):.0f}-{max(ours):.0f})")
+    else:
+        ratios = [r["speedup_vs_hf"] for r in runs]
+        hf = [r["results"][size]["hf"]["tokens_per_s"] for r in runs]
+        summary.update(speedup_vs_hf=round(statistics.median(ratios), 3), speedups=ratios,
+                       speedup_vs_hf_fastest=round(statistics.median(ours) / max(hf), 3),
+                       hf_tokens_per_s=[round(x) for x in hf])
+        print(f"{size}: speedup median {summary['speedup_vs_hf']:.2f}x over {n} processes "
+              f"({min(ratios):.2f}-{max(ratios):.2f}); bertkit's median against transformers' fastest process "
+              f"{summary['speedup_vs_hf_fastest']:.2f}x")
+    summary["runs"] = runs
     print(json.dumps(summary))
     return 0
 
