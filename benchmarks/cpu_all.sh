@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One prepared run of issue 35's CPU measurements on this machine, for a sitting on a CPU kind the
-# results do not have yet (about 15-30 minutes on 2 cores: 18 on a Zen 4). Run it alone: nothing else heavy on the cores.
+# results do not have yet (about 20-40 minutes on 2 cores: ~25 on a Zen 4). Run it alone: nothing else heavy on the cores.
 #   bash benchmarks/cpu_all.sh                      every stage, into benchmarks/results/<kind>-<date>/
-#   STAGES="infer first" bash benchmarks/cpu_all.sh  some stages (infer first serve serve8 pretrain)
+#   STAGES="infer first" bash benchmarks/cpu_all.sh  some stages (infer classes first serve serve8 pretrain)
 #   OUT=/tmp/x bash benchmarks/cpu_all.sh            another folder
 # Stages, most wanted first (each writes its command line and output to its own .txt):
 #   infer    benchmarks/infer_vs_hf.py --reps 11 --threads 2 --settle 0.3   the table: every runtime,
 #            ragged 32 x 8-128, fixed 32 x 128, 1 x 16; an empty measurement cache, so the Predictor
 #            makes its choices at load as a user's first start does
+#   classes  each class against its rivals alone, 21 rounds (infer_vs_hf.py --only): the default
+#            against OpenVINO, then int8=True against onnxruntime int8 and CTranslate2. With every
+#            runtime in one process the 1 x 16 latency moves by 10-30% (docs/serve-measurements.md)
 #   first    Predictor.from_dir's first start (empty cache): seconds and what it chose, fp32 and int8
 #   serve    benchmarks/serve_load.py against the OpenVINO, onnxruntime and sentence-transformers apps,
 #            concurrency 1 and 32, 3 interleaved rounds of 15 s
@@ -18,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
-STAGES=${STAGES:-"infer first serve serve8 pretrain"}
+STAGES=${STAGES:-"infer classes first serve serve8 pretrain"}
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 vendor=$(grep -m1 '^vendor_id' /proc/cpuinfo | awk '{print $3}')
 family=$(grep -m1 '^cpu family' /proc/cpuinfo | awk '{print $4}')
@@ -43,6 +46,10 @@ t "start, kind $kind, into $OUT"
 for stage in $STAGES; do
   case $stage in
     infer) BERTKIT_CACHE_DIR=$(fresh) run infer_vs_hf $PY benchmarks/infer_vs_hf.py --reps 11 --threads 2 --settle 0.3 ;;
+    classes) BERTKIT_CACHE_DIR=$(fresh) run infer_vs_openvino $PY benchmarks/infer_vs_hf.py --reps 21 --threads 2 --settle 0.3 \
+               --only OpenVINO
+             BERTKIT_CACHE_DIR=$(fresh) run infer_int8_class $PY benchmarks/infer_vs_hf.py --reps 21 --threads 2 --settle 0.3 \
+               --only "bertkit int8,onnxruntime int8,CTranslate2" ;;
     first) for mode in fp32 int8; do
              BERTKIT_CACHE_DIR=$(fresh) run first_start_$mode $PY - $mode <<'EOF'
 import json, os, sys, time
@@ -61,7 +68,7 @@ EOF
     serve8) BERTKIT_CACHE_DIR=$(fresh) run serve_load_int8 $PY benchmarks/serve_load.py --server-args=--int8 --apps openvino \
              --concurrency 1,32 --duration 15 --rounds 3 --min-cosine 0.99 ;;
     pretrain) run pretrain_vs_hf $PY benchmarks/pretrain_vs_hf.py --sizes mini --reps 5 --processes 3 ;;
-    *) t "unknown stage $stage (infer first serve serve8 pretrain)" ;;
+    *) t "unknown stage $stage (infer classes first serve serve8 pretrain)" ;;
   esac
 done
 t done
