@@ -264,9 +264,10 @@ def over_processes(n: int) -> int:
             sys.stderr.write(out.stderr)
             return out.returncode
         lines = out.stdout.strip().splitlines()
-        print(f"process {i + 1}/{n}: " + next((x for x in lines if x.split(" ", 1)[0] in ("mini", "small", "base")), "?"),
-              flush=True)
         runs.append(json.loads(lines[-1]))
+        for x in lines:                                     # each size's line of this process
+            if x.split(" ", 1)[0] in runs[-1]["results"]:
+                print(f"process {i + 1}/{n}: {x}", flush=True)
     size = runs[0]["size"]
     ours = [r["results"][size][r["results"][size]["best_bertkit_path"]]["tokens_per_s"] for r in runs]
     summary = {"size": size, "processes": n, "bertkit_tokens_per_s": [round(x) for x in ours]}

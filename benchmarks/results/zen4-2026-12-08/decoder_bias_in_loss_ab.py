@@ -1,9 +1,9 @@
 """The MLM decoder's bias added inside the loss (the GEMM without bias, the bias added to each 16-row fp32 chunk and
 its gradient summed there) against the current head + loss, swapped in within one process on the BERT-mini bf16
 step, 21 alternating rounds. 02:01 UTC: 479.1 against 480.7 ms, 1.003x: no gain, left out."""
-import runpy, sys, statistics, time
+import runpy, sys
 import torch, torch.nn.functional as F
-sys.argv = ["x", "/tmp/old_packing.py", "1"]
+sys.argv = ["x", "/tmp/old_packing.py"]
 g = runpy.run_path("benchmarks/results/zen4-2026-12-08/step_ab.py")
 bm, bp, arms, step, batches = g["bm"], g["bp"], g["arms"], g["step"], g["batches"]
 cur_forward, bp.dropout = arms["new"]
@@ -44,15 +44,5 @@ def bias_forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_
     return out
 
 variants = {"cur": cur_forward, "bias": bias_forward}
-for k, f in variants.items():
-    bm.BertForPreTraining.forward = f
-    for b in batches: step(b)
-times = {k: [] for k in variants}
-for r in range(21):
-    for k in (list(variants) if r % 2 == 0 else list(reversed(variants))):
-        bm.BertForPreTraining.forward = variants[k]
-        t0 = time.perf_counter()
-        for b in batches: step(b)
-        times[k].append(time.perf_counter() - t0)
-for k, v in times.items(): print(k, f"{statistics.median(v)/2*1e3:.1f} ms a step")
-print(f"bias/cur {statistics.median(times['bias'])/statistics.median(times['cur']):.3f}")
+med = g["alternate"](variants, lambda f: setattr(bm.BertForPreTraining, "forward", f), 21)
+print(f"bias/cur {med['bias'] / med['cur']:.3f}")

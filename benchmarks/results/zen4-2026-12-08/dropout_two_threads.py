@@ -1,10 +1,10 @@
 """Dropout's random words drawn in two halves at once (numpy SFC64, the second half on a worker thread) against
 the current draw, swapped in within one process on the BERT-mini bf16 step. Result (01:45 UTC): cur 435.0, par 445.0 ms
-a step, par/cur 1.023 (the first three lines the script prints are step_ab.py's own single round)."""
-import runpy, sys, statistics, time
+a step, par/cur 1.023."""
+import runpy, sys
 import numpy as np, torch
 from concurrent.futures import ThreadPoolExecutor
-sys.argv = ["x", "/tmp/old_packing.py", "1"]
+sys.argv = ["x", "/tmp/old_packing.py"]
 import subprocess
 subprocess.run("git show 0c3aa66:src/bertkit/packing.py > /tmp/old_packing.py", shell=True)
 g = runpy.run_path("benchmarks/results/zen4-2026-12-08/step_ab.py")
@@ -34,15 +34,5 @@ def par(x, p, training=True):
         return x * keep.mul_(scale)
     return x * keep * scale
 variants = {"cur": cur, "par": par}
-for k, d in variants.items():
-    bp.dropout = d
-    for b in batches: step(b)
-times = {k: [] for k in variants}
-for r in range(21):
-    for k in (list(variants) if r % 2 == 0 else list(reversed(variants))):
-        bp.dropout = variants[k]
-        t0 = time.perf_counter()
-        for b in batches: step(b)
-        times[k].append(time.perf_counter() - t0)
-for k, v in times.items(): print(k, f"{statistics.median(v)/2*1e3:.1f} ms a step")
-print(f"par/cur {statistics.median(times['par'])/statistics.median(times['cur']):.3f}")
+med = g["alternate"](variants, lambda d: setattr(bp, "dropout", d), 21)
+print(f"par/cur {med['par'] / med['cur']:.3f}")

@@ -2,7 +2,8 @@
 in one process: arm 'old' = the MLM loss and the CPU dropout as at 0c3aa66 (logits cut to the M masked rows,
 whose backward zero-fills an (m, V) gradient; the loss from exp/sum a few rows at a time; the dropout mask a
 bool cast to x's dtype, two multiplies each way), arm 'new' = the working tree's.
-Interleaved rounds of 2 steps each; medians. Usage: python step_ab.py OLD_PACKING_PY [rounds] [fp32]"""
+Interleaved rounds of 2 steps each; medians (`alternate`, which the other A/B scripts here import through
+runpy). Usage: python step_ab.py OLD_PACKING_PY [rounds] [fp32]"""
 import importlib.util, statistics, sys, tempfile, time
 from pathlib import Path
 import torch
@@ -37,17 +38,31 @@ def old_forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_l
     return out
 arms = {"old": (old_forward, old.dropout), "new": (new_forward, bp.dropout)}
 step = pv.step_fn("padded", ours, opt, dtype)
-losses = {}
-for name, (f, d) in arms.items():
-    bm.BertForPreTraining.forward, bp.dropout = f, d
-    for b in batches: step(b)
-times = {k: [] for k in arms}
-for r in range(rounds):
-    for name in (list(arms) if r % 2 == 0 else list(reversed(arms))):
-        bm.BertForPreTraining.forward, bp.dropout = arms[name]
-        t0 = time.perf_counter()
-        for b in batches: losses.setdefault(name, []).append(float(step(b)))
-        times[name].append(time.perf_counter() - t0)
-for k, v in times.items():
-    print(f"{k}: median {statistics.median(v) / 2 * 1e3:.1f} ms a step, fastest {min(v) / 2 * 1e3:.1f}")
-print(f"{dtype}: new/old step time: {statistics.median(times['new']) / statistics.median(times['old']):.3f}")
+
+
+def alternate(variants: dict, use, rounds: int) -> dict:
+    """Median seconds a step of each variant: use(variant) swaps it in; one warm-up pass each, then
+    `rounds` rounds over `batches`, the order reversed every other round."""
+    for v in variants.values():
+        use(v)
+        for b in batches: step(b)
+    times = {k: [] for k in variants}
+    for r in range(rounds):
+        for name in (list(variants) if r % 2 == 0 else list(reversed(variants))):
+            use(variants[name])
+            t0 = time.perf_counter()
+            for b in batches: step(b)
+            times[name].append(time.perf_counter() - t0)
+    for k, v in times.items():
+        print(f"{k}: median {statistics.median(v) / len(batches) * 1e3:.1f} ms a step, "
+              f"fastest {min(v) / len(batches) * 1e3:.1f}")
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def use_arm(arm):
+    bm.BertForPreTraining.forward, bp.dropout = arm
+
+
+if __name__ == "__main__":
+    med = alternate(arms, use_arm, rounds)
+    print(f"{dtype}: new/old step time: {med['new'] / med['old']:.3f}")

@@ -511,9 +511,9 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
     is timed again, each side's fastest kept. A runtime with streams (OpenVINO) on torch's N > 1
     threads is also timed as LARGE_STREAMS streams sharing them (N = 2: two of one thread), the batch's
     rows cut among them (`engines.OpenVINOGraph`), and runs the larger batches so unless that times
-    more than SMALL_TIE slower: on a Zen 4, 32 x 128 in 263-279 against 276-291 ms (medians; four runs), while at load, on
-    8 x 128 and fastest of 7, the two read within 3% either way (docs/serve-measurements.md). Returns
-    what it found."""
+    more than SMALL_TIE slower: on a Zen 4, 32 x 128 in 263-279 against 276-291 ms (medians; four
+    runs), while at load, on 8 x 128 and fastest of 7, the two read within 3% either way
+    (docs/serve-measurements.md). Returns what it found."""
     T, tok = min(128, p.max_length), p.tokenizer
     rows = [[tok.cls_id, *(stream[(i * (T - 2) + j) % len(stream)] for j in range(T - 2)), tok.sep_id]
             for i in range(DENSE_BATCH)]
@@ -522,7 +522,7 @@ def _dense(p, chosen: GraphEngine, stream: list[int]) -> str:
     wide = split = None
     if getattr(chosen.runner, "threads", 1) < n and reload is not None:
         wide = chosen.wide or reload(n)                   # the copy `_on_threads` loaded and timed, where it did
-    calls = [(p.engine, b), (replace(chosen, runner=wide, wide=None) if wide else replace(chosen, wide=None), b)]
+    calls = [(p.engine, b), (replace(chosen, runner=wide or chosen.runner, wide=None), b)]
     if n > 1 and reload is not None and hasattr(chosen.runner, "streams"):
         split = reload(n, streams=LARGE_STREAMS)
         calls.append((replace(chosen, runner=split, wide=split), b))
